@@ -1,0 +1,41 @@
+"""Probability of bad credit -> APPROVE / REVIEW / DECLINE, for a whole batch at once."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+APPROVE, REVIEW, DECLINE = b"APPROVE", b"REVIEW", b"DECLINE"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """`review` <= p < `decline` is REVIEW; below `review` APPROVE; from `decline` up DECLINE."""
+
+    review: float
+    decline: float
+
+    def __post_init__(self):
+        if not (0.0 <= self.review <= self.decline <= 1.0):
+            raise ValueError(f"thresholds must satisfy 0 <= review <= decline <= 1, "
+                             f"got review={self.review} decline={self.decline}")
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]]) -> "Thresholds":
+        def value(key: str) -> float:
+            if key not in parameters:
+                raise ValueError(f"parameter {key} is required")
+            raw = parameters[key].get("string_value", "")
+            try:
+                return float(raw)
+            except ValueError:
+                raise ValueError(f"parameter {key}: expected a number, got {raw!r}") from None
+        return cls(value("review_threshold"), value("decline_threshold"))
+
+
+def decide(probability: np.ndarray, thresholds: Thresholds) -> np.ndarray:
+    """Same shape as `probability`, BYTES (object) labels; NaN is never a silent APPROVE (it is REVIEW)."""
+    p = np.asarray(probability)
+    labels = np.select([p < thresholds.review, p >= thresholds.decline], [APPROVE, DECLINE], default=REVIEW)
+    return labels.astype(object)

@@ -1,0 +1,58 @@
+"""What the scorer expects: the feature order and the legacy vocabularies, read from the converted model.
+
+`s2t convert` moves the SavedModel's string lookups out of the graph into this spec and stores it in the
+ONNX file's metadata; the adapter applies it. The SavedModel stays the one source of truth, and parity
+proves that the split reproduces it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+METADATA_KEY = "skill2triton.feature_spec"
+CATEGORICAL_INPUT = "categorical"
+NUMERIC_INPUT = "numeric"
+PROBABILITY_OUTPUT = "probability"
+
+
+@dataclass(frozen=True)
+class CategoricalFeature:
+    name: str
+    vocabulary: dict[str, int]
+    default_index: int
+
+    def index_of(self, value: str) -> int:
+        return self.vocabulary.get(value, self.default_index)
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    categorical: tuple[CategoricalFeature, ...]
+    numeric: tuple[str, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.categorical) + self.numeric
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "categorical_input": CATEGORICAL_INPUT,
+            "numeric_input": NUMERIC_INPUT,
+            "categorical": [{"name": f.name, "vocabulary": f.vocabulary, "default_index": f.default_index}
+                            for f in self.categorical],
+            "numeric": list(self.numeric),
+        }, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "FeatureSpec":
+        raw = json.loads(text)
+        return cls(
+            tuple(CategoricalFeature(c["name"], {str(k): int(v) for k, v in c["vocabulary"].items()},
+                                     int(c["default_index"])) for c in raw["categorical"]),
+            tuple(str(n) for n in raw["numeric"]),
+        )
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "FeatureSpec":
+        return cls.from_json(Path(path).read_text())

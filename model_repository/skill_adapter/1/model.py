@@ -1,0 +1,50 @@
+"""skill_adapter: legacy JSON records -> the scorer's packed inputs; a bad record fails its request alone."""
+import json
+import traceback
+from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+
+from backends.feature_spec import FeatureSpec
+from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, RecordDecoder, request_error
+
+
+def _parameter(config, key, default):
+    return config.get("parameters", {}).get(key, {}).get("string_value", default)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        spec_path = Path(args["model_repository"]) / args["model_version"] / _parameter(config, "feature_spec", "")
+        spec = FeatureSpec.from_file(spec_path)
+        self._decoder = RecordDecoder(spec, int(_parameter(config, "max_record_bytes", DEFAULT_MAX_RECORD_BYTES)))
+        outputs = {o["name"]: o["dims"] for o in config["output"]}
+        expected = {"categorical": [len(spec.categorical)], "numeric": [len(spec.numeric)]}
+        for name, dims in expected.items():
+            if [int(d) for d in outputs.get(name, [])] != dims:
+                raise ValueError(f"output {name} must have dims {dims} to match {spec_path}, "
+                                 f"config says {outputs.get(name)}")
+
+    def execute(self, requests):
+        try:
+            payloads = [pb_utils.get_input_tensor_by_name(r, "payload").as_numpy().ravel() for r in requests]
+            decoded = self._decoder.decode([p for batch in payloads for p in batch])
+        except Exception:  # noqa: BLE001 - log it, fail these requests, keep serving
+            pb_utils.Logger.log_error(traceback.format_exc())
+            error = pb_utils.TritonError("skill_adapter: internal error", pb_utils.TritonError.INTERNAL)
+            return [pb_utils.InferenceResponse(error=error) for _ in requests]
+        responses, start = [], 0
+        for batch in payloads:
+            stop = start + len(batch)
+            message = request_error(decoded.errors[start:stop])
+            if message:
+                responses.append(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG)))
+            else:
+                responses.append(pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor("categorical", decoded.categorical[start:stop]),
+                    pb_utils.Tensor("numeric", decoded.numeric[start:stop]),
+                ]))
+            start = stop
+        return responses

@@ -1,0 +1,1 @@
+"""skill2triton command-line tools: legacy model, conversion, parity, serving, publishing."""

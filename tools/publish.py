@@ -1,0 +1,110 @@
+"""Publish an ONNX artifact as the next version of a model: validate, gate on parity, move in atomically.
+
+The version folder is built in a staging folder beside the repository (same filesystem) and moved into the
+model folder with one rename, so Triton's poller sees either no new version or a complete one.
+"""
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from backends.feature_spec import FeatureSpec
+from tools import model_config, parity
+from tools.convert import ConversionError, read_spec
+
+ADAPTER = "skill_adapter"
+ADAPTER_SPEC = Path("1") / "feature_spec.json"
+RECORD_NAME = "publish.json"
+
+
+class PublishError(Exception):
+    """The artifact was refused; the served version is untouched."""
+
+
+@dataclass(frozen=True)
+class ParityGate:
+    saved_model: Path
+    data_csv: Path
+    atol: float = 1e-5
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in sorted(path.rglob("*")) + [path]:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def validate(model_dir: Path, artifact: Path, gate: ParityGate | None) -> dict:
+    """Every check an artifact must pass before it may be served; returns the figures for the record."""
+    try:
+        model = onnx.load(str(artifact))
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as err:  # noqa: BLE001 - any load or check failure refuses the artifact
+        raise PublishError(f"{artifact}: not a valid ONNX model ({str(err).strip().splitlines()[0]})") from None
+    config = model_config.load(model_dir)
+    problems = model_config.check_onnx_against_config(config, artifact)
+    if problems:
+        raise PublishError("the artifact does not fit the model's config: " + "; ".join(problems))
+    try:
+        spec = read_spec(model)
+    except ConversionError as err:
+        raise PublishError(str(err)) from None
+    adapter_spec = model_dir.parent / ADAPTER / ADAPTER_SPEC
+    if adapter_spec.exists() and FeatureSpec.from_file(adapter_spec) != spec:
+        raise PublishError(f"the artifact's feature spec (vocabularies, feature order) differs from {adapter_spec}, "
+                           "which the adapter decodes with; publish a matching adapter first")
+    figures = {}
+    if gate is not None:
+        report = parity.run(gate.saved_model, artifact, gate.data_csv, atol=gate.atol)
+        if not report.passed:
+            raise PublishError("parity gate failed:\n" + report.table())
+        comparison = report.comparisons[0]
+        figures = {"rows": comparison.rows, "max_abs": comparison.max_abs, "max_rel": comparison.max_rel,
+                   "atol": gate.atol, "reference": str(gate.saved_model)}
+    return figures
+
+
+def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | None) -> int:
+    """Returns the new version number once it is in place."""
+    repository, artifact = Path(repository), Path(artifact)
+    model_dir = repository / model
+    if not (model_dir / "config.pbtxt").is_file():
+        raise PublishError(f"{model_dir} has no config.pbtxt; create the model's config first")
+    if not artifact.is_file():
+        raise PublishError(f"{artifact}: no such file")
+    figures = validate(model_dir, artifact, gate)
+    config = model_config.load(model_dir)
+    version = max(model_config.versions(model_dir), default=0) + 1
+    staging_root = repository.resolve().parent / f".{repository.name}.staging"
+    staging = staging_root / f"{model}-{version}-{os.getpid()}"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    try:
+        shutil.copyfile(artifact, staging / (config.default_model_filename or "model.onnx"))
+        record = {"model": model, "version": version, "artifact": str(artifact.resolve()),
+                  "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  "published_by": f"{getpass.getuser()}@{socket.gethostname()}", "parity": figures}
+        (staging / RECORD_NAME).write_text(json.dumps(record, indent=2) + "\n")
+        _fsync_tree(staging)
+        target = model_dir / str(version)
+        if target.exists():
+            raise PublishError(f"{target} appeared while publishing; another publish is running")
+        os.rename(staging, target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+        if staging_root.exists() and not any(staging_root.iterdir()):
+            staging_root.rmdir()
+    return version

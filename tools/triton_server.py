@@ -1,0 +1,168 @@
+"""The embedded tritonserver 2.51.0 from the nvidia-pytriton wheel: backend directory, environment, process.
+
+The wheel ships the server binary, the python backend and one stub per Python version; the stub finds this
+virtual environment through `python3` on PATH and loads the interpreter's own libpython through
+LD_LIBRARY_PATH. The backend directory is assembled per server from the wheel plus `backends/`.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytriton
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PYTRITON_DIR = Path(pytriton.__file__).resolve().parent
+TRITON_DIR = PYTRITON_DIR / "tritonserver"
+TRITON_LIBS = PYTRITON_DIR.parent / "nvidia_pytriton.libs"
+PROJECT_BACKENDS = PROJECT_ROOT / "backends"
+# Python-based backends: folders of backends/ holding a model.py that Triton runs as `runtime: model.py`.
+PYTHON_BASED_BACKENDS = ("onnxruntime",)
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def assemble_backend_dir(dest: Path) -> Path:
+    """python/ from the wheel with the stub for this interpreter, plus the project's Python-based backends."""
+    python_dir = dest / "python"
+    python_dir.mkdir(parents=True)
+    wheel_backend = TRITON_DIR / "backends" / "python"
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        shutil.copy2(wheel_backend / name, python_dir / name)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = TRITON_DIR / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.exists():
+        raise ServerError(f"the wheel has no python backend stub for Python {version}")
+    shutil.copy2(stub, python_dir / stub.name)
+    for backend in PYTHON_BASED_BACKENDS:
+        (dest / backend).mkdir()
+        shutil.copy2(PROJECT_BACKENDS / backend / "model.py", dest / backend / "model.py")
+    return dest
+
+
+def server_env() -> dict[str, str]:
+    env = dict(os.environ)
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(TRITON_LIBS), libdir, env.get("LD_LIBRARY_PATH")) if p)
+    # The stubs import the project's pure modules (backends.*) from here, whatever the working directory.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+@dataclass
+class TritonServer:
+    """One tritonserver process: `start()` returns once every model is ready, `stop()` drains and reaps."""
+
+    repositories: list[Path]
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    model_control_mode: str = "poll"
+    poll_seconds: int = 1
+    exit_timeout_seconds: int = 30
+    extra_args: list[str] = field(default_factory=list)
+    log_path: Path | None = None
+    process: subprocess.Popen | None = None
+    _workdir: tempfile.TemporaryDirectory | None = None
+    _log_file: object = None
+
+    @property
+    def http_url(self) -> str:
+        return f"localhost:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"localhost:{self.grpc_port}"
+
+    def command(self, backend_dir: Path) -> list[str]:
+        cmd = [str(TRITON_DIR / "bin" / "tritonserver")]
+        cmd += [f"--model-repository={Path(r).resolve()}" for r in self.repositories]
+        cmd += [
+            f"--backend-directory={backend_dir}",
+            f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
+            f"--model-control-mode={self.model_control_mode}",
+            f"--exit-timeout-secs={self.exit_timeout_seconds}",
+            "--strict-readiness=true",
+        ]
+        if self.model_control_mode == "poll":
+            cmd.append(f"--repository-poll-secs={self.poll_seconds}")
+        elif self.model_control_mode == "explicit":
+            cmd.append("--load-model=*")
+        return cmd + self.extra_args
+
+    def start(self, timeout: float = 120.0) -> "TritonServer":
+        self._workdir = tempfile.TemporaryDirectory(prefix="s2t-triton-")
+        backend_dir = assemble_backend_dir(Path(self._workdir.name) / "backends")
+        stdout = None
+        if self.log_path is not None:
+            self._log_file = open(self.log_path, "ab")
+            stdout = self._log_file
+        # Own process group: the stubs are reaped with the server, whatever happens to this process.
+        self.process = subprocess.Popen(self.command(backend_dir), env=server_env(), stdout=stdout,
+                                        stderr=subprocess.STDOUT if stdout else None, start_new_session=True)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        url = f"http://{self.http_url}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerError(f"tritonserver exited with code {self.process.returncode} before it was ready"
+                                  + (f"; see {self.log_path}" if self.log_path else ""))
+            try:
+                with urllib.request.urlopen(url, timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.2)
+        raise ServerError(f"tritonserver not ready after {timeout:.0f} s")
+
+    def stop(self, timeout: float | None = None) -> int | None:
+        """SIGTERM: Triton stops accepting, finishes in-flight requests, unloads models; then reap the group."""
+        if self.process is None:
+            return None
+        timeout = self.exit_timeout_seconds + 15 if timeout is None else timeout
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        if self._workdir is not None:
+            self._workdir.cleanup()
+            self._workdir = None
+        return self.process.returncode
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
