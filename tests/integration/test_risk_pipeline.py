@@ -1,0 +1,54 @@
+"""risk_pipeline end to end on the real server: every German Credit row against the legacy SavedModel."""
+import json
+
+import numpy as np
+import pytest
+
+from backends.decision_policy import Thresholds, decide
+from tools import model_config, parity
+from tests.conftest import MODEL_REPOSITORY
+
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def legacy(built_artifacts, german_credit_data):
+    return parity.legacy_scores(built_artifacts["saved_model"], german_credit_data.columns)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_every_row_through_risk_pipeline_matches_the_legacy_model(protocol, triton, built_artifacts,
+                                                                    german_credit_data, legacy):
+    url = triton.http_url if protocol == "http" else triton.grpc_url
+    served = parity.live_scores(url, "risk_pipeline", built_artifacts["onnx"], german_credit_data, protocol)
+    assert served.shape == (1000,)
+    comparison = parity.compare(protocol, legacy, served, TOLERANCE)
+    assert comparison.rows_over_tolerance == 0, comparison
+    assert np.all((served >= 0) & (served <= 1))
+
+
+def test_decisions_follow_the_thresholds_in_the_config(http_client, german_credit_data):
+    import tritonclient.http as http
+    config = model_config.load(MODEL_REPOSITORY / "risk_decision")
+    thresholds = Thresholds.from_parameters({k: {"string_value": v.string_value} for k, v in config.parameters.items()})
+    records = [json.dumps({"features": r}).encode() for r in german_credit_data.records()[:200]]
+    payload = http.InferInput("payload", [len(records), 1], "BYTES")
+    payload.set_data_from_numpy(np.array(records, dtype=object).reshape(-1, 1))
+    result = http_client.infer("risk_pipeline", [payload])
+    probability, decision = result.as_numpy("probability"), result.as_numpy("decision")
+    assert decision.shape == (200, 1)
+    assert decision.ravel().tolist() == decide(probability, thresholds).ravel().tolist()
+    assert set(decision.ravel().tolist()) == {b"APPROVE", b"REVIEW", b"DECLINE"}
+
+
+def test_a_legacy_record_posted_as_plain_json_gets_a_probability_and_a_decision(triton, german_credit_data):
+    import urllib.request
+    record = {"request_id": "r-1", "stream_id": "s-7", "sequence_id": 12, "features": german_credit_data.records()[0]}
+    body = json.dumps({"inputs": [{"name": "payload", "shape": [1, 1], "datatype": "BYTES",
+                                   "data": [json.dumps(record)]}]}).encode()
+    request = urllib.request.Request(f"http://{triton.http_url}/v2/models/risk_pipeline/infer", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        outputs = {o["name"]: o["data"] for o in json.load(resp)["outputs"]}
+    assert 0.0 <= outputs["probability"][0] <= 1.0
+    assert outputs["decision"][0] in ("APPROVE", "REVIEW", "DECLINE")

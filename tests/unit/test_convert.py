@@ -1,0 +1,70 @@
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from backends.record_decoder import encode_columns
+from tools.convert import _UNSUPPORTED_OP, ConversionError, read_spec, shape_for_serving
+
+
+def tf2onnx_like_model(extra_string_consumer=False):
+    """What tf2onnx makes of StringLookup + Normalization: CategoryMapper -> one-hot Gather, Sub/Mul, MatMul."""
+    nodes = [
+        helper.make_node("CategoryMapper", ["housing"], ["lookup:0"], domain="ai.onnx.ml",
+                         cats_strings=["own", "rent"], cats_int64s=[1, 2], default_int64=0),
+        helper.make_node("Reshape", ["lookup:0", "flat"], ["ids"]),
+        helper.make_node("Gather", ["eye", "ids"], ["onehot"], axis=0),
+        helper.make_node("Sub", ["age", "mean"], ["centred"]),
+        helper.make_node("Concat", ["onehot", "centred"], ["features"], axis=1),
+        helper.make_node("MatMul", ["features", "w"], ["output_0"]),
+    ]
+    if extra_string_consumer:
+        nodes.append(helper.make_node("Identity", ["housing"], ["copy"]))
+    graph = helper.make_graph(
+        nodes, "tf2onnx",
+        [helper.make_tensor_value_info("housing", TensorProto.STRING, ["unk__1", 1]),
+         helper.make_tensor_value_info("age", TensorProto.FLOAT, ["unk__2", 1])],
+        [helper.make_tensor_value_info("output_0", TensorProto.FLOAT, ["unk__3", 1])],
+        [numpy_helper.from_array(np.array([-1], np.int64), "flat"),
+         numpy_helper.from_array(np.eye(3, dtype=np.float32), "eye"),
+         numpy_helper.from_array(np.array([40.0], np.float32), "mean"),
+         numpy_helper.from_array(np.array([[0.1], [0.2], [0.3], [0.01]], np.float32), "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15), helper.make_opsetid("ai.onnx.ml", 2)])
+
+
+def test_lookups_are_lifted_into_the_spec_and_scores_do_not_change():
+    raw = tf2onnx_like_model()
+    columns = {"housing": np.array(["own", "rent", "castle"], dtype=object),
+               "age": np.array([30.0, 50.0, 41.5], dtype=np.float32)}
+    expected = ort.InferenceSession(raw.SerializeToString()).run(
+        None, {"housing": columns["housing"].reshape(-1, 1), "age": columns["age"].reshape(-1, 1)})[0]
+
+    served, spec = shape_for_serving(raw)
+
+    assert [i.name for i in served.graph.input] == ["categorical", "numeric"]
+    assert [o.name for o in served.graph.output] == ["probability"]
+    assert spec.categorical[0].vocabulary == {"own": 1, "rent": 2} and spec.categorical[0].default_index == 0
+    assert spec.numeric == ("age",)
+    assert read_spec(served) == spec
+    assert not any(n.op_type == "CategoryMapper" for n in served.graph.node)
+    categorical, numeric = encode_columns(spec, columns)
+    got = ort.InferenceSession(served.SerializeToString()).run(None, {"categorical": categorical, "numeric": numeric})[0]
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_string_input_used_other_than_by_a_lookup_is_refused_with_its_op():
+    with pytest.raises(ConversionError, match="string input 'housing' feeds CategoryMapper, Identity"):
+        shape_for_serving(tf2onnx_like_model(extra_string_consumer=True))
+
+
+def test_model_without_a_spec_is_refused_by_read_spec():
+    with pytest.raises(ConversionError, match="convert it with `s2t convert`"):
+        read_spec(tf2onnx_like_model())
+
+
+def test_tf2onnx_unsupported_op_lines_are_parsed_into_op_and_node():
+    line = "2026-11-29 16:42:51,542 - ERROR - Tensorflow op [PartitionedCall/Lgamma: Lgamma] is not supported"
+    match = _UNSUPPORTED_OP.search(line)
+    assert (match["node"], match["op"]) == ("PartitionedCall/Lgamma", "Lgamma")

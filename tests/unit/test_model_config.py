@@ -1,0 +1,56 @@
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tools.model_config import check_repositories
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def repositories(tmp_path):
+    """Copies of the committed configs and python models (no ONNX versions: they are built, not committed)."""
+    copies = []
+    for name in ("model_repository", "ensembles"):
+        dest = tmp_path / name
+        shutil.copytree(ROOT / name, dest, ignore=shutil.ignore_patterns("model.onnx", "feature_spec.json",
+                                                                          "publish.json", "__pycache__"))
+        copies.append(dest)
+    for version in (copies[0] / "risk_scorer").glob("[0-9]*"):
+        shutil.rmtree(version)
+    return copies
+
+
+def test_committed_configs_are_consistent_apart_from_the_unbuilt_scorer(repositories):
+    assert check_repositories(repositories) == ["risk_scorer: no version folder"]
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+
+
+@pytest.mark.parametrize("old, new, problem", [
+    ('input_map { key: "probability" value: "probability" }', 'input_map { key: "probability" value: "score" }',
+     "risk_pipeline step 2 (risk_decision): 'score' is not produced before this step"),
+    ('output_map { key: "decision" value: "decision" }', 'output_map { key: "verdict" value: "decision" }',
+     "risk_pipeline step 2 (risk_decision): output_map names 'verdict', not an output of risk_decision"),
+    ('model_name: "risk_decision"', 'model_name: "risk_decider"',
+     "risk_pipeline step 2 (risk_decider): no model 'risk_decider' in the repositories"),
+])
+def test_broken_ensemble_wiring_is_reported_with_the_step(repositories, old, new, problem):
+    edit(repositories[1] / "risk_pipeline" / "config.pbtxt", old, new)
+    assert problem in check_repositories(repositories)
+
+
+def test_dtype_mismatch_between_steps_is_reported(repositories):
+    edit(repositories[0] / "skill_adapter" / "config.pbtxt", "data_type: TYPE_FP32", "data_type: TYPE_FP64")
+    problems = check_repositories(repositories)
+    assert any("'numeric' is TYPE_FP64[7], risk_scorer.numeric wants TYPE_FP32[7]" in p for p in problems)
+
+
+def test_config_name_must_match_its_folder(repositories):
+    edit(repositories[0] / "risk_decision" / "config.pbtxt", 'name: "risk_decision"', 'name: "decision"')
+    assert any("config name 'decision' differs from the folder name" in p for p in check_repositories(repositories))

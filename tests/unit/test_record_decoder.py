@@ -1,0 +1,134 @@
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from backends.feature_spec import CategoricalFeature, FeatureSpec
+from backends.record_decoder import RecordDecoder, RecordError, encode_columns, request_error
+
+SPEC = FeatureSpec(
+    categorical=(CategoricalFeature("housing", {"own": 1, "rent": 2, "for free": 3}, 0),
+                 CategoricalFeature("telephone", {"none": 1, "yes": 2}, 0)),
+    numeric=("age_in_years", "credit_amount"),
+)
+VALID = {"housing": "rent", "telephone": "yes", "age_in_years": 35, "credit_amount": 1234.5}
+
+
+def record(features=VALID, **extra) -> bytes:
+    return json.dumps({"request_id": "r-1", "features": features, **extra}).encode()
+
+
+def with_feature(name, value):
+    return record({**VALID, name: value})
+
+
+def without(name):
+    return record({k: v for k, v in VALID.items() if k != name})
+
+
+def test_valid_record_becomes_vocabulary_indices_and_float32_numbers():
+    batch = RecordDecoder(SPEC).decode([record()])
+    assert batch.errors == (None,)
+    assert batch.categorical.tolist() == [[2, 2]]
+    assert batch.categorical.dtype == np.int64
+    assert batch.numeric.dtype == np.float32
+    assert batch.numeric.tolist() == [[35.0, np.float32(1234.5)]]
+
+
+def test_unknown_category_takes_the_out_of_vocabulary_index_not_an_error():
+    batch = RecordDecoder(SPEC).decode([with_feature("housing", "castle")])
+    assert batch.errors == (None,)
+    assert batch.categorical[0, 0] == 0
+
+
+@pytest.mark.parametrize("payload, field, reason", [
+    (b"", "payload", "empty"),
+    (b"not json", "payload", "not valid JSON"),
+    (b"\xff\xfe\x00garbage", "payload", "not"),
+    (b"[1, 2]", "payload", "must be a JSON object, got array"),
+    (json.dumps({"request_id": "r"}).encode(), "features", "missing"),
+    (json.dumps({"features": [1]}).encode(), "features", "must be an object, got array"),
+    (without("housing"), "features.housing", "missing"),
+    (without("credit_amount"), "features.credit_amount", "missing"),
+    (with_feature("age_in_years", "35"), "features.age_in_years", "expected a number, got string"),
+    (with_feature("age_in_years", True), "features.age_in_years", "expected a number, got boolean"),
+    (with_feature("age_in_years", None), "features.age_in_years", "missing"),
+    (with_feature("housing", 3), "features.housing", "expected a string, got number"),
+    (with_feature("credit_amount", float("nan")), "features.credit_amount", "not a finite"),
+    (with_feature("credit_amount", float("inf")), "features.credit_amount", "not a finite"),
+    (with_feature("credit_amount", 1e39), "features.credit_amount", "not a finite float32"),
+    (with_feature("credit_amount", 10 ** 400), "features.credit_amount", "not a finite"),
+    (b"[" * 100_000 + b"]" * 100_000, "payload", "nested too deeply"),
+])
+def test_malformed_record_names_the_field_and_the_reason(payload, field, reason):
+    batch = RecordDecoder(SPEC, max_record_bytes=1 << 20).decode([payload])
+    error = batch.errors[0]
+    assert isinstance(error, RecordError)
+    assert error.field == field
+    assert reason in error.reason
+    assert str(error).startswith(field)
+
+
+def test_oversized_payload_is_refused_before_parsing():
+    decoder = RecordDecoder(SPEC, max_record_bytes=1024)
+    error = decoder.decode([record({**VALID, "padding": "x" * 2000})]).errors[0]
+    assert error.field == "payload"
+    assert "over the limit of 1024" in error.reason
+
+
+def test_bad_record_does_not_disturb_its_batch_mates():
+    batch = RecordDecoder(SPEC).decode([record(), b"{", with_feature("housing", "own")])
+    assert batch.errors[0] is None and batch.errors[2] is None
+    assert isinstance(batch.errors[1], RecordError)
+    assert batch.categorical[[0, 2]].tolist() == [[2, 2], [1, 2]]
+
+
+def test_request_error_lists_each_bad_record_of_a_multi_record_request():
+    errors = (None, RecordError("features.housing", "missing"), RecordError("payload", "empty"))
+    assert request_error(errors) == "record 1: features.housing: missing; record 2: payload: empty"
+    assert request_error((RecordError("payload", "empty"),)) == "payload: empty"
+    assert request_error((None, None)) is None
+
+
+def test_encode_columns_matches_the_decoder_row_for_row():
+    columns = {"housing": np.array(["own", "castle"], dtype=object), "telephone": np.array(["yes", "none"], dtype=object),
+               "age_in_years": np.array([35, 50], dtype=np.float32),
+               "credit_amount": np.array([1234.5, 99], dtype=np.float32)}
+    categorical, numeric = encode_columns(SPEC, columns)
+    records = [record({n: (c[i].item() if hasattr(c[i], "item") else c[i]) for n, c in columns.items()}) for i in range(2)]
+    decoded = RecordDecoder(SPEC).decode(records)
+    assert np.array_equal(categorical, decoded.categorical)
+    assert np.array_equal(numeric, decoded.numeric)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=256))
+def test_arbitrary_bytes_give_a_record_error_or_a_row_never_a_crash(payload):
+    batch = RecordDecoder(SPEC).decode([payload, record()])
+    assert batch.errors[1] is None
+    assert batch.errors[0] is None or isinstance(batch.errors[0], RecordError)
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                       max_size=3), max_leaves=8)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.sampled_from(list(VALID) + ["other"]), json_values))
+def test_any_json_feature_map_is_decoded_or_refused_naming_a_field(features):
+    error = RecordDecoder(SPEC).decode([record(features)]).errors[0]
+    if error is not None:
+        assert error.field.startswith("features.") and error.field[len("features."):] in VALID
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False, width=32))
+def test_float32_numbers_round_trip_exactly(value):
+    batch = RecordDecoder(SPEC).decode([with_feature("credit_amount", value)])
+    assert batch.errors == (None,)
+    assert batch.numeric[0, 1] == np.float32(value)
+    assert math.isfinite(float(batch.numeric[0, 1]))
