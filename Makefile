@@ -34,7 +34,10 @@ venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt | system
 	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	# compat: the repository root goes on sys.path, so `tools` is this project's and not the stray top-level
+	# `tools/` folder that the tf2onnx wheel installs into site-packages.
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]' \
+	  --config-settings editable_mode=compat
 	$(BIN)/pip check
 	touch $@
 

@@ -1,23 +1,18 @@
 """Parity localisation on the real artifacts: a planted weight error is traced to the node that reads it."""
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
 
+from tests.conftest import DATA_CSV as DATA
+from tests.conftest import SAVED_MODEL
+from tests.conftest import SCORER_ONNX as SCORER
 from tools import german_credit, parity
 from tools.divergence import first_divergence
 
-ROOT = Path(__file__).resolve().parents[2]
-SAVED_MODEL = ROOT / "artifacts" / "legacy" / "risk_model"
-SCORER = ROOT / "artifacts" / "onnx" / "risk_scorer.onnx"
-DATA = ROOT / "artifacts" / "data" / "germancredit.csv"
 ATOL = 1e-5
 
-pytestmark = pytest.mark.skipif(
-    not (SAVED_MODEL.is_dir() and SCORER.is_file() and DATA.is_file()),
-    reason="needs the built artifacts (legacy SavedModel, converted ONNX, German Credit CSV); build them first")
+pytestmark = pytest.mark.usefixtures("built_artifacts")
 
 
 def hidden_matmul_and_kernel(model: onnx.ModelProto) -> tuple[onnx.NodeProto, onnx.TensorProto]:

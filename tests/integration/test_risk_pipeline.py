@@ -52,3 +52,23 @@ def test_a_legacy_record_posted_as_plain_json_gets_a_probability_and_a_decision(
         outputs = {o["name"]: o["data"] for o in json.load(resp)["outputs"]}
     assert 0.0 <= outputs["probability"][0] <= 1.0
     assert outputs["decision"][0] in ("APPROVE", "REVIEW", "DECLINE")
+
+
+@pytest.mark.parametrize("model, protocol", [("risk_pipeline", "http"), ("risk_scorer", "grpc")])
+def test_parity_command_checks_the_live_model_and_writes_a_report(triton, built_artifacts, tmp_path, model, protocol):
+    import subprocess
+    import sys
+    from pathlib import Path
+    report = tmp_path / "parity.json"
+    url = triton.http_url if protocol == "http" else triton.grpc_url
+    done = subprocess.run([str(Path(sys.executable).parent / "s2t"), "parity", "--saved-model",
+                           str(built_artifacts["saved_model"]), "--onnx", str(built_artifacts["onnx"]), "--data",
+                           str(built_artifacts["data"]), "--url", url, "--model", model, "--protocol", protocol,
+                           "--report", str(report)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(report.read_text())
+    assert result["passed"] and result["rows"] == 1000
+    assert [c["candidate"] for c in result["comparisons"]] == ["onnxruntime risk_scorer.onnx",
+                                                               f"triton {model} ({protocol})"]
+    assert all(c["rows_over_tolerance"] == 0 and c["max_abs"] <= TOLERANCE for c in result["comparisons"])
+    assert "PASS" in done.stdout

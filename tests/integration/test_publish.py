@@ -1,0 +1,90 @@
+"""`s2t publish`: only a valid artifact that passes the parity gate becomes a version, and atomically."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from tests.conftest import MODEL_REPOSITORY
+from tools import model_config
+from tools.publish import ParityGate, PublishError, publish
+
+S2T = Path(sys.executable).parent / "s2t"
+
+
+@pytest.fixture
+def repository(tmp_path, built_artifacts):
+    """A copy of the served repository with version 1 of risk_scorer, as `make` leaves it."""
+    dest = tmp_path / "model_repository"
+    shutil.copytree(MODEL_REPOSITORY, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    assert model_config.versions(dest / "risk_scorer") == [1]
+    return dest
+
+
+@pytest.fixture
+def gate(built_artifacts):
+    return ParityGate(built_artifacts["saved_model"], built_artifacts["data"])
+
+
+def versions(repository):
+    return model_config.versions(repository / "risk_scorer")
+
+
+def test_valid_artifact_becomes_the_next_version_with_its_record(repository, gate, built_artifacts):
+    assert publish("risk_scorer", built_artifacts["onnx"], repository, gate) == 2
+    version = repository / "risk_scorer" / "2"
+    assert (version / "model.onnx").read_bytes() == built_artifacts["onnx"].read_bytes()
+    record = json.loads((version / "publish.json").read_text())
+    assert record["version"] == 2 and record["parity"]["rows"] == 1000 and record["parity"]["max_abs"] <= 1e-5
+    assert not list(repository.parent.glob(".model_repository.staging*"))
+    assert model_config.check_repositories([repository]) == []
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda data: data[: len(data) // 2], "not a valid ONNX model"),
+    (lambda data: b"\x00garbage" * 100, "not a valid ONNX model"),
+])
+def test_truncated_or_corrupt_artifact_is_refused_and_nothing_changes(repository, gate, built_artifacts, tmp_path,
+                                                                      damage, reason):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(damage(built_artifacts["onnx"].read_bytes()))
+    with pytest.raises(PublishError, match=reason):
+        publish("risk_scorer", bad, repository, gate)
+    assert versions(repository) == [1]
+
+
+def test_artifact_failing_parity_is_refused_with_the_table(repository, gate, built_artifacts, tmp_path):
+    model = onnx.load(str(built_artifacts["onnx"]))
+    biggest = max(model.graph.initializer, key=lambda t: np.prod(t.dims))
+    biggest.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(biggest) * np.float32(1.5), biggest.name))
+    drifted = tmp_path / "drifted.onnx"
+    onnx.save(model, str(drifted))
+    with pytest.raises(PublishError, match="parity gate failed") as refused:
+        publish("risk_scorer", drifted, repository, gate)
+    assert "FAIL" in str(refused.value)
+    assert versions(repository) == [1]
+
+
+def test_artifact_not_fitting_the_config_is_refused(repository, gate, built_artifacts, tmp_path):
+    model = onnx.load(str(built_artifacts["onnx"]))
+    model.graph.output[0].name = "score"
+    for node in model.graph.node:
+        node.output[:] = ["score" if o == "probability" else o for o in node.output]
+    renamed = tmp_path / "renamed.onnx"
+    onnx.save(model, str(renamed))
+    with pytest.raises(PublishError, match="output 'probability' is not in renamed.onnx"):
+        publish("risk_scorer", renamed, repository, gate)
+    assert versions(repository) == [1]
+
+
+def test_publish_command_prints_the_new_version_last(repository, built_artifacts):
+    done = subprocess.run([str(S2T), "publish", "risk_scorer", str(built_artifacts["onnx"]), "--repository",
+                           str(repository), "--saved-model", str(built_artifacts["saved_model"]), "--data",
+                           str(built_artifacts["data"])], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "2"
