@@ -6,8 +6,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 S2T := $(BIN)/s2t
-# libb64-0d: perf_analyzer from the tritonclient wheel; docker-compose: validating docker-compose.yml offline.
-APT_PACKAGES := libb64-0d docker-compose
+# libb64-0d: perf_analyzer from the tritonclient wheel; docker-compose: validating docker-compose.yml offline;
+# curl: the README example the tests run.
+APT_PACKAGES := libb64-0d docker-compose curl
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 DATA := artifacts/data/germancredit.csv

@@ -5,7 +5,6 @@ curl) is the job of a run on a Docker host.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -13,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import ROOT
 
@@ -32,25 +32,6 @@ def _docker_compose() -> str:
     return exe
 
 
-def _parse_yaml(text: str, exe: str):
-    try:
-        import yaml
-    except ImportError:
-        pass
-    else:
-        return yaml.safe_load(text)
-    # docker-compose 1.x is a Python program built on PyYAML: the interpreter that runs it reads its output.
-    shebang = Path(exe).read_text(errors="replace").splitlines()[0]
-    if not (shebang.startswith("#!") and "python" in shebang):
-        pytest.fail(f"{exe} is not the Python docker-compose 1.x and this venv has no PyYAML to read its output")
-    interpreter = shebang[2:].split()
-    result = subprocess.run(
-        interpreter + ["-c", "import json, sys, yaml; json.dump(yaml.safe_load(sys.stdin), sys.stdout)"],
-        input=text, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
 def compose_config(tmp_path: Path, *, env: dict[str, str] | None = None, profiles: tuple[str, ...] = ()) -> dict:
     """The resolved file, in a clean environment (no COMPOSE_* or port variables leaking in) and with an empty
     env file, so that a developer's `.env` cannot change the outcome."""
@@ -66,7 +47,7 @@ def compose_config(tmp_path: Path, *, env: dict[str, str] | None = None, profile
     assert result.returncode == 0, f"docker-compose config failed:\n{result.stderr}"
     # Warnings (unset variables, deprecated keys) go to stderr: the file should not need any.
     assert result.stderr.strip() == "", f"docker-compose config warned:\n{result.stderr}"
-    return _parse_yaml(result.stdout, exe)
+    return yaml.safe_load(result.stdout)
 
 
 @pytest.fixture(scope="module")
