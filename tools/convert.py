@@ -8,6 +8,7 @@ applies, and the graph takes `categorical` (INT64 [batch, n_categorical], vocabu
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
@@ -48,7 +50,7 @@ def run_tf2onnx(saved_model: Path, opset: int) -> onnx.ModelProto:
         proc = subprocess.run(
             [sys.executable, "-m", "tf2onnx.convert", "--saved-model", str(saved_model), "--signature_def",
              "serving_default", "--opset", str(opset), "--output", str(out)],
-            capture_output=True, text=True, env={**_quiet_tf_env()},
+            capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
         )
         log = proc.stdout + proc.stderr
         unsupported = [(m["op"], m["node"]) for m in _UNSUPPORTED_OP.finditer(log)]
@@ -61,11 +63,6 @@ def run_tf2onnx(saved_model: Path, opset: int) -> onnx.ModelProto:
         return onnx.load(str(out))
 
 
-def _quiet_tf_env() -> dict[str, str]:
-    import os
-    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-
-
 def _elem_type(value_info: onnx.ValueInfoProto) -> int:
     return value_info.type.tensor_type.elem_type
 
@@ -76,7 +73,6 @@ def _rank(value_info: onnx.ValueInfoProto) -> int:
 
 def _column(source: str, index: int, rank: int, output: str) -> tuple[onnx.NodeProto, onnx.TensorProto]:
     """Gather one column of a packed input, keeping the rank the original input had ([batch] or [batch, 1])."""
-    import numpy as np
     const = numpy_helper.from_array(np.array(index if rank == 1 else [index], dtype=np.int64),
                                     name=f"{output}__column")
     return helper.make_node("Gather", [source, const.name], [output], axis=1, name=f"{output}__unpack"), const

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -112,13 +113,11 @@ def build(csv_path: Path, out_dir: Path) -> TrainingReport:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = out_dir.with_name(out_dir.name + ".partial")
     if staging.exists():
-        import shutil
         shutil.rmtree(staging)
     model.export(str(staging), format="tf_saved_model", verbose=False)
     report = TrainingReport(len(train), len(holdout), auc, baseline_auc, auc > baseline_auc, str(out_dir))
     (staging / "training_report.json").write_text(json.dumps(asdict(report), indent=2) + "\n")
     if out_dir.exists():
-        import shutil
         shutil.rmtree(out_dir)
     staging.rename(out_dir)
     return report

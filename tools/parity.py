@@ -119,10 +119,9 @@ def live_scores(url: str, model: str, onnx_path: Path, data: german_credit.Datas
         import tritonclient.http as client
     triton = client.InferenceServerClient(url)
     try:
-        metadata = triton.get_model_metadata(model)
-        names = [i["name"] if isinstance(i, dict) else i.name for i in
-                 (metadata["inputs"] if isinstance(metadata, dict) else metadata.inputs)]
-        if names == ["payload"]:
+        metadata = triton.get_model_metadata(model, as_json=True) if protocol == "grpc" else \
+            triton.get_model_metadata(model)
+        if [i["name"] for i in metadata["inputs"]] == ["payload"]:
             records = [json.dumps({"request_id": f"parity-{i}", "features": r}).encode()
                        for i, r in enumerate(data.records())]
             batches = [{"payload": np.array(records[i:i + LIVE_BATCH], dtype=object).reshape(-1, 1)}

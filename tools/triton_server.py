@@ -53,13 +53,12 @@ def assemble_backend_dir(dest: Path) -> Path:
 
 
 def server_env() -> dict[str, str]:
+    """The stubs run this venv's Python: the editable install's .pth makes `backends` importable there."""
     env = dict(os.environ)
     venv_bin = str(Path(sys.executable).parent)
     env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(TRITON_LIBS), libdir, env.get("LD_LIBRARY_PATH")) if p)
-    # The stubs import the project's pure modules (backends.*) from here, whatever the working directory.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
     return env
 
 
