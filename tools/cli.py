@@ -1,6 +1,7 @@
 """`s2t`: the skill2triton command line (see CONTRACT.md for the public part)."""
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -108,14 +109,51 @@ def parity(saved_model, onnx_model, data_csv, url, model, protocol, atol, report
               help="legacy reference for the parity gate")
 @click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
 @click.option("--atol", type=float, default=1e-5, show_default=True)
-def publish(model, artifact, repository, saved_model, data_csv, atol) -> None:
+@click.option("--url", envvar="S2T_URL", help="HOST:PORT (HTTP) of the live server: wait until it serves the version")
+def publish(model, artifact, repository, saved_model, data_csv, atol, url) -> None:
     """Validate ARTIFACT, gate it on parity, and move it in as MODEL's next version; prints the version."""
     from tools.publish import ParityGate, PublishError, publish as run_publish
     try:
         version = run_publish(model, artifact, repository, ParityGate(saved_model, data_csv, atol))
     except PublishError as err:
         raise click.ClickException(str(err)) from None
+    _confirm_live(url, model, version)
     click.echo(version)
+
+
+@main.command()
+@click.argument("model")
+@click.option("--to", "to", type=int, help="the version to serve (default: the one before the current)")
+@click.option("--repository", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_REPOSITORIES[0],
+              show_default=True)
+@click.option("--url", envvar="S2T_URL", help="HOST:PORT (HTTP) of the live server: wait until it serves the version")
+@click.option("--yes", "-y", is_flag=True, help="do not ask for confirmation")
+def rollback(model, to, repository, url, yes) -> None:
+    """Serve the previous (or given) version of MODEL again; prints the version now served."""
+    from tools.rollback import RollbackError, plan, rollback as run_rollback
+    from tools.version_store import VersionStore
+    try:
+        current, target = plan(VersionStore(repository), model, to)
+        if not yes and sys.stdin.isatty():
+            click.confirm(f"{model}: serve version {target} instead of {current}?", abort=True)
+        result = run_rollback(model, repository, to)
+    except RollbackError as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(f"{model}: version {result.previous} -> {result.serving}"
+               + (f", retired {', '.join(map(str, result.retired))}" if result.retired else ""), err=True)
+    _confirm_live(url, model, result.serving)
+    click.echo(result.serving)
+
+
+def _confirm_live(url: str | None, model: str, version: int) -> None:
+    if not url:
+        return
+    from tools.live_control import apply
+    try:
+        elapsed = apply(url, model, version)
+    except (TimeoutError, Exception) as err:  # noqa: BLE001 - the repository change stands; say what the server did
+        raise click.ClickException(f"the repository now holds version {version}, but the server at {url}: {err}")
+    click.echo(f"{url} serves {model} version {version} after {elapsed * 1000:.0f} ms", err=True)
 
 
 @main.command("check-config")
@@ -141,15 +179,20 @@ def check_config(repositories) -> None:
               help="seconds Triton waits for in-flight requests on SIGINT/SIGTERM")
 def serve(http_port, grpc_port, metrics_port, model_control_mode, repositories, exit_timeout) -> None:
     """Run the embedded tritonserver until SIGINT/SIGTERM, then drain in-flight requests."""
+    from tools.live_control import ADMIN_KEY_ENV
     from tools.model_config import check_repositories
     from tools.triton_server import ServerError, TritonServer
+    admin_key = os.environ.get(ADMIN_KEY_ENV) or None
+    if model_control_mode == "explicit" and not admin_key:
+        raise click.ClickException(f"explicit mode opens the repository API (load/unload): set {ADMIN_KEY_ENV} "
+                                   "so that only callers with that key can use it")
     repositories = list(repositories or DEFAULT_REPOSITORIES)
     problems = check_repositories(repositories)
     if problems:
         raise click.ClickException("the repository is not servable:\n" + "\n".join(problems)
                                    + "\n(`make serve` builds what is missing)")
     server = TritonServer(repositories, http_port, grpc_port, metrics_port, model_control_mode,
-                          exit_timeout_seconds=exit_timeout)
+                          exit_timeout_seconds=exit_timeout, admin_key=admin_key)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -1,16 +1,14 @@
 """Publish an ONNX artifact as the next version of a model: validate, gate on parity, move in atomically.
 
-The version folder is built in a staging folder beside the repository (same filesystem) and moved into the
-model folder with one rename, so Triton's poller sees either no new version or a complete one.
+The version folder is built in the staging area beside the repository (same filesystem, see version_store.py)
+and moved into the model folder with one rename, so Triton's poller sees either no new version or a complete one.
 """
 from __future__ import annotations
 
-import getpass
+import hashlib
 import json
 import os
 import shutil
-import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import onnx
 from backends.feature_spec import FeatureSpec
 from tools import model_config, parity
 from tools.convert import ConversionError, read_spec
+from tools.version_store import VersionStore
 
 ADAPTER = "skill_adapter"
 ADAPTER_SPEC = Path("1") / "feature_spec.json"
@@ -78,24 +77,24 @@ def validate(model_dir: Path, artifact: Path, gate: ParityGate | None) -> dict:
 def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | None) -> int:
     """Returns the new version number once it is in place."""
     repository, artifact = Path(repository), Path(artifact)
-    model_dir = repository / model
+    store = VersionStore(repository)
+    model_dir = store.model_dir(model)
     if not (model_dir / "config.pbtxt").is_file():
         raise PublishError(f"{model_dir} has no config.pbtxt; create the model's config first")
     if not artifact.is_file():
         raise PublishError(f"{artifact}: no such file")
     figures = validate(model_dir, artifact, gate)
     config = model_config.load(model_dir)
-    version = max(model_config.versions(model_dir), default=0) + 1
-    staging_root = repository.resolve().parent / f".{repository.name}.staging"
-    staging = staging_root / f"{model}-{version}-{os.getpid()}"
+    version = store.next_version(model)
+    staging = store.staging / f"{model}-{version}-{os.getpid()}"
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
+    record = {"action": "publish", "model": model, "version": version,
+              "previous": max(store.served(model), default=None), "artifact": str(artifact.resolve()),
+              "sha256": hashlib.sha256(artifact.read_bytes()).hexdigest(), "parity": figures}
     try:
         shutil.copyfile(artifact, staging / (config.default_model_filename or "model.onnx"))
-        record = {"model": model, "version": version, "artifact": str(artifact.resolve()),
-                  "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                  "published_by": f"{getpass.getuser()}@{socket.gethostname()}", "parity": figures}
         (staging / RECORD_NAME).write_text(json.dumps(record, indent=2) + "\n")
         _fsync_tree(staging)
         target = model_dir / str(version)
@@ -105,6 +104,5 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
     finally:
         if staging.exists():
             shutil.rmtree(staging)
-        if staging_root.exists() and not any(staging_root.iterdir()):
-            staging_root.rmdir()
+    store.record(record)
     return version

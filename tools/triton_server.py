@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytriton
 
+from tools.live_control import ADMIN_HEADER
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PYTRITON_DIR = Path(pytriton.__file__).resolve().parent
 TRITON_DIR = PYTRITON_DIR / "tritonserver"
@@ -73,6 +75,8 @@ class TritonServer:
     model_control_mode: str = "poll"
     poll_seconds: int = 1
     exit_timeout_seconds: int = 30
+    # The repository API (load/unload, index) answers only requests with header `admin-key: <admin_key>`.
+    admin_key: str | None = None
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
     process: subprocess.Popen | None = None
@@ -101,6 +105,9 @@ class TritonServer:
             cmd.append(f"--repository-poll-secs={self.poll_seconds}")
         elif self.model_control_mode == "explicit":
             cmd.append("--load-model=*")
+        if self.admin_key:
+            restriction = f"model-repository:{ADMIN_HEADER}={self.admin_key}"
+            cmd += [f"--http-restricted-api={restriction}", f"--grpc-restricted-protocol={restriction}"]
         return cmd + self.extra_args
 
     def start(self, timeout: float = 120.0) -> "TritonServer":

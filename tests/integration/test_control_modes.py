@@ -1,29 +1,62 @@
-"""The embedded server in explicit model-control mode loads every model at start and accepts load/unload."""
+"""Explicit model-control mode: every model loaded at start, the repository API only for holders of the key."""
 import json
 
 import numpy as np
+import pytest
+import tritonclient.grpc as grpc
 import tritonclient.http as http
+from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
+from tools.live_control import admin_headers
 from tools.triton_server import TritonServer
 
+KEY = "test-admin-key"
 
-def test_explicit_mode_loads_every_model_and_serves_the_pipeline(german_credit_data, tmp_path):
+
+@pytest.fixture(scope="module")
+def explicit_server(built_artifacts, tmp_path_factory):
     server = TritonServer([MODEL_REPOSITORY, ENSEMBLES], free_port(), free_port(), free_port(),
-                          model_control_mode="explicit", log_path=tmp_path / "triton.log", exit_timeout_seconds=5)
+                          model_control_mode="explicit", admin_key=KEY, exit_timeout_seconds=5,
+                          log_path=tmp_path_factory.mktemp("explicit") / "triton.log")
     with server:
-        client = http.InferenceServerClient(server.http_url)
-        try:
-            index = {m["name"]: m.get("state") for m in client.get_model_repository_index()}
-            assert index == {name: "READY" for name in
-                             ("risk_pipeline", "risk_scorer", "skill_adapter", "risk_decision")}
-            payload = http.InferInput("payload", [1, 1], "BYTES")
-            payload.set_data_from_numpy(np.array([[json.dumps({"features": german_credit_data.records()[5]})
-                                                   .encode()]], dtype=object))
-            assert client.infer("risk_pipeline", [payload]).as_numpy("decision").shape == (1, 1)
-            client.unload_model("risk_decision")
-            assert not client.is_model_ready("risk_decision")
-            client.load_model("risk_decision")
-            assert client.is_model_ready("risk_decision")
-        finally:
-            client.close()
+        yield server
+
+
+def test_explicit_mode_loads_every_model_and_serves_the_pipeline(explicit_server, german_credit_data):
+    client = http.InferenceServerClient(explicit_server.http_url)
+    try:
+        index = {m["name"]: m.get("state") for m in client.get_model_repository_index(headers=admin_headers(KEY))}
+        assert index == {name: "READY" for name in ("risk_pipeline", "risk_scorer", "skill_adapter", "risk_decision")}
+        payload = http.InferInput("payload", [1, 1], "BYTES")
+        payload.set_data_from_numpy(np.array([[json.dumps({"features": german_credit_data.records()[5]}).encode()]],
+                                             dtype=object))
+        assert client.infer("risk_pipeline", [payload]).as_numpy("decision").shape == (1, 1)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_scoring_client_without_the_key_cannot_load_or_unload(explicit_server, protocol):
+    module, url = (http, explicit_server.http_url) if protocol == "http" else (grpc, explicit_server.grpc_url)
+    client = module.InferenceServerClient(url)
+    try:
+        for call in (lambda h: client.unload_model("risk_decision", headers=h),
+                     lambda h: client.load_model("risk_decision", headers=h)):
+            for headers in ({}, {"admin-key": "wrong"}):
+                with pytest.raises(InferenceServerException):
+                    call(headers)
+        assert client.is_model_ready("risk_decision")
+    finally:
+        client.close()
+
+
+def test_holder_of_the_key_can_unload_and_load(explicit_server):
+    client = http.InferenceServerClient(explicit_server.http_url)
+    try:
+        client.unload_model("risk_decision", headers=admin_headers(KEY))
+        assert not client.is_model_ready("risk_decision")
+        client.load_model("risk_decision", headers=admin_headers(KEY))
+        assert client.is_model_ready("risk_decision")
+    finally:
+        client.close()

@@ -13,6 +13,7 @@ from onnx import numpy_helper
 from tests.conftest import MODEL_REPOSITORY
 from tools import model_config
 from tools.publish import ParityGate, PublishError, publish
+from tools.version_store import VersionStore
 
 S2T = Path(sys.executable).parent / "s2t"
 
@@ -41,7 +42,8 @@ def test_valid_artifact_becomes_the_next_version_with_its_record(repository, gat
     assert (version / "model.onnx").read_bytes() == built_artifacts["onnx"].read_bytes()
     record = json.loads((version / "publish.json").read_text())
     assert record["version"] == 2 and record["parity"]["rows"] == 1000 and record["parity"]["max_abs"] <= 1e-5
-    assert not list(repository.parent.glob(".model_repository.staging*"))
+    assert not any(VersionStore(repository).staging.iterdir())
+    assert VersionStore(repository).history("risk_scorer")[-1]["version"] == 2
     assert model_config.check_repositories([repository]) == []
 
 

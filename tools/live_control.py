@@ -1,0 +1,52 @@
+"""Tell the live server about a changed repository and wait until it serves the intended version.
+
+Poll mode: Triton notices by itself; this only watches. Explicit mode: the repository API's `load` re-reads the
+model's folder (versions whose files did not change stay loaded), through the restricted-API key when the
+server was started with one (`S2T_ADMIN_KEY`).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from tritonclient.utils import InferenceServerException
+
+ADMIN_KEY_ENV = "S2T_ADMIN_KEY"
+ADMIN_HEADER = "admin-key"
+_POLL_MODE_REFUSAL = "polling is enabled"
+
+
+def admin_headers(key: str | None = None) -> dict[str, str]:
+    key = key if key is not None else os.environ.get(ADMIN_KEY_ENV)
+    return {ADMIN_HEADER: key} if key else {}
+
+
+def served_version(client, model: str) -> int | None:
+    """The version a request without a version gets: the newest ready one."""
+    try:
+        versions = client.get_model_metadata(model).get("versions", [])
+    except InferenceServerException:
+        return None
+    return max((int(v) for v in versions), default=None)
+
+
+def apply(url: str, model: str, version: int, timeout: float = 30.0, key: str | None = None) -> float:
+    """Seconds from the call until `model` serves `version` (requests without a version get it)."""
+    import tritonclient.http as http
+
+    started = time.monotonic()
+    client = http.InferenceServerClient(url, network_timeout=timeout)
+    try:
+        try:
+            client.load_model(model, headers=admin_headers(key))
+        except InferenceServerException as err:
+            if _POLL_MODE_REFUSAL not in str(err):
+                raise
+        while served_version(client, model) != version:
+            if time.monotonic() - started > timeout:
+                raise TimeoutError(f"{model} does not serve version {version} after {timeout:.0f} s "
+                                   f"(it serves {served_version(client, model)})")
+            time.sleep(0.01)
+    finally:
+        client.close()
+    return time.monotonic() - started

@@ -1,0 +1,89 @@
+"""Version folders of a model repository, and the control area beside it that Triton never polls.
+
+`<repo>/../.<repo-name>.s2t/` holds the staging folders of publishes in progress, the versions retired by a
+rollback (kept, so that a roll-forward is one rename back) and `history.jsonl`, one line per publish or
+rollback: who, when, what, and the parity figures. Keeping them out of the model folders matters: in poll
+mode any write inside a model folder makes Triton reload that model.
+"""
+from __future__ import annotations
+
+import fcntl
+import getpass
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _numbers(folder: Path) -> list[int]:
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+@dataclass(frozen=True)
+class VersionStore:
+    repository: Path
+
+    @property
+    def control(self) -> Path:
+        repo = Path(self.repository).resolve()
+        return repo.parent / f".{repo.name}.s2t"
+
+    @property
+    def staging(self) -> Path:
+        return self.control / "staging"
+
+    @property
+    def history_file(self) -> Path:
+        return self.control / "history.jsonl"
+
+    def model_dir(self, model: str) -> Path:
+        return Path(self.repository) / model
+
+    def retired_dir(self, model: str) -> Path:
+        return self.control / "retired" / model
+
+    def served(self, model: str) -> list[int]:
+        """Version folders in the repository, which Triton loads according to the version policy."""
+        return _numbers(self.model_dir(model))
+
+    def retired(self, model: str) -> list[int]:
+        return _numbers(self.retired_dir(model))
+
+    def next_version(self, model: str) -> int:
+        """Numbers are never reused: a retired version keeps its number for a roll-forward."""
+        return max(self.served(model) + self.retired(model), default=0) + 1
+
+    def retire(self, model: str, version: int) -> None:
+        target = self.retired_dir(model) / str(version)
+        if target.exists():
+            raise FileExistsError(f"{target} exists already")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(self.model_dir(model) / str(version), target)
+
+    def restore(self, model: str, version: int) -> None:
+        target = self.model_dir(model) / str(version)
+        if target.exists():
+            raise FileExistsError(f"{target} exists already")
+        os.rename(self.retired_dir(model) / str(version), target)
+
+    def record(self, event: dict) -> dict:
+        """Append one event to the history; concurrent writers are serialised by a lock on the file."""
+        entry = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                 "by": f"{getpass.getuser()}@{socket.gethostname()}", **event}
+        self.control.mkdir(parents=True, exist_ok=True)
+        with open(self.history_file, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.write(json.dumps(entry, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return entry
+
+    def history(self, model: str | None = None) -> list[dict]:
+        if not self.history_file.exists():
+            return []
+        events = [json.loads(line) for line in self.history_file.read_text().splitlines() if line.strip()]
+        return [e for e in events if model is None or e.get("model") == model]
