@@ -14,7 +14,10 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DATA := artifacts/data/germancredit.csv
 SAVED_MODEL := artifacts/legacy/risk_model
 SCORER_ONNX := artifacts/onnx/risk_scorer.onnx
+LITE_SAVED_MODEL := artifacts/legacy/risk_model_lite
+LITE_ONNX := artifacts/onnx/risk_scorer_lite.onnx
 ADAPTER_SPEC := model_repository/skill_adapter/1/feature_spec.json
+PROTO_PY := clients/proto/skill_pb2.py clients/proto/skill_pb2_grpc.py
 
 .PHONY: serve test system venv models clean
 
@@ -54,13 +57,36 @@ $(SCORER_ONNX): $(SAVED_MODEL)/saved_model.pb tools/convert.py
 $(ADAPTER_SPEC): $(SCORER_ONNX)
 	$(S2T) spec $(SCORER_ONNX) --out $@
 
-# Publish (validation + parity gate + atomic move) whenever the served version is not the current conversion.
-models: $(ADAPTER_SPEC)
-	@latest=$$(ls -d model_repository/risk_scorer/[0-9]* 2>/dev/null | sort -t/ -k3 -n | tail -n 1); \
-	if [ -z "$$latest" ] || ! cmp -s "$$latest/model.onnx" $(SCORER_ONNX); then \
-	  $(S2T) publish risk_scorer $(SCORER_ONNX); \
+# The legacy wire format's Python code, generated from clients/proto/skill.proto (gitignored, never hand-written);
+# -I. keeps the package in the generated imports (`from clients.proto import skill_pb2`).
+$(PROTO_PY) &: clients/proto/skill.proto | $(VENV)/.installed
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. clients/proto/skill.proto
+
+.PHONY: proto
+proto: $(PROTO_PY)
+
+# skill_adapter and risk_stream read protobuf records, the gateway and `s2t stream` speak them.
+models serve test: proto
+
+$(LITE_SAVED_MODEL)/saved_model.pb: $(DATA) tools/legacy_model.py | $(VENV)/.installed
+	$(S2T) legacy build --lite --out $(LITE_SAVED_MODEL) --data $(DATA)
+
+$(LITE_ONNX): $(LITE_SAVED_MODEL)/saved_model.pb tools/convert.py
+	$(S2T) convert $(LITE_SAVED_MODEL) $@
+
+# $(call publish_if_new,MODEL,ONNX,SAVED_MODEL): publish (validation + parity gate against SAVED_MODEL + atomic
+# move) whenever the newest version is not the current conversion.
+define publish_if_new
+	@latest=$$(ls -d model_repository/$(1)/[0-9]* 2>/dev/null | sort -t/ -k3 -n | tail -n 1); \
+	if [ -z "$$latest" ] || ! cmp -s "$$latest/model.onnx" $(2); then \
+	  $(S2T) publish $(1) $(2) --saved-model $(3); \
 	fi
+endef
+
+models: $(ADAPTER_SPEC) $(LITE_ONNX)
+	$(call publish_if_new,risk_scorer,$(SCORER_ONNX),$(SAVED_MODEL))
+	$(call publish_if_new,risk_scorer_lite,$(LITE_ONNX),$(LITE_SAVED_MODEL))
 	$(S2T) check-config
 
 clean:
-	rm -rf artifacts model_repository/risk_scorer/[0-9]* $(ADAPTER_SPEC)
+	rm -rf artifacts model_repository/risk_scorer/[0-9]* model_repository/risk_scorer_lite/[0-9]* $(ADAPTER_SPEC) .model_repository.s2t

@@ -1,14 +1,17 @@
-"""Legacy records (JSON bytes) -> the scorer's two packed inputs, with an error per bad record.
+"""Legacy records (JSON or protobuf bytes) -> the scorer's two packed inputs, with an error per bad record.
 
 Each record is parsed once; the whole batch is then turned into two arrays in one step, so the work per
-record is the JSON parse and one dictionary look-up per attribute.
+record is the parse and one dictionary look-up per attribute. Both forms of the legacy record (the JSON object
+and the `SkillRecord` of clients/proto/skill.proto) may be mixed in one batch: the form is detected per payload,
+and both give the same errors, because both become the same feature map before any attribute is checked.
 """
 from __future__ import annotations
 
 import json
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from functools import lru_cache
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -16,6 +19,14 @@ from backends.feature_spec import FeatureSpec
 
 DEFAULT_MAX_RECORD_BYTES = 64 * 1024
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+# A serialized SkillRecord starts with the tag of its lowest-numbered non-default field (every protobuf
+# serializer writes fields in field-number order): fields 1-5 give these bytes. A JSON text starts with a value
+# or JSON whitespace; the tags 0x0A and 0x20 are also JSON whitespace, so those payloads may be either form.
+_PROTOBUF_FIRST_BYTES = frozenset(b"\x0a\x12\x18\x20\x2a")
+_JSON_WHITESPACE = b" \t\r\n"
+_JSON_VALUE_START = frozenset(b'{["-0123456789tfn')
 
 
 class RecordError(ValueError):
@@ -28,10 +39,22 @@ class RecordError(ValueError):
 
 
 @dataclass(frozen=True)
+class LegacyRecord:
+    """One parsed record, whatever its form; the envelope fields are as sent (None where absent)."""
+
+    request_id: object
+    stream_id: object
+    sequence_id: object
+    features: Mapping[str, object]
+
+
+@dataclass(frozen=True)
 class DecodedBatch:
     categorical: np.ndarray  # int64 [records, n_categorical]; a failed record's row is zeros
     numeric: np.ndarray  # float32 [records, n_numeric]
     errors: tuple[RecordError | None, ...]
+    # The envelope's request_id per record, as text (None where absent or where the record failed).
+    request_ids: tuple[str | None, ...] = ()
 
 
 def _type_name(value: object) -> str:
@@ -57,46 +80,32 @@ class RecordDecoder:
 
     def decode(self, payloads: Sequence[bytes]) -> DecodedBatch:
         n_cat, n_num = len(self.spec.categorical), len(self.spec.numeric)
-        cat_rows, num_rows, errors = [], [], []
+        cat_rows, num_rows, errors, request_ids = [], [], [], []
         for payload in payloads:
             try:
-                cats, nums = self._row(self.features(payload))
+                record = self.parse(payload)
+                cats, nums = self._row(record.features)
             except RecordError as err:
                 cats, nums = [0] * n_cat, [0.0] * n_num
                 errors.append(err)
+                request_ids.append(None)
             else:
                 errors.append(None)
+                request_ids.append(None if record.request_id in (None, "") else str(record.request_id))
             cat_rows.append(cats)
             num_rows.append(nums)
         return DecodedBatch(
             np.array(cat_rows, dtype=np.int64).reshape(len(payloads), n_cat),
             np.array(num_rows, dtype=np.float32).reshape(len(payloads), n_num),
             tuple(errors),
+            tuple(request_ids),
         )
 
     def features(self, payload: bytes) -> Mapping[str, object]:
-        if not isinstance(payload, (bytes, bytearray)):
-            raise RecordError("payload", f"expected bytes, got {type(payload).__name__}")
-        if not payload:
-            raise RecordError("payload", "empty")
-        if len(payload) > self.max_record_bytes:
-            raise RecordError("payload", f"{len(payload)} bytes is over the limit of {self.max_record_bytes}")
-        try:
-            record = json.loads(payload)
-        except UnicodeDecodeError:
-            raise RecordError("payload", "not UTF-8 text") from None
-        except json.JSONDecodeError as err:
-            raise RecordError("payload", f"not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
-        except RecursionError:
-            raise RecordError("payload", "JSON nested too deeply") from None
-        if not isinstance(record, dict):
-            raise RecordError("payload", f"a record must be a JSON object, got {_type_name(record)}")
-        features = record.get("features")
-        if features is None:
-            raise RecordError("features", "missing")
-        if not isinstance(features, dict):
-            raise RecordError("features", f"must be an object, got {_type_name(features)}")
-        return features
+        return self.parse(payload).features
+
+    def parse(self, payload: bytes) -> LegacyRecord:
+        return parse_record(payload, self.max_record_bytes)
 
     def _row(self, features: Mapping[str, object]) -> tuple[list[int], list[float]]:
         cats = []
@@ -121,6 +130,96 @@ class RecordDecoder:
                 raise RecordError(f"features.{name}", f"not a finite float32 number ({value!r})")
             nums.append(number)
         return cats, nums
+
+
+def parse_record(payload: bytes, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> LegacyRecord:
+    """The record in either form; raises the RecordError of the first form tried when no form fits."""
+    if not isinstance(payload, (bytes, bytearray)):
+        raise RecordError("payload", f"expected bytes, got {type(payload).__name__}")
+    if not payload:
+        raise RecordError("payload", "empty")
+    if len(payload) > max_record_bytes:
+        raise RecordError("payload", f"{len(payload)} bytes is over the limit of {max_record_bytes}")
+    first_error = None
+    for parse in _forms(payload):
+        try:
+            return parse(payload)
+        except RecordError as err:
+            first_error = first_error or err
+    raise first_error
+
+
+def stream_position(record: LegacyRecord, stream: str) -> int:
+    """The record's sequence_id on `stream` (the correlation id); a stream_id, when sent, must name that stream."""
+    if record.stream_id not in (None, "") and str(record.stream_id) != stream:
+        raise RecordError("stream_id", f"{record.stream_id!r} is not the stream of this sequence ({stream!r})")
+    if record.sequence_id is None:
+        raise RecordError("sequence_id", "missing")
+    if isinstance(record.sequence_id, bool) or not isinstance(record.sequence_id, int):
+        raise RecordError("sequence_id", f"expected an integer, got {_type_name(record.sequence_id)}")
+    return record.sequence_id
+
+
+def _forms(payload: bytes) -> tuple[Callable[[bytes], LegacyRecord], ...]:
+    """The parsers to try, most likely form first; the error of the first one is the one reported."""
+    if payload[0] not in _PROTOBUF_FIRST_BYTES:
+        return (_parse_json,)
+    if payload[0] not in _JSON_WHITESPACE:
+        return (_parse_protobuf,)
+    text = payload.lstrip(_JSON_WHITESPACE)
+    if text and text[0] in _JSON_VALUE_START:
+        return _parse_json, _parse_protobuf
+    return _parse_protobuf, _parse_json
+
+
+def _parse_json(payload: bytes) -> LegacyRecord:
+    try:
+        record = json.loads(payload)
+    except UnicodeDecodeError:
+        raise RecordError("payload", "not UTF-8 text") from None
+    except json.JSONDecodeError as err:
+        raise RecordError("payload", f"not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+    except RecursionError:
+        raise RecordError("payload", "JSON nested too deeply") from None
+    if not isinstance(record, dict):
+        raise RecordError("payload", f"a record must be a JSON object, got {_type_name(record)}")
+    features = record.get("features")
+    if features is None:
+        raise RecordError("features", "missing")
+    if not isinstance(features, dict):
+        raise RecordError("features", f"must be an object, got {_type_name(features)}")
+    return LegacyRecord(record.get("request_id"), record.get("stream_id"), record.get("sequence_id"), features)
+
+
+@lru_cache(maxsize=1)
+def _protobuf_record():
+    # Imported on first use: the code is generated by `make proto`, and a JSON-only deployment (the NGC image
+    # without the protobuf package, say) keeps serving JSON records without it.
+    from google.protobuf.message import DecodeError
+
+    from clients.proto.skill_pb2 import SkillRecord
+    return SkillRecord, DecodeError
+
+
+def _parse_protobuf(payload: bytes) -> LegacyRecord:
+    try:
+        record_class, decode_error = _protobuf_record()
+    except ImportError as err:
+        raise RecordError("payload", f"protobuf records are not available here ({err}; run `make proto`)") from None
+    record = record_class()
+    try:
+        record.ParseFromString(bytes(payload))
+    except decode_error:
+        raise RecordError("payload", "not a valid SkillRecord protobuf") from None
+    # proto3 cannot tell an empty map from an absent one: both read as `{}`, so the first attribute is reported
+    # missing, exactly as for the JSON record {"features": {}}.
+    features = {name: _feature_value(value) for name, value in record.features.items()}
+    return LegacyRecord(record.request_id, record.stream_id, record.sequence_id, features)
+
+
+def _feature_value(value) -> object:
+    kind = value.WhichOneof("kind")
+    return None if kind is None else getattr(value, kind)
 
 
 def encode_columns(spec: FeatureSpec, columns: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -35,10 +35,11 @@ def legacy() -> None:
 @legacy.command("build")
 @click.option("--out", type=click.Path(path_type=Path), default=DEFAULT_SAVED_MODEL, show_default=True)
 @click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
-def legacy_build(out: Path, data_csv: Path) -> None:
+@click.option("--lite", is_flag=True, help="the linear part only: the small fallback model (risk_scorer_lite)")
+def legacy_build(out: Path, data_csv: Path, lite: bool) -> None:
     """Train the legacy model deterministically and export it as a SavedModel."""
     from tools import german_credit, legacy_model
-    report = legacy_model.build(german_credit.fetch_csv(data_csv), out)
+    report = legacy_model.build(german_credit.fetch_csv(data_csv), out, lite)
     click.echo(f"held-out AUC {report.holdout_auc:.4f} (logistic regression on the same split: "
                f"{report.logistic_regression_auc:.4f}) on {report.rows_holdout} rows")
     if not report.beats_baseline:
@@ -156,6 +157,40 @@ def _confirm_live(url: str | None, model: str, version: int) -> None:
     click.echo(f"{url} serves {model} version {version} after {elapsed * 1000:.0f} ms", err=True)
 
 
+@main.command()
+@click.argument("model")
+@click.argument("version", type=int, required=False)
+@click.option("--percent", type=float, help="share of traffic (0-100) the candidate answers, or mirrors with --shadow")
+@click.option("--shadow", is_flag=True, help="mirror the share to the candidate; answers stay the primary's")
+@click.option("--off", is_flag=True, help="send everything to the primary again")
+@click.option("--repository", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_REPOSITORIES[0],
+              show_default=True)
+@click.option("--url", envvar="S2T_URL", help="HOST:PORT (HTTP) of the live server: wait until the split is in force")
+def canary(model, version, percent, shadow, off, repository, url) -> None:
+    """risk_router sends PERCENT% of records to MODEL VERSION (or mirrors them); prints the split in force."""
+    from backends.routing_policy import Target
+    from tools.canary import CanaryError, ROUTER, set_split
+    if off == (percent is not None):
+        raise click.UsageError("give either --percent P (with MODEL VERSION) or --off")
+    if not off and version is None:
+        raise click.UsageError("name the candidate's VERSION")
+    candidate = None if off else Target(model, version)
+    try:
+        settings = set_split(repository, candidate, 0.0 if off or shadow else percent, percent if shadow else 0.0)
+    except CanaryError as err:
+        raise click.ClickException(str(err)) from None
+    if url:
+        from tools.live_control import reload_config
+        expected = {"candidate": str(settings.candidate or ""), "canary_percent": f"{settings.canary_percent:g}",
+                    "shadow_percent": f"{settings.shadow_percent:g}"}
+        try:
+            elapsed = reload_config(url, ROUTER, expected)
+        except Exception as err:  # noqa: BLE001 - the config change stands; say what the server did
+            raise click.ClickException(f"the config now says {settings.describe()}, but the server at {url}: {err}")
+        click.echo(f"{url}: {ROUTER} runs the new split after {elapsed * 1000:.0f} ms", err=True)
+    click.echo(settings.describe())
+
+
 @main.command("check-config")
 @click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path))
 def check_config(repositories) -> None:
@@ -209,3 +244,57 @@ def serve(http_port, grpc_port, metrics_port, model_control_mode, repositories, 
     click.echo("stopping: draining in-flight requests", err=True)
     code = server.stop()
     sys.exit(0 if code in (0, None) else code)
+
+
+@main.command()
+@click.option("--port", type=int, envvar="GATEWAY_PORT", default=50051, show_default=True,
+              help="where legacy Skill callers connect")
+@click.option("--triton-url", envvar="S2T_GRPC_URL", default="localhost:8001", show_default=True,
+              help="HOST:PORT of Triton's gRPC endpoint")
+@click.option("--model", default="risk_pipeline", show_default=True)
+@click.option("--window-size", type=int, default=32, show_default=True, help="records scored together, as the legacy did")
+@click.option("--workers", type=int, default=8, show_default=True, help="concurrent legacy calls")
+def gateway(port, triton_url, model, window_size, workers) -> None:
+    """Serve the legacy Skill gRPC service (clients/proto/skill.proto), forwarding to Triton, until SIGINT/SIGTERM."""
+    from clients.legacy_gateway import serve as serve_gateway
+    try:
+        server = serve_gateway(port, triton_url, model, window_size, workers)
+    except (OSError, ValueError, RuntimeError) as err:
+        raise click.ClickException(str(err)) from None
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    click.echo(f"ready: legacy Skill service on port {port} -> {model} at {triton_url} "
+               f"(windows of {window_size})", err=True)
+    stop.wait()
+    click.echo("stopping: finishing calls in flight", err=True)
+    server.stop(grace=10).wait()
+
+
+@main.command()
+@click.option("--url", envvar="S2T_GRPC_URL", default="localhost:8001", show_default=True,
+              help="HOST:PORT of Triton's gRPC endpoint")
+@click.option("--streams", type=int, default=16, show_default=True)
+@click.option("--records", type=int, default=1000, show_default=True, help="German Credit rows replayed (cycled)")
+@click.option("--shuffle", type=float, default=0.1, show_default=True, help="fraction of records sent late")
+@click.option("--window", type=int, default=8, show_default=True, help="places a shuffled record is delayed, at most")
+@click.option("--duplicate", type=float, default=0.0, show_default=True, help="fraction of records sent twice")
+@click.option("--loss", type=float, default=0.0, show_default=True, help="fraction of records never sent")
+@click.option("--form", type=click.Choice(["json", "protobuf"]), default="json", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
+def stream(url, streams, records, shuffle, window, duplicate, loss, form, seed, data_csv) -> None:
+    """Replay German Credit on N streams through risk_stream; print in-order rate, latency and throughput."""
+    from clients import stream_client
+    from tools import german_credit
+    rows = [{"features": f} for f in german_credit.load(german_credit.fetch_csv(data_csv)).records()]
+    replayed = [rows[i % len(rows)] for i in range(records)]
+    results, _, seconds = stream_client.replay(url, replayed, streams, shuffle=shuffle, window=window,
+                                               duplicate=duplicate, loss=loss, form=form, seed=seed)
+    summary = stream_client.summarize(results, seconds)
+    click.echo(summary.table())
+    incomplete = [r.stream for r in results if not r.complete]
+    if incomplete:
+        raise click.ClickException(f"streams without every answer: {', '.join(incomplete)}")
+    if summary.in_order_rate < 1.0 or not summary.exactly_once:
+        sys.exit(1)

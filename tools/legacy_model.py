@@ -41,7 +41,8 @@ def _keras_inputs(data: german_credit.Dataset):
             for name, col in data.columns.items()}
 
 
-def _build(train: german_credit.Dataset):
+def _build(train: german_credit.Dataset, lite: bool = False):
+    """`lite`: the linear part alone, a logistic regression with the same preprocessing: the fallback scorer."""
     import keras
 
     inputs, encoded = {}, []
@@ -59,13 +60,14 @@ def _build(train: german_credit.Dataset):
     features = keras.layers.Concatenate(name="features")(encoded)
     reg = keras.regularizers.l2(1e-2)
     # Wide & deep: the linear part alone is a logistic regression; the hidden layer adds interactions.
-    wide = keras.layers.Dense(1, kernel_regularizer=reg, name="wide")(features)
-    hidden = keras.layers.Dense(16, activation="relu", kernel_regularizer=reg, name="hidden")(features)
-    hidden = keras.layers.Dropout(0.3, seed=SEED, name="dropout")(hidden)
-    deep = keras.layers.Dense(1, kernel_regularizer=reg, name="deep")(hidden)
-    logit = keras.layers.Add(name="logit")([wide, deep])
+    logit = keras.layers.Dense(1, kernel_regularizer=reg, name="wide")(features)
+    if not lite:
+        hidden = keras.layers.Dense(16, activation="relu", kernel_regularizer=reg, name="hidden")(features)
+        hidden = keras.layers.Dropout(0.3, seed=SEED, name="dropout")(hidden)
+        deep = keras.layers.Dense(1, kernel_regularizer=reg, name="deep")(hidden)
+        logit = keras.layers.Add(name="logit")([logit, deep])
     probability = keras.layers.Activation("sigmoid", name="probability")(logit)
-    model = keras.Model(inputs=inputs, outputs=probability, name="risk_model")
+    model = keras.Model(inputs=inputs, outputs=probability, name="risk_model_lite" if lite else "risk_model")
     model.compile(optimizer=keras.optimizers.Adam(learning_rate=1e-3), loss="binary_crossentropy")
     return model
 
@@ -90,7 +92,7 @@ def _logistic_regression_auc(train: german_credit.Dataset, holdout: german_credi
     return float(roc_auc_score(holdout.is_bad, baseline.predict_proba(table(holdout))[:, 1]))
 
 
-def build(csv_path: Path, out_dir: Path) -> TrainingReport:
+def build(csv_path: Path, out_dir: Path, lite: bool = False) -> TrainingReport:
     """Train deterministically and export the SavedModel (signature serving_default) to out_dir."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
@@ -103,7 +105,7 @@ def build(csv_path: Path, out_dir: Path) -> TrainingReport:
     train_rows, holdout_rows = split(len(data))
     train, holdout = data.take(train_rows), data.take(holdout_rows)
 
-    model = _build(train)
+    model = _build(train, lite)
     model.fit(_keras_inputs(train), train.is_bad.astype(np.float32).reshape(-1, 1),
               epochs=EPOCHS, batch_size=BATCH_SIZE, shuffle=True, verbose=0)
     auc = float(roc_auc_score(holdout.is_bad, model.predict(_keras_inputs(holdout), verbose=0).ravel()))

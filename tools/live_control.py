@@ -50,3 +50,32 @@ def apply(url: str, model: str, version: int, timeout: float = 30.0, key: str | 
     finally:
         client.close()
     return time.monotonic() - started
+
+
+def reload_config(url: str, model: str, parameters: dict[str, str], timeout: float = 30.0,
+                  key: str | None = None) -> float:
+    """Seconds until the live `model` runs with these config parameters and is ready."""
+    import tritonclient.http as http
+
+    started = time.monotonic()
+    client = http.InferenceServerClient(url, network_timeout=timeout)
+    try:
+        try:
+            client.load_model(model, headers=admin_headers(key))
+        except InferenceServerException as err:
+            if _POLL_MODE_REFUSAL not in str(err):
+                raise
+        while True:
+            try:
+                live = client.get_model_config(model).get("parameters", {})
+                current = {k: v.get("string_value") for k, v in live.items()}
+                if all(current.get(k) == v for k, v in parameters.items()) and client.is_model_ready(model):
+                    break
+            except InferenceServerException:
+                pass
+            if time.monotonic() - started > timeout:
+                raise TimeoutError(f"{model} does not run the new parameters after {timeout:.0f} s")
+            time.sleep(0.05)
+    finally:
+        client.close()
+    return time.monotonic() - started

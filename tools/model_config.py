@@ -28,11 +28,15 @@ class Tensor:
 
 def load(model_dir: Path) -> mc.ModelConfig:
     path = Path(model_dir) / "config.pbtxt"
+    return load_text(path.read_text(), str(path))
+
+
+def load_text(text: str, where: str = "config") -> mc.ModelConfig:
     config = mc.ModelConfig()
     try:
-        text_format.Parse(path.read_text(), config)
+        text_format.Parse(text, config)
     except text_format.ParseError as err:
-        raise ValueError(f"{path}: {err}") from None
+        raise ValueError(f"{where}: {err}") from None
     return config
 
 

@@ -20,10 +20,10 @@ S2T = Path(sys.executable).parent / "s2t"
 
 @pytest.fixture
 def repository(tmp_path, built_artifacts):
-    """A copy of the served repository with version 1 of risk_scorer, as `make` leaves it."""
+    """A copy of the served repository with the versions `make` published."""
     dest = tmp_path / "model_repository"
     shutil.copytree(MODEL_REPOSITORY, dest, ignore=shutil.ignore_patterns("__pycache__"))
-    assert model_config.versions(dest / "risk_scorer") == [1]
+    assert model_config.versions(dest / "risk_scorer")
     return dest
 
 
@@ -37,13 +37,14 @@ def versions(repository):
 
 
 def test_valid_artifact_becomes_the_next_version_with_its_record(repository, gate, built_artifacts):
-    assert publish("risk_scorer", built_artifacts["onnx"], repository, gate) == 2
-    version = repository / "risk_scorer" / "2"
+    new = versions(repository)[-1] + 1
+    assert publish("risk_scorer", built_artifacts["onnx"], repository, gate) == new
+    version = repository / "risk_scorer" / str(new)
     assert (version / "model.onnx").read_bytes() == built_artifacts["onnx"].read_bytes()
     record = json.loads((version / "publish.json").read_text())
-    assert record["version"] == 2 and record["parity"]["rows"] == 1000 and record["parity"]["max_abs"] <= 1e-5
+    assert record["version"] == new and record["parity"]["rows"] == 1000 and record["parity"]["max_abs"] <= 1e-5
     assert not any(VersionStore(repository).staging.iterdir())
-    assert VersionStore(repository).history("risk_scorer")[-1]["version"] == 2
+    assert VersionStore(repository).history("risk_scorer")[-1]["version"] == new
     assert model_config.check_repositories([repository]) == []
 
 
@@ -55,9 +56,10 @@ def test_truncated_or_corrupt_artifact_is_refused_and_nothing_changes(repository
                                                                       damage, reason):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(damage(built_artifacts["onnx"].read_bytes()))
+    before = versions(repository)
     with pytest.raises(PublishError, match=reason):
         publish("risk_scorer", bad, repository, gate)
-    assert versions(repository) == [1]
+    assert versions(repository) == before
 
 
 def test_artifact_failing_parity_is_refused_with_the_table(repository, gate, built_artifacts, tmp_path):
@@ -66,10 +68,11 @@ def test_artifact_failing_parity_is_refused_with_the_table(repository, gate, bui
     biggest.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(biggest) * np.float32(1.5), biggest.name))
     drifted = tmp_path / "drifted.onnx"
     onnx.save(model, str(drifted))
+    before = versions(repository)
     with pytest.raises(PublishError, match="parity gate failed") as refused:
         publish("risk_scorer", drifted, repository, gate)
     assert "FAIL" in str(refused.value)
-    assert versions(repository) == [1]
+    assert versions(repository) == before
 
 
 def test_artifact_not_fitting_the_config_is_refused(repository, gate, built_artifacts, tmp_path):
@@ -79,9 +82,10 @@ def test_artifact_not_fitting_the_config_is_refused(repository, gate, built_arti
         node.output[:] = ["score" if o == "probability" else o for o in node.output]
     renamed = tmp_path / "renamed.onnx"
     onnx.save(model, str(renamed))
+    before = versions(repository)
     with pytest.raises(PublishError, match="output 'probability' is not in renamed.onnx"):
         publish("risk_scorer", renamed, repository, gate)
-    assert versions(repository) == [1]
+    assert versions(repository) == before
 
 
 def test_publish_command_prints_the_new_version_last(repository, built_artifacts):
@@ -89,4 +93,4 @@ def test_publish_command_prints_the_new_version_last(repository, built_artifacts
                            str(repository), "--saved-model", str(built_artifacts["saved_model"]), "--data",
                            str(built_artifacts["data"])], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "2"
+    assert done.stdout.strip().splitlines()[-1] == str(versions(repository)[-1])

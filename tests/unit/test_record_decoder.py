@@ -132,3 +132,9 @@ def test_float32_numbers_round_trip_exactly(value):
     assert batch.errors == (None,)
     assert batch.numeric[0, 1] == np.float32(value)
     assert math.isfinite(float(batch.numeric[0, 1]))
+
+
+def test_request_ids_come_back_per_record_as_text():
+    batch = RecordDecoder(SPEC).decode([record(), b"{", json.dumps({"request_id": 7, "features": VALID}).encode(),
+                                        json.dumps({"features": VALID}).encode()])
+    assert batch.request_ids == ("r-1", None, "7", None)

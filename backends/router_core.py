@@ -1,0 +1,133 @@
+"""risk_router's work on one batch, with the scorers behind a callable so that it runs without Triton.
+
+Rows are routed one by one (sticky canary, forced routes, shadow sample), then scored group by group: one call
+per target for the whole batch. The primary sits behind the circuit breaker: while it is open, or when a call
+fails, its rows are answered by the fallback. A mirrored (shadow) call never changes an answer.
+"""
+from __future__ import annotations
+
+import re
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from backends.circuit_breaker import CircuitBreaker
+from backends.routing_policy import RoutingSettings, Target, route
+
+# A version that is published but not loaded yet (or retired but not unloaded) answers with one of these.
+_NOT_SERVING = re.compile(r"unknown model|not found|not ready|unavailable|is not at ready state", re.IGNORECASE)
+NOT_SERVING_MEMORY_SECONDS = 0.5
+
+Scorer = Callable[[Target, np.ndarray, np.ndarray], np.ndarray]
+
+
+class ScoringError(Exception):
+    pass
+
+
+@dataclass
+class BatchAnswer:
+    probability: np.ndarray  # float32 [rows, 1]; NaN where the row has an error
+    served_by: list[str | None]
+    errors: list[str | None]
+    shadow_differences: dict[str, np.ndarray] = field(default_factory=dict)  # candidate -> |candidate - primary|
+    fallback_rows: int = 0
+
+
+class Router:
+    def __init__(self, settings: RoutingSettings, breaker: CircuitBreaker, score: Scorer,
+                 versions: Callable[[str], Sequence[int]], clock: Callable[[], float] = time.monotonic):
+        """`versions(model)`: the model's version folders, newest first, for targets that name no version."""
+        self.settings, self.breaker, self._score, self._versions, self._clock = settings, breaker, score, versions, clock
+        self._not_serving: dict[Target, float] = {}
+
+    def answer(self, categorical: np.ndarray, numeric: np.ndarray, keys: Sequence[str | bytes],
+               overrides: Sequence[str | None]) -> BatchAnswer:
+        n = len(keys)
+        out = BatchAnswer(np.full((n, 1), np.nan, dtype=np.float32), [None] * n, [None] * n)
+        groups: dict[Target, list[int]] = defaultdict(list)
+        mirrors: dict[Target, list[int]] = defaultdict(list)
+        for row, (key, override) in enumerate(zip(keys, overrides)):
+            try:
+                chosen = route(self.settings, key, override)
+            except ValueError as err:
+                out.errors[row] = str(err)
+                continue
+            groups[chosen.target].append(row)
+            if chosen.mirror is not None:
+                mirrors[chosen.mirror].append(row)
+        primary_rows = groups.pop(self.settings.primary, [])
+        if primary_rows:
+            self._answer_primary(primary_rows, categorical, numeric, out)
+        for target, rows in groups.items():
+            self._fill(target, rows, categorical, numeric, out)
+        for candidate, rows in mirrors.items():
+            # Compare with the primary's own answers only: a row the fallback answered says nothing of the candidate.
+            primary = self.settings.primary.model
+            answered = [r for r in rows if (out.served_by[r] or "").partition(":")[0] == primary]
+            if not answered:
+                continue
+            try:
+                shadow, _ = self._call(candidate, categorical[answered], numeric[answered])
+            except ScoringError:
+                continue
+            out.shadow_differences[str(candidate)] = np.abs(shadow.ravel() - out.probability[answered].ravel())
+        return out
+
+    def _answer_primary(self, rows, categorical, numeric, out: BatchAnswer) -> None:
+        fallback = self.settings.fallback
+        if not self.breaker.allow() and fallback is not None:
+            out.fallback_rows += len(rows)
+            self._fill(fallback, rows, categorical, numeric, out)
+            return
+        started = self._clock()
+        try:
+            probability, served = self._call(self.settings.primary, categorical[rows], numeric[rows])
+        except ScoringError as err:
+            self.breaker.record(False, self._clock() - started, len(rows))
+            if fallback is None:
+                for r in rows:
+                    out.errors[r] = str(err)
+                return
+            out.fallback_rows += len(rows)
+            self._fill(fallback, rows, categorical, numeric, out)
+            return
+        self.breaker.record(True, self._clock() - started, len(rows))
+        out.probability[rows] = probability.reshape(-1, 1)
+        for r in rows:
+            out.served_by[r] = served
+
+    def _fill(self, target: Target, rows, categorical, numeric, out: BatchAnswer) -> None:
+        try:
+            probability, served = self._call(target, categorical[rows], numeric[rows])
+        except ScoringError as err:
+            for r in rows:
+                out.errors[r] = str(err)
+            return
+        out.probability[rows] = probability.reshape(-1, 1)
+        for r in rows:
+            out.served_by[r] = served
+
+    def _call(self, target: Target, categorical: np.ndarray, numeric: np.ndarray) -> tuple[np.ndarray, str]:
+        """Score on `target`; a target without a version tries the newest version folder that is serving."""
+        if target.version is not None:
+            candidates = [target]
+        else:
+            now = self._clock()
+            candidates = [Target(target.model, v) for v in self._versions(target.model)
+                          if self._not_serving.get(Target(target.model, v), -1.0) < now]
+            if not candidates:
+                raise ScoringError(f"{target.model}: no version is serving")
+        last_error = None
+        for concrete in candidates:
+            try:
+                return self._score(concrete, categorical, numeric), str(concrete)
+            except Exception as err:  # noqa: BLE001 - classified below
+                last_error = err
+                if target.version is not None or not _NOT_SERVING.search(str(err)):
+                    break
+                self._not_serving[concrete] = self._clock() + NOT_SERVING_MEMORY_SECONDS
+        raise ScoringError(f"{target}: {last_error}")

@@ -1,0 +1,55 @@
+"""risk_router's Prometheus metrics, through the MetricFamily class Triton's python backend provides.
+
+The class is passed in, so this module has no Triton import. Shadow differences are exported as a histogram
+built from counters (`_bucket{le=…}`, `_sum`, `_count`), which Prometheus' histogram_quantile reads as usual.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from backends.circuit_breaker import CLOSED, HALF_OPEN, OPEN
+from backends.router_core import BatchAnswer
+
+SHADOW_BUCKETS = (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+
+
+class RouterMetrics:
+    def __init__(self, metric_family):
+        counter, gauge = metric_family.COUNTER, metric_family.GAUGE
+        self._rows = metric_family(name="s2t_router_rows_total", description="Records answered, by model:version",
+                                   kind=counter)
+        self._fallback = metric_family(name="s2t_router_fallback_rows_total", kind=counter,
+                                       description="Records the fallback answered for the primary")
+        self._breaker = metric_family(name="s2t_router_breaker_state", kind=gauge,
+                                      description="1 for the breaker's current state (closed, open, half_open)")
+        self._shadow_bucket = metric_family(name="s2t_router_shadow_abs_diff_bucket", kind=counter,
+                                            description="Mirrored records with |candidate - primary| <= le")
+        self._shadow_sum = metric_family(name="s2t_router_shadow_abs_diff_sum", kind=counter,
+                                         description="Sum of |candidate - primary| over mirrored records")
+        self._shadow_count = metric_family(name="s2t_router_shadow_abs_diff_count", kind=counter,
+                                           description="Mirrored records compared")
+        self._metrics: dict[tuple, object] = {}
+        self._fallback_metric = self._fallback.Metric(labels={})
+        self._states = {state: self._breaker.Metric(labels={"state": state}) for state in (CLOSED, OPEN, HALF_OPEN)}
+
+    def _metric(self, family, **labels):
+        key = (id(family), tuple(sorted(labels.items())))
+        if key not in self._metrics:
+            self._metrics[key] = family.Metric(labels=labels)
+        return self._metrics[key]
+
+    def observe(self, answer: BatchAnswer, breaker_state: str) -> None:
+        served, counts = np.unique([s for s in answer.served_by if s], return_counts=True)
+        for name, count in zip(served, counts):
+            self._metric(self._rows, served_by=str(name)).increment(int(count))
+        if answer.fallback_rows:
+            self._fallback_metric.increment(answer.fallback_rows)
+        for state, metric in self._states.items():
+            metric.set(1.0 if state == breaker_state else 0.0)
+        for candidate, diffs in answer.shadow_differences.items():
+            for le in SHADOW_BUCKETS:
+                self._metric(self._shadow_bucket, candidate=candidate, le=f"{le:g}").increment(
+                    int(np.count_nonzero(diffs <= le)))
+            self._metric(self._shadow_bucket, candidate=candidate, le="+Inf").increment(len(diffs))
+            self._metric(self._shadow_sum, candidate=candidate).increment(float(np.sum(diffs)))
+            self._metric(self._shadow_count, candidate=candidate).increment(len(diffs))

@@ -1,0 +1,111 @@
+"""Which scorer answers a record: primary, canary candidate, forced route, or the fallback; and what to mirror.
+
+Assignment is sticky: a record's bucket is a hash of its request_id, so a caller retrying the same request
+lands on the same model, and raising the canary share only moves new buckets over.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Mapping
+
+BUCKETS = 10_000
+
+
+@dataclass(frozen=True)
+class Target:
+    """A model and version; version None means the newest version the router can reach."""
+
+    model: str
+    version: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "Target":
+        model, _, version = text.strip().partition(":")
+        if not model:
+            raise ValueError(f"target {text!r}: a model name is required")
+        if version and not version.isdigit():
+            raise ValueError(f"target {text!r}: the version must be a number")
+        return cls(model, int(version) if version else None)
+
+    def __str__(self) -> str:
+        return self.model if self.version is None else f"{self.model}:{self.version}"
+
+
+@dataclass(frozen=True)
+class RoutingSettings:
+    primary: Target
+    candidate: Target | None = None
+    canary_percent: float = 0.0
+    shadow_percent: float = 0.0
+    fallback: Target | None = None
+
+    def __post_init__(self):
+        for name in ("canary_percent", "shadow_percent"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 100.0:
+                raise ValueError(f"{name} must be within 0..100, got {value}")
+        if (self.canary_percent or self.shadow_percent) and self.candidate is None:
+            raise ValueError("a canary or shadow share needs a candidate")
+        if self.canary_percent and self.shadow_percent:
+            raise ValueError("a candidate is either a canary (answers) or a shadow (mirrored), not both")
+
+    @classmethod
+    def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]]) -> "RoutingSettings":
+        def text(key: str) -> str:
+            return parameters.get(key, {}).get("string_value", "").strip()
+
+        def percent(key: str) -> float:
+            raw = text(key) or "0"
+            try:
+                return float(raw)
+            except ValueError:
+                raise ValueError(f"parameter {key}: expected a number, got {raw!r}") from None
+
+        if not text("primary"):
+            raise ValueError("parameter primary is required")
+        return cls(Target.parse(text("primary")), Target.parse(text("candidate")) if text("candidate") else None,
+                   percent("canary_percent"), percent("shadow_percent"),
+                   Target.parse(text("fallback")) if text("fallback") else None)
+
+    def describe(self) -> str:
+        if self.canary_percent:
+            return f"{100 - self.canary_percent:g}% {self.primary}, {self.canary_percent:g}% {self.candidate}"
+        if self.shadow_percent:
+            return f"100% {self.primary}, {self.shadow_percent:g}% mirrored to {self.candidate}"
+        return f"100% {self.primary}"
+
+
+def bucket(key: str | bytes) -> int:
+    """A stable bucket in [0, BUCKETS): the same key always lands in the same bucket, in every process."""
+    data = key.encode() if isinstance(key, str) else bytes(key)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big") % BUCKETS
+
+
+def _share(key: str | bytes, percent: float, salt: bytes) -> bool:
+    data = key.encode() if isinstance(key, str) else bytes(key)
+    return bucket(salt + data) < percent * BUCKETS / 100
+
+
+@dataclass(frozen=True)
+class Route:
+    target: Target
+    mirror: Target | None = None
+
+
+def route(settings: RoutingSettings, key: str | bytes, override: str | None = None) -> Route:
+    """`override` colours traffic: "primary", "candidate" or an explicit "model:version"."""
+    if override:
+        if override == "primary":
+            return Route(settings.primary)
+        if override == "candidate":
+            if settings.candidate is None:
+                raise ValueError("route=candidate, but no candidate is configured")
+            return Route(settings.candidate)
+        return Route(Target.parse(override))
+    if settings.canary_percent and _share(key, settings.canary_percent, b"canary:"):
+        return Route(settings.candidate)
+    # The shadow sample is drawn independently of the canary so that the two never select the same slice.
+    if settings.shadow_percent and _share(key, settings.shadow_percent, b"shadow:"):
+        return Route(settings.primary, mirror=settings.candidate)
+    return Route(settings.primary)

@@ -1,0 +1,102 @@
+"""risk_router: canary / shadow / breaker routing of legacy records over the scorers (BLS)."""
+import json
+import traceback
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from backends.circuit_breaker import BreakerSettings, CircuitBreaker
+from backends.feature_spec import FeatureSpec
+from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, RecordDecoder, request_error
+from backends.router_core import Router
+from backends.router_metrics import RouterMetrics
+from backends.routing_policy import RoutingSettings
+
+BLS_MAX_ROWS = 256
+
+
+def _parameter(params, key, default=""):
+    return params.get(key, {}).get("string_value", default)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = json.loads(args["model_config"]).get("parameters", {})
+        here = Path(args["model_repository"])
+        self._repository = here.parent
+        spec = FeatureSpec.from_file(here / args["model_version"] / _parameter(params, "feature_spec"))
+        self._decoder = RecordDecoder(spec, int(_parameter(params, "max_record_bytes", DEFAULT_MAX_RECORD_BYTES)))
+        self._decision_model = _parameter(params, "decision_model", "risk_decision")
+        breaker = CircuitBreaker(BreakerSettings.from_parameters(params))
+        self._router = Router(RoutingSettings.from_parameters(params), breaker, self._score, self._versions)
+        self._metrics = RouterMetrics(pb_utils.MetricFamily)
+
+    def _versions(self, model):
+        folder = self._repository / model
+        return sorted((int(p.name) for p in folder.iterdir() if p.name.isdigit()), reverse=True) if folder.is_dir() else []
+
+    def _infer(self, model, version, inputs, output):
+        request = pb_utils.InferenceRequest(model_name=model, model_version=version, inputs=inputs,
+                                            requested_output_names=[output])
+        response = request.exec()
+        if response.has_error():
+            raise RuntimeError(response.error().message())
+        return pb_utils.get_output_tensor_by_name(response, output).as_numpy()
+
+    def _score(self, target, categorical, numeric):
+        return np.concatenate([self._infer(target.model, target.version, [
+            pb_utils.Tensor("categorical", categorical[i:i + BLS_MAX_ROWS]),
+            pb_utils.Tensor("numeric", numeric[i:i + BLS_MAX_ROWS])], "probability")
+            for i in range(0, len(numeric), BLS_MAX_ROWS)])
+
+    def execute(self, requests):
+        try:
+            return self._execute(requests)
+        except Exception:  # noqa: BLE001 - log it, fail these requests, keep serving
+            pb_utils.Logger.log_error(traceback.format_exc())
+            error = pb_utils.TritonError("risk_router: internal error", pb_utils.TritonError.INTERNAL)
+            return [pb_utils.InferenceResponse(error=error) for _ in requests]
+
+    def _execute(self, requests):
+        payloads = [pb_utils.get_input_tensor_by_name(r, "payload").as_numpy().ravel() for r in requests]
+        overrides = [json.loads(r.parameters() or "{}").get("route") for r in requests]
+        flat = [p for batch in payloads for p in batch]
+        decoded = self._decoder.decode(flat)
+        valid = [i for i, e in enumerate(decoded.errors) if e is None]
+        owner = np.repeat(np.arange(len(requests)), [len(b) for b in payloads])
+        keys = [decoded.request_ids[i] or flat[i] for i in valid]
+        answer = self._router.answer(decoded.categorical[valid], decoded.numeric[valid], keys,
+                                     [overrides[owner[i]] for i in valid])
+        scored = [k for k, e in enumerate(answer.errors) if e is None]
+        decisions = np.empty((len(valid), 1), dtype=object)
+        if scored:
+            decisions[scored] = self._infer(self._decision_model, -1, [
+                pb_utils.Tensor("probability", answer.probability[scored])], "decision")
+        self._metrics.observe(answer, self._router.breaker.state)
+
+        row_of = {i: k for k, i in enumerate(valid)}
+        responses, start = [], 0
+        for batch in payloads:
+            rows = list(range(start, start + len(batch)))
+            start += len(batch)
+            bad_record = request_error(decoded.errors[rows[0]:rows[-1] + 1])
+            if bad_record:
+                responses.append(_error(bad_record, pb_utils.TritonError.INVALID_ARG))
+                continue
+            picked = [row_of[i] for i in rows]
+            failed = sorted({answer.errors[k] for k in picked if answer.errors[k]})
+            if failed:
+                responses.append(_error("; ".join(failed), pb_utils.TritonError.UNAVAILABLE))
+                continue
+            served_by = np.array([[answer.served_by[k].encode()] for k in picked], dtype=object)
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("probability", answer.probability[picked]),
+                pb_utils.Tensor("decision", decisions[picked]),
+                pb_utils.Tensor("served_by", served_by),
+            ]))
+        return responses
+
+
+def _error(message, code):
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))

@@ -1,0 +1,122 @@
+import numpy as np
+import pytest
+
+from backends.circuit_breaker import OPEN, BreakerSettings, CircuitBreaker
+from backends.router_core import Router
+from backends.routing_policy import RoutingSettings, Target
+
+PRIMARY, CANDIDATE, LITE = Target("risk_scorer"), Target("risk_scorer", 2), Target("risk_scorer_lite")
+OFFSET = {"risk_scorer:1": 0.0, "risk_scorer:2": 0.001, "risk_scorer:3": 0.002, "risk_scorer_lite:1": 0.5}
+
+
+class FakeScorers:
+    """Each version answers numeric[:, 0] + its offset; `down` versions fail as Triton does."""
+
+    def __init__(self, versions=(2, 1), down=(), not_loaded=()):
+        self.versions, self.down, self.not_loaded, self.calls = list(versions), set(down), set(not_loaded), []
+
+    def score(self, target, categorical, numeric):
+        self.calls.append((str(target), len(numeric)))
+        if str(target) in self.not_loaded:
+            raise RuntimeError(f"Request for unknown model: '{target.model}' version {target.version} is not found")
+        if str(target) in self.down:
+            raise RuntimeError("Stub process 'risk_scorer_0_0' is not healthy.")
+        return numeric[:, :1] + OFFSET[str(target)]
+
+    def folders(self, model):
+        return self.versions if model == "risk_scorer" else [1]
+
+
+def rows(n):
+    return np.zeros((n, 13), np.int64), np.arange(n, dtype=np.float32).reshape(-1, 1) / 1000
+
+
+def router(scorers, clock=None, **kw):
+    settings = RoutingSettings(PRIMARY, kw.pop("candidate", None), fallback=LITE, **kw)
+    breaker = CircuitBreaker(BreakerSettings(min_requests=5, open_seconds=1), clock or (lambda: 0.0))
+    return Router(settings, breaker, scorers.score, scorers.folders, clock or (lambda: 0.0))
+
+
+def test_whole_batch_goes_to_the_newest_version_in_one_call_and_says_so():
+    scorers = FakeScorers()
+    answer = router(scorers).answer(*rows(8), [f"r-{i}" for i in range(8)], [None] * 8)
+    assert scorers.calls == [("risk_scorer:2", 8)]
+    assert answer.served_by == ["risk_scorer:2"] * 8 and answer.errors == [None] * 8
+    np.testing.assert_allclose(answer.probability.ravel(), np.arange(8) / 1000 + 0.001, atol=1e-7)
+
+
+def test_a_published_version_not_loaded_yet_is_skipped_for_the_one_serving():
+    scorers = FakeScorers(versions=(3, 2, 1), not_loaded={"risk_scorer:3"})
+    r = router(scorers)
+    assert r.answer(*rows(2), ["a", "b"], [None, None]).served_by == ["risk_scorer:2"] * 2
+    r.answer(*rows(2), ["a", "b"], [None, None])
+    assert scorers.calls.count(("risk_scorer:3", 2)) == 1, "a version that is not serving is remembered briefly"
+
+
+def test_failing_primary_is_answered_by_the_fallback_and_opens_the_breaker():
+    scorers = FakeScorers(down={"risk_scorer:2"})
+    r = router(scorers)
+    answer = r.answer(*rows(6), list("abcdef"), [None] * 6)
+    assert answer.served_by == ["risk_scorer_lite:1"] * 6 and answer.fallback_rows == 6
+    assert r.breaker.state == OPEN
+    scorers.calls.clear()
+    r.answer(*rows(3), list("abc"), [None] * 3)
+    assert scorers.calls == [("risk_scorer_lite:1", 3)], "while open, the primary is not even tried"
+
+
+def test_primary_takes_traffic_back_after_a_good_probe():
+    class Clock:
+        now = 0.0
+
+        def __call__(self):
+            return self.now
+    clock, scorers = Clock(), FakeScorers(down={"risk_scorer:2"})
+    r = router(scorers, clock)
+    r.answer(*rows(6), list("abcdef"), [None] * 6)
+    scorers.down.clear()
+    clock.now = 1.5
+    assert r.answer(*rows(2), ["a", "b"], [None] * 2).served_by == ["risk_scorer:2"] * 2
+    assert r.breaker.state == "closed"
+
+
+def test_canary_rows_go_to_the_candidate_and_are_named():
+    scorers = FakeScorers(versions=(1,))
+    keys = [f"r-{i}" for i in range(2000)]
+    answer = router(scorers, candidate=CANDIDATE, canary_percent=10).answer(*rows(2000), keys, [None] * 2000)
+    assert set(answer.served_by) == {"risk_scorer:1", "risk_scorer:2"}
+    assert 0.08 < answer.served_by.count("risk_scorer:2") / 2000 < 0.12
+    assert sorted(scorers.calls) == sorted([("risk_scorer:1", answer.served_by.count("risk_scorer:1")),
+                                            ("risk_scorer:2", answer.served_by.count("risk_scorer:2"))])
+
+
+def test_shadow_never_changes_answers_and_reports_differences():
+    scorers = FakeScorers(versions=(1,))
+    r = router(scorers, candidate=Target("risk_scorer", 3), shadow_percent=50)
+    keys = [f"r-{i}" for i in range(200)]
+    plain = router(FakeScorers(versions=(1,))).answer(*rows(200), keys, [None] * 200)
+    shadowed = r.answer(*rows(200), keys, [None] * 200)
+    np.testing.assert_array_equal(shadowed.probability, plain.probability)
+    assert shadowed.served_by == ["risk_scorer:1"] * 200
+    diffs = shadowed.shadow_differences["risk_scorer:3"]
+    assert 60 < len(diffs) < 140
+    np.testing.assert_allclose(diffs, 0.002, atol=1e-6)
+
+
+def test_failing_shadow_candidate_changes_nothing():
+    scorers = FakeScorers(versions=(1,), down={"risk_scorer:3"})
+    answer = router(scorers, candidate=Target("risk_scorer", 3), shadow_percent=100).answer(
+        *rows(4), list("abcd"), [None] * 4)
+    assert answer.errors == [None] * 4 and answer.served_by == ["risk_scorer:1"] * 4
+    assert answer.shadow_differences == {}
+
+
+@pytest.mark.parametrize("override, served", [("risk_scorer_lite:1", "risk_scorer_lite:1"),
+                                              ("risk_scorer:1", "risk_scorer:1")])
+def test_route_override_sends_that_request_where_it_says(override, served):
+    answer = router(FakeScorers()).answer(*rows(2), ["a", "b"], [override, None])
+    assert answer.served_by == [served, "risk_scorer:2"]
+
+
+def test_unknown_override_fails_that_row_alone():
+    answer = router(FakeScorers()).answer(*rows(2), ["a", "b"], ["candidate", None])
+    assert "no candidate is configured" in answer.errors[0] and answer.errors[1] is None

@@ -1,0 +1,86 @@
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from backends.routing_policy import BUCKETS, RoutingSettings, Target, bucket, route
+
+PRIMARY, CANDIDATE = Target("risk_scorer", 1), Target("risk_scorer", 2)
+
+
+def settings(**kw):
+    return RoutingSettings(PRIMARY, CANDIDATE, **kw)
+
+
+@pytest.mark.parametrize("text, target", [
+    ("risk_scorer", Target("risk_scorer")), ("risk_scorer:2", Target("risk_scorer", 2)),
+    (" risk_scorer_lite:10 ", Target("risk_scorer_lite", 10)),
+])
+def test_targets_parse_and_print_as_model_colon_version(text, target):
+    assert Target.parse(text) == target
+    assert str(target) == text.strip()
+
+
+@pytest.mark.parametrize("text", [":2", "risk_scorer:two", ""])
+def test_malformed_targets_are_refused(text):
+    with pytest.raises(ValueError):
+        Target.parse(text)
+
+
+def test_ten_percent_canary_takes_ten_percent_of_requests_within_the_binomial_bound():
+    n, p = 20_000, 0.10
+    to_candidate = sum(route(settings(canary_percent=10), f"r-{i}").target == CANDIDATE for i in range(n))
+    assert abs(to_candidate - n * p) <= 4 * math.sqrt(n * p * (1 - p))
+
+
+@given(st.text(min_size=1, max_size=20))
+def test_assignment_is_sticky_for_a_request_id(request_id):
+    assert route(settings(canary_percent=30), request_id) == route(settings(canary_percent=30), request_id)
+
+
+@given(st.text(min_size=1, max_size=20))
+def test_raising_the_share_never_moves_a_request_back_to_the_primary(request_id):
+    if route(settings(canary_percent=10), request_id).target == CANDIDATE:
+        assert route(settings(canary_percent=20), request_id).target == CANDIDATE
+
+
+def test_shadow_answers_from_the_primary_and_mirrors_a_sample():
+    routes = [route(settings(shadow_percent=25), f"r-{i}") for i in range(4000)]
+    assert all(r.target == PRIMARY for r in routes)
+    mirrored = sum(r.mirror == CANDIDATE for r in routes)
+    assert 800 <= mirrored <= 1200
+
+
+@pytest.mark.parametrize("override, target", [
+    ("primary", PRIMARY), ("candidate", CANDIDATE), ("risk_scorer_lite:1", Target("risk_scorer_lite", 1)),
+])
+def test_a_route_override_colours_the_request(override, target):
+    assert route(settings(canary_percent=50), "r-1", override).target == target
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"canary_percent": 101}, "within 0..100"),
+    ({"canary_percent": 10, "shadow_percent": 10}, "not both"),
+])
+def test_inconsistent_settings_are_refused(kw, message):
+    with pytest.raises(ValueError, match=message):
+        settings(**kw)
+
+
+def test_a_share_without_a_candidate_is_refused():
+    with pytest.raises(ValueError, match="needs a candidate"):
+        RoutingSettings(PRIMARY, None, canary_percent=5)
+
+
+def test_settings_come_from_config_parameters_and_describe_the_split():
+    params = {"primary": {"string_value": "risk_scorer"}, "candidate": {"string_value": "risk_scorer:2"},
+              "canary_percent": {"string_value": "10"}, "fallback": {"string_value": "risk_scorer_lite"}}
+    parsed = RoutingSettings.from_parameters(params)
+    assert parsed == RoutingSettings(Target("risk_scorer"), CANDIDATE, 10.0, 0.0, Target("risk_scorer_lite"))
+    assert parsed.describe() == "90% risk_scorer, 10% risk_scorer:2"
+
+
+def test_buckets_are_stable_and_in_range():
+    assert bucket("r-1") == bucket(b"r-1")
+    assert all(0 <= bucket(f"k{i}") < BUCKETS for i in range(1000))

@@ -1,0 +1,61 @@
+"""`s2t canary`: set risk_router's split live, by rewriting its routing parameters in config.pbtxt.
+
+Only the value of each routing line changes (the file keeps its comments); the result is parsed with Triton's
+schema and validated before it replaces the config in one rename. Triton then reloads the router: by itself
+in poll mode, on `load` in explicit mode, the old instance serving until the new one is ready.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from backends.routing_policy import RoutingSettings, Target
+from tools import model_config
+from tools.version_store import VersionStore
+
+ROUTER = "risk_router"
+
+
+class CanaryError(Exception):
+    pass
+
+
+def _set_parameter(text: str, key: str, value: str) -> str:
+    pattern = re.compile(r'(parameters:\s*\{\s*key:\s*"' + re.escape(key) + r'"\s*value:\s*\{\s*string_value:\s*")'
+                         r'([^"]*)(")')
+    new, count = pattern.subn(lambda m: m.group(1) + value + m.group(3), text)
+    if count != 1:
+        raise CanaryError(f"{ROUTER}/config.pbtxt has {count} lines for parameter {key!r}; expected one")
+    return new
+
+
+def set_split(repository: Path, candidate: Target | None, canary_percent: float = 0.0,
+              shadow_percent: float = 0.0) -> RoutingSettings:
+    store = VersionStore(Path(repository))
+    path = store.model_dir(ROUTER) / "config.pbtxt"
+    if not path.is_file():
+        raise CanaryError(f"{path} not found")
+    if candidate is not None:
+        if candidate.version is None:
+            raise CanaryError("name the candidate's version (MODEL VERSION)")
+        if candidate.version not in store.served(candidate.model):
+            raise CanaryError(f"{candidate.model} has no version {candidate.version} in {repository} "
+                              f"(versions: {', '.join(map(str, store.served(candidate.model))) or 'none'})")
+    text = path.read_text()
+    for key, value in (("candidate", str(candidate) if candidate else ""), ("canary_percent", f"{canary_percent:g}"),
+                       ("shadow_percent", f"{shadow_percent:g}")):
+        text = _set_parameter(text, key, value)
+    staged = store.staging / f"{ROUTER}-config.pbtxt.{os.getpid()}"
+    staged.parent.mkdir(parents=True, exist_ok=True)
+    staged.write_text(text)
+    try:
+        config = model_config.load_text(text, str(path))
+        settings = RoutingSettings.from_parameters(
+            {k: {"string_value": v.string_value} for k, v in config.parameters.items()})
+    except ValueError as err:
+        staged.unlink()
+        raise CanaryError(str(err)) from None
+    os.rename(staged, path)
+    store.record({"action": "canary", "model": ROUTER, "split": settings.describe()})
+    return settings
