@@ -1,0 +1,71 @@
+"""Overload: past the queue cap a request is refused at once with a clear error; the rest are answered."""
+import json
+import re
+import shutil
+
+import numpy as np
+import pytest
+import tritonclient.http as http
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
+from tools import model_config
+from tools.triton_server import TritonServer
+
+
+@pytest.fixture(scope="module")
+def small_queue_server(built_artifacts, tmp_path_factory):
+    """The adapter's interactive queue cut to 2 requests, so that a burst overflows it on this machine."""
+    root = tmp_path_factory.mktemp("overload")
+    repo = root / "model_repository"
+    shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    config = repo / "skill_adapter" / "config.pbtxt"
+    config.write_text(re.sub(r"max_queue_size: 512", "max_queue_size: 2", config.read_text(), count=1))
+    server = TritonServer([repo, ENSEMBLES], free_port(), free_port(), free_port(), log_path=root / "triton.log",
+                          exit_timeout_seconds=5)
+    with server:
+        yield server
+
+
+def burst(server, payload, count, priority=0):
+    client = http.InferenceServerClient(server.http_url, concurrency=count, network_timeout=120)
+    tensor = http.InferInput("payload", list(payload.shape), "BYTES")
+    tensor.set_data_from_numpy(payload)
+    pending = [client.async_infer("risk_pipeline", [tensor], priority=priority) for _ in range(count)]
+    answers = []
+    for request in pending:
+        try:
+            answers.append(request.get_result())
+        except InferenceServerException as err:
+            answers.append(err)
+    client.close()
+    return answers
+
+
+def test_the_shipped_configs_reject_late_interactive_requests_and_cap_every_queue():
+    for model in ("skill_adapter", "risk_scorer", "risk_router"):
+        batching = model_config.load(MODEL_REPOSITORY / model).dynamic_batching
+        policy = batching.default_queue_policy
+        assert batching.priority_levels == 2 and batching.default_priority_level == 1
+        assert policy.timeout_action == policy.REJECT and policy.default_timeout_microseconds == 200_000
+        assert 0 < policy.max_queue_size and 0 < batching.priority_queue_policy[2].max_queue_size
+
+
+def test_burst_past_the_queue_cap_is_refused_clearly_and_the_rest_are_scored(small_queue_server,
+                                                                            german_credit_data):
+    records = [json.dumps({"features": r}).encode() for r in german_credit_data.records()[:256]]
+    answers = burst(small_queue_server, np.array(records, dtype=object).reshape(-1, 1), 48)
+    refused = [a for a in answers if isinstance(a, InferenceServerException)]
+    scored = [a for a in answers if not isinstance(a, InferenceServerException)]
+    assert refused, "48 concurrent requests of 256 records should overflow a queue of 2"
+    assert all("Exceeds maximum queue size" in e.message() for e in refused), {e.message() for e in refused}
+    assert scored and all(a.as_numpy("probability").shape == (256, 1) for a in scored)
+    client = http.InferenceServerClient(small_queue_server.http_url)
+    assert client.is_server_ready() and client.is_model_ready("risk_pipeline")
+    client.close()
+
+
+def test_bulk_priority_has_its_own_larger_queue(small_queue_server, german_credit_data):
+    records = [json.dumps({"features": r}).encode() for r in german_credit_data.records()[:256]]
+    answers = burst(small_queue_server, np.array(records, dtype=object).reshape(-1, 1), 48, priority=2)
+    assert not [a for a in answers if isinstance(a, InferenceServerException)]
