@@ -212,7 +212,9 @@ def check_config(repositories) -> None:
 @click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--exit-timeout", type=int, default=30, show_default=True,
               help="seconds Triton waits for in-flight requests on SIGINT/SIGTERM")
-def serve(http_port, grpc_port, metrics_port, model_control_mode, repositories, exit_timeout) -> None:
+@click.option("--rate-limit", "rate_limit", type=int, envvar="S2T_RATE_LIMIT",
+              help="Triton's rate limiter: at most N model executions at once (off by default)")
+def serve(http_port, grpc_port, metrics_port, model_control_mode, repositories, exit_timeout, rate_limit) -> None:
     """Run the embedded tritonserver until SIGINT/SIGTERM, then drain in-flight requests."""
     from tools.live_control import ADMIN_KEY_ENV
     from tools.model_config import check_repositories
@@ -227,7 +229,7 @@ def serve(http_port, grpc_port, metrics_port, model_control_mode, repositories, 
         raise click.ClickException("the repository is not servable:\n" + "\n".join(problems)
                                    + "\n(`make serve` builds what is missing)")
     server = TritonServer(repositories, http_port, grpc_port, metrics_port, model_control_mode,
-                          exit_timeout_seconds=exit_timeout, admin_key=admin_key)
+                          exit_timeout_seconds=exit_timeout, admin_key=admin_key, rate_limit_slots=rate_limit)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -281,16 +283,18 @@ def gateway(port, triton_url, model, window_size, workers) -> None:
 @click.option("--duplicate", type=float, default=0.0, show_default=True, help="fraction of records sent twice")
 @click.option("--loss", type=float, default=0.0, show_default=True, help="fraction of records never sent")
 @click.option("--form", type=click.Choice(["json", "protobuf"]), default="json", show_default=True)
+@click.option("--rate", type=float, default=0.0, show_default=True,
+              help="records per second per stream; 0: as fast as possible (throughput, queueing in the latency)")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
-def stream(url, streams, records, shuffle, window, duplicate, loss, form, seed, data_csv) -> None:
+def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, seed, data_csv) -> None:
     """Replay German Credit on N streams through risk_stream; print in-order rate, latency and throughput."""
     from clients import stream_client
     from tools import german_credit
     rows = [{"features": f} for f in german_credit.load(german_credit.fetch_csv(data_csv)).records()]
     replayed = [rows[i % len(rows)] for i in range(records)]
     results, _, seconds = stream_client.replay(url, replayed, streams, shuffle=shuffle, window=window,
-                                               duplicate=duplicate, loss=loss, form=form, seed=seed)
+                                               duplicate=duplicate, loss=loss, form=form, seed=seed, rate=rate)
     summary = stream_client.summarize(results, seconds)
     click.echo(summary.table())
     incomplete = [r.stream for r in results if not r.complete]

@@ -77,6 +77,8 @@ class TritonServer:
     exit_timeout_seconds: int = 30
     # The repository API (load/unload, index) answers only requests with header `admin-key: <admin_key>`.
     admin_key: str | None = None
+    # Triton's rate limiter: at most this many executions hold a `cpu_slot` (see the leaf models' configs).
+    rate_limit_slots: int | None = None
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
     process: subprocess.Popen | None = None
@@ -105,6 +107,8 @@ class TritonServer:
             cmd.append(f"--repository-poll-secs={self.poll_seconds}")
         elif self.model_control_mode == "explicit":
             cmd.append("--load-model=*")
+        if self.rate_limit_slots:
+            cmd += ["--rate-limit=execution_count", f"--rate-limit-resource=cpu_slot:{self.rate_limit_slots}"]
         if self.admin_key:
             restriction = f"model-repository:{ADMIN_HEADER}={self.admin_key}"
             cmd += [f"--http-restricted-api={restriction}", f"--grpc-restricted-protocol={restriction}"]
