@@ -111,8 +111,13 @@ def parity(saved_model, onnx_model, data_csv, url, model, protocol, atol, report
 @click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
 @click.option("--atol", type=float, default=1e-5, show_default=True)
 @click.option("--url", envvar="S2T_URL", help="HOST:PORT (HTTP) of the live server: wait until it serves the version")
-def publish(model, artifact, repository, saved_model, data_csv, atol, url) -> None:
+@click.option("--nice", "niceness", type=click.IntRange(0, 19), default=10, show_default=True,
+              help="CPU niceness of the validation: serving on the same host keeps its cores")
+def publish(model, artifact, repository, saved_model, data_csv, atol, url, niceness) -> None:
     """Validate ARTIFACT, gate it on parity, and move it in as MODEL's next version; prints the version."""
+    # Before TensorFlow starts its thread pools, which inherit it: the parity gate is seconds of full CPU, and
+    # on a serving host it must not push interactive requests past their queue timeout.
+    os.nice(niceness)
     from tools.publish import ParityGate, PublishError, publish as run_publish
     try:
         version = run_publish(model, artifact, repository, ParityGate(saved_model, data_csv, atol))

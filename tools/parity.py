@@ -1,6 +1,7 @@
 """Row-by-row parity: the legacy SavedModel vs ONNX Runtime vs the live Triton model."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -148,10 +149,40 @@ def live_scores(url: str, model: str, onnx_path: Path, data: german_credit.Datas
         triton.close()
 
 
+def _digest(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(str(path.name).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def reference_scores(saved_model: Path, data_csv: Path, data: german_credit.Dataset,
+                     cache_dir: Path | None = None) -> np.ndarray:
+    """The legacy model's scores on the data, kept in cache_dir under a digest of the model's files and the data.
+
+    The reference is the same for every artifact gated against it; computing it means starting TensorFlow,
+    seconds of full CPU that a publish on a serving host should not take from the server each time.
+    """
+    if cache_dir is None:
+        return legacy_scores(saved_model, data.columns)
+    files = sorted(p for p in Path(saved_model).rglob("*") if p.is_file() and p.name != "training_report.json")
+    cached = Path(cache_dir) / f"{_digest(files + [Path(data_csv)])}.npy"
+    if cached.exists():
+        return np.load(cached)
+    scores = legacy_scores(saved_model, data.columns)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_name(cached.name + ".partial.npy")
+    np.save(partial, scores)
+    partial.replace(cached)
+    return scores
+
+
 def run(saved_model: Path, onnx_path: Path, data_csv: Path, atol: float = 1e-5, url: str | None = None,
-        model: str | None = None, protocol: str = "http", localise: bool = True) -> ParityReport:
+        model: str | None = None, protocol: str = "http", localise: bool = True,
+        reference_cache: Path | None = None) -> ParityReport:
     data = german_credit.load(Path(data_csv))
-    reference = legacy_scores(Path(saved_model), data.columns)
+    reference = reference_scores(Path(saved_model), Path(data_csv), data, reference_cache)
     comparisons = [compare(f"onnxruntime {Path(onnx_path).name}", reference,
                            onnx_scores(Path(onnx_path), data.columns), atol)]
     if url:

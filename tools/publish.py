@@ -44,7 +44,7 @@ def _fsync_tree(path: Path) -> None:
             os.close(fd)
 
 
-def validate(model_dir: Path, artifact: Path, gate: ParityGate | None) -> dict:
+def validate(model_dir: Path, artifact: Path, gate: ParityGate | None, reference_cache: Path | None = None) -> dict:
     """Every check an artifact must pass before it may be served; returns the figures for the record."""
     try:
         model = onnx.load(str(artifact))
@@ -65,7 +65,7 @@ def validate(model_dir: Path, artifact: Path, gate: ParityGate | None) -> dict:
                            "which the adapter decodes with; publish a matching adapter first")
     figures = {}
     if gate is not None:
-        report = parity.run(gate.saved_model, artifact, gate.data_csv, atol=gate.atol)
+        report = parity.run(gate.saved_model, artifact, gate.data_csv, atol=gate.atol, reference_cache=reference_cache)
         if not report.passed:
             raise PublishError("parity gate failed:\n" + report.table())
         comparison = report.comparisons[0]
@@ -83,7 +83,7 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
         raise PublishError(f"{model_dir} has no config.pbtxt; create the model's config first")
     if not artifact.is_file():
         raise PublishError(f"{artifact}: no such file")
-    figures = validate(model_dir, artifact, gate)
+    figures = validate(model_dir, artifact, gate, store.control / "reference")
     config = model_config.load(model_dir)
     version = store.next_version(model)
     staging = store.staging / f"{model}-{version}-{os.getpid()}"
@@ -104,5 +104,21 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
     finally:
         if staging.exists():
             shutil.rmtree(staging)
+    record["archived"] = _archive_unloaded(store, model, config)
     store.record(record)
     return version
+
+
+def _archive_unloaded(store: VersionStore, model: str, config) -> list[int]:
+    """Move the folders the version policy no longer loads to the retired area (`rollback --to` restores them).
+
+    With `latest { num_versions: N }` only N folders stay. Otherwise a rollback to the previous version would
+    make Triton load the one before it at once, and the rollback would wait for that cold load.
+    """
+    if config.version_policy.WhichOneof("policy_choice") != "latest":
+        return []
+    keep = config.version_policy.latest.num_versions
+    archived = store.served(model)[:-keep] if keep else []
+    for version in archived:
+        store.retire(model, version)
+    return archived

@@ -27,7 +27,8 @@ def test_explicit_mode_loads_every_model_and_serves_the_pipeline(explicit_server
     client = http.InferenceServerClient(explicit_server.http_url)
     try:
         index = {m["name"]: m.get("state") for m in client.get_model_repository_index(headers=admin_headers(KEY))}
-        assert index == {name: "READY" for name in ("risk_pipeline", "risk_scorer", "skill_adapter", "risk_decision")}
+        models = {p.parent.name for repo in (MODEL_REPOSITORY, ENSEMBLES) for p in repo.glob("*/config.pbtxt")}
+        assert index == {name: "READY" for name in models}
         payload = http.InferInput("payload", [1, 1], "BYTES")
         payload.set_data_from_numpy(np.array([[json.dumps({"features": german_credit_data.records()[5]}).encode()]],
                                              dtype=object))

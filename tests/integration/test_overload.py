@@ -47,7 +47,7 @@ def test_the_shipped_configs_reject_late_interactive_requests_and_cap_every_queu
         batching = model_config.load(MODEL_REPOSITORY / model).dynamic_batching
         policy = batching.default_queue_policy
         assert batching.priority_levels == 2 and batching.default_priority_level == 1
-        assert policy.timeout_action == policy.REJECT and policy.default_timeout_microseconds == 200_000
+        assert policy.timeout_action == policy.REJECT and policy.default_timeout_microseconds == 1_000_000
         assert 0 < policy.max_queue_size and 0 < batching.priority_queue_policy[2].max_queue_size
 
 
@@ -58,7 +58,7 @@ def test_burst_past_the_queue_cap_is_refused_clearly_and_the_rest_are_scored(sma
     refused = [a for a in answers if isinstance(a, InferenceServerException)]
     scored = [a for a in answers if not isinstance(a, InferenceServerException)]
     assert refused, "48 concurrent requests of 256 records should overflow a queue of 2"
-    # Both refusals of the policy: the queue was full, or the request waited past 200 ms.
+    # Both refusals of the policy: the queue was full, or the request waited past its timeout.
     assert all(re.search("Exceeds maximum queue size|Request timeout expired", e.message()) for e in refused), \
         {e.message() for e in refused}
     assert any("Exceeds maximum queue size" in e.message() for e in refused)

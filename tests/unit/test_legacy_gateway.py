@@ -1,0 +1,74 @@
+import grpc
+import numpy as np
+import pytest
+
+from backends.batch_scoring import INTERNAL, INVALID, UNAVAILABLE, ScoringError
+from clients.legacy_gateway import SkillGateway, error_kind, windows
+from clients.legacy_record import to_protobuf
+from clients.proto import skill_pb2
+
+
+class Aborted(Exception):
+    pass
+
+
+class FakeContext:
+    def abort(self, code, details):
+        raise Aborted(code, details)
+
+
+def scorer_failing_on(bad: set[int], kind=INVALID):
+    def score(payloads):
+        records = [skill_pb2.SkillRecord.FromString(p) for p in payloads]
+        if any(r.sequence_id in bad for r in records):
+            raise ScoringError("features.purpose: missing", kind)
+        return (np.array([[r.sequence_id / 100] for r in records], dtype=np.float32),
+                np.array([[b"REVIEW"]] * len(records), dtype=object))
+    return score
+
+
+def records(n):
+    return [to_protobuf({"request_id": f"r-{i}", "sequence_id": i, "features": {"x": 1}}) for i in range(n)]
+
+
+@pytest.mark.parametrize("n, size, lengths", [(0, 3, []), (2, 3, [2]), (3, 3, [3]), (7, 3, [3, 3, 1]), (4, 1, [1] * 4)])
+def test_records_are_cut_into_fixed_windows_and_the_rest(n, size, lengths):
+    assert [len(w) for w in windows(range(n), size)] == lengths
+
+
+@pytest.mark.parametrize("status, kind", [
+    ("StatusCode.INVALID_ARGUMENT", INVALID), ("StatusCode.UNAVAILABLE", UNAVAILABLE),
+    ("StatusCode.DEADLINE_EXCEEDED", UNAVAILABLE), ("StatusCode.NOT_FOUND", UNAVAILABLE),
+    ("StatusCode.INTERNAL", INTERNAL), ("StatusCode.UNKNOWN", INTERNAL), (None, INTERNAL),
+])
+def test_triton_status_maps_to_what_it_means_for_a_legacy_caller(status, kind):
+    assert error_kind(status) == kind
+
+
+def test_gateway_answers_every_record_in_order_with_its_window():
+    result = SkillGateway(scorer_failing_on(set()), window_size=3).Score(iter(records(7)), FakeContext())
+    assert (result.windows, result.window_size) == (3, 3)
+    assert [r.request_id for r in result.results] == [f"r-{i}" for i in range(7)]
+    assert [r.window for r in result.results] == [0, 0, 0, 1, 1, 1, 2]
+    assert all(r.status == skill_pb2.OK and r.decision == "REVIEW" for r in result.results)
+    assert result.results[5].probability == pytest.approx(0.05)
+
+
+def test_bad_record_is_answered_invalid_record_and_its_window_mates_are_scored():
+    result = SkillGateway(scorer_failing_on({4}), window_size=3).Score(iter(records(6)), FakeContext())
+    statuses = [r.status for r in result.results]
+    assert statuses == [skill_pb2.OK] * 4 + [skill_pb2.INVALID_RECORD, skill_pb2.OK]
+    assert result.results[4].error == "features.purpose: missing" and result.results[4].decision == ""
+
+
+@pytest.mark.parametrize("kind, code", [(UNAVAILABLE, grpc.StatusCode.UNAVAILABLE), (INTERNAL, grpc.StatusCode.INTERNAL)])
+def test_a_triton_failure_fails_the_legacy_call_with_the_matching_status(kind, code):
+    gateway = SkillGateway(scorer_failing_on({1}, kind), window_size=3)
+    with pytest.raises(Aborted) as err:
+        gateway.Score(iter(records(3)), FakeContext())
+    assert err.value.args[0] == code and "window 0" in err.value.args[1]
+
+
+def test_window_size_must_be_positive():
+    with pytest.raises(ValueError, match="window_size"):
+        SkillGateway(scorer_failing_on(set()), window_size=0)
