@@ -30,8 +30,8 @@ def served_version(client, model: str) -> int | None:
     return max((int(v) for v in versions), default=None)
 
 
-def apply(url: str, model: str, version: int, timeout: float = 30.0, key: str | None = None) -> float:
-    """Seconds from the call until `model` serves `version` (requests without a version get it)."""
+def _load_and_wait(url: str, model: str, done, what: str, timeout: float, key: str | None) -> float:
+    """Ask for a (re)load where the mode allows it, then poll `done(client)`; seconds until it held."""
     import tritonclient.http as http
 
     started = time.monotonic()
@@ -42,40 +42,29 @@ def apply(url: str, model: str, version: int, timeout: float = 30.0, key: str | 
         except InferenceServerException as err:
             if _POLL_MODE_REFUSAL not in str(err):
                 raise
-        while served_version(client, model) != version:
+        while not done(client):
             if time.monotonic() - started > timeout:
-                raise TimeoutError(f"{model} does not serve version {version} after {timeout:.0f} s "
-                                   f"(it serves {served_version(client, model)})")
+                raise TimeoutError(f"{model} does not {what} after {timeout:.0f} s")
             time.sleep(0.01)
     finally:
         client.close()
     return time.monotonic() - started
 
 
+def apply(url: str, model: str, version: int, timeout: float = 30.0, key: str | None = None) -> float:
+    """Seconds from the call until `model` serves `version` (requests without a version get it)."""
+    return _load_and_wait(url, model, lambda client: served_version(client, model) == version,
+                          f"serve version {version}", timeout, key)
+
+
 def reload_config(url: str, model: str, parameters: dict[str, str], timeout: float = 30.0,
                   key: str | None = None) -> float:
     """Seconds until the live `model` runs with these config parameters and is ready."""
-    import tritonclient.http as http
-
-    started = time.monotonic()
-    client = http.InferenceServerClient(url, network_timeout=timeout)
-    try:
+    def done(client) -> bool:
         try:
-            client.load_model(model, headers=admin_headers(key))
-        except InferenceServerException as err:
-            if _POLL_MODE_REFUSAL not in str(err):
-                raise
-        while True:
-            try:
-                live = client.get_model_config(model).get("parameters", {})
-                current = {k: v.get("string_value") for k, v in live.items()}
-                if all(current.get(k) == v for k, v in parameters.items()) and client.is_model_ready(model):
-                    break
-            except InferenceServerException:
-                pass
-            if time.monotonic() - started > timeout:
-                raise TimeoutError(f"{model} does not run the new parameters after {timeout:.0f} s")
-            time.sleep(0.05)
-    finally:
-        client.close()
-    return time.monotonic() - started
+            live = client.get_model_config(model).get("parameters", {})
+            return (all(live.get(k, {}).get("string_value") == v for k, v in parameters.items())
+                    and client.is_model_ready(model))
+        except InferenceServerException:
+            return False
+    return _load_and_wait(url, model, done, "run the new parameters", timeout, key)

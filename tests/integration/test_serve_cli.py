@@ -96,7 +96,8 @@ def test_sigterm_lets_in_flight_requests_finish_and_stops_every_child(serve_proc
     for _ in range(24):
         tensor = http.InferInput("payload", list(payload.shape), "BYTES")
         tensor.set_data_from_numpy(payload)
-        pending.append(client.async_infer("risk_pipeline", [tensor]))
+        # Bulk priority: 6,000 records queue for seconds, past the interactive queue timeout by design.
+        pending.append(client.async_infer("risk_pipeline", [tensor], priority=2))
     time.sleep(0.05)
     process.send_signal(signal.SIGTERM)
     results = [p.get_result() for p in pending]
