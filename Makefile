@@ -10,6 +10,14 @@ S2T := $(BIN)/s2t
 # curl: the README example the tests run.
 APT_PACKAGES := libb64-0d docker-compose curl
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# The deployment tests' tools, which plain APT_PACKAGES do not fit:
+# - kubectl (`kubectl kustomize`): Debian's kubernetes-client (1.20, with kustomize v2) only where no kubectl is on
+#   PATH; both own /usr/bin/kubectl, and a newer one (such as the Google Cloud SDK's) renders deploy/kubernetes
+#   the same.
+# - promtool: taken out of Debian's prometheus package, because installing that package also starts a Prometheus
+#   server (on :9090, the port the compose stack's Prometheus publishes).
+KUBECTL_PACKAGE := kubernetes-client
+PROMTOOL := /usr/local/bin/promtool
 
 DATA := artifacts/data/germancredit.csv
 SAVED_MODEL := artifacts/legacy/risk_model
@@ -29,10 +37,17 @@ test: models
 
 system:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	command -v kubectl >/dev/null || missing="$$missing $(KUBECTL_PACKAGE)"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing $$missing"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
 	fi
+	@command -v promtool >/dev/null || { \
+	  echo "installing $(PROMTOOL) from Debian's prometheus package"; \
+	  tmp=$$(mktemp -d); \
+	  (cd $$tmp && { apt-get download -qq prometheus 2>/dev/null || { $(SUDO) apt-get update -qq && apt-get download -qq prometheus; }; } \
+	    && dpkg-deb -x prometheus_*.deb x) && $(SUDO) install -m 755 $$tmp/x/usr/bin/promtool $(PROMTOOL); \
+	  status=$$?; rm -rf $$tmp; exit $$status; }
 
 venv: $(VENV)/.installed
 

@@ -196,6 +196,37 @@ def canary(model, version, percent, shadow, off, repository, url) -> None:
     click.echo(settings.describe())
 
 
+@main.command()
+@click.option("--minutes", type=float, default=10.0, show_default=True)
+@click.option("--rate", type=float, default=100.0, show_default=True, help="records per second (open loop)")
+@click.option("--data", "data_csv", type=click.Path(exists=True, path_type=Path), default=DEFAULT_DATA,
+              show_default=True)
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench/results/soak.json"),
+              show_default=True)
+def soak(minutes, rate, data_csv, report) -> None:
+    """Serve (supervised, free ports) and send a fixed rate for MINUTES; RSS growth of every process, errors."""
+    import socket
+
+    from tools.soak import soak as run_soak
+    from tools.triton_server import TritonServer
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+
+    report.parent.mkdir(parents=True, exist_ok=True)
+    server = TritonServer(list(DEFAULT_REPOSITORIES), free_port(), free_port(), free_port(), supervise=True,
+                          log_path=report.with_suffix(".tritonserver.log"), exit_timeout_seconds=10)
+    with server:
+        result = run_soak(server.process.pid, server.grpc_url, data_csv, minutes * 60, rate)
+    report.write_text(result.to_json())
+    click.echo(result.table())
+    click.echo(f"report: {report}")
+    worst = max(result.growth().values(), default=0.0)
+    sys.exit(0 if not result.errors and worst < 0.05 else 1)
+
+
 @main.command("check-config")
 @click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path))
 def check_config(repositories) -> None:
@@ -234,7 +265,8 @@ def serve(http_port, grpc_port, metrics_port, model_control_mode, repositories, 
         raise click.ClickException("the repository is not servable:\n" + "\n".join(problems)
                                    + "\n(`make serve` builds what is missing)")
     server = TritonServer(repositories, http_port, grpc_port, metrics_port, model_control_mode,
-                          exit_timeout_seconds=exit_timeout, admin_key=admin_key, rate_limit_slots=rate_limit)
+                          exit_timeout_seconds=exit_timeout, admin_key=admin_key, rate_limit_slots=rate_limit,
+                          supervise=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -307,3 +339,23 @@ def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, 
         raise click.ClickException(f"streams without every answer: {', '.join(incomplete)}")
     if summary.in_order_rate < 1.0 or not summary.exactly_once:
         sys.exit(1)
+
+
+@main.command()
+@click.option("--mode", type=click.Choice(["smoke", "quick", "full"]), default="quick", show_default=True,
+              help="quick: under 3 minutes; full: the README table; smoke: only proves the machinery")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
+              show_default=True)
+@click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path),
+              help="repositories to measure (copied first); default ./model_repository and ./ensembles")
+@click.option("--data", "data_csv", type=click.Path(exists=True, path_type=Path), default=DEFAULT_DATA,
+              show_default=True)
+def bench(mode, out_dir, repositories, data_csv) -> None:
+    """Triton (perf_analyzer, wrk) side by side with FastAPI + ONNX Runtime and in-process ONNX Runtime."""
+    from tools.bench.modes import MODES
+    from tools.bench.runner import Bench
+    results = Bench(MODES[mode], out_dir, list(repositories or DEFAULT_REPOSITORIES), data_csv,
+                    log=lambda line: click.echo(line, err=True)).run()
+    for target in results["targets"]:
+        click.echo(f"{'met   ' if target['met'] else 'MISSED'}  {target['target']}: {target['measured']}")
+    click.echo(f"results: {out_dir / 'results.md'}")

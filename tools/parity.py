@@ -171,10 +171,14 @@ def reference_scores(saved_model: Path, data_csv: Path, data: german_credit.Data
     if cached.exists():
         return np.load(cached)
     scores = legacy_scores(saved_model, data.columns)
-    cached.parent.mkdir(parents=True, exist_ok=True)
     partial = cached.with_name(cached.name + ".partial.npy")
-    np.save(partial, scores)
-    partial.replace(cached)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        np.save(partial, scores)
+        partial.replace(cached)
+    except OSError:
+        # A cache that cannot be written (a full disk) costs the next publish time, never this one its answer.
+        partial.unlink(missing_ok=True)
     return scores
 
 

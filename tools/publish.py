@@ -89,7 +89,10 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
     staging = store.staging / f"{model}-{version}-{os.getpid()}"
     if staging.exists():
         shutil.rmtree(staging)
-    staging.mkdir(parents=True)
+    try:
+        staging.mkdir(parents=True)
+    except OSError as err:
+        raise PublishError(f"cannot create the staging folder {staging} ({err.strerror or err})") from None
     record = {"action": "publish", "model": model, "version": version,
               "previous": max(store.served(model), default=None), "artifact": str(artifact.resolve()),
               "sha256": hashlib.sha256(artifact.read_bytes()).hexdigest(), "parity": figures}
@@ -101,6 +104,9 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
         if target.exists():
             raise PublishError(f"{target} appeared while publishing; another publish is running")
         os.rename(staging, target)
+    except OSError as err:
+        raise PublishError(f"staging version {version} failed ({err.strerror or err}); nothing reached "
+                           f"{model_dir}, the served version is unchanged") from None
     finally:
         if staging.exists():
             shutil.rmtree(staging)

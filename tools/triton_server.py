@@ -22,6 +22,7 @@ from pathlib import Path
 import pytriton
 
 from tools.live_control import ADMIN_HEADER
+from tools.supervisor import StubSupervisor
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PYTRITON_DIR = Path(pytriton.__file__).resolve().parent
@@ -79,11 +80,14 @@ class TritonServer:
     admin_key: str | None = None
     # Triton's rate limiter: at most this many executions hold a `cpu_slot` (see the leaf models' configs).
     rate_limit_slots: int | None = None
+    # Reload a model whose python stub died (Triton 2.51 leaves it failing every request): see supervisor.py.
+    supervise: bool = False
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
     process: subprocess.Popen | None = None
     _workdir: tempfile.TemporaryDirectory | None = None
     _log_file: object = None
+    supervisor: StubSupervisor | None = None
 
     @property
     def http_url(self) -> str:
@@ -129,6 +133,10 @@ class TritonServer:
         except BaseException:
             self.stop()
             raise
+        if self.supervise:
+            self.supervisor = StubSupervisor(self.process.pid, self.http_url, self.model_control_mode == "explicit",
+                                             self.admin_key)
+            self.supervisor.start()
         return self
 
     def wait_ready(self, timeout: float) -> None:
@@ -151,6 +159,9 @@ class TritonServer:
         """SIGTERM: Triton stops accepting, finishes in-flight requests, unloads models; then reap the group."""
         if self.process is None:
             return None
+        if self.supervisor is not None:
+            self.supervisor.stop()
+            self.supervisor = None
         timeout = self.exit_timeout_seconds + 15 if timeout is None else timeout
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)

@@ -1,4 +1,5 @@
-"""docker-compose.yml as Compose itself resolves it (`docker-compose config`): offline, no Docker engine needed.
+"""docker-compose.yml (and the TLS override) as Compose itself resolves them (`docker-compose config`): offline,
+no Docker engine needed. The Prometheus rules and the Grafana dashboard are checked in test_observability.py.
 
 What cannot be checked here (the NGC image itself: its onnxruntime backend, its Python 3.10 site directory,
 curl) is the job of a run on a Docker host.
@@ -17,6 +18,8 @@ import yaml
 from tests.conftest import ROOT
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
+TLS_FILE = ROOT / "docker-compose.tls.yml"
+TRITON_SERVICES = ("triton", "triton-gpu")
 PTH_FILE = ROOT / "deploy" / "skill2triton.pth"
 IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 PTH_TARGET = "/usr/local/lib/python3.10/dist-packages/skill2triton.pth"
@@ -32,14 +35,17 @@ def _docker_compose() -> str:
     return exe
 
 
-def compose_config(tmp_path: Path, *, env: dict[str, str] | None = None, profiles: tuple[str, ...] = ()) -> dict:
-    """The resolved file, in a clean environment (no COMPOSE_* or port variables leaking in) and with an empty
+def compose_config(tmp_path: Path, *, env: dict[str, str] | None = None, profiles: tuple[str, ...] = (),
+                   files: tuple[Path, ...] = (COMPOSE_FILE,)) -> dict:
+    """The resolved files, in a clean environment (no COMPOSE_* or port variables leaking in) and with an empty
     env file, so that a developer's `.env` cannot change the outcome."""
     exe = _docker_compose()
     env_file = tmp_path / "empty.env"
     env_file.write_text("")
     clean_env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8", **(env or {})}
-    cmd = [exe, "--project-directory", str(ROOT), "-f", str(COMPOSE_FILE), "--env-file", str(env_file)]
+    cmd = [exe, "--project-directory", str(ROOT), "--env-file", str(env_file)]
+    for file in files:
+        cmd += ["-f", str(file)]
     for profile in profiles:
         cmd += ["--profile", profile]
     result = subprocess.run(cmd + ["config"], capture_output=True, text=True, env=clean_env, cwd=tmp_path,
@@ -60,27 +66,49 @@ def gpu_config(tmp_path_factory) -> dict:
     return compose_config(tmp_path_factory.mktemp("compose"), profiles=("gpu",))
 
 
+@pytest.fixture(scope="module")
+def all_profiles_config(tmp_path_factory) -> dict:
+    return compose_config(tmp_path_factory.mktemp("compose"), profiles=("gpu", "load"))
+
+
+@pytest.fixture(scope="module")
+def tls_config(tmp_path_factory) -> dict:
+    return compose_config(tmp_path_factory.mktemp("compose"), profiles=("gpu",), files=(COMPOSE_FILE, TLS_FILE))
+
+
 def _services(config: dict) -> dict:
     return config["services"]
 
 
+def _tritons(config: dict) -> dict:
+    return {name: s for name, s in _services(config).items() if name in TRITON_SERVICES}
+
+
 def _host_ports(service: dict) -> dict[int, int]:
     """container port -> host port, from either the long or the short form Compose prints."""
+    return {container: host for container, (_, host) in _published(service).items()}
+
+
+def _published(service: dict) -> dict[int, tuple[str, int]]:
+    """container port -> (host address, host port); the address is "" when every interface listens."""
     ports = {}
     for port in service.get("ports", []):
         if isinstance(port, dict):
-            ports[int(port["target"])] = int(port["published"])
+            ports[int(port["target"])] = (port.get("host_ip", ""), int(port["published"]))
         else:
-            host, _, container = str(port).rpartition(":")
-            ports[int(container)] = int(host.rpartition(":")[2])
+            # [host_ip:]host_port:container_port[/protocol]
+            *host, container = str(port).split("/")[0].split(":")
+            ports[int(container)] = (host[0] if len(host) == 2 else "", int(host[-1]))
     return ports
 
 
 def _binds(service: dict) -> list[dict]:
-    """Mounts as {source, target, read_only}, from either the long or the short form."""
+    """Bind mounts as {source, target, read_only}, from either the long or the short form (named volumes left out)."""
     binds = []
     for volume in service.get("volumes", []):
         if isinstance(volume, dict):
+            if volume.get("type", "bind") != "bind":
+                continue
             binds.append({"source": volume["source"], "target": volume["target"],
                           "read_only": bool(volume.get("read_only"))})
         else:
@@ -105,7 +133,7 @@ def _flag(command: list[str], name: str) -> str:
 
 
 def test_the_image_is_triton_24_10_the_release_of_the_pinned_tritonclient(config, gpu_config):
-    for name, service in {**_services(config), **_services(gpu_config)}.items():
+    for name, service in {**_tritons(config), **_tritons(gpu_config)}.items():
         assert service["image"] == IMAGE, name
 
 
@@ -132,7 +160,7 @@ def test_the_host_ports_default_to_8000_8001_8002(config):
 def test_the_host_ports_follow_http_port_grpc_port_and_metrics_port(tmp_path):
     resolved = compose_config(tmp_path, env=PORT_OVERRIDES, profiles=("gpu",))
     expected = {CONTAINER_PORTS[var]: int(port) for var, port in PORT_OVERRIDES.items()}
-    for name, service in _services(resolved).items():
+    for name, service in _tritons(resolved).items():
         assert _host_ports(service) == expected, name
 
 
@@ -148,8 +176,8 @@ def test_the_pth_file_puts_the_mounted_repository_on_the_stub_python_path(config
     assert (ROOT / "backends" / "__init__.py").exists()
 
 
-def test_every_mount_comes_from_the_repository_exists_and_is_read_only(config, gpu_config):
-    for name, service in {**_services(config), **_services(gpu_config)}.items():
+def test_every_mount_comes_from_the_repository_exists_and_is_read_only(all_profiles_config):
+    for name, service in _services(all_profiles_config).items():
         binds = _binds(service)
         assert binds, name
         for bind in binds:
@@ -157,7 +185,11 @@ def test_every_mount_comes_from_the_repository_exists_and_is_read_only(config, g
             assert source == ROOT or ROOT in source.parents, f"{name}: {source} is outside the repository"
             assert source.exists(), f"{name}: {source} does not exist in the repository"
             assert bind["read_only"], f"{name}: {bind['target']} is writable"
-        targets = {b["target"]: Path(b["source"]) for b in binds}
+
+
+def test_both_tritons_mount_the_two_repositories(config, gpu_config):
+    for name, service in {**_tritons(config), **_tritons(gpu_config)}.items():
+        targets = {b["target"]: Path(b["source"]) for b in _binds(service)}
         assert targets["/models/model_repository"] == ROOT / "model_repository"
         assert targets["/models/ensembles"] == ROOT / "ensembles"
 
@@ -195,6 +227,142 @@ def test_the_gpu_profile_service_reserves_one_nvidia_gpu(gpu_config):
 
 def test_the_gpu_service_differs_from_the_cpu_one_only_by_the_gpu(gpu_config):
     services = _services(gpu_config)
-    assert "profiles" not in services["triton"] and "deploy" not in services["triton"]
-    gpu_only = {k: v for k, v in services["triton-gpu"].items() if k not in ("profiles", "deploy")}
+    extras = ("profiles", "deploy", "networks")
+    assert not set(extras) & set(services["triton"])
+    gpu_only = {k: v for k, v in services["triton-gpu"].items() if k not in extras}
     assert gpu_only == services["triton"]
+
+
+MONITORING_IMAGES = {"prometheus": "prom/prometheus", "grafana": "grafana/grafana", "locust": "locustio/locust"}
+
+
+def test_prometheus_grafana_and_locust_images_are_pinned_to_a_release(all_profiles_config):
+    services = _services(all_profiles_config)
+    for name, repository in MONITORING_IMAGES.items():
+        image, _, tag = services[name]["image"].partition(":")
+        assert image == repository, name
+        assert re.fullmatch(r"v?\d+\.\d+\.\d+", tag), f"{name}: {tag!r} is not a release tag"
+
+
+def test_the_monitoring_ports_listen_on_localhost_only(all_profiles_config):
+    services = _services(all_profiles_config)
+    for name in MONITORING_IMAGES:
+        published = _published(services[name])
+        assert published, name
+        assert {address for address, _ in published.values()} == {"127.0.0.1"}, name
+
+
+def test_the_monitoring_host_ports_follow_prometheus_port_grafana_port_and_locust_port(tmp_path):
+    env = {"PROMETHEUS_PORT": "19090", "GRAFANA_PORT": "13000", "LOCUST_PORT": "18089"}
+    services = _services(compose_config(tmp_path, env=env, profiles=("load",)))
+    assert _host_ports(services["prometheus"]) == {9090: 19090}
+    assert _host_ports(services["grafana"]) == {3000: 13000}
+    assert _host_ports(services["locust"]) == {8089: 18089}
+
+
+def test_prometheus_scrapes_the_metrics_port_of_whichever_triton_runs(gpu_config):
+    prometheus = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    job = next(j for j in prometheus["scrape_configs"] if j["job_name"] == "triton")
+    assert [t for c in job["static_configs"] for t in c["targets"]] == [f"triton:{CONTAINER_PORTS['METRICS_PORT']}"]
+    aliases = _services(gpu_config)["triton-gpu"]["networks"]["default"]["aliases"]
+    assert "triton" in aliases, "the GPU service must answer to `triton` too"
+    binds = {b["target"]: Path(b["source"]) for b in _binds(_services(gpu_config)["prometheus"])}
+    assert binds["/etc/prometheus"] == ROOT / "deploy" / "prometheus"
+    assert "--config.file=/etc/prometheus/prometheus.yml" in _services(gpu_config)["prometheus"]["command"]
+
+
+def test_grafana_provisions_the_datasource_and_the_dashboard_folder_it_mounts(config):
+    binds = {b["target"]: Path(b["source"]) for b in _binds(_services(config)["grafana"])}
+    provisioning = binds["/etc/grafana/provisioning"]
+    assert provisioning == ROOT / "deploy" / "grafana" / "provisioning"
+    providers = yaml.safe_load((provisioning / "dashboards" / "skill2triton.yml").read_text())["providers"]
+    dashboards = binds[providers[0]["options"]["path"]]
+    assert (dashboards / "skill2triton.json").is_file()
+    datasource = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"][0]
+    assert datasource["url"] == "http://prometheus:9090" and "prometheus" in _services(config)
+
+
+def test_locust_starts_only_on_demand_aimed_at_triton_with_the_repository_locustfile(all_profiles_config):
+    locust = _services(all_profiles_config)["locust"]
+    # A service with a profile is left out of a plain `up`: no load generator starts with the stack.
+    assert locust["profiles"] == ["load"]
+    command = locust["command"]
+    assert "--host=http://triton:8000" in command
+    locustfile = Path(command[command.index("-f") + 1])
+    mount = next(b for b in _binds(locust) if locustfile.is_relative_to(b["target"]))
+    assert (Path(mount["source"]) / locustfile.relative_to(mount["target"])) == ROOT / "clients" / "locustfile.py"
+    assert (ROOT / "clients" / "locustfile.py").is_file(), "clients/locustfile.py (the benchmark's) is missing"
+
+
+TLS_FLAGS = ["--grpc-use-ssl=true", "--grpc-server-cert=/run/secrets/triton_grpc_cert",
+             "--grpc-server-key=/run/secrets/triton_grpc_key"]
+
+
+def _target(volume: dict) -> str:
+    return volume["target"]
+
+
+def test_the_tls_override_adds_only_the_grpc_tls_flags_to_the_base_command(gpu_config, tls_config):
+    for name in TRITON_SERVICES:
+        base, tls = _services(gpu_config)[name], _services(tls_config)[name]
+        assert tls["command"] == base["command"] + TLS_FLAGS, name
+        # Compose merges mounts by target and may reorder them.
+        assert sorted(tls["volumes"], key=_target) == sorted(base["volumes"], key=_target), name
+        rest = ("command", "secrets", "volumes")
+        assert {k: v for k, v in tls.items() if k not in rest} == {k: v for k, v in base.items() if k not in rest}
+        assert sorted(s["source"] for s in tls["secrets"]) == ["triton_grpc_cert", "triton_grpc_key"]
+
+
+def test_the_tls_secrets_default_to_the_gitignored_deploy_tls_and_follow_the_environment(tls_config, tmp_path):
+    secrets = tls_config["secrets"]
+    assert Path(secrets["triton_grpc_cert"]["file"]) == ROOT / "deploy" / "tls" / "server.crt"
+    assert Path(secrets["triton_grpc_key"]["file"]) == ROOT / "deploy" / "tls" / "server.key"
+    ignored = subprocess.run(["git", "check-ignore", "-q", "deploy/tls/server.key"], cwd=ROOT)
+    assert ignored.returncode == 0, "deploy/tls/ must be gitignored"
+    moved = compose_config(tmp_path, files=(COMPOSE_FILE, TLS_FILE),
+                           env={"TRITON_TLS_CERT": "/etc/ssl/triton.crt", "TRITON_TLS_KEY": "/etc/ssl/triton.key"})
+    assert moved["secrets"]["triton_grpc_key"]["file"] == "/etc/ssl/triton.key"
+
+
+def test_no_key_or_certificate_is_committed():
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    material = [f for f in tracked.splitlines() if re.search(r"\.(key|pem|crt|p12|pfx)$", f)]
+    assert material == []
+
+
+@pytest.fixture
+def self_signed(tmp_path) -> dict[str, Path]:
+    """A certificate for localhost, made as the TLS override's comment says."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.fail("openssl is not installed; `make system` installs the project's system packages")
+    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-sha256", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    return {"/run/secrets/triton_grpc_cert": cert, "/run/secrets/triton_grpc_key": key}
+
+
+def test_the_tls_flags_make_triton_serve_grpc_over_tls_only(tls_config, self_signed, tmp_path):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from tests.conftest import free_port
+    from tools.triton_server import TritonServer
+
+    command = _services(tls_config)["triton"]["command"]
+    flags = [arg for arg in command if arg.startswith("--grpc-")]
+    for secret, path in self_signed.items():
+        flags = [arg.replace(secret, str(path)) for arg in flags]
+    (tmp_path / "empty").mkdir()
+    server = TritonServer([tmp_path / "empty"], free_port(), free_port(), free_port(), extra_args=flags,
+                          log_path=tmp_path / "triton.log", exit_timeout_seconds=2)
+    with server:
+        secure = grpcclient.InferenceServerClient(server.grpc_url, ssl=True,
+                                                  root_certificates=str(self_signed["/run/secrets/triton_grpc_cert"]))
+        assert secure.is_server_live()
+        secure.close()
+        plain = grpcclient.InferenceServerClient(server.grpc_url)
+        with pytest.raises(InferenceServerException):
+            plain.is_server_live(client_timeout=5)
+        plain.close()

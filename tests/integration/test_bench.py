@@ -1,0 +1,92 @@
+"""`s2t bench` in smoke mode against the real server, and the locust users; no timed assertions."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DATA_CSV, ENSEMBLES, MODEL_REPOSITORY, ROOT
+
+pytestmark = pytest.mark.integration
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def smoke_run(built_artifacts, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run([str(Path(sys.executable).parent / "s2t"), "bench", "--mode", "smoke", "--out", str(out),
+                           "--model-repository", str(MODEL_REPOSITORY), "--model-repository", str(ENSEMBLES),
+                           "--data", str(DATA_CSV)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return out, json.loads((out / "results.json").read_text()), proc.stdout
+
+
+def test_bench_measures_triton_over_both_protocols_and_both_baselines(smoke_run):
+    _, results, _ = smoke_run
+    points = results["perf_analyzer"]
+    assert {(p["model"], p["protocol"]) for p in points} >= {
+        ("risk_pipeline", "http"), ("risk_pipeline", "grpc"), ("risk_scorer", "http"), ("risk_scorer", "grpc")}
+    assert any(p["request_rate"] for p in points) and any(p["batch"] > 1 for p in points)
+    assert all(p["infer_per_s"] > 0 and p["p99_ms"] >= p["p50_ms"] > 0 for p in points)
+    for side in ("http_triton", "http_baseline"):
+        assert results[side]["requests"] > 0 and results[side]["errors"] == 0
+        assert results[side]["cpu_ms_per_request"] > 0
+    assert {p["what"] for p in results["inprocess"]} == {"onnxruntime", "decode+onnxruntime+decide"}
+
+
+def test_baseline_gives_the_same_answers_as_risk_pipeline(smoke_run):
+    _, results, _ = smoke_run
+    assert results["same_answers"]["same_decisions"] is True
+    assert results["same_answers"]["max_abs_diff"] < 1e-5
+
+
+def test_bench_measures_cold_start_memory_hot_swap_and_streaming(smoke_run):
+    _, results, _ = smoke_run
+    assert results["cold_start"]["median_s"] > 0 and "risk_pipeline:1" in results["cold_start"]["models"]
+    memory = results["memory"]
+    assert memory["triton_peak_bytes"] >= memory["triton_idle_bytes"] > 0
+    assert any("skill_adapter" in name for name in memory["triton_after_load_by_process"])
+    assert results["hot_swap"]["swaps"] and results["hot_swap"]["errors"] == 0
+    assert results["streaming"]["records"] > 0 and results["streaming"]["exactly_once"] is True
+
+
+def test_ratios_are_computed_from_the_measured_numbers(smoke_run):
+    _, results, _ = smoke_run
+    ratios, triton, base = results["ratios"], results["http_triton"], results["http_baseline"]
+    assert ratios["http_throughput_vs_fastapi"] == pytest.approx(triton["throughput"] / base["throughput"])
+    assert ratios["http_p99_triton_over_fastapi_p50"] == pytest.approx(triton["p99_ms"] / base["p50_ms"])
+    batch = ratios["batch"]
+    scorer = next(p for p in results["perf_analyzer"]
+                  if p["model"] == "risk_scorer" and p["protocol"] == "grpc" and p["batch"] == batch)
+    engine = next(p for p in results["inprocess"] if p["what"] == "onnxruntime" and p["batch"] == batch)
+    assert ratios["grpc_scorer_batch_vs_inprocess"] == pytest.approx(scorer["infer_per_s"] / engine["rows_per_s"])
+    assert len(results["targets"]) == 5 and all(isinstance(t["met"], bool) for t in results["targets"])
+
+
+def test_bench_writes_markdown_tables_and_non_empty_plots(smoke_run):
+    out, results, stdout = smoke_run
+    markdown = (out / "results.md").read_text()
+    assert "| server | req/s | p50 ms | p90 ms | p99 ms | CPU ms/req |" in markdown
+    assert "| target | measured | met |" in markdown and "| model | protocol | batch |" in markdown
+    assert f"{results['http_triton']['throughput']:.0f}" in markdown
+    assert results["plots"]
+    for name in results["plots"]:
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5000
+    assert "results:" in stdout and ("met" in stdout or "MISSED" in stdout)
+
+
+def test_locust_users_score_real_records_over_http_and_grpc_without_failures(triton, tmp_path):
+    env = dict(os.environ, S2T_GRPC_URL=triton.grpc_url, S2T_DATA=str(DATA_CSV), S2T_MAX_REQUESTS="2000")
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "locust"), "-f", str(ROOT / "clients" / "locustfile.py"), "--headless",
+         "-u", "4", "-r", "4", "--run-time", "5s", "--host", f"http://{triton.http_url}", "--only-summary",
+         "--csv", str(tmp_path / "locust"), "HttpRecordUser", "GrpcRecordUser"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    assert "s2t-locust:" in output and "0 failures" in output and "PASS" in output
+    stats = (tmp_path / "locust_stats.csv").read_text()
+    assert "http risk_pipeline" in stats and "grpc risk_pipeline" in stats

@@ -1,0 +1,195 @@
+"""deploy/kubernetes rendered offline with `kubectl kustomize` (no cluster), core kinds validated against the
+Kubernetes schemas (kubernetes-validate), KServe's custom resources checked field by field."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+from tests.integration.test_docker_compose import IMAGE
+
+KUBERNETES = ROOT / "deploy" / "kubernetes"
+OVERLAYS = ("overlays/cpu", "overlays/gpu")
+RENDERED = (*OVERLAYS, "kserve", "prometheus-adapter")
+# The oldest Kubernetes still offered by the big managed services, and the newest the validator knows.
+KUBERNETES_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
+CUSTOM_GROUPS = ("serving.kserve.io/",)
+# What the kustomize inside Debian's kubectl 1.20 (v2.0.3, the fallback of `make system`) understands; newer
+# kustomize reads all of it too.
+KUSTOMIZE_V2_FIELDS = {"resources", "bases", "namespace", "namePrefix", "nameSuffix", "commonLabels",
+                       "commonAnnotations", "configMapGenerator", "secretGenerator", "generatorOptions",
+                       "patchesStrategicMerge", "patchesJson6902", "images", "vars", "crds"}
+ADMIN_SECRET = "skill2triton-admin-key"
+LABELS = {"app.kubernetes.io/name": "skill2triton", "app.kubernetes.io/component": "triton"}
+
+
+def _kubectl() -> str:
+    exe = shutil.which("kubectl")
+    if exe is None:
+        pytest.fail("kubectl is not installed; `make system` installs it (Debian package kubernetes-client)")
+    return exe
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict]]:
+    out = {}
+    for directory in RENDERED:
+        result = subprocess.run([_kubectl(), "kustomize", str(KUBERNETES / directory)], capture_output=True,
+                                text=True, timeout=60)
+        assert result.returncode == 0, f"kubectl kustomize {directory}:\n{result.stderr}"
+        out[directory] = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    return out
+
+
+def one(docs: list[dict], kind: str) -> dict:
+    found = [doc for doc in docs if doc["kind"] == kind]
+    assert len(found) == 1, f"{len(found)} {kind}"
+    return found[0]
+
+
+def container(deployment: dict, name: str = "triton") -> dict:
+    return next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+
+
+def test_every_kustomization_uses_only_fields_kustomize_v2_knows():
+    for path in KUBERNETES.rglob("kustomization.yaml"):
+        unknown = set(yaml.safe_load(path.read_text())) - KUSTOMIZE_V2_FIELDS
+        assert not unknown, f"{path.relative_to(ROOT)}: {sorted(unknown)}"
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("directory", RENDERED)
+def test_core_kinds_are_valid_against_the_kubernetes_schema(rendered, directory, version):
+    core = [doc for doc in rendered[directory] if not doc["apiVersion"].startswith(CUSTOM_GROUPS)]
+    assert core or directory == "kserve"
+    for doc in core:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            pytest.fail(f"{directory}: {doc['kind']}/{doc['metadata']['name']}: {err.message}")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_an_overlay_holds_deployment_service_autoscaler_and_disruption_budget_in_one_namespace(rendered, overlay):
+    docs = rendered[overlay]
+    assert {doc["kind"] for doc in docs} == {"Deployment", "Service", "HorizontalPodAutoscaler",
+                                             "PodDisruptionBudget", "ConfigMap"}
+    assert {doc["metadata"]["namespace"] for doc in docs} == {"skill2triton"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_triton_is_the_pinned_image_probed_on_live_and_ready_with_requests_and_limits(rendered, overlay):
+    triton = container(one(rendered[overlay], "Deployment"))
+    assert triton["image"] == IMAGE
+    assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    ports = {p["name"]: p["containerPort"] for p in triton["ports"]}
+    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    assert triton["readinessProbe"]["httpGet"]["port"] == "http"
+    assert {"cpu", "memory"} <= set(triton["resources"]["requests"])
+    assert triton["resources"]["limits"]["memory"] == triton["resources"]["requests"]["memory"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_repository_comes_from_a_synced_volume_with_the_backends_on_the_stub_path(rendered, overlay):
+    docs = rendered[overlay]
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    sync = pod["initContainers"][0]
+    synced = next(m["mountPath"] for m in sync["volumeMounts"] if m["name"] == "models")
+    triton = container(one(docs, "Deployment"))
+    args = triton["args"]
+    repositories = [a.split("=", 1)[1] for a in args if a.startswith("--model-repository=")]
+    assert repositories == [f"{synced}/model_repository", f"{synced}/ensembles"]
+    mounts = {m["mountPath"]: m for m in triton["volumeMounts"]}
+    assert mounts[synced]["readOnly"] is True, "the server never writes its repository"
+    pth = mounts["/usr/local/lib/python3.10/dist-packages/skill2triton.pth"]
+    volume = next(v for v in pod["volumes"] if v["name"] == pth["name"])
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap"
+                      and d["metadata"]["name"] == volume["configMap"]["name"])
+    assert config_map["data"][pth["subPath"]] == f"{synced}/src"
+    source = next(d for d in docs if d["kind"] == "ConfigMap"
+                  and d["metadata"]["name"] == sync["envFrom"][0]["configMapRef"]["name"])
+    assert "$(SOURCE)" in sync["args"] and source["data"]["SOURCE"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_explicit_mode_takes_the_admin_key_from_a_secret_that_is_not_committed(rendered, overlay):
+    docs = rendered[overlay]
+    triton = container(one(docs, "Deployment"))
+    args = triton["args"]
+    assert "--model-control-mode=explicit" in args
+    assert "--http-restricted-api=model-repository:admin-key=$(S2T_ADMIN_KEY)" in args
+    assert "--grpc-restricted-protocol=model-repository:admin-key=$(S2T_ADMIN_KEY)" in args
+    env = {e["name"]: e for e in triton["env"]}
+    ref = env["S2T_ADMIN_KEY"]["valueFrom"]["secretKeyRef"]
+    assert ref["name"] == ADMIN_SECRET and ref["optional"] is False
+    assert not [d for d in docs if d["kind"] == "Secret"], "no Secret, and so no key, in the repository"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_service_and_disruption_budget_select_the_triton_pods(rendered, overlay):
+    docs = rendered[overlay]
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert one(docs, "Service")["spec"]["selector"].items() <= pod_labels.items()
+    assert one(docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert LABELS.items() <= pod_labels.items()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_autoscaler_scales_the_deployment_on_queue_metrics_the_adapter_defines(rendered, overlay):
+    docs = rendered[overlay]
+    hpa = one(docs, "HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                             "name": one(docs, "Deployment")["metadata"]["name"]}
+    used = {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"}
+    assert used, "no Pods metric"
+    adapter = one(rendered["prometheus-adapter"], "ConfigMap")
+    rules = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
+    assert used <= {rule["name"]["as"] for rule in rules}
+    assert all("nv_inference_" in rule["seriesQuery"] for rule in rules)
+    assert hpa["spec"]["minReplicas"] >= 1 and hpa["spec"]["maxReplicas"] > hpa["spec"]["minReplicas"]
+
+
+def test_the_gpu_overlay_asks_one_gpu_per_pod_and_the_cpu_overlay_none(rendered):
+    gpu = container(one(rendered["overlays/gpu"], "Deployment"))["resources"]
+    assert gpu["limits"]["nvidia.com/gpu"] == "1" and gpu["requests"]["nvidia.com/gpu"] == "1"
+    cpu = container(one(rendered["overlays/cpu"], "Deployment"))["resources"]
+    assert "nvidia.com/gpu" not in {**cpu.get("limits", {}), **cpu["requests"]}
+
+
+def test_the_kserve_variant_carries_a_canary_share_on_its_own_pinned_triton_runtime(rendered):
+    docs = rendered["kserve"]
+    service = one(docs, "InferenceService")
+    assert service["apiVersion"] == "serving.kserve.io/v1beta1"
+    assert service["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Serverless"
+    predictor = service["spec"]["predictor"]
+    assert 0 <= predictor["canaryTrafficPercent"] <= 100
+    model = predictor["model"]
+    assert model["modelFormat"]["name"] == "triton" and model["storageUri"].startswith(("s3://", "gs://"))
+    assert model["env"][0]["valueFrom"]["secretKeyRef"]["name"] == ADMIN_SECRET
+    runtime = one(docs, "ServingRuntime")
+    assert runtime["apiVersion"] == "serving.kserve.io/v1alpha1"
+    assert runtime["metadata"]["name"] == model["runtime"]
+    assert "triton" in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
+    assert runtime["spec"]["containers"][0]["image"] == IMAGE
+    mounts = {m["name"]: m for m in model["volumeMounts"]}
+    volumes = {v["name"]: v for v in predictor["volumes"]}
+    pth = one(docs, "ConfigMap")
+    assert volumes[mounts["pth"]["name"]]["configMap"]["name"] == pth["metadata"]["name"]
+    args = runtime["spec"]["containers"][0]["args"]
+    src = Path(pth["data"]["skill2triton.pth"])
+    assert f"--model-repository={src.parent}/model_repository" in args
+
+
+def test_nothing_under_deploy_kubernetes_holds_a_secret_value():
+    for path in KUBERNETES.rglob("*.yaml"):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict):
+                assert doc.get("kind") != "Secret", path
+                assert "secretGenerator" not in doc, path

@@ -1,0 +1,189 @@
+"""The Prometheus config, alert rules, Grafana dashboard and autoscaling rules against what Triton really exports.
+
+promtool (from `make system`) checks the config and fires every alert on synthetic series (alerts.test.yml);
+every metric, label and label value the queries name is looked up in a live server's /metrics, after traffic
+through risk_pipeline, risk_router (with a shadow candidate) and risk_stream.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.http as http
+import yaml
+
+from backends.routing_policy import Target
+from clients import stream_client
+from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT, free_port
+from tests.integration.test_docker_compose import compose_config
+from tools import canary
+from tools.triton_server import TritonServer
+from tools.version_store import VersionStore
+
+PROMETHEUS = ROOT / "deploy" / "prometheus"
+DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "skill2triton.json"
+DATASOURCES = ROOT / "deploy" / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
+ADAPTER = ROOT / "deploy" / "kubernetes" / "prometheus-adapter" / "config.yaml"
+# Labels Prometheus attaches to every scraped series (job, instance) or a Kubernetes scrape adds (namespace, pod).
+TARGET_LABELS = {"job", "instance", "namespace", "pod"}
+# Series Prometheus makes itself rather than scrapes.
+PROMETHEUS_SERIES = {"up"}
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
+                "offset", "inf", "nan"}
+
+
+def _promtool() -> str:
+    exe = shutil.which("promtool")
+    if exe is None:
+        pytest.fail("promtool is not installed; `make system` installs it (from Debian's prometheus package)")
+    return exe
+
+
+def _promtool_run(*args: str) -> None:
+    result = subprocess.run([_promtool(), *args], cwd=PROMETHEUS, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, f"promtool {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
+
+
+def test_promtool_accepts_the_prometheus_config_and_its_rule_files():
+    _promtool_run("check", "config", "prometheus.yml")
+
+
+def test_promtool_accepts_the_alert_rules():
+    _promtool_run("check", "rules", "alerts.yml")
+
+
+def test_each_alert_fires_on_the_series_that_should_fire_it():
+    _promtool_run("test", "rules", "alerts.test.yml")
+
+
+def alert_rules() -> dict[str, str]:
+    groups = yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())["groups"]
+    return {rule["alert"]: rule["expr"] for group in groups for rule in group["rules"]}
+
+
+def dashboard_queries() -> dict[str, list[str]]:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    return {panel["title"]: [target["expr"] for target in panel["targets"]] for panel in panels}
+
+
+def adapter_queries() -> dict[str, str]:
+    """Each rule's queries with the adapter's template filled in as it would for one pod."""
+    queries = {}
+    for rule in yaml.safe_load(ADAPTER.read_text())["rules"]:
+        series = re.match(r"\w+", rule["seriesQuery"]).group()
+        metrics = (rule["metricsQuery"].replace("<<.Series>>", series).replace("<<.LabelMatchers>>", 'pod="p"')
+                   .replace("<<.GroupBy>>", "pod"))
+        queries[rule["name"]["as"]] = rule["seriesQuery"] + " + " + metrics
+    return queries
+
+
+def test_the_alerts_cover_queue_depth_failures_p99_latency_the_breaker_and_stream_gaps():
+    assert {"TritonQueueDepthHigh", "TritonFailureRatioHigh", "TritonP99LatencyHigh", "RouterBreakerOpen",
+            "StreamGapsHigh"} <= set(alert_rules())
+
+
+def test_the_dashboard_shows_throughput_latency_queue_batches_canary_shadow_and_reordering():
+    assert {"Throughput", "Latency", "Queue", "Batch size", "Canary split", "Shadow differences",
+            "Stream reordering"} <= set(dashboard_queries())
+
+
+def test_the_dashboard_reads_the_provisioned_datasource_by_uid():
+    uid = yaml.safe_load(DATASOURCES.read_text())["datasources"][0]["uid"]
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        assert panel["datasource"]["uid"] == uid, panel["title"]
+        assert all(target["datasource"]["uid"] == uid for target in panel["targets"]), panel["title"]
+
+
+# --- the names against a live server -------------------------------------------------------------------------
+
+def selectors(expr: str) -> tuple[set[str], list[tuple[str, str, str, str]], set[str]]:
+    """Metric names, label matchers (metric, label, operator, value) and grouping labels of a PromQL expression."""
+    matchers = [(m.group(1), *matcher) for m in re.finditer(r"([a-zA-Z_:][\w:]*)\s*\{([^}]*)\}", expr)
+                for matcher in re.findall(r'(\w+)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"', m.group(2))]
+    grouping = {label.strip() for m in re.finditer(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)", expr)
+                for label in m.group(1).split(",") if label.strip()}
+    bare = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    bare = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", bare)
+    bare = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", bare)
+    names = {m.group() for m in re.finditer(r"(?<![\w.])[a-zA-Z_:][\w:]*", bare)
+             if m.group().lower() not in PROMQL_WORDS and not bare[m.end():].lstrip().startswith("(")}
+    return names, matchers, grouping
+
+
+@pytest.mark.parametrize("expr, names", [
+    ('sum by (model) (rate(nv_inference_count{model="a"}[1m])) / 1e3', {"nv_inference_count"}),
+    ("histogram_quantile(0.99, sum by (candidate, le) (rate(x_bucket[5m])))", {"x_bucket"}),
+    ("up == 0 and on (instance) y > bool 1", {"up", "y"}),
+])
+def test_selectors_find_the_metric_names_of_an_expression(expr, names):
+    assert selectors(expr)[0] == names
+
+
+def parse_metrics(text: str) -> dict[str, list[dict[str, str]]]:
+    series: dict[str, list[dict[str, str]]] = {}
+    for line in text.splitlines():
+        m = re.match(r"([a-zA-Z_:][\w:]*)(?:\{(.*)\})? \S+$", line)
+        if m:
+            labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+            series.setdefault(m.group(1), []).append(labels)
+    return series
+
+
+@pytest.fixture(scope="module")
+def exported(built_artifacts, german_credit_data, tmp_path_factory) -> dict[str, list[dict[str, str]]]:
+    """Every series a server exports after traffic on each entry model, started with the metrics flags of
+    docker-compose.yml and with a shadow candidate, the two things the session server does not show."""
+    root = tmp_path_factory.mktemp("observed")
+    command = compose_config(root)["services"]["triton"]["command"]
+    metrics_flags = [arg for arg in command if arg.startswith("--metrics-")]
+    repo = root / "model_repository"
+    shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    lite = VersionStore(repo).served("risk_scorer_lite")[-1]
+    canary.set_split(repo, Target("risk_scorer_lite", lite), shadow_percent=100)
+    rows = german_credit_data.records()
+    server = TritonServer([repo, ENSEMBLES], free_port(), free_port(), free_port(), extra_args=metrics_flags,
+                          log_path=root / "triton.log", exit_timeout_seconds=5)
+    with server:
+        client = http.InferenceServerClient(server.http_url)
+        payloads = np.array([[json.dumps({"request_id": f"o-{i}", "features": rows[i]}).encode()]
+                             for i in range(50)], dtype=object)
+        for model in ("risk_pipeline", "risk_router"):
+            tensor = http.InferInput("payload", list(payloads.shape), "BYTES")
+            tensor.set_data_from_numpy(payloads)
+            client.infer(model, [tensor])
+        client.close()
+        stream_client.replay(server.grpc_url, [{"features": f} for f in rows[:60]], 3, shuffle=0.3, window=4,
+                             seed=5)
+        with urllib.request.urlopen(f"http://localhost:{server.metrics_port}/metrics", timeout=10) as resp:
+            return parse_metrics(resp.read().decode())
+
+
+QUERIES = ([(f"alert {name}", expr) for name, expr in alert_rules().items()]
+           + [(f"panel {title}", expr) for title, exprs in dashboard_queries().items() for expr in exprs]
+           + [(f"adapter {name}", expr) for name, expr in adapter_queries().items()])
+
+
+@pytest.mark.parametrize("where, expr", QUERIES, ids=[where for where, _ in QUERIES])
+def test_every_query_names_metrics_labels_and_values_the_server_exports(exported, where, expr):
+    names, matchers, grouping = selectors(expr)
+    assert names, f"{where}: no metric found in {expr!r}"
+    for name in names - PROMETHEUS_SERIES:
+        assert name in exported, f"{where}: {name} is not exported"
+    for name, label, operator, value in matchers:
+        if label in TARGET_LABELS or name in PROMETHEUS_SERIES:
+            continue
+        values = {series.get(label) for series in exported[name]} - {None}
+        assert values, f"{where}: {name} has no label {label!r}"
+        if operator == "=":
+            assert value in values, f"{where}: {name}{{{label}}} is never {value!r} (seen: {sorted(values)})"
+        elif operator == "=~":
+            # The queries' regexes are plain alternations: each alternative must be a value that occurs.
+            missing = set(value.split("|")) - values
+            assert not missing, f"{where}: {name}{{{label}}} is never {sorted(missing)}"
+    labels_of_names = {label for name in names - PROMETHEUS_SERIES for series in exported[name] for label in series}
+    assert grouping <= labels_of_names | TARGET_LABELS, f"{where}: grouped by unknown {grouping - labels_of_names}"

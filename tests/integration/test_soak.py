@@ -1,0 +1,23 @@
+"""`s2t soak` in a short run: the report names every serving process, counts answers, and computes growth."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+S2T = Path(sys.executable).parent / "s2t"
+
+
+def test_short_soak_reports_rss_of_the_server_and_every_stub_and_no_errors(built_artifacts, tmp_path):
+    report = tmp_path / "soak.json"
+    done = subprocess.run([str(S2T), "soak", "--minutes", "0.25", "--rate", "50", "--report", str(report)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    result = json.loads(report.read_text())
+    assert result["error_count"] == 0, result["errors"]
+    assert result["sent"] == result["answered"] and result["sent"] >= 600
+    processes = set(result["samples"][-1]["rss"])
+    assert "tritonserver" in processes and {"skill_adapter_0_0@1", "risk_decision_0_0@1"} <= processes
+    assert any(p.startswith("risk_scorer_0_0@") for p in processes)
+    assert set(result["growth"]) <= processes
+    assert "total" in done.stdout and done.returncode in (0, 1)

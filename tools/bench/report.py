@@ -1,0 +1,203 @@
+"""Ratios, targets, and the three forms of a run's results: results.json, results.md and PNG plots."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+MB = 2**20
+TARGET_HTTP_RATIO = 3.0
+TARGET_BATCH_SHARE = 0.5
+TARGET_BATCH = 256
+TARGET_COLD_START_S = 2.0
+TARGET_RSS_BYTES = 512 * MB
+LEGACY_RSS_BYTES = 2.8 * 1024 * MB
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(b) else float("nan")
+
+
+def _point(points: list[dict], **match) -> dict | None:
+    return next((p for p in points if all(p.get(k) == v for k, v in match.items())), None)
+
+
+def _largest_batch(points: list[dict]) -> int | None:
+    batches = [p["batch"] for p in points if p["protocol"] == "grpc" and p["batch"] > 1]
+    return max(batches, default=None)
+
+
+def ratios(results: dict) -> dict:
+    """Every ratio from measured numbers of this run: against baseline 1 (FastAPI) and baseline 2 (in-process)."""
+    triton, base = results["http_triton"], results["http_baseline"]
+    points, inproc = results["perf_analyzer"], results["inprocess"]
+    out = {
+        "http_throughput_vs_fastapi": _ratio(triton["throughput"], base["throughput"]),
+        "http_p99_triton_over_fastapi_p50": _ratio(triton["p99_ms"], base["p50_ms"]),
+        "http_cpu_per_request_fastapi_over_triton": _ratio(base["cpu_ms_per_request"], triton["cpu_ms_per_request"]),
+    }
+    batch = TARGET_BATCH if _point(points, model="risk_scorer", protocol="grpc", batch=TARGET_BATCH) \
+        else _largest_batch(points)
+    out["batch"] = batch
+    if batch:
+        engine = _point(inproc, what="onnxruntime", batch=batch)
+        whole = _point(inproc, what="decode+onnxruntime+decide", batch=batch)
+        scorer = _point(points, model="risk_scorer", protocol="grpc", batch=batch)
+        pipeline = _point(points, model="risk_pipeline", protocol="grpc", batch=batch)
+        out["grpc_scorer_batch_vs_inprocess"] = _ratio(scorer["infer_per_s"], engine["rows_per_s"])
+        out["grpc_pipeline_batch_vs_inprocess_pipeline"] = _ratio(pipeline["infer_per_s"], whole["rows_per_s"])
+    for p in points:
+        if p["model"] == "risk_pipeline" and p["protocol"] == "http" and p["batch"] == 1 \
+                and p["concurrency"] == results["http_triton"]["connections"]:
+            out["perf_analyzer_http_pipeline_vs_fastapi"] = _ratio(p["infer_per_s"], base["throughput"])
+    return out
+
+
+def targets(results: dict, r: dict) -> list[dict]:
+    triton, base, memory = results["http_triton"], results["http_baseline"], results["memory"]
+    rss = max(memory["triton_peak_bytes"], memory["triton_after_load_bytes"])
+    cold = results["cold_start"]["median_s"]
+    rows = [
+        {"target": f"risk_pipeline HTTP c={triton['connections']}: >= {TARGET_HTTP_RATIO:g}x FastAPI throughput",
+         "measured": f"{r['http_throughput_vs_fastapi']:.2f}x ({triton['throughput']:.0f} vs {base['throughput']:.0f} req/s)",
+         "met": r["http_throughput_vs_fastapi"] >= TARGET_HTTP_RATIO},
+        {"target": "risk_pipeline HTTP p99 below FastAPI p50",
+         "measured": f"{triton['p99_ms']:.1f} ms vs {base['p50_ms']:.1f} ms",
+         "met": triton["p99_ms"] < base["p50_ms"]},
+    ]
+    if r.get("batch"):
+        rows.append({"target": f"gRPC batches of {r['batch']}: >= {TARGET_BATCH_SHARE:.0%} of in-process ONNX Runtime rows/s",
+                     "measured": f"risk_scorer {r['grpc_scorer_batch_vs_inprocess']:.0%}; risk_pipeline (JSON records) "
+                                 f"{r['grpc_pipeline_batch_vs_inprocess_pipeline']:.0%} of in-process decode+score",
+                     "met": r["grpc_scorer_batch_vs_inprocess"] >= TARGET_BATCH_SHARE})
+    rows += [
+        {"target": f"cold start <= {TARGET_COLD_START_S:g} s", "measured": f"{cold:.2f} s",
+         "met": cold <= TARGET_COLD_START_S},
+        {"target": f"RSS of tritonserver + stubs <= {TARGET_RSS_BYTES / MB:.0f} MB after load",
+         "measured": f"{rss / MB:.0f} MB (legacy: {LEGACY_RSS_BYTES / MB:.0f} MB)", "met": rss <= TARGET_RSS_BYTES},
+    ]
+    return rows
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    def cell(v):
+        if isinstance(v, float):
+            return "n/a" if math.isnan(v) else (f"{v:.0f}" if abs(v) >= 100 else f"{v:.2f}")
+        return str(v)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def markdown(results: dict) -> str:
+    m, r = results["machine"], results["ratios"]
+    triton, base, mem = results["http_triton"], results["http_baseline"], results["memory"]
+    out = [f"# s2t bench ({results['mode']} mode)", "",
+           f"{m['cpu']}, {m['logical_cores']} logical cores, {m['memory_gb']} GB, {m['os']}, Python {m['python']}; "
+           f"load average at start {m['load_average_at_start'][0]} (1 min). Load generators run on the same cores.", "",
+           "## Targets", "",
+           _table(["target", "measured", "met"], [[t["target"], t["measured"], "yes" if t["met"] else "**no**"]
+                                                  for t in results["targets"]]), "",
+           f"## HTTP JSON, same load generator (wrk, {triton['connections']} connections, closed loop)", "",
+           _table(["server", "req/s", "p50 ms", "p90 ms", "p99 ms", "CPU ms/req", "CPU cores", "RSS MB", "errors"],
+                  [[name, e["throughput"], e["p50_ms"], e["p90_ms"], e["p99_ms"], e["cpu_ms_per_request"],
+                    e["cpu_cores"], e["rss_bytes"] / MB, e["errors"]]
+                   for name, e in (("Triton risk_pipeline", triton), ("FastAPI + uvicorn + ORT (baseline 1)", base))]),
+           "", f"Same answers on {results['same_answers']['records']} records: max |Δp| "
+               f"{results['same_answers']['max_abs_diff']:.1e}, decisions equal: {results['same_answers']['same_decisions']}.",
+           "", "## Ratios", "", _table(["ratio", "value"], [[k, v] for k, v in r.items()]), "",
+           "## perf_analyzer", "",
+           _table(["model", "protocol", "batch", "load", "rows/s", "req/s", "p50 ms", "p90 ms", "p99 ms", "CPU ms/req"],
+                  [[p["model"], p["protocol"], p["batch"],
+                    f"c={p['concurrency']}" if p["concurrency"] else f"{p['request_rate']:g} req/s",
+                    p["infer_per_s"], p["requests_per_s"], p["p50_ms"], p["p90_ms"], p["p99_ms"], p["cpu_ms_per_request"]]
+                   for p in results["perf_analyzer"]]), "",
+           "## Baseline 2: in-process ONNX Runtime (1 thread)", "",
+           _table(["work", "batch", "rows/s", "p50 ms/call", "p99 ms/call"],
+                  [[p["what"], p["batch"], p["rows_per_s"], p["p50_ms"], p["p99_ms"]] for p in results["inprocess"]]), "",
+           "## Cold start, memory, hot swap, streaming", "",
+           _table(["measure", "value"], [
+               ["cold start (process start to all models ready), median", f"{results['cold_start']['median_s']:.2f} s"],
+               ["models ready", len(results["cold_start"]["models"])],
+               ["RSS tritonserver + stubs, idle", f"{mem['triton_idle_bytes'] / MB:.0f} MB"],
+               ["RSS tritonserver + stubs, peak under load", f"{mem['triton_peak_bytes'] / MB:.0f} MB"],
+               ["RSS tritonserver + stubs, after load", f"{mem['triton_after_load_bytes'] / MB:.0f} MB"],
+               ["RSS FastAPI baseline after load", f"{mem['baseline_after_load_bytes'] / MB:.0f} MB"],
+               ["p99 during hot swaps (HTTP, risk_pipeline)",
+                f"{results['hot_swap']['p99_ms']:.1f} ms over {len(results['hot_swap']['swaps'])} publish+rollback, "
+                f"{results['hot_swap']['errors']} errors (steady state {triton['p99_ms']:.1f} ms)"],
+               ["streaming (s2t stream, gRPC, risk_stream)",
+                f"{results['streaming']['throughput']:.0f} records/s on {results['streaming']['streams']} streams, "
+                f"p99 {results['streaming']['latency_ms'].get('p99', float('nan')):.0f} ms, "
+                f"in-order {results['streaming']['in_order_rate']:.3f}"],
+           ]), "", f"Run took {results['seconds']:.0f} s.", ""]
+    return "\n".join(out)
+
+
+def plots(results: dict, out_dir: Path) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    points = [p for p in results["perf_analyzer"] if p["concurrency"] and p["batch"] == 1]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for model in ("risk_pipeline", "risk_scorer"):
+        for protocol in ("http", "grpc"):
+            series = sorted((p["concurrency"], p["infer_per_s"], p["p99_ms"]) for p in points
+                            if p["model"] == model and p["protocol"] == protocol)
+            if series:
+                c, t, l = zip(*series)
+                ax1.plot(c, t, marker="o", label=f"{model} {protocol}")
+                ax2.plot(c, l, marker="o", label=f"{model} {protocol}")
+    ax1.axhline(results["http_baseline"]["throughput"], color="grey", linestyle="--", label="FastAPI (wrk)")
+    ax1.set(xlabel="concurrency", ylabel="requests/s", title="perf_analyzer throughput")
+    ax2.set(xlabel="concurrency", ylabel="p99 ms", title="perf_analyzer p99", yscale="log")
+    ax1.legend(fontsize=7)
+    ax2.legend(fontsize=7)
+    written.append(_save(fig, out_dir / "concurrency.png"))
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 4))
+    names = ["Triton", "FastAPI"]
+    entries = [results["http_triton"], results["http_baseline"]]
+    ax1.bar(names, [e["throughput"] for e in entries], color=["tab:green", "tab:grey"])
+    ax1.set(ylabel="requests/s", title="HTTP JSON, same generator")
+    width = 0.25
+    for k, key in enumerate(("p50_ms", "p90_ms", "p99_ms")):
+        ax2.bar([i + (k - 1) * width for i in range(2)], [e[key] for e in entries], width, label=key[:3])
+    ax2.set_xticks(range(2), names)
+    ax2.set(ylabel="ms", title="latency", yscale="log")
+    ax2.legend()
+    written.append(_save(fig, out_dir / "http_side_by_side.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    batches = sorted({p["batch"] for p in results["inprocess"]})
+    for label, rows in (("in-process ORT", [_point(results["inprocess"], what="onnxruntime", batch=b) for b in batches]),
+                        ("in-process decode+ORT", [_point(results["inprocess"], what="decode+onnxruntime+decide",
+                                                          batch=b) for b in batches])):
+        ax.plot(batches, [p["rows_per_s"] for p in rows], marker="o", linestyle="--", label=label)
+    for model in ("risk_scorer", "risk_pipeline"):
+        series = sorted((p["batch"], p["infer_per_s"]) for p in results["perf_analyzer"]
+                        if p["model"] == model and p["protocol"] == "grpc" and (p["batch"] > 1 or p["concurrency"] == 1))
+        if series:
+            ax.plot(*zip(*series), marker="o", label=f"Triton {model} gRPC")
+    ax.set(xlabel="batch size", ylabel="rows/s", xscale="log", yscale="log", title="batches vs in-process")
+    ax.legend(fontsize=7)
+    written.append(_save(fig, out_dir / "batches.png"))
+    return written
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return path
+
+
+def write(results: dict, out_dir: Path) -> None:
+    results["ratios"] = ratios(results)
+    results["targets"] = targets(results, results["ratios"])
+    results["plots"] = [p.name for p in plots(results, out_dir)]
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=float) + "\n")
+    (out_dir / "results.md").write_text(markdown(results))
