@@ -58,6 +58,9 @@ def assemble_backend_dir(dest: Path) -> Path:
 def server_env() -> dict[str, str]:
     """The stubs run this venv's Python: the editable install's .pth makes `backends` importable there."""
     env = dict(os.environ)
+    # A stub importing model.py would write __pycache__ into the model folder; in poll mode Triton takes that for a
+    # changed model and reloads it once after start-up (and a read-only repository could not take it anyway).
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     venv_bin = str(Path(sys.executable).parent)
     env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
     libdir = sysconfig.get_config_var("LIBDIR") or ""

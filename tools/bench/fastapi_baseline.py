@@ -7,6 +7,7 @@ Started by `s2t bench` as `uvicorn --factory tools.bench.fastapi_baseline:create
 environment because uvicorn's workers import the app themselves.
 """
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -134,7 +135,6 @@ class BaselineServer:
     def stop(self) -> None:
         if self.process is None:
             return
-        import signal
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:

@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import psutil
 
 from backends.feature_spec import FeatureSpec
@@ -148,7 +149,7 @@ class Bench:
                                       "triton_idle_by_process": process_tree.rss_by_process(pid)}
             peak = _PeakRss(pid)
             peak.start()
-            self.results["perf_analyzer"] = self._perf_points(server)
+            self.results["perf_analyzer"], self.results["perf_analyzer_failures"] = self._perf_points(server)
             self.results["http_triton"] = self._wrk(server.process.pid, "http://" + server.http_url,
                                                     self.triton_script, self.mode.http_seconds, "triton")
             self.results["memory"]["triton_peak_bytes"] = peak.stop()
@@ -170,26 +171,35 @@ class Bench:
         finally:
             server.stop()
 
-    def _perf_points(self, server: TritonServer) -> list[dict]:
+    def _perf_points(self, server: TritonServer) -> tuple[list[dict], list[dict]]:
+        """The measured points, and the points perf_analyzer gave up on (a request refused by the queue timeout
+        ends its run), with its last words: a failed point is a result, not a reason to lose the others."""
         mode, settings = self.mode, perf_analyzer.Settings(self.mode.window_requests)
         plan = [(m, p, 1, c, None) for m in (PIPELINE, SCORER) for p in ("http", "grpc") for c in mode.concurrency]
         plan += [(m, "grpc", b, 2, None) for m in (SCORER, PIPELINE) for b in mode.batches if b > 1]
         plan += [(PIPELINE, p, 1, None, r) for p in mode.rate_protocols for r in mode.request_rates]
-        points = []
+        points, failures = [], []
         for model, protocol, batch, concurrency, rate in plan:
             url = server.http_url if protocol == "http" else server.grpc_url
+            load = f"c={concurrency}" if concurrency else f"rate={rate:g}/s"
             before = _stats(server.http_url, model)
-            with process_tree.CpuMeter(server.process.pid) as cpu:
-                point = perf_analyzer.measure(url, protocol, model, self.inputs[model], settings, batch=batch,
-                                              concurrency=concurrency, request_rate=rate)
+            try:
+                with process_tree.CpuMeter(server.process.pid) as cpu:
+                    point = perf_analyzer.measure(url, protocol, model, self.inputs[model], settings, batch=batch,
+                                                  concurrency=concurrency, request_rate=rate)
+            except RuntimeError as err:
+                reason = " / ".join(str(err).strip().splitlines()[-2:])
+                failures.append({"model": model, "protocol": protocol, "batch": batch, "concurrency": concurrency,
+                                 "request_rate": rate, "error": reason})
+                self.log(f"perf_analyzer {model} {protocol} b={batch} {load}: FAILED: {reason}")
+                continue
             requests = _stats(server.http_url, model)[0] - before[0]
             entry = {**point.as_dict(), "cpu_ms_per_request": 1000 * cpu.seconds / max(requests, 1),
                      "cpu_cores": cpu.seconds / max(cpu.wall_seconds, 1e-9)}
             points.append(entry)
-            load = f"c={concurrency}" if concurrency else f"rate={rate:g}/s"
             self.log(f"perf_analyzer {model} {protocol} b={batch} {load}: {point.infer_per_s:.0f} rows/s, "
                      f"p50 {point.p50_ms:.2f} ms, p99 {point.p99_ms:.2f} ms")
-        return points
+        return points, failures
 
     def _wrk(self, pid: int, url: str, script: Path, seconds: float, label: str) -> dict:
         wrk.run(url, script, self.mode.http_connections, 1)  # warm-up: connections, caches, lazy imports
@@ -263,7 +273,6 @@ def _ready_models(http_url: str) -> list[str]:
 def _compare_answers(server: TritonServer, baseline: BaselineServer, payloads: list[bytes]) -> dict:
     """The baseline must do the same work: same probability and decision as risk_pipeline on real records."""
     import tritonclient.http as http
-    import numpy as np
     client = http.InferenceServerClient(server.http_url)
     try:
         inp = http.InferInput("payload", [len(payloads), 1], "BYTES")

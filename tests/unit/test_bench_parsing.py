@@ -1,0 +1,88 @@
+"""The benchmark's parsers and arithmetic on plain text and dicts: perf_analyzer CSV, wrk's result line, ratios."""
+import math
+
+import pytest
+
+from tools.bench import perf_analyzer, report, wrk
+
+PERF_CONCURRENCY_CSV = (
+    "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,"
+    "Server Compute Infer,Server Compute Output,Client Recv,p50 latency,p90 latency,p95 latency,p99 latency,"
+    "Avg latency,request/response,response wait\n"
+    "16,2159.82,12,1800,100,200,2500,295,30,5987,9510,12000,30654,,,\n")
+PERF_RATE_CSV = PERF_CONCURRENCY_CSV.replace("Concurrency,", "Request Rate,").replace("\n16,", "\n1000,")
+
+
+@pytest.mark.parametrize("text, concurrency, rate", [
+    (PERF_CONCURRENCY_CSV, 16, None),
+    (PERF_RATE_CSV, None, 1000.0),
+])
+def test_perf_analyzer_csv_gives_rows_per_second_and_latencies_in_ms(text, concurrency, rate):
+    point = perf_analyzer.parse_csv(text, "risk_pipeline", "http", batch=4)
+    assert (point.concurrency, point.request_rate) == (concurrency, rate)
+    assert point.infer_per_s == pytest.approx(2159.82)
+    assert point.requests_per_s == pytest.approx(2159.82 / 4)
+    assert (point.p50_ms, point.p90_ms, point.p99_ms) == pytest.approx((5.987, 9.51, 30.654))
+    assert point.server_compute_ms == pytest.approx(2.995)
+    assert math.isnan(point.avg_ms)
+
+
+def test_wrk_result_line_is_parsed_and_every_kind_of_error_counted():
+    line = ('WRK_JSON {"requests": 1000, "duration_us": 2000000, "non_2xx": 3, "connect_errors": 1, '
+            '"read_errors": 0, "write_errors": 0, "timeouts": 2, "p50_us": 4410, "p90_us": 6000, "p99_us": 8540, '
+            '"mean_us": 4500.5, "max_us": 9000}')
+    result = wrk.parse("Running 2s test\n" + line + "\n")
+    assert result.throughput == 500.0 and result.errors == 6
+    assert (result.p50_ms, result.p99_ms) == (4.41, 8.54)
+
+
+def test_wrk_without_a_result_line_is_an_error():
+    with pytest.raises(RuntimeError, match="no result"):
+        wrk.parse("unable to connect to localhost:1 Connection refused")
+
+
+def test_wrk_script_cycles_through_every_body(tmp_path):
+    script = wrk.write_script(tmp_path / "s.lua", "/score", ['{"a": 1}', '{"b": "]]"}'])
+    text = script.read_text()
+    assert '[====[{"a": 1}]====]' in text and '[====[{"b": "]]"}]====]' in text and '"/score"' in text
+
+
+def _results(triton_rps, base_rps, triton_p99, base_p50):
+    http = lambda rps, p50, p99: {"throughput": rps, "p50_ms": p50, "p99_ms": p99, "cpu_ms_per_request": 0.3,  # noqa: E731
+                                  "connections": 16}
+    return {
+        "http_triton": http(triton_rps, 4.0, triton_p99), "http_baseline": http(base_rps, base_p50, 9.0),
+        "perf_analyzer": [{"model": "risk_scorer", "protocol": "grpc", "batch": 256, "concurrency": 2,
+                           "infer_per_s": 300_000.0},
+                          {"model": "risk_pipeline", "protocol": "grpc", "batch": 256, "concurrency": 2,
+                           "infer_per_s": 20_000.0}],
+        "inprocess": [{"what": "onnxruntime", "batch": 256, "rows_per_s": 500_000.0},
+                      {"what": "decode+onnxruntime+decide", "batch": 256, "rows_per_s": 40_000.0}],
+        "cold_start": {"median_s": 1.5},
+        "memory": {"triton_peak_bytes": 400 * report.MB, "triton_after_load_bytes": 390 * report.MB},
+    }
+
+
+@pytest.mark.parametrize("triton_rps, base_rps, triton_p99, base_p50, met_http, met_p99", [
+    (3000.0, 1000.0, 8.0, 9.0, True, True),
+    (2999.0, 1000.0, 9.0, 9.0, False, False),
+])
+def test_targets_follow_from_the_measured_ratios(triton_rps, base_rps, triton_p99, base_p50, met_http, met_p99):
+    results = _results(triton_rps, base_rps, triton_p99, base_p50)
+    ratios = report.ratios(results)
+    assert ratios["http_throughput_vs_fastapi"] == pytest.approx(triton_rps / base_rps)
+    assert ratios["grpc_scorer_batch_vs_inprocess"] == pytest.approx(0.6)
+    assert ratios["grpc_pipeline_batch_vs_inprocess_pipeline"] == pytest.approx(0.5)
+    met = [t["met"] for t in report.targets(results, ratios)]
+    assert met == [met_http, met_p99, True, True, True]
+
+
+def test_a_batch_point_perf_analyzer_gave_up_on_is_a_missed_target_not_a_crash():
+    results = _results(3000.0, 1000.0, 8.0, 9.0)
+    results["perf_analyzer"] = [p for p in results["perf_analyzer"] if p["model"] != "risk_scorer"]
+    results["perf_analyzer_failures"] = [{"model": "risk_scorer", "protocol": "grpc", "batch": 256, "concurrency": 2,
+                                          "request_rate": None, "error": "Request timeout expired"}]
+    ratios = report.ratios(results)
+    assert ratios["batch"] == 256 and math.isnan(ratios["grpc_scorer_batch_vs_inprocess"])
+    batch_target = report.targets(results, ratios)[2]
+    assert batch_target["met"] is False and "failed" in batch_target["measured"]
