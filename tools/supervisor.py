@@ -9,6 +9,7 @@ with the same content is not enough either).
 from __future__ import annotations
 
 import os
+import py_compile
 import sys
 import threading
 import time
@@ -160,6 +161,9 @@ class StubSupervisor(threading.Thread):
     def _reload(self, stub: Stub) -> None:
         # Triton reloads a version whose files changed; with unchanged files a `load` does nothing at all.
         os.utime(stub.model_file)
+        if stub.model_file.suffix == ".py":
+            # Current bytecode, or the new stub rewrites __pycache__ and poll mode reloads the model once more.
+            py_compile.compile(str(stub.model_file))
         if not self.explicit:
             return
         request = urllib.request.Request(f"http://{self.http_url}/v2/repository/models/{stub.model}/load",

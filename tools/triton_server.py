@@ -7,6 +7,7 @@ LD_LIBRARY_PATH. The backend directory is assembled per server from the wheel pl
 from __future__ import annotations
 
 import os
+import py_compile
 import shutil
 import signal
 import subprocess
@@ -55,12 +56,24 @@ def assemble_backend_dir(dest: Path) -> Path:
     return dest
 
 
+def precompile_models(repositories: list[Path]) -> None:
+    """Write each python model's bytecode before Triton starts.
+
+    A stub importing model.py writes __pycache__ into the version folder (it ignores PYTHONDONTWRITEBYTECODE), and in
+    poll mode Triton takes that for a changed model and reloads it a second after start-up. Compiled beforehand,
+    the cache is current and nothing is written. A read-only repository is fine: then the stub cannot write either.
+    """
+    for repository in repositories:
+        for model_py in Path(repository).glob("*/[0-9]*/model.py"):
+            try:
+                py_compile.compile(str(model_py), doraise=True)
+            except (OSError, py_compile.PyCompileError):
+                continue
+
+
 def server_env() -> dict[str, str]:
     """The stubs run this venv's Python: the editable install's .pth makes `backends` importable there."""
     env = dict(os.environ)
-    # A stub importing model.py would write __pycache__ into the model folder; in poll mode Triton takes that for a
-    # changed model and reloads it once after start-up (and a read-only repository could not take it anyway).
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
     venv_bin = str(Path(sys.executable).parent)
     env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
     libdir = sysconfig.get_config_var("LIBDIR") or ""
@@ -122,6 +135,7 @@ class TritonServer:
         return cmd + self.extra_args
 
     def start(self, timeout: float = 120.0) -> "TritonServer":
+        precompile_models(self.repositories)
         self._workdir = tempfile.TemporaryDirectory(prefix="s2t-triton-")
         backend_dir = assemble_backend_dir(Path(self._workdir.name) / "backends")
         stdout = None
