@@ -101,9 +101,6 @@ class RecordDecoder:
             tuple(request_ids),
         )
 
-    def features(self, payload: bytes) -> Mapping[str, object]:
-        return self.parse(payload).features
-
     def parse(self, payload: bytes) -> LegacyRecord:
         return parse_record(payload, self.max_record_bytes)
 

@@ -1,7 +1,8 @@
-import socket
 from pathlib import Path
 
 import pytest
+
+from tools.triton_server import free_port  # noqa: F401 - the tests take it from here
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts"
@@ -10,12 +11,6 @@ SAVED_MODEL = ARTIFACTS / "legacy" / "risk_model"
 SCORER_ONNX = ARTIFACTS / "onnx" / "risk_scorer.onnx"
 MODEL_REPOSITORY = ROOT / "model_repository"
 ENSEMBLES = ROOT / "ensembles"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import os
 import py_compile
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -54,6 +55,13 @@ def assemble_backend_dir(dest: Path) -> Path:
         (dest / backend).mkdir()
         shutil.copy2(PROJECT_BACKENDS / backend / "model.py", dest / backend / "model.py")
     return dest
+
+
+def free_port() -> int:
+    """A port nothing listens on now; the server binds it moments later."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def precompile_models(repositories: list[Path]) -> None:
