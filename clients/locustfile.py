@@ -53,6 +53,32 @@ def _decisions(answer: dict) -> list:
     return next((o["data"] for o in answer.get("outputs", []) if o["name"] == "decision"), [])
 
 
+_OPEN_GRPC_CLIENTS: set = set()
+
+
+def _grpc_client(url: str):
+    """A tritonclient gRPC client that is closed only by us, inside gevent's loop.
+
+    tritonclient closes its channel again in __del__; at interpreter exit gevent's hub is gone and grpc's
+    gevent-integrated close blocks forever (seen in CI: locust printed its summary, then hung past SIGTERM).
+    """
+    import tritonclient.grpc as grpcclient
+
+    class LoopClosedClient(grpcclient.InferenceServerClient):
+        def __del__(self):
+            pass
+
+    client = LoopClosedClient(url)
+    _OPEN_GRPC_CLIENTS.add(client)
+    return client
+
+
+def _close_grpc_client(client) -> None:
+    if client in _OPEN_GRPC_CLIENTS:
+        _OPEN_GRPC_CLIENTS.discard(client)
+        client.close()
+
+
 class GrpcRecordUser(User):
     """tritonclient's gRPC client; gRPC's own threads are made cooperative with gevent first."""
 
@@ -62,11 +88,11 @@ class GrpcRecordUser(User):
         import numpy as np
         import tritonclient.grpc as grpcclient
         self._np, self._grpcclient = np, grpcclient
-        self._client = grpcclient.InferenceServerClient(os.environ.get("S2T_GRPC_URL", "localhost:8001"))
+        self._client = _grpc_client(os.environ.get("S2T_GRPC_URL", "localhost:8001"))
         self._payloads = cycle(PAYLOADS)
 
     def on_stop(self):
-        self._client.close()
+        _close_grpc_client(self._client)
 
     @task
     def score(self):
@@ -89,12 +115,21 @@ def _bound_requests(environment, **kwargs):
     if not MAX_REQUESTS:
         return
 
+    quitting = []
+
     def count(**_):
         runner = environment.runner
-        if runner is not None and runner.stats.total.num_requests >= MAX_REQUESTS:
-            gevent.spawn(runner.quit)
+        if runner is not None and not quitting and runner.stats.total.num_requests >= MAX_REQUESTS:
+            quitting.append(gevent.spawn(runner.quit))
 
     environment.events.request.add_listener(count)
+
+
+@events.test_stop.add_listener
+def _close_grpc_clients(environment, **kwargs):
+    """Users killed before their on_stop ran still have open channels: close them while gevent's loop runs."""
+    for client in list(_OPEN_GRPC_CLIENTS):
+        _close_grpc_client(client)
 
 
 @events.quitting.add_listener
