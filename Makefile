@@ -27,7 +27,7 @@ LITE_ONNX := artifacts/onnx/risk_scorer_lite.onnx
 ADAPTER_SPEC := model_repository/skill_adapter/1/feature_spec.json
 PROTO_PY := clients/proto/skill_pb2.py clients/proto/skill_pb2_grpc.py
 
-.PHONY: serve test system venv models clean
+.PHONY: serve test system venv models clean gpu-venv gpu-models test-gpu
 
 serve: models
 	$(S2T) serve
@@ -105,3 +105,43 @@ models: $(ADAPTER_SPEC) $(LITE_ONNX)
 
 clean:
 	rm -rf artifacts model_repository/risk_scorer/[0-9]* model_repository/risk_scorer_lite/[0-9]* $(ADAPTER_SPEC) .model_repository.s2t
+	rm -rf model_repository_gpu/*/[0-9]* .model_repository_gpu.s2t
+
+# ---- The GPU path (TensorRT, ONNX Runtime CUDA EP; README "TensorRT"). Not part of `make test`: it needs a GPU.
+# .venv-gpu layers the GPU wheels over .venv: its own site-packages come first, so onnxruntime-gpu (ONNX Runtime
+# with the CUDA and CPU providers, the 24.10 image's 1.19.2) shadows the CPU wheel, and everything else
+# (Polygraphy included) is .venv's.
+# tensorrt-cu12 10.5.0 is the TensorRT of nvcr.io/nvidia/tritonserver:24.10-py3 (engines load only there).
+GPU_VENV := .venv-gpu
+# The CUDA libraries at the 24.10 image's versions (CUDA 12.6, cuDNN 9.5): onnxruntime-gpu loads them by name.
+GPU_PACKAGES := tensorrt-cu12==10.5.0 onnxruntime-gpu==1.19.2 nvidia-cudnn-cu12==9.5.0.50 \
+  nvidia-cublas-cu12==12.6.3.3 nvidia-cufft-cu12==11.3.0.4 nvidia-curand-cu12==10.3.7.77
+GPU_PYTHON := LD_LIBRARY_PATH=$$($(GPU_VENV)/bin/python -m tools.gpu_libraries) $(GPU_VENV)/bin/python
+GPU_S2T := $(GPU_PYTHON) -m tools.cli
+ENGINE_DIR := artifacts/tensorrt
+GPU_REPOSITORY := model_repository_gpu
+
+gpu-venv: $(GPU_VENV)/.installed
+
+$(GPU_VENV)/.installed: | $(VENV)/.installed
+	[ -x $(GPU_VENV)/bin/python ] || $(PYTHON) -m venv $(GPU_VENV)
+	base=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	own=$$($(GPU_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	echo "import site; site.addsitedir('$$base')" > $$own/skill2triton-base.pth
+	$(GPU_VENV)/bin/pip install --quiet --disable-pip-version-check $(GPU_PACKAGES)
+	touch $@
+
+# Engines for this host's GPU (FP32 and FP16, one timing cache), then the GPU repository's versions, each through
+# publish's gates (parity against the legacy model; FP32 is what risk_scorer_trt serves).
+gpu-models: models gpu-venv
+	$(GPU_S2T) build-trt $(SCORER_ONNX) --precision fp32 --out $(ENGINE_DIR)/risk_scorer.fp32.plan \
+	  --timing-cache $(ENGINE_DIR)/timing.cache
+	$(GPU_S2T) build-trt $(SCORER_ONNX) --precision fp16 --out $(ENGINE_DIR)/risk_scorer.fp16.plan \
+	  --timing-cache $(ENGINE_DIR)/timing.cache
+	$(GPU_S2T) publish risk_scorer_cuda $(SCORER_ONNX) --repository $(GPU_REPOSITORY) --saved-model $(SAVED_MODEL)
+	$(GPU_S2T) publish risk_scorer_trt $(ENGINE_DIR)/risk_scorer.fp32.plan --repository $(GPU_REPOSITORY) \
+	  --saved-model $(SAVED_MODEL)
+	$(GPU_S2T) check-config --model-repository $(GPU_REPOSITORY)
+
+test-gpu: models gpu-venv
+	$(GPU_PYTHON) -m pytest -m gpu tests/gpu

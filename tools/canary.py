@@ -31,7 +31,9 @@ def _set_parameter(text: str, key: str, value: str) -> str:
 
 
 def set_split(repository: Path, candidate: Target | None, canary_percent: float = 0.0,
-              shadow_percent: float = 0.0) -> RoutingSettings:
+              shadow_percent: float = 0.0, candidate_repositories: tuple[Path, ...] = ()) -> RoutingSettings:
+    """`candidate_repositories`: where else the candidate may live (model_repository_gpu holds the GPU scorers,
+    which the router calls by name like any other model the server serves)."""
     store = VersionStore(Path(repository))
     path = store.model_dir(ROUTER) / "config.pbtxt"
     if not path.is_file():
@@ -39,9 +41,11 @@ def set_split(repository: Path, candidate: Target | None, canary_percent: float 
     if candidate is not None:
         if candidate.version is None:
             raise CanaryError("name the candidate's version (MODEL VERSION)")
-        if candidate.version not in store.served(candidate.model):
-            raise CanaryError(f"{candidate.model} has no version {candidate.version} in {repository} "
-                              f"(versions: {', '.join(map(str, store.served(candidate.model))) or 'none'})")
+        holders = [VersionStore(Path(r)) for r in (repository, *candidate_repositories)]
+        holder = next((h for h in holders if (h.model_dir(candidate.model) / "config.pbtxt").is_file()), store)
+        if candidate.version not in holder.served(candidate.model):
+            raise CanaryError(f"{candidate.model} has no version {candidate.version} in {holder.repository} "
+                              f"(versions: {', '.join(map(str, holder.served(candidate.model))) or 'none'})")
     text = path.read_text()
     for key, value in (("candidate", str(candidate) if candidate else ""), ("canary_percent", f"{canary_percent:g}"),
                        ("shadow_percent", f"{shadow_percent:g}")):

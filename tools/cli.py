@@ -81,6 +81,36 @@ def spec(onnx_model: Path, out: Path) -> None:
     click.echo(out)
 
 
+@main.command("build-trt")
+@click.argument("onnx_model", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="[default: MODEL.<precision>.plan]")
+@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
+@click.option("--config", "config_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("model_repository_gpu/risk_scorer_trt"), show_default=True,
+              help="the Triton model the engine is for: its max_batch_size and preferred batch sizes set the profile")
+@click.option("--max-batch-size", type=click.IntRange(1), help="profile maximum [default: the config's max_batch_size]")
+@click.option("--opt-batch-size", type=click.IntRange(1),
+              help="profile optimum, where kernels are timed [default: the config's largest preferred batch size]")
+@click.option("--timing-cache", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("artifacts/tensorrt/timing.cache"), show_default=True)
+@click.option("--allow-version-mismatch", is_flag=True,
+              help="build with a TensorRT other than the serving image's (the engine will not load there)")
+def build_trt(onnx_model, out, precision, config_dir, max_batch_size, opt_batch_size, timing_cache,
+              allow_version_mismatch) -> None:
+    """TensorRT engine (FP32 or FP16) of the numeric core, with a batch profile and a timing cache (GPU only)."""
+    from tools import tensorrt_engine
+    try:
+        profile = tensorrt_engine.profile_for_config(config_dir, max_batch_size, opt_batch_size)
+        out = out or onnx_model.with_name(f"{onnx_model.stem}.{precision}.plan")
+        report = tensorrt_engine.build_engine(onnx_model, out, precision, profile, timing_cache,
+                                              allow_version_mismatch)
+    except (tensorrt_engine.EngineBuildError, ValueError) as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(f"{report['gpu']}, TensorRT {report['tensorrt']}, {precision}, batch {profile.minimum}/"
+               f"{profile.optimum}/{profile.maximum}: built in {report['build_seconds']} s")
+    click.echo(out)
+
+
 @main.command()
 @click.option("--saved-model", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True)
 @click.option("--onnx", "onnx_model", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True)
@@ -90,10 +120,35 @@ def spec(onnx_model: Path, out: Path) -> None:
 @click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", show_default=True)
 @click.option("--atol", type=float, default=1e-5, show_default=True)
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path))
-def parity(saved_model, onnx_model, data_csv, url, model, protocol, atol, report) -> None:
-    """Legacy SavedModel vs ONNX Runtime (vs the live model) on every row; exit 0 iff all within tolerance."""
+@click.option("--decision-config", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="risk_decision's config.pbtxt: list the rows whose decision changes "
+                   "[default: model_repository/risk_decision/config.pbtxt where it exists]")
+@click.option("--fp16-emulation", is_flag=True,
+              help="also score the graph converted to float16 on ONNX Runtime's CPU kernels (FP16 without a GPU)")
+@click.option("--engine", "engines", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="also score this TensorRT engine in-process (GPU; repeatable)")
+@click.option("--fp16-atol", type=float, default=None, help="tolerance of FP16 candidates [default: 1e-3]")
+@click.option("--url-precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="the precision the live model computes in (fp16: a TensorRT FP16 engine, gated at --fp16-atol)")
+def parity(saved_model, onnx_model, data_csv, url, model, protocol, atol, report, decision_config, fp16_emulation,
+           engines, fp16_atol, url_precision) -> None:
+    """Legacy SavedModel vs ONNX Runtime (vs engines, vs the live model) on every row; exit 0 iff all within tolerance.
+
+    Decisions (APPROVE/REVIEW/DECLINE, with risk_decision's thresholds) are compared too: rows that change are listed.
+    """
     from tools import parity as run_parity
-    result = run_parity.run(saved_model, onnx_model, data_csv, atol=atol, url=url, model=model, protocol=protocol)
+    from tools.tensorrt_engine import EngineBuildError
+    if decision_config is None and run_parity.DECISION_CONFIG.is_file():
+        decision_config = run_parity.DECISION_CONFIG
+    thresholds = run_parity.decision_thresholds(decision_config) if decision_config else None
+    fp16_atol = fp16_atol or run_parity.FP16_ATOL
+    try:
+        result = run_parity.run(saved_model, onnx_model, data_csv, atol=atol, url=url, model=model,
+                                protocol=protocol, thresholds=thresholds, fp16_emulation=fp16_emulation,
+                                engines=tuple(engines), fp16_atol=fp16_atol,
+                                url_atol=fp16_atol if url_precision == "fp16" else None)
+    except EngineBuildError as err:
+        raise click.ClickException(str(err)) from None
     click.echo(result.table())
     if report:
         report.parent.mkdir(parents=True, exist_ok=True)
@@ -170,8 +225,11 @@ def _confirm_live(url: str | None, model: str, version: int) -> None:
 @click.option("--off", is_flag=True, help="send everything to the primary again")
 @click.option("--repository", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_REPOSITORIES[0],
               show_default=True)
+@click.option("--candidate-repository", "candidate_repositories", multiple=True,
+              type=click.Path(file_okay=False, path_type=Path), default=(Path("model_repository_gpu"),),
+              show_default=True, help="other repositories the candidate may live in (the GPU scorers)")
 @click.option("--url", envvar="S2T_URL", help="HOST:PORT (HTTP) of the live server: wait until the split is in force")
-def canary(model, version, percent, shadow, off, repository, url) -> None:
+def canary(model, version, percent, shadow, off, repository, candidate_repositories, url) -> None:
     """risk_router sends PERCENT% of records to MODEL VERSION (or mirrors them); prints the split in force."""
     from backends.routing_policy import Target
     from tools.canary import CanaryError, ROUTER, set_split
@@ -181,7 +239,8 @@ def canary(model, version, percent, shadow, off, repository, url) -> None:
         raise click.UsageError("name the candidate's VERSION")
     candidate = None if off else Target(model, version)
     try:
-        settings = set_split(repository, candidate, 0.0 if off or shadow else percent, percent if shadow else 0.0)
+        settings = set_split(repository, candidate, 0.0 if off or shadow else percent, percent if shadow else 0.0,
+                             tuple(candidate_repositories))
     except CanaryError as err:
         raise click.ClickException(str(err)) from None
     if url:
@@ -335,16 +394,29 @@ def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, 
 
 
 @main.command()
-@click.option("--mode", type=click.Choice(["smoke", "quick", "full"]), default="quick", show_default=True,
-              help="quick: under 3 minutes; full: the README table; smoke: only proves the machinery")
+@click.option("--mode", type=click.Choice(["smoke", "quick", "full", "gpu"]), default="quick", show_default=True,
+              help="quick: under 3 minutes; full: the README table; smoke: only proves the machinery; "
+                   "gpu: TensorRT vs ONNX Runtime CUDA EP vs CPU (needs a GPU, `make gpu-venv`)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
               show_default=True)
 @click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path),
               help="repositories to measure (copied first); default ./model_repository and ./ensembles")
 @click.option("--data", "data_csv", type=click.Path(exists=True, path_type=Path), default=DEFAULT_DATA,
               show_default=True)
-def bench(mode, out_dir, repositories, data_csv) -> None:
+@click.option("--onnx", "onnx_model", type=click.Path(path_type=Path), default=Path("artifacts/onnx/risk_scorer.onnx"),
+              show_default=True, help="gpu mode: the model the engines are built from")
+@click.option("--url", help="gpu mode: gRPC HOST:PORT of a Triton serving model_repository_gpu (perf_analyzer)")
+def bench(mode, out_dir, repositories, data_csv, onnx_model, url) -> None:
     """Triton (perf_analyzer, wrk) side by side with FastAPI + ONNX Runtime and in-process ONNX Runtime."""
+    if mode == "gpu":
+        from tools.bench import gpu
+        from tools.tensorrt_engine import EngineBuildError
+        try:
+            gpu.run(onnx_model, data_csv, out_dir / "gpu", url=url, log=lambda line: click.echo(line, err=True))
+        except EngineBuildError as err:
+            raise click.ClickException(str(err)) from None
+        click.echo(f"results: {out_dir / 'gpu' / 'results.md'}")
+        return
     from tools.bench.modes import MODES
     from tools.bench.runner import Bench
     results = Bench(MODES[mode], out_dir, list(repositories or DEFAULT_REPOSITORIES), data_csv,
@@ -352,3 +424,7 @@ def bench(mode, out_dir, repositories, data_csv) -> None:
     for target in results["targets"]:
         click.echo(f"{'met   ' if target['met'] else 'MISSED'}  {target['target']}: {target['measured']}")
     click.echo(f"results: {out_dir / 'results.md'}")
+
+
+if __name__ == "__main__":  # `python -m tools.cli`: the GPU venv (.venv-gpu) has no s2t script of its own
+    main()

@@ -5,6 +5,7 @@ python model, and every ensemble's wiring against the models it calls.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -93,6 +94,32 @@ def check_onnx_against_config(config: mc.ModelConfig, onnx_path: Path) -> list[s
     return problems
 
 
+def check_engine_against_config(config: mc.ModelConfig, plan: Path) -> list[str]:
+    """A TensorRT engine against its config, from the build report beside it (`s2t build-trt` writes it).
+
+    The engine itself can only be opened by TensorRT on a GPU; the report says what it was built for.
+    """
+    report_path = plan.with_name(plan.name + ".json")
+    if not report_path.is_file():
+        return [f"{config.name}: {plan} has no build report {report_path.name} (which TensorRT, GPU and batch "
+                "profile built it is unknown)"]
+    report = json.loads(report_path.read_text())
+    problems = []
+    shapes = report.get("shapes", {})
+    declared = {t.name: tuple(t.dims) for t in config.input}
+    if set(shapes) != set(declared):
+        problems.append(f"{config.name}: the engine takes {sorted(shapes)}, the config declares {sorted(declared)}")
+    for name, dims in declared.items():
+        if name in shapes and tuple(shapes[name][0][1:]) != dims:
+            problems.append(f"{config.name}: input {name!r} is declared {list(dims)}, the engine takes "
+                            f"{shapes[name][0][1:]}")
+    maximum = report.get("profile", {}).get("maximum", 0)
+    if maximum < config.max_batch_size:
+        problems.append(f"{config.name}: max_batch_size {config.max_batch_size} exceeds the engine's profile "
+                        f"(up to {maximum})")
+    return problems
+
+
 def _check_ensemble(config: mc.ModelConfig, configs: dict[str, mc.ModelConfig]) -> list[str]:
     problems = []
     available = tensors(config.input)
@@ -162,10 +189,20 @@ def check_repositories(repositories: Iterable[Path]) -> list[str]:
                     problems.append(f"{name}: version {version} has no {filename}")
                 else:
                     problems += check_onnx_against_config(config, path)
+        elif config.platform == "tensorrt_plan" or config.backend == "tensorrt":
+            filename = config.default_model_filename or "model.plan"
+            for version in found:
+                path = model_dir / str(version) / filename
+                if not path.is_file():
+                    problems.append(f"{name}: version {version} has no {filename}")
+                else:
+                    problems += check_engine_against_config(config, path)
         elif config.backend == "python":
             for version in found:
                 if not (model_dir / str(version) / "model.py").is_file():
                     problems.append(f"{name}: version {version} has no model.py")
         if not found:
-            problems.append(f"{name}: no version folder")
+            hint = (" (engines are built on the serving GPU: `s2t build-trt`, then `s2t publish`)"
+                    if config.platform == "tensorrt_plan" else "")
+            problems.append(f"{name}: no version folder{hint}")
     return problems

@@ -10,12 +10,18 @@ from typing import Mapping
 
 import numpy as np
 
+from backends.decision_policy import Thresholds, decide
 from backends.record_decoder import encode_columns
 from tools import german_credit
 
 # Relative error is reported against max(|reference|, this floor) so that probabilities near 0 do not blow it up.
 REL_FLOOR = 1e-6
 LIVE_BATCH = 64
+# FP16 engines round weights and activations to 11-bit mantissas. Measured on the 1000 German Credit rows with
+# the graph converted to float16 and run by ONNX Runtime on CPU: max abs 1.2e-4, mean 2.1e-5, no decision changed.
+# The gate leaves 8x headroom for TensorRT's FP16 kernels (different accumulation order and fused layers).
+FP16_ATOL = 1e-3
+DECISION_CONFIG = Path("model_repository/risk_decision/config.pbtxt")
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,9 @@ class Comparison:
     rows_over_tolerance: int
     worst_row: int
     over_tolerance: list[int] = field(default_factory=list)
+    atol: float | None = None
+    # Rows whose APPROVE/REVIEW/DECLINE differs from the legacy model's (None: no thresholds were given).
+    decisions_changed: list[int] | None = None
 
     @property
     def passed(self) -> bool:
@@ -40,6 +49,9 @@ class ParityReport:
     rows: int
     comparisons: list[Comparison]
     divergence: dict | None = None
+    # Rows whose legacy probability lies within FP16_ATOL of a decision threshold: where a low-precision engine
+    # could change the decision while staying within tolerance.
+    near_threshold: list[int] | None = None
 
     @property
     def passed(self) -> bool:
@@ -54,17 +66,27 @@ class ParityReport:
 
     def table(self) -> str:
         lines = [f"parity against {self.reference} on {self.rows} rows (atol {self.atol:g})",
-                 f"{'candidate':<34} {'max abs':>10} {'max rel':>10} {'over tol':>9} {'worst row':>9}  result"]
+                 f"{'candidate':<42} {'atol':>7} {'max abs':>10} {'max rel':>10} {'over tol':>9} {'worst row':>9} "
+                 f"{'decisions':>9}  result"]
         for c in self.comparisons:
-            lines.append(f"{c.candidate:<34} {c.max_abs:>10.3g} {c.max_rel:>10.3g} {c.rows_over_tolerance:>9d} "
-                         f"{c.worst_row:>9d}  {'PASS' if c.passed else 'FAIL'}")
+            changed = "-" if c.decisions_changed is None else str(len(c.decisions_changed))
+            lines.append(f"{c.candidate:<42} {c.atol or self.atol:>7.0e} {c.max_abs:>10.3g} {c.max_rel:>10.3g} "
+                         f"{c.rows_over_tolerance:>9d} {c.worst_row:>9d} {changed:>9}  {'PASS' if c.passed else 'FAIL'}")
+        for c in self.comparisons:
+            if c.decisions_changed:
+                lines.append(f"{c.candidate}: decision changed on rows {', '.join(map(str, c.decisions_changed))}")
+        if self.near_threshold:
+            lines.append(f"{len(self.near_threshold)} rows lie within {FP16_ATOL:g} of a decision threshold "
+                         f"(rows {', '.join(map(str, self.near_threshold[:20]))}"
+                         f"{' ...' if len(self.near_threshold) > 20 else ''})")
         if self.divergence:
             lines.append(f"first diverging node: {self.divergence['node']} ({self.divergence['op']}), "
                          f"max abs {self.divergence['max_abs']:.3g} on tensor {self.divergence['tensor']}")
         return "\n".join(lines)
 
 
-def compare(candidate: str, reference: np.ndarray, scores: np.ndarray, atol: float) -> Comparison:
+def compare(candidate: str, reference: np.ndarray, scores: np.ndarray, atol: float,
+            thresholds: Thresholds | None = None) -> Comparison:
     reference, scores = np.asarray(reference, np.float64).ravel(), np.asarray(scores, np.float64).ravel()
     if reference.shape != scores.shape:
         raise ValueError(f"{candidate}: {scores.size} scores for {reference.size} rows")
@@ -72,8 +94,24 @@ def compare(candidate: str, reference: np.ndarray, scores: np.ndarray, atol: flo
     diff[np.isnan(diff)] = np.inf
     rel = diff / np.maximum(np.abs(reference), REL_FLOOR)
     over = np.flatnonzero(diff > atol)
+    changed = None
+    if thresholds is not None:
+        changed = np.flatnonzero(decide(reference, thresholds) != decide(scores, thresholds)).tolist()
     return Comparison(candidate, int(reference.size), float(diff.max(initial=0.0)), float(rel.max(initial=0.0)),
-                      int(over.size), int(diff.argmax()) if diff.size else -1, over[:100].tolist())
+                      int(over.size), int(diff.argmax()) if diff.size else -1, over[:100].tolist(), atol, changed)
+
+
+def near_threshold(reference: np.ndarray, thresholds: Thresholds, band: float = FP16_ATOL) -> list[int]:
+    reference = np.asarray(reference, np.float64).ravel()
+    distance = np.minimum(np.abs(reference - thresholds.review), np.abs(reference - thresholds.decline))
+    return np.flatnonzero(distance < band).tolist()
+
+
+def decision_thresholds(config_path: Path) -> Thresholds:
+    """The thresholds risk_decision serves with, read from its config (the one place the policy lives)."""
+    from tools import model_config
+    config = model_config.load(Path(config_path).parent)
+    return Thresholds.from_parameters({k: {"string_value": v.string_value} for k, v in config.parameters.items()})
 
 
 def legacy_scores(saved_model: Path, columns: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -96,15 +134,47 @@ def legacy_scores(saved_model: Path, columns: Mapping[str, np.ndarray]) -> np.nd
     return next(iter(outputs.values())).numpy().ravel()
 
 
-def onnx_scores(onnx_path: Path, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+def packed_inputs(onnx_path: Path, columns: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The columns as the scorer takes them (vocabulary indices, numbers), with the ONNX model's feature spec."""
     import onnx
-    import onnxruntime as ort
 
     from tools.convert import read_spec
+    return encode_columns(read_spec(onnx.load(str(onnx_path), load_external_data=False)), columns)
 
-    spec = read_spec(onnx.load(str(onnx_path), load_external_data=False))
-    categorical, numeric = encode_columns(spec, columns)
+
+def onnx_scores(onnx_path: Path, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    import onnxruntime as ort
+
+    categorical, numeric = packed_inputs(onnx_path, columns)
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"categorical": categorical, "numeric": numeric})[0].ravel()
+
+
+def float16_model(onnx_path: Path):
+    """The graph with float weights and activations in float16, inputs and outputs kept as they are.
+
+    ONNX Runtime's own converter; the shape annotations tf2onnx left are dropped first, else they keep saying
+    float32 for tensors the converter made float16 and the session refuses the graph.
+    """
+    import onnx
+    from onnxruntime.transformers import float16
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    model.graph.ClearField("value_info")
+    return float16.convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False)
+
+
+def fp16_emulation_scores(onnx_path: Path, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    """FP16 arithmetic without a GPU: the float16 graph on ONNX Runtime's CPU kernels."""
+    import warnings
+
+    import onnxruntime as ort
+
+    categorical, numeric = packed_inputs(onnx_path, columns)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the converter warns for every weight it clamps into float16's range
+        model = float16_model(onnx_path)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, {"categorical": categorical, "numeric": numeric})[0].ravel()
 
 
@@ -184,16 +254,35 @@ def reference_scores(saved_model: Path, data_csv: Path, data: german_credit.Data
 
 def run(saved_model: Path, onnx_path: Path, data_csv: Path, atol: float = 1e-5, url: str | None = None,
         model: str | None = None, protocol: str = "http", localise: bool = True,
-        reference_cache: Path | None = None) -> ParityReport:
+        reference_cache: Path | None = None, thresholds: Thresholds | None = None, fp16_emulation: bool = False,
+        engines: tuple[Path, ...] = (), fp16_atol: float = FP16_ATOL, url_atol: float | None = None
+        ) -> ParityReport:
+    """Every candidate against the legacy model; FP16 candidates (emulation, FP16 engines) at `fp16_atol`.
+
+    `url_atol` is the live model's tolerance where it serves a low-precision engine (risk_scorer_trt FP16).
+    """
     data = german_credit.load(Path(data_csv))
     reference = reference_scores(Path(saved_model), Path(data_csv), data, reference_cache)
     comparisons = [compare(f"onnxruntime {Path(onnx_path).name}", reference,
-                           onnx_scores(Path(onnx_path), data.columns), atol)]
+                           onnx_scores(Path(onnx_path), data.columns), atol, thresholds)]
+    if fp16_emulation:
+        comparisons.append(compare("onnxruntime float16 (CPU emulation)", reference,
+                                   fp16_emulation_scores(Path(onnx_path), data.columns), fp16_atol, thresholds))
+    if engines:
+        from tools import tensorrt_engine
+        categorical, numeric = packed_inputs(Path(onnx_path), data.columns)
+        for engine in engines:
+            precision = tensorrt_engine.engine_precision(engine)
+            comparisons.append(compare(f"tensorrt {Path(engine).name} ({precision})", reference,
+                                       tensorrt_engine.engine_scores(engine, categorical, numeric),
+                                       fp16_atol if precision == "fp16" else atol, thresholds))
     if url:
         live = live_scores(url, model or "risk_pipeline", Path(onnx_path), data, protocol)
-        comparisons.append(compare(f"triton {model or 'risk_pipeline'} ({protocol})", reference, live, atol))
+        comparisons.append(compare(f"triton {model or 'risk_pipeline'} ({protocol})", reference, live,
+                                   url_atol or atol, thresholds))
     divergence = None
     if localise and not comparisons[0].passed:
         from tools.divergence import first_divergence
         divergence = first_divergence(Path(saved_model), Path(onnx_path), data, comparisons[0].worst_row, atol)
-    return ParityReport(str(saved_model), atol, len(data), comparisons, divergence)
+    near = near_threshold(reference, thresholds) if thresholds is not None else None
+    return ParityReport(str(saved_model), atol, len(data), comparisons, divergence, near)

@@ -44,25 +44,24 @@ def _fsync_tree(path: Path) -> None:
             os.close(fd)
 
 
+def model_filename(config) -> str:
+    return config.default_model_filename or ("model.plan" if config.platform == "tensorrt_plan" else "model.onnx")
+
+
 def validate(model_dir: Path, artifact: Path, gate: ParityGate | None, reference_cache: Path | None = None) -> dict:
     """Every check an artifact must pass before it may be served; returns the figures for the record."""
+    config = model_config.load(model_dir)
+    if config.platform == "tensorrt_plan":
+        return _validate_engine(model_dir, config, artifact, gate, reference_cache)
     try:
         model = onnx.load(str(artifact))
         onnx.checker.check_model(model, full_check=True)
     except Exception as err:  # noqa: BLE001 - any load or check failure refuses the artifact
         raise PublishError(f"{artifact}: not a valid ONNX model ({str(err).strip().splitlines()[0]})") from None
-    config = model_config.load(model_dir)
     problems = model_config.check_onnx_against_config(config, artifact)
     if problems:
         raise PublishError("the artifact does not fit the model's config: " + "; ".join(problems))
-    try:
-        spec = read_spec(model)
-    except ConversionError as err:
-        raise PublishError(str(err)) from None
-    adapter_spec = model_dir.parent / ADAPTER / ADAPTER_SPEC
-    if adapter_spec.exists() and FeatureSpec.from_file(adapter_spec) != spec:
-        raise PublishError(f"the artifact's feature spec (vocabularies, feature order) differs from {adapter_spec}, "
-                           "which the adapter decodes with; publish a matching adapter first")
+    _check_adapter_spec(model_dir, model)
     figures = {}
     if gate is not None:
         report = parity.run(gate.saved_model, artifact, gate.data_csv, atol=gate.atol, reference_cache=reference_cache)
@@ -71,6 +70,49 @@ def validate(model_dir: Path, artifact: Path, gate: ParityGate | None, reference
         comparison = report.comparisons[0]
         figures = {"rows": comparison.rows, "max_abs": comparison.max_abs, "max_rel": comparison.max_rel,
                    "atol": gate.atol, "reference": str(gate.saved_model)}
+    return figures
+
+
+def _check_adapter_spec(model_dir: Path, model: onnx.ModelProto) -> None:
+    try:
+        spec = read_spec(model)
+    except ConversionError as err:
+        raise PublishError(str(err)) from None
+    adapter_spec = model_dir.parent / ADAPTER / ADAPTER_SPEC
+    if adapter_spec.exists() and FeatureSpec.from_file(adapter_spec) != spec:
+        raise PublishError(f"the artifact's feature spec (vocabularies, feature order) differs from {adapter_spec}, "
+                           "which the adapter decodes with; publish a matching adapter first")
+
+
+def _validate_engine(model_dir: Path, config, engine: Path, gate: ParityGate | None,
+                     reference_cache: Path | None) -> dict:
+    """A TensorRT engine: its build report fits the config, its ONNX source is the one named, parity on the GPU."""
+    from tools import tensorrt_engine
+    report_path = tensorrt_engine.report_path(engine)
+    if not report_path.is_file():
+        raise PublishError(f"{engine}: no build report {report_path.name} beside it; build with `s2t build-trt`")
+    problems = model_config.check_engine_against_config(config, engine)
+    if problems:
+        raise PublishError("the engine does not fit the model's config: " + "; ".join(problems))
+    report = json.loads(report_path.read_text())
+    source = Path(report["onnx"])
+    if not source.is_file() or hashlib.sha256(source.read_bytes()).hexdigest() != report["onnx_sha256"]:
+        raise PublishError(f"the engine was built from {source}, which is gone or has changed since: the feature "
+                           "spec it was built for cannot be checked; rebuild the engine")
+    _check_adapter_spec(model_dir, onnx.load(str(source), load_external_data=False))
+    figures = {"tensorrt": report["tensorrt"], "gpu": report["gpu"], "precision": report["precision"]}
+    if gate is not None:
+        try:
+            # FP16 engines are gated at parity.FP16_ATOL, FP32 ones at the gate's tolerance.
+            result = parity.run(gate.saved_model, source, gate.data_csv, atol=gate.atol,
+                                reference_cache=reference_cache, engines=(engine,), localise=False)
+        except tensorrt_engine.EngineBuildError as err:
+            raise PublishError(f"the parity gate needs the engine's GPU: {err}") from None
+        comparison = result.comparisons[-1]
+        if not comparison.passed:
+            raise PublishError("parity gate failed:\n" + result.table())
+        figures.update({"rows": comparison.rows, "max_abs": comparison.max_abs, "max_rel": comparison.max_rel,
+                        "atol": comparison.atol, "reference": str(gate.saved_model)})
     return figures
 
 
@@ -97,7 +139,11 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
               "previous": max(store.served(model), default=None), "artifact": str(artifact.resolve()),
               "sha256": hashlib.sha256(artifact.read_bytes()).hexdigest(), "parity": figures}
     try:
-        shutil.copyfile(artifact, staging / (config.default_model_filename or "model.onnx"))
+        filename = model_filename(config)
+        shutil.copyfile(artifact, staging / filename)
+        build_report = artifact.with_name(artifact.name + ".json")
+        if config.platform == "tensorrt_plan" and build_report.is_file():
+            shutil.copyfile(build_report, staging / (filename + ".json"))
         (staging / RECORD_NAME).write_text(json.dumps(record, indent=2) + "\n")
         _fsync_tree(staging)
         target = model_dir / str(version)

@@ -225,12 +225,17 @@ def test_the_gpu_profile_service_reserves_one_nvidia_gpu(gpu_config):
     assert "gpu" in devices[0]["capabilities"]
 
 
-def test_the_gpu_service_differs_from_the_cpu_one_only_by_the_gpu(gpu_config):
+def test_the_gpu_service_differs_from_the_cpu_one_only_by_the_gpu_and_the_gpu_repository(gpu_config):
     services = _services(gpu_config)
-    extras = ("profiles", "deploy", "networks")
-    assert not set(extras) & set(services["triton"])
-    gpu_only = {k: v for k, v in services["triton-gpu"].items() if k not in extras}
-    assert gpu_only == services["triton"]
+    cpu, gpu = services["triton"], services["triton-gpu"]
+    extras = ("profiles", "deploy", "networks", "command", "volumes")
+    assert not {"profiles", "deploy", "networks"} & set(cpu)
+    assert {k: v for k, v in gpu.items() if k not in extras} == {k: v for k, v in cpu.items() if k not in extras}
+    assert gpu["command"] == cpu["command"] + ["--model-repository=/models/model_repository_gpu"]
+    extra_mounts = [v for v in gpu["volumes"] if v not in cpu["volumes"]]
+    assert all(v in gpu["volumes"] for v in cpu["volumes"])
+    assert [(Path(v["source"]), v["target"], v["read_only"]) for v in extra_mounts] == [
+        (ROOT / "model_repository_gpu", "/models/model_repository_gpu", True)]
 
 
 MONITORING_IMAGES = {"prometheus": "prom/prometheus", "grafana": "grafana/grafana", "locust": "locustio/locust"}

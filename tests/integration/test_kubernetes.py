@@ -104,7 +104,8 @@ def test_the_repository_comes_from_a_synced_volume_with_the_backends_on_the_stub
     triton = container(one(docs, "Deployment"))
     args = triton["args"]
     repositories = [a.split("=", 1)[1] for a in args if a.startswith("--model-repository=")]
-    assert repositories == [f"{synced}/model_repository", f"{synced}/ensembles"]
+    gpu_repository = [f"{synced}/model_repository_gpu"] if overlay == "overlays/gpu" else []
+    assert repositories == [f"{synced}/model_repository", f"{synced}/ensembles"] + gpu_repository
     mounts = {m["mountPath"]: m for m in triton["volumeMounts"]}
     assert mounts[synced]["readOnly"] is True, "the server never writes its repository"
     pth = mounts["/usr/local/lib/python3.10/dist-packages/skill2triton.pth"]
@@ -161,6 +162,12 @@ def test_the_gpu_overlay_asks_one_gpu_per_pod_and_the_cpu_overlay_none(rendered)
     assert gpu["limits"]["nvidia.com/gpu"] == "1" and gpu["requests"]["nvidia.com/gpu"] == "1"
     cpu = container(one(rendered["overlays/cpu"], "Deployment"))["resources"]
     assert "nvidia.com/gpu" not in {**cpu.get("limits", {}), **cpu["requests"]}
+
+
+def test_only_the_gpu_overlay_serves_the_gpu_repository_beside_the_base_ones(rendered):
+    gpu_args = container(one(rendered["overlays/gpu"], "Deployment"))["args"]
+    cpu_args = container(one(rendered["overlays/cpu"], "Deployment"))["args"]
+    assert gpu_args == cpu_args + ["--model-repository=/models/model_repository_gpu"]
 
 
 def test_the_kserve_variant_carries_a_canary_share_on_its_own_pinned_triton_runtime(rendered):

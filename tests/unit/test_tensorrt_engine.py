@@ -1,0 +1,107 @@
+"""The CPU side of `s2t build-trt`: what may go to TensorRT, the batch profile, and clear refusals without a GPU."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tests.conftest import ROOT, SCORER_ONNX
+from tools import tensorrt_engine
+from tools.tensorrt_engine import BatchProfile, EngineBuildError
+
+S2T = Path(sys.executable).parent / "s2t"
+GPU_REPOSITORY = ROOT / "model_repository_gpu"
+
+
+def _has_gpu() -> bool:
+    try:
+        tensorrt_engine.cuda_device()
+    except EngineBuildError:
+        return False
+    return True
+
+
+def string_lookup_graph() -> onnx.ModelProto:
+    """What tf2onnx makes of a legacy vocabulary lookup: a string input through ai.onnx.ml's CategoryMapper."""
+    mapper = helper.make_node("CategoryMapper", ["purpose"], ["purpose_index"], name="purpose_lookup",
+                              domain="ai.onnx.ml", cats_strings=["car", "radio"], cats_int64s=[1, 2], default_int64=0)
+    cast = helper.make_node("Cast", ["purpose_index"], ["score"], name="to_float", to=TensorProto.FLOAT)
+    graph = helper.make_graph([mapper, cast], "raw_tf2onnx",
+                              [helper.make_tensor_value_info("purpose", TensorProto.STRING, ["batch", 1])],
+                              [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch", 1])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15), helper.make_opsetid("ai.onnx.ml", 2)])
+
+
+def test_the_converted_scorer_is_a_numeric_core_that_tensorrt_takes_whole(built_artifacts):
+    assert tensorrt_engine.tensorrt_blockers(onnx.load(str(SCORER_ONNX))) == []
+
+
+def test_a_graph_with_string_lookups_is_refused_naming_the_node_and_the_input():
+    blockers = tensorrt_engine.tensorrt_blockers(string_lookup_graph())
+    assert {(b.node, b.op) for b in blockers} == {("purpose", "graph input/output"),
+                                                  ("purpose_lookup", "CategoryMapper")}
+
+
+def test_build_refuses_a_string_graph_before_touching_tensorrt_and_says_how_to_split_it(tmp_path):
+    model = tmp_path / "raw.onnx"
+    onnx.save(string_lookup_graph(), str(model))
+    with pytest.raises(EngineBuildError, match="(?s)purpose_lookup \\(CategoryMapper\\).*s2t convert"):
+        tensorrt_engine.build_engine(model, tmp_path / "raw.plan", "fp32", BatchProfile(1, 8, 8))
+    assert not (tmp_path / "raw.plan").exists()
+
+
+def test_profile_shapes_put_the_batch_range_on_every_input_and_keep_the_feature_dims(built_artifacts):
+    shapes = tensorrt_engine.profile_shapes(onnx.load(str(SCORER_ONNX)), BatchProfile(1, 64, 256))
+    assert shapes == {"categorical": ((1, 13), (64, 13), (256, 13)), "numeric": ((1, 7), (64, 7), (256, 7))}
+
+
+def test_a_fixed_batch_dimension_cannot_take_a_profile():
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "fixed",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])])
+    with pytest.raises(EngineBuildError, match="fixed batch dimension"):
+        tensorrt_engine.profile_shapes(helper.make_model(graph), BatchProfile(1, 2, 4))
+
+
+@pytest.mark.parametrize("low, opt, high", [(0, 1, 1), (2, 1, 4), (1, 8, 4)])
+def test_a_profile_must_be_ordered_from_one(low, opt, high):
+    with pytest.raises(ValueError, match="1 <= min <= opt <= max"):
+        BatchProfile(low, opt, high)
+
+
+def test_the_profile_follows_the_served_config_max_batch_and_largest_preferred_batch():
+    assert tensorrt_engine.profile_for_config(GPU_REPOSITORY / "risk_scorer_trt") == BatchProfile(1, 256, 256)
+    assert tensorrt_engine.profile_for_config(GPU_REPOSITORY / "risk_scorer_trt", opt_batch=64) == \
+        BatchProfile(1, 64, 256)
+    with pytest.raises(EngineBuildError, match="--max-batch-size"):
+        tensorrt_engine.profile_for_config(None)
+    assert tensorrt_engine.profile_for_config(None, max_batch=32) == BatchProfile(1, 32, 32)
+
+
+def test_the_pinned_tensorrt_is_the_one_of_the_serving_image():
+    compose = (ROOT / "docker-compose.yml").read_text()
+    assert f"image: {tensorrt_engine.SERVING_IMAGE}" in compose
+    assert tensorrt_engine.TENSORRT_VERSION == "10.5.0"  # TensorRT 10.5.0.18 in the 24.10 image
+
+
+@pytest.mark.skipif(_has_gpu(), reason="a GPU is here: tests/gpu builds real engines")
+def test_build_trt_without_a_gpu_fails_clearly_and_writes_nothing(built_artifacts, tmp_path):
+    out = tmp_path / "risk_scorer.plan"
+    proc = subprocess.run([str(S2T), "build-trt", str(SCORER_ONNX), "--out", str(out), "--config",
+                           str(GPU_REPOSITORY / "risk_scorer_trt"), "--timing-cache", str(tmp_path / "t.cache")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "GPU" in proc.stderr and "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_engine_precision_and_batch_limit_come_from_the_build_report(tmp_path):
+    plan = tmp_path / "x.plan"
+    plan.write_bytes(b"engine")
+    assert tensorrt_engine.engine_precision(plan) == "fp16"  # unknown: judged by the looser gate
+    tensorrt_engine.report_path(plan).write_text(json.dumps({"precision": "fp32", "profile": {"maximum": 64}}))
+    assert tensorrt_engine.engine_precision(plan) == "fp32"
+    assert tensorrt_engine.engine_batch_limit(plan) == 64
