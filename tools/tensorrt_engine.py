@@ -191,7 +191,7 @@ def build_engine(onnx_path: Path, engine_path: Path, precision: str, profile: Ba
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mib << 20)
     if precision == "fp16":
-        if not builder.platform_has_fast_fp16:
+        if not getattr(builder, "platform_has_fast_fp16", True):  # deprecated in TensorRT 10, still answered
             raise EngineBuildError(f"{gpu} has no fast FP16: build fp32")
         config.set_flag(trt.BuilderFlag.FP16)
     optimization = builder.create_optimization_profile()
@@ -208,15 +208,16 @@ def build_engine(onnx_path: Path, engine_path: Path, precision: str, profile: Ba
     if serialized is None:
         raise EngineBuildError("TensorRT could not build the engine (see its log above)")
     seconds = time.perf_counter() - started
-    _write_atomically(engine_path, bytes(serialized))
+    plan = bytes(serialized)
+    _write_atomically(engine_path, plan)
     if timing_cache:
         _write_atomically(timing_cache, bytes(config.get_timing_cache().serialize()))
-    report = {"engine": str(engine_path), "onnx": str(onnx_path),
+    report = {"engine": str(engine_path), "onnx": str(Path(onnx_path).resolve()),
               "onnx_sha256": hashlib.sha256(Path(onnx_path).read_bytes()).hexdigest(),
               "tensorrt": trt.__version__, "serving_image": SERVING_IMAGE, "gpu": gpu, "precision": precision,
               "profile": asdict(profile), "shapes": {k: [list(s) for s in v] for k, v in shapes.items()},
               "timing_cache": str(timing_cache) if timing_cache else None, "build_seconds": round(seconds, 2),
-              "engine_bytes": len(serialized)}
+              "engine_bytes": len(plan)}
     _write_atomically(report_path(engine_path), (json.dumps(report, indent=2) + "\n").encode())
     return report
 

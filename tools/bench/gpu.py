@@ -68,8 +68,8 @@ class _CudaGraph:
         self._check(self._lib.cudaStreamBeginCapture(self._stream, 0), "cudaStreamBeginCapture")  # mode: global
         enqueue()
         self._check(self._lib.cudaStreamEndCapture(self._stream, ctypes.byref(graph)), "cudaStreamEndCapture")
-        self._check(self._lib.cudaGraphInstantiate(ctypes.byref(self._exec), graph, ctypes.c_ulonglong(0)),
-                    "cudaGraphInstantiate")
+        self._check(self._lib.cudaGraphInstantiateWithFlags(ctypes.byref(self._exec), graph,
+                                                            ctypes.c_ulonglong(0)), "cudaGraphInstantiateWithFlags")
 
     @staticmethod
     def _check(status: int, what: str) -> None:
@@ -81,7 +81,7 @@ class _CudaGraph:
 
 
 def tensorrt_points(engine_path: Path, label: str, categorical: np.ndarray, numeric: np.ndarray,
-                    batches: tuple[int, ...], seconds: float) -> list[GpuPoint]:
+                    batches: tuple[int, ...], seconds: float, unavailable: list[dict]) -> list[GpuPoint]:
     import tensorrt as trt
     from polygraphy import cuda
 
@@ -104,7 +104,11 @@ def tensorrt_points(engine_path: Path, label: str, categorical: np.ndarray, nume
             enqueue = lambda context=context, stream=stream: context.execute_async_v3(stream.ptr)  # noqa: E731
             enqueue()  # TensorRT settles shapes on the first enqueue; capture only a steady one
             stream.synchronize()
-            run = _CudaGraph(stream.ptr, enqueue).launch if graph else enqueue
+            try:
+                run = _CudaGraph(stream.ptr, enqueue).launch if graph else enqueue
+            except RuntimeError as err:
+                unavailable.append({"engine": label, "batch": batch, "cuda_graph": True, "reason": str(err)})
+                continue
             starts = windows(len(categorical), batch)
 
             def call(i, batch=batch, starts=starts, stream=stream, cat_dev=cat_dev, num_dev=num_dev,
@@ -124,7 +128,7 @@ def tensorrt_points(engine_path: Path, label: str, categorical: np.ndarray, nume
 
 
 def onnxruntime_cuda_points(onnx_path: Path, categorical: np.ndarray, numeric: np.ndarray,
-                            batches: tuple[int, ...], seconds: float) -> list[GpuPoint]:
+                            batches: tuple[int, ...], seconds: float, unavailable: list[dict]) -> list[GpuPoint]:
     """ONNX Runtime's CUDA EP; with CUDA graphs the inputs must sit at fixed device addresses (I/O binding),
     and a graph is captured per session, so one session per batch size."""
     import onnxruntime as ort
@@ -142,25 +146,33 @@ def onnxruntime_cuda_points(onnx_path: Path, categorical: np.ndarray, numeric: n
             session.run(None, {"categorical": categorical[s:s + batch], "numeric": numeric[s:s + batch]})
 
         points.append(timed("onnxruntime CUDA EP", batch, False, seconds, call))
-        graphed = ort.InferenceSession(str(onnx_path), providers=[("CUDAExecutionProvider",
-                                                                   {"enable_cuda_graph": "1"})])
-        cat_dev = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(categorical[:batch]), "cuda", 0)
-        num_dev = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(numeric[:batch]), "cuda", 0)
-        out_dev = ort.OrtValue.ortvalue_from_shape_and_type([batch, 1], np.float32, "cuda", 0)
-        binding = graphed.io_binding()
-        binding.bind_ortvalue_input("categorical", cat_dev)
-        binding.bind_ortvalue_input("numeric", num_dev)
-        binding.bind_ortvalue_output("probability", out_dev)
-
-        def call_graphed(i, batch=batch, starts=starts, session=graphed, binding=binding):
-            s = starts[i % len(starts)]
-            cat_dev.update_inplace(np.ascontiguousarray(categorical[s:s + batch]))
-            num_dev.update_inplace(np.ascontiguousarray(numeric[s:s + batch]))
-            session.run_with_iobinding(binding)
-            out_dev.numpy()
-
-        points.append(timed("onnxruntime CUDA EP", batch, True, seconds, call_graphed))
+        try:
+            points.append(_onnxruntime_graphed(ort, onnx_path, categorical, numeric, batch, starts, seconds))
+        except Exception as err:  # noqa: BLE001 - ORT refuses graphs when a node falls back to the CPU
+            unavailable.append({"engine": "onnxruntime CUDA EP", "batch": batch, "cuda_graph": True,
+                                "reason": str(err).strip().splitlines()[0]})
     return points
+
+
+def _onnxruntime_graphed(ort, onnx_path: Path, categorical: np.ndarray, numeric: np.ndarray, batch: int,
+                         starts: list[int], seconds: float) -> GpuPoint:
+    session = ort.InferenceSession(str(onnx_path), providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
+    cat_dev = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(categorical[:batch]), "cuda", 0)
+    num_dev = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(numeric[:batch]), "cuda", 0)
+    out_dev = ort.OrtValue.ortvalue_from_shape_and_type([batch, 1], np.float32, "cuda", 0)
+    binding = session.io_binding()
+    binding.bind_ortvalue_input("categorical", cat_dev)
+    binding.bind_ortvalue_input("numeric", num_dev)
+    binding.bind_ortvalue_output("probability", out_dev)
+
+    def call(i):
+        s = starts[i % len(starts)]
+        cat_dev.update_inplace(np.ascontiguousarray(categorical[s:s + batch]))
+        num_dev.update_inplace(np.ascontiguousarray(numeric[s:s + batch]))
+        session.run_with_iobinding(binding)
+        out_dev.numpy()
+
+    return timed("onnxruntime CUDA EP", batch, True, seconds, call)
 
 
 def onnxruntime_cpu_points(onnx_path: Path, categorical: np.ndarray, numeric: np.ndarray,
@@ -191,7 +203,8 @@ def best_optimum(points: list[GpuPoint]) -> dict:
     return {"engine": best, "optimum": int(best.rsplit(" ", 1)[1]), "rows_per_s_summed": totals}
 
 
-def markdown(points: list[GpuPoint], gpu: str, optimum: dict, served: list[dict] = ()) -> str:
+def markdown(points: list[GpuPoint], gpu: str, optimum: dict, served: list[dict] = (),
+             unavailable: list[dict] = ()) -> str:
     lines = [f"# GPU benchmark ({gpu})", "",
              "In-process, host rows in to host probabilities out, one caller.", "",
              "| engine | batch | CUDA graph | rows/s | p50 ms | p99 ms |", "|---|---:|:---:|---:|---:|---:|"]
@@ -201,6 +214,8 @@ def markdown(points: list[GpuPoint], gpu: str, optimum: dict, served: list[dict]
     if optimum:
         lines += ["", f"Best profile optimum for the FP32 engine: {optimum['optimum']} "
                       "(set it as risk_scorer_trt's largest preferred_batch_size)."]
+    for u in unavailable:
+        lines.append(f"- not measured: {u['engine']} batch {u['batch']} with a CUDA graph: {u['reason']}")
     if served:
         lines += ["", "## Served by Triton (perf_analyzer, gRPC, 2 callers)", "",
                   "| model | batch | rows/s | p99 ms |", "|---|---:|---:|---:|"]
@@ -236,22 +251,24 @@ def run(onnx_path: Path, data_csv: Path, out_dir: Path, seconds: float = 1.0, ba
     engines_dir = out_dir / "engines"
     cache = engines_dir / "timing.cache"
     points: list[GpuPoint] = []
+    unavailable: list[dict] = []  # variants that could not run here, with the reason (e.g. a graph ORT refused)
     max_batch = max(batches)
     for optimum in optima:
         engine = engines_dir / f"risk_scorer.fp32.opt{optimum}.plan"
         log(f"building {engine.name}")
         tensorrt_engine.build_engine(Path(onnx_path), engine, "fp32",
                                      tensorrt_engine.BatchProfile(1, min(optimum, max_batch), max_batch), cache)
-        points += tensorrt_points(engine, f"tensorrt fp32 opt {optimum}", categorical, numeric, batches, seconds)
+        points += tensorrt_points(engine, f"tensorrt fp32 opt {optimum}", categorical, numeric, batches, seconds,
+                                  unavailable)
     best = best_optimum(points)
     fp16 = engines_dir / f"risk_scorer.fp16.opt{best.get('optimum', max_batch)}.plan"
     log(f"building {fp16.name}")
     tensorrt_engine.build_engine(Path(onnx_path), fp16, "fp16",
                                  tensorrt_engine.BatchProfile(1, best.get("optimum", max_batch), max_batch), cache)
     points += tensorrt_points(fp16, f"tensorrt fp16 opt {best.get('optimum', max_batch)}", categorical, numeric,
-                              batches, seconds)
+                              batches, seconds, unavailable)
     log("onnxruntime CUDA EP")
-    points += onnxruntime_cuda_points(Path(onnx_path), categorical, numeric, batches, seconds)
+    points += onnxruntime_cuda_points(Path(onnx_path), categorical, numeric, batches, seconds, unavailable)
     log("onnxruntime CPU")
     points += onnxruntime_cpu_points(Path(onnx_path), categorical, numeric, batches, seconds)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -260,7 +277,7 @@ def run(onnx_path: Path, data_csv: Path, out_dir: Path, seconds: float = 1.0, ba
         log(f"perf_analyzer against {url}")
         served = served_points(url, categorical, numeric, batches, out_dir)
     results = {"gpu": gpu, "tensorrt": tensorrt_engine.TENSORRT_VERSION, "points": [p.as_dict() for p in points],
-               "best_optimum": best, "served": served}
+               "best_optimum": best, "served": served, "unavailable": unavailable}
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out_dir / "results.md").write_text(markdown(points, gpu, best, served))
+    (out_dir / "results.md").write_text(markdown(points, gpu, best, served, unavailable))
     return results
