@@ -8,6 +8,7 @@ import triton_python_backend_utils as pb_utils
 
 from backends.circuit_breaker import BreakerSettings, CircuitBreaker
 from backends.feature_spec import FeatureSpec
+from backends.model_parameters import string_parameter
 from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, RecordDecoder, request_error
 from backends.router_core import Router
 from backends.router_metrics import RouterMetrics
@@ -16,18 +17,14 @@ from backends.routing_policy import RoutingSettings
 BLS_MAX_ROWS = 256
 
 
-def _parameter(params, key, default=""):
-    return params.get(key, {}).get("string_value", default)
-
-
 class TritonPythonModel:
     def initialize(self, args):
         params = json.loads(args["model_config"]).get("parameters", {})
         here = Path(args["model_repository"])
         self._repository = here.parent
-        spec = FeatureSpec.from_file(here / args["model_version"] / _parameter(params, "feature_spec"))
-        self._decoder = RecordDecoder(spec, int(_parameter(params, "max_record_bytes", DEFAULT_MAX_RECORD_BYTES)))
-        self._decision_model = _parameter(params, "decision_model", "risk_decision")
+        spec = FeatureSpec.from_file(here / args["model_version"] / string_parameter(params, "feature_spec"))
+        self._decoder = RecordDecoder(spec, int(string_parameter(params, "max_record_bytes", DEFAULT_MAX_RECORD_BYTES)))
+        self._decision_model = string_parameter(params, "decision_model", "risk_decision")
         breaker = CircuitBreaker(BreakerSettings.from_parameters(params))
         self._router = Router(RoutingSettings.from_parameters(params), breaker, self._score, self._versions)
         self._metrics = RouterMetrics(pb_utils.MetricFamily)

@@ -16,6 +16,7 @@ import triton_python_backend_utils as pb_utils
 
 from backends.batch_scoring import (INTERNAL, INVALID, UNAVAILABLE, Scored, ScoringError, retrying,
                                     score_isolating_bad_records)
+from backends.model_parameters import string_parameter
 from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, RecordError, parse_record, stream_position
 from backends.reorder_buffer import GAP, IN_ORDER, BufferFull, ReorderSettings, StreamTable
 
@@ -68,9 +69,8 @@ class TritonPythonModel:
                              "model_transaction_policy { decoupled: true }")
         parameters = config.get("parameters", {})
         self._settings = ReorderSettings.from_parameters(parameters)
-        self._scoring_model = parameters.get("scoring_model", {}).get("string_value", "risk_pipeline")
-        self._max_record_bytes = int(parameters.get("max_record_bytes", {}).get("string_value",
-                                                                                DEFAULT_MAX_RECORD_BYTES))
+        self._scoring_model = string_parameter(parameters, "scoring_model", "risk_pipeline")
+        self._max_record_bytes = int(string_parameter(parameters, "max_record_bytes", DEFAULT_MAX_RECORD_BYTES))
         # pb_utils.TritonError exists only once the stub runs the model, not when this file is imported.
         self._error_codes = {INVALID: pb_utils.TritonError.INVALID_ARG, UNAVAILABLE: pb_utils.TritonError.UNAVAILABLE,
                              INTERNAL: pb_utils.TritonError.INTERNAL}

@@ -6,19 +6,17 @@ from pathlib import Path
 import triton_python_backend_utils as pb_utils
 
 from backends.feature_spec import FeatureSpec
+from backends.model_parameters import string_parameter
 from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, RecordDecoder, request_error
-
-
-def _parameter(config, key, default):
-    return config.get("parameters", {}).get(key, {}).get("string_value", default)
 
 
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        spec_path = Path(args["model_repository"]) / args["model_version"] / _parameter(config, "feature_spec", "")
+        params = config.get("parameters", {})
+        spec_path = Path(args["model_repository"]) / args["model_version"] / string_parameter(params, "feature_spec")
         spec = FeatureSpec.from_file(spec_path)
-        self._decoder = RecordDecoder(spec, int(_parameter(config, "max_record_bytes", DEFAULT_MAX_RECORD_BYTES)))
+        self._decoder = RecordDecoder(spec, int(string_parameter(params, "max_record_bytes", DEFAULT_MAX_RECORD_BYTES)))
         outputs = {o["name"]: o["dims"] for o in config["output"]}
         expected = {"categorical": [len(spec.categorical)], "numeric": [len(spec.numeric)]}
         for name, dims in expected.items():
