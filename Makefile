@@ -111,7 +111,10 @@ clean:
 # .venv-gpu layers the GPU wheels over .venv: its own site-packages come first, so onnxruntime-gpu (ONNX Runtime
 # with the CUDA and CPU providers, the 24.10 image's 1.19.2) shadows the CPU wheel, and everything else
 # (Polygraphy included) is .venv's.
-# tensorrt-cu12 10.5.0 is the TensorRT of nvcr.io/nvidia/tritonserver:24.10-py3 (engines load only there).
+# tensorrt-cu12 10.5.0 is the TensorRT of nvcr.io/nvidia/tritonserver:24.10-py3 (engines load only there). On PyPI
+# it (and tensorrt-cu12-libs) is only a source stub whose build fetches the libraries from NVIDIA's index, hence
+# TRT_INDEX: a host that builds engines must reach it (checked here: pypi.org has no binary of 10.5).
+TRT_INDEX := https://pypi.nvidia.com
 GPU_VENV := .venv-gpu
 # The CUDA libraries at the 24.10 image's versions (CUDA 12.6, cuDNN 9.5): onnxruntime-gpu loads them by name.
 GPU_PACKAGES := tensorrt-cu12==10.5.0 onnxruntime-gpu==1.19.2 nvidia-cudnn-cu12==9.5.0.50 \
@@ -128,7 +131,8 @@ $(GPU_VENV)/.installed: | $(VENV)/.installed
 	base=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	own=$$($(GPU_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	echo "import site; site.addsitedir('$$base')" > $$own/skill2triton-base.pth
-	$(GPU_VENV)/bin/pip install --quiet --disable-pip-version-check $(GPU_PACKAGES)
+	PIP_EXTRA_INDEX_URL="$(TRT_INDEX) $$PIP_EXTRA_INDEX_URL" $(GPU_VENV)/bin/pip install --quiet \
+	  --disable-pip-version-check $(GPU_PACKAGES)
 	touch $@
 
 # Engines for this host's GPU (FP32 and FP16, one timing cache), then the GPU repository's versions, each through

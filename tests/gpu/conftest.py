@@ -25,6 +25,5 @@ MISSING = missing_for_gpu_tests()
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "tests/gpu/" in str(item.fspath).replace("\\", "/"):
-            item.add_marker(pytest.mark.gpu)
             if MISSING:
                 item.add_marker(pytest.mark.skip(reason=f"needs a GPU: {MISSING}"))

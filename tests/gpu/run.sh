@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 7's one prepared check for a GPU machine: engines, parity, publish and the GPU benchmark, well inside
 # 10 minutes. Writes everything under $OUT (default bench/results/gpu-run). Needs what `make gpu-venv` installs
-# (PyPI: tensorrt-cu12 10.5.0, onnxruntime-gpu 1.19.2, CUDA libraries) on top of `make venv`'s .venv; it says
-# what is missing first rather than failing half-way.
+# (tensorrt-cu12 10.5.0 from pypi.nvidia.com, onnxruntime-gpu 1.19.2 and CUDA libraries from PyPI) on top of
+# `make venv`'s .venv; it says what is missing first rather than failing half-way.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-bench/results/gpu-run}
@@ -12,7 +12,8 @@ mkdir -p "$out"
   python3 --version
 } 2>&1 | tee "$out/machine.txt"
 if ! make gpu-venv >"$out/gpu-venv.log" 2>&1; then
-  echo "cannot build .venv-gpu (see $out/gpu-venv.log): the GPU wheels come from PyPI"; tail -20 "$out/gpu-venv.log"
+  echo "cannot build .venv-gpu (see $out/gpu-venv.log): the GPU wheels come from PyPI and pypi.nvidia.com"
+  tail -20 "$out/gpu-venv.log"
   exit 2
 fi
 status=0

@@ -14,6 +14,7 @@ from tools import german_credit, model_config, parity, tensorrt_engine
 from tools.publish import ParityGate, publish
 from tools.tensorrt_engine import BatchProfile
 
+pytestmark = pytest.mark.gpu  # tests/gpu/conftest.py skips them, naming what is missing, where they cannot run
 PROFILE = BatchProfile(1, 64, 256)
 
 
