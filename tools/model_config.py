@@ -160,6 +160,15 @@ def _check_ensemble(config: mc.ModelConfig, configs: dict[str, mc.ModelConfig]) 
     return problems
 
 
+def _model_file_check(config: mc.ModelConfig):
+    """(default file name, checker) for models served from one file per version; None for the others."""
+    if config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime":
+        return config.default_model_filename or "model.onnx", check_onnx_against_config
+    if config.platform == "tensorrt_plan" or config.backend == "tensorrt":
+        return config.default_model_filename or "model.plan", check_engine_against_config
+    return None
+
+
 def check_repositories(repositories: Iterable[Path]) -> list[str]:
     """Every problem found, as one line each; an empty list means every config fits what it serves."""
     configs, dirs, problems = {}, {}, []
@@ -181,22 +190,14 @@ def check_repositories(repositories: Iterable[Path]) -> list[str]:
         found = versions(model_dir)
         if config.platform == "ensemble":
             problems += _check_ensemble(config, configs)
-        elif config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime":
-            filename = config.default_model_filename or "model.onnx"
+        elif _model_file_check(config):
+            filename, check = _model_file_check(config)
             for version in found:
                 path = model_dir / str(version) / filename
                 if not path.is_file():
                     problems.append(f"{name}: version {version} has no {filename}")
                 else:
-                    problems += check_onnx_against_config(config, path)
-        elif config.platform == "tensorrt_plan" or config.backend == "tensorrt":
-            filename = config.default_model_filename or "model.plan"
-            for version in found:
-                path = model_dir / str(version) / filename
-                if not path.is_file():
-                    problems.append(f"{name}: version {version} has no {filename}")
-                else:
-                    problems += check_engine_against_config(config, path)
+                    problems += check(config, path)
         elif config.backend == "python":
             for version in found:
                 if not (model_dir / str(version) / "model.py").is_file():

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -18,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from tools import tensorrt_engine
+from tools.bench.inprocess import time_calls
 
 BATCHES = (1, 8, 64, 256)
 OPTIMA = (8, 64, 256)  # profile optima tried for the FP32 engine: the "tuned optimum" is the best of these
@@ -38,18 +38,7 @@ class GpuPoint:
 
 
 def timed(engine: str, batch: int, cuda_graph: bool, seconds: float, call: Callable[[int], None]) -> GpuPoint:
-    for i in range(50):
-        call(i)
-    durations, started, i = [], time.perf_counter(), 0
-    while time.perf_counter() - started < seconds:
-        t = time.perf_counter()
-        call(i)
-        durations.append(time.perf_counter() - t)
-        i += 1
-    elapsed = time.perf_counter() - started
-    d = np.array(durations) * 1000.0
-    return GpuPoint(engine, batch, cuda_graph, len(durations), len(durations) * batch / elapsed,
-                    float(np.percentile(d, 50)), float(np.percentile(d, 99)))
+    return GpuPoint(engine, batch, cuda_graph, *time_calls(batch, seconds, call, warmup=50))
 
 
 def windows(rows: int, batch: int) -> list[int]:

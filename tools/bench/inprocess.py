@@ -34,8 +34,9 @@ def session(model: Path):
     return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
 
 
-def _timed(what: str, batch: int, seconds: float, call) -> InProcessPoint:
-    for i in range(20):
+def time_calls(batch: int, seconds: float, call, warmup: int = 20) -> tuple[int, float, float, float]:
+    """Call `call(i)` for `seconds` after `warmup` calls: (calls, rows/s, p50 ms, p99 ms) at `batch` rows a call."""
+    for i in range(warmup):
         call(i)
     durations = []
     started = time.perf_counter()
@@ -47,8 +48,11 @@ def _timed(what: str, batch: int, seconds: float, call) -> InProcessPoint:
         i += 1
     elapsed = time.perf_counter() - started
     d = np.array(durations) * 1000.0
-    return InProcessPoint(what, batch, len(durations), len(durations) * batch / elapsed,
-                          float(np.percentile(d, 50)), float(np.percentile(d, 99)))
+    return len(durations), len(durations) * batch / elapsed, float(np.percentile(d, 50)), float(np.percentile(d, 99))
+
+
+def _timed(what: str, batch: int, seconds: float, call) -> InProcessPoint:
+    return InProcessPoint(what, batch, *time_calls(batch, seconds, call))
 
 
 def measure(model: Path, categorical: np.ndarray, numeric: np.ndarray, payloads: list[bytes], decoder: RecordDecoder,
