@@ -127,7 +127,7 @@ GPU_REPOSITORY := model_repository_gpu
 gpu-venv: $(GPU_VENV)/.installed
 
 $(GPU_VENV)/.installed: | $(VENV)/.installed
-	[ -x $(GPU_VENV)/bin/python ] || $(PYTHON) -m venv $(GPU_VENV)
+	[ -x $(GPU_VENV)/bin/python ] || $(BIN)/python -m venv $(GPU_VENV)  # the same Python as .venv: its site-packages are layered in
 	base=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	own=$$($(GPU_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	echo "import site; site.addsitedir('$$base')" > $$own/skill2triton-base.pth
@@ -135,16 +135,23 @@ $(GPU_VENV)/.installed: | $(VENV)/.installed
 	  --disable-pip-version-check $(GPU_PACKAGES)
 	touch $@
 
-# Engines for this host's GPU (FP32 and FP16, one timing cache), then the GPU repository's versions, each through
-# publish's gates (parity against the legacy model; FP32 is what risk_scorer_trt serves).
-gpu-models: models gpu-venv
-	$(GPU_S2T) build-trt $(SCORER_ONNX) --precision fp32 --out $(ENGINE_DIR)/risk_scorer.fp32.plan \
-	  --timing-cache $(ENGINE_DIR)/timing.cache
-	$(GPU_S2T) build-trt $(SCORER_ONNX) --precision fp16 --out $(ENGINE_DIR)/risk_scorer.fp16.plan \
-	  --timing-cache $(ENGINE_DIR)/timing.cache
-	$(GPU_S2T) publish risk_scorer_cuda $(SCORER_ONNX) --repository $(GPU_REPOSITORY) --saved-model $(SAVED_MODEL)
-	$(GPU_S2T) publish risk_scorer_trt $(ENGINE_DIR)/risk_scorer.fp32.plan --repository $(GPU_REPOSITORY) \
-	  --saved-model $(SAVED_MODEL)
+# Engines for this host's GPU (FP32 and FP16, one timing cache), rebuilt when the ONNX model changes.
+$(ENGINE_DIR)/risk_scorer.%.plan: $(SCORER_ONNX) | $(GPU_VENV)/.installed
+	$(GPU_S2T) build-trt $(SCORER_ONNX) --precision $* --out $@ --timing-cache $(ENGINE_DIR)/timing.cache
+
+# $(call publish_gpu_if_new,MODEL,ARTIFACT,FILE): as publish_if_new, into the GPU repository, through publish's
+# gates (parity against the legacy model: an engine is run on this GPU for it).
+define publish_gpu_if_new
+	@latest=$$(ls -d $(GPU_REPOSITORY)/$(1)/[0-9]* 2>/dev/null | sort -t/ -k3 -n | tail -n 1); \
+	if [ -z "$$latest" ] || ! cmp -s "$$latest/$(3)" $(2); then \
+	  $(GPU_S2T) publish $(1) $(2) --repository $(GPU_REPOSITORY) --saved-model $(SAVED_MODEL); \
+	fi
+endef
+
+# FP32 is what risk_scorer_trt serves (parity 1e-5); the FP16 engine is built for `s2t parity --engine` and the bench.
+gpu-models: models $(ENGINE_DIR)/risk_scorer.fp32.plan $(ENGINE_DIR)/risk_scorer.fp16.plan
+	$(call publish_gpu_if_new,risk_scorer_cuda,$(SCORER_ONNX),model.onnx)
+	$(call publish_gpu_if_new,risk_scorer_trt,$(ENGINE_DIR)/risk_scorer.fp32.plan,model.plan)
 	$(GPU_S2T) check-config --model-repository $(GPU_REPOSITORY)
 
 test-gpu: models gpu-venv
