@@ -13,6 +13,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnxruntime as ort
 
+from backends.model_parameters import string_parameter
+
 # Config data types (model_config.proto names) -> numpy dtypes, as the native backend maps them.
 CONFIG_DTYPES = {
     "TYPE_BOOL": np.bool_, "TYPE_UINT8": np.uint8, "TYPE_UINT16": np.uint16, "TYPE_UINT32": np.uint32,
@@ -42,7 +44,7 @@ class OrtSettings:
     def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]]) -> "OrtSettings":
         """Read the parameter names the native onnxruntime backend uses, so one config serves both."""
         def number(key: str, default: int) -> int:
-            raw = parameters.get(key, {}).get("string_value", str(default))
+            raw = string_parameter(parameters, key, default)
             try:
                 value = int(raw)
             except ValueError:

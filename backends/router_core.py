@@ -20,6 +20,9 @@ from backends.routing_policy import RoutingSettings, Target, route
 # A version that is published but not loaded yet (or retired but not unloaded) answers with one of these.
 _NOT_SERVING = re.compile(r"unknown model|not found|not ready|unavailable|is not at ready state", re.IGNORECASE)
 NOT_SERVING_MEMORY_SECONDS = 0.5
+# The version folders are listed at most this often, not on every batch: a version published since is found
+# within it, and one retired since fails as "not serving" and is skipped like any other.
+VERSION_LISTING_SECONDS = 0.5
 
 Scorer = Callable[[Target, np.ndarray, np.ndarray], np.ndarray]
 
@@ -43,6 +46,7 @@ class Router:
         """`versions(model)`: the model's version folders, newest first, for targets that name no version."""
         self.settings, self.breaker, self._score, self._versions, self._clock = settings, breaker, score, versions, clock
         self._not_serving: dict[Target, float] = {}
+        self._listed: dict[str, tuple[float, list[int]]] = {}  # model -> (listed until, versions newest first)
 
     def answer(self, categorical: np.ndarray, numeric: np.ndarray, keys: Sequence[str | bytes],
                overrides: Sequence[str | None]) -> BatchAnswer:
@@ -111,13 +115,20 @@ class Router:
         for r in rows:
             out.served_by[r] = served
 
+    def _listed_versions(self, model: str, now: float) -> list[int]:
+        until, versions = self._listed.get(model, (-1.0, []))
+        if until <= now:
+            versions = list(self._versions(model))
+            self._listed[model] = (now + VERSION_LISTING_SECONDS, versions)
+        return versions
+
     def _call(self, target: Target, categorical: np.ndarray, numeric: np.ndarray) -> tuple[np.ndarray, str]:
         """Score on `target`; a target without a version tries the newest version folder that is serving."""
         if target.version is not None:
             candidates = [target]
         else:
             now = self._clock()
-            candidates = [Target(target.model, v) for v in self._versions(target.model)
+            candidates = [Target(target.model, v) for v in self._listed_versions(target.model, now)
                           if self._not_serving.get(Target(target.model, v), -1.0) < now]
             if not candidates:
                 raise ScoringError(f"{target.model}: no version is serving")

@@ -9,6 +9,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Mapping
 
+from backends.model_parameters import string_parameter
+
 BUCKETS = 10_000
 
 
@@ -53,7 +55,7 @@ class RoutingSettings:
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]]) -> "RoutingSettings":
         def text(key: str) -> str:
-            return parameters.get(key, {}).get("string_value", "").strip()
+            return string_parameter(parameters, key).strip()
 
         def percent(key: str) -> float:
             raw = text(key) or "0"

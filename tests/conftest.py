@@ -11,6 +11,17 @@ SAVED_MODEL = ARTIFACTS / "legacy" / "risk_model"
 SCORER_ONNX = ARTIFACTS / "onnx" / "risk_scorer.onnx"
 MODEL_REPOSITORY = ROOT / "model_repository"
 ENSEMBLES = ROOT / "ensembles"
+GPU_REPOSITORY = ROOT / "model_repository_gpu"
+
+
+def has_gpu() -> bool:
+    """A CUDA driver and GPU here (the TensorRT tests then build real engines instead of checking refusals)."""
+    from tools.tensorrt_engine import EngineBuildError, cuda_device
+    try:
+        cuda_device()
+    except EngineBuildError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +37,20 @@ def built_artifacts():
 def german_credit_data(built_artifacts):
     from tools import german_credit
     return german_credit.load(built_artifacts["data"])
+
+
+@pytest.fixture(scope="session")
+def legacy_scores(built_artifacts, german_credit_data):
+    """The legacy SavedModel's probability for every German Credit row (TensorFlow runs once per session)."""
+    from tools import parity
+    return parity.legacy_scores(built_artifacts["saved_model"], german_credit_data.columns)
+
+
+@pytest.fixture(scope="session")
+def decision_thresholds():
+    """The thresholds risk_decision serves with, from its config."""
+    from tools.model_config import decision_thresholds
+    return decision_thresholds(MODEL_REPOSITORY / "risk_decision")
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,16 @@ def _set_parameter(text: str, key: str, value: str) -> str:
     return new
 
 
+def _split_lines(candidate: Target | None, canary_percent: float, shadow_percent: float) -> dict[str, str]:
+    return {"candidate": str(candidate) if candidate else "", "canary_percent": f"{canary_percent:g}",
+            "shadow_percent": f"{shadow_percent:g}"}
+
+
+def split_parameters(settings: RoutingSettings) -> dict[str, str]:
+    """The routing parameters as `set_split` writes them for this split (what a reloaded router reports)."""
+    return _split_lines(settings.candidate, settings.canary_percent, settings.shadow_percent)
+
+
 def set_split(repository: Path, candidate: Target | None, canary_percent: float = 0.0,
               shadow_percent: float = 0.0, candidate_repositories: tuple[Path, ...] = ()) -> RoutingSettings:
     """`candidate_repositories`: where else the candidate may live (model_repository_gpu holds the GPU scorers,
@@ -47,16 +57,14 @@ def set_split(repository: Path, candidate: Target | None, canary_percent: float 
             raise CanaryError(f"{candidate.model} has no version {candidate.version} in {holder.repository} "
                               f"(versions: {', '.join(map(str, holder.served(candidate.model))) or 'none'})")
     text = path.read_text()
-    for key, value in (("candidate", str(candidate) if candidate else ""), ("canary_percent", f"{canary_percent:g}"),
-                       ("shadow_percent", f"{shadow_percent:g}")):
+    for key, value in _split_lines(candidate, canary_percent, shadow_percent).items():
         text = _set_parameter(text, key, value)
     staged = store.staging / f"{ROUTER}-config.pbtxt.{os.getpid()}"
     staged.parent.mkdir(parents=True, exist_ok=True)
     staged.write_text(text)
     try:
         config = model_config.load_text(text, str(path))
-        settings = RoutingSettings.from_parameters(
-            {k: {"string_value": v.string_value} for k, v in config.parameters.items()})
+        settings = RoutingSettings.from_parameters(model_config.backend_parameters(config))
     except ValueError as err:
         staged.unlink()
         raise CanaryError(str(err)) from None

@@ -137,10 +137,11 @@ def parity(saved_model, onnx_model, data_csv, url, model, protocol, atol, report
     Decisions (APPROVE/REVIEW/DECLINE, with risk_decision's thresholds) are compared too: rows that change are listed.
     """
     from tools import parity as run_parity
+    from tools.model_config import decision_thresholds
     from tools.tensorrt_engine import EngineBuildError
     if decision_config is None and run_parity.DECISION_CONFIG.is_file():
         decision_config = run_parity.DECISION_CONFIG
-    thresholds = run_parity.decision_thresholds(decision_config) if decision_config else None
+    thresholds = decision_thresholds(decision_config.parent) if decision_config else None
     fp16_atol = fp16_atol or run_parity.FP16_ATOL
     try:
         result = run_parity.run(saved_model, onnx_model, data_csv, atol=atol, url=url, model=model,
@@ -197,7 +198,7 @@ def rollback(model, to, repository, url, yes) -> None:
         current, target = plan(VersionStore(repository), model, to)
         if not yes and sys.stdin.isatty():
             click.confirm(f"{model}: serve version {target} instead of {current}?", abort=True)
-        result = run_rollback(model, repository, to)
+        result = run_rollback(model, repository, target)  # the version the operator confirmed
     except RollbackError as err:
         raise click.ClickException(str(err)) from None
     click.echo(f"{model}: version {result.previous} -> {result.serving}"
@@ -232,7 +233,7 @@ def _confirm_live(url: str | None, model: str, version: int) -> None:
 def canary(model, version, percent, shadow, off, repository, candidate_repositories, url) -> None:
     """risk_router sends PERCENT% of records to MODEL VERSION (or mirrors them); prints the split in force."""
     from backends.routing_policy import Target
-    from tools.canary import CanaryError, ROUTER, set_split
+    from tools.canary import CanaryError, ROUTER, set_split, split_parameters
     if off == (percent is not None):
         raise click.UsageError("give either --percent P (with MODEL VERSION) or --off")
     if not off and version is None:
@@ -245,10 +246,8 @@ def canary(model, version, percent, shadow, off, repository, candidate_repositor
         raise click.ClickException(str(err)) from None
     if url:
         from tools.live_control import reload_config
-        expected = {"candidate": str(settings.candidate or ""), "canary_percent": f"{settings.canary_percent:g}",
-                    "shadow_percent": f"{settings.shadow_percent:g}"}
         try:
-            elapsed = reload_config(url, ROUTER, expected)
+            elapsed = reload_config(url, ROUTER, split_parameters(settings))
         except Exception as err:  # noqa: BLE001 - the config change stands; say what the server did
             raise click.ClickException(f"the config now says {settings.describe()}, but the server at {url}: {err}")
         click.echo(f"{url}: {ROUTER} runs the new split after {elapsed * 1000:.0f} ms", err=True)

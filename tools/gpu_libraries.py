@@ -17,5 +17,11 @@ def library_dirs() -> list[str]:
     return sorted({d for root in nvidia.__path__ for d in glob.glob(os.path.join(root, "*", "lib"))})
 
 
+def ld_library_path() -> str:
+    """The wheels' library dirs first, then LD_LIBRARY_PATH as it was, each once."""
+    current = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+    return ":".join(dict.fromkeys(library_dirs() + current))
+
+
 if __name__ == "__main__":
-    print(":".join(library_dirs() + [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]))
+    print(ld_library_path())

@@ -13,6 +13,9 @@ from typing import Iterable
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from backends.decision_policy import Thresholds
+from tools.version_store import version_numbers
+
 ONNX_TO_CONFIG = {
     1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16", 6: "TYPE_INT32",
     7: "TYPE_INT64", 8: "TYPE_STRING", 9: "TYPE_BOOL", 10: "TYPE_FP16", 11: "TYPE_FP64", 12: "TYPE_UINT32",
@@ -41,12 +44,22 @@ def load_text(text: str, where: str = "config") -> mc.ModelConfig:
     return config
 
 
+def backend_parameters(config: mc.ModelConfig) -> dict[str, dict[str, str]]:
+    """The config's parameters in the form the python backend hands them to a model (the config as JSON)."""
+    return {key: {"string_value": value.string_value} for key, value in config.parameters.items()}
+
+
+def decision_thresholds(model_dir: Path) -> Thresholds:
+    """The thresholds risk_decision serves with, read from its config (the one place the policy lives)."""
+    return Thresholds.from_parameters(backend_parameters(load(Path(model_dir))))
+
+
 def tensors(entries: Iterable) -> dict[str, Tensor]:
     return {t.name: Tensor(t.name, mc.DataType.Name(t.data_type), tuple(t.dims)) for t in entries}
 
 
 def versions(model_dir: Path) -> list[int]:
-    return sorted(int(p.name) for p in Path(model_dir).iterdir() if p.is_dir() and p.name.isdigit())
+    return version_numbers(model_dir)
 
 
 def onnx_io(path: Path, batched: bool) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
@@ -99,7 +112,8 @@ def check_engine_against_config(config: mc.ModelConfig, plan: Path) -> list[str]
 
     The engine itself can only be opened by TensorRT on a GPU; the report says what it was built for.
     """
-    report_path = plan.with_name(plan.name + ".json")
+    from tools.tensorrt_engine import report_path as build_report_path
+    report_path = build_report_path(plan)
     if not report_path.is_file():
         return [f"{config.name}: {plan} has no build report {report_path.name} (which TensorRT, GPU and batch "
                 "profile built it is unknown)"]
@@ -160,12 +174,25 @@ def _check_ensemble(config: mc.ModelConfig, configs: dict[str, mc.ModelConfig]) 
     return problems
 
 
+def _is_engine(config: mc.ModelConfig) -> bool:
+    return config.platform == "tensorrt_plan" or config.backend == "tensorrt"
+
+
+def _is_onnx(config: mc.ModelConfig) -> bool:
+    return config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime"
+
+
+def model_filename(config: mc.ModelConfig) -> str:
+    """The file each version folder holds for an ONNX or TensorRT model, as Triton looks for it."""
+    return config.default_model_filename or ("model.plan" if _is_engine(config) else "model.onnx")
+
+
 def _model_file_check(config: mc.ModelConfig):
-    """(default file name, checker) for models served from one file per version; None for the others."""
-    if config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime":
-        return config.default_model_filename or "model.onnx", check_onnx_against_config
-    if config.platform == "tensorrt_plan" or config.backend == "tensorrt":
-        return config.default_model_filename or "model.plan", check_engine_against_config
+    """The checker of the one model file per version, for ONNX and TensorRT models; None for the others."""
+    if _is_onnx(config):
+        return check_onnx_against_config
+    if _is_engine(config):
+        return check_engine_against_config
     return None
 
 
@@ -190,8 +217,8 @@ def check_repositories(repositories: Iterable[Path]) -> list[str]:
         found = versions(model_dir)
         if config.platform == "ensemble":
             problems += _check_ensemble(config, configs)
-        elif _model_file_check(config):
-            filename, check = _model_file_check(config)
+        elif (check := _model_file_check(config)) is not None:
+            filename = model_filename(config)
             for version in found:
                 path = model_dir / str(version) / filename
                 if not path.is_file():

@@ -49,9 +49,10 @@ class ParityReport:
     rows: int
     comparisons: list[Comparison]
     divergence: dict | None = None
-    # Rows whose legacy probability lies within FP16_ATOL of a decision threshold: where a low-precision engine
-    # could change the decision while staying within tolerance.
+    # Rows whose legacy probability lies within `near_band` (the FP16 tolerance) of a decision threshold: where a
+    # low-precision engine could change the decision while staying within tolerance.
     near_threshold: list[int] | None = None
+    near_band: float = FP16_ATOL
 
     @property
     def passed(self) -> bool:
@@ -70,13 +71,14 @@ class ParityReport:
                  f"{'decisions':>9}  result"]
         for c in self.comparisons:
             changed = "-" if c.decisions_changed is None else str(len(c.decisions_changed))
-            lines.append(f"{c.candidate:<42} {c.atol or self.atol:>7.0e} {c.max_abs:>10.3g} {c.max_rel:>10.3g} "
-                         f"{c.rows_over_tolerance:>9d} {c.worst_row:>9d} {changed:>9}  {'PASS' if c.passed else 'FAIL'}")
+            verdict = "PASS" if c.passed else "FAIL"
+            lines.append(f"{c.candidate:<42} {c.atol:>7.0e} {c.max_abs:>10.3g} {c.max_rel:>10.3g} "
+                         f"{c.rows_over_tolerance:>9d} {c.worst_row:>9d} {changed:>9}  {verdict}")
         for c in self.comparisons:
             if c.decisions_changed:
                 lines.append(f"{c.candidate}: decision changed on rows {', '.join(map(str, c.decisions_changed))}")
         if self.near_threshold:
-            lines.append(f"{len(self.near_threshold)} rows lie within {FP16_ATOL:g} of a decision threshold "
+            lines.append(f"{len(self.near_threshold)} rows lie within {self.near_band:g} of a decision threshold "
                          f"(rows {', '.join(map(str, self.near_threshold[:20]))}"
                          f"{' ...' if len(self.near_threshold) > 20 else ''})")
         if self.divergence:
@@ -107,12 +109,6 @@ def near_threshold(reference: np.ndarray, thresholds: Thresholds, band: float = 
     return np.flatnonzero(distance < band).tolist()
 
 
-def decision_thresholds(config_path: Path) -> Thresholds:
-    """The thresholds risk_decision serves with, read from its config (the one place the policy lives)."""
-    from tools import model_config
-    config = model_config.load(Path(config_path).parent)
-    return Thresholds.from_parameters({k: {"string_value": v.string_value} for k, v in config.parameters.items()})
-
 
 def legacy_scores(saved_model: Path, columns: Mapping[str, np.ndarray]) -> np.ndarray:
     """Run the SavedModel's serving_default on the columns, shaped and typed as its signature says."""
@@ -142,10 +138,9 @@ def packed_inputs(onnx_path: Path, columns: Mapping[str, np.ndarray]) -> tuple[n
     return encode_columns(read_spec(onnx.load(str(onnx_path), load_external_data=False)), columns)
 
 
-def onnx_scores(onnx_path: Path, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+def onnx_scores(onnx_path: Path, categorical: np.ndarray, numeric: np.ndarray) -> np.ndarray:
     import onnxruntime as ort
 
-    categorical, numeric = packed_inputs(onnx_path, columns)
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     return session.run(None, {"categorical": categorical, "numeric": numeric})[0].ravel()
 
@@ -161,16 +156,15 @@ def float16_model(onnx_path: Path):
 
     model = onnx.load(str(onnx_path), load_external_data=False)
     model.graph.ClearField("value_info")
-    return float16.convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=False)
+    return float16.convert_float_to_float16(model, keep_io_types=True)
 
 
-def fp16_emulation_scores(onnx_path: Path, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+def fp16_emulation_scores(onnx_path: Path, categorical: np.ndarray, numeric: np.ndarray) -> np.ndarray:
     """FP16 arithmetic without a GPU: the float16 graph on ONNX Runtime's CPU kernels."""
     import warnings
 
     import onnxruntime as ort
 
-    categorical, numeric = packed_inputs(onnx_path, columns)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the converter warns for every weight it clamps into float16's range
         model = float16_model(onnx_path)
@@ -263,14 +257,14 @@ def run(saved_model: Path, onnx_path: Path, data_csv: Path, atol: float = 1e-5, 
     """
     data = german_credit.load(Path(data_csv))
     reference = reference_scores(Path(saved_model), Path(data_csv), data, reference_cache)
+    categorical, numeric = packed_inputs(Path(onnx_path), data.columns)
     comparisons = [compare(f"onnxruntime {Path(onnx_path).name}", reference,
-                           onnx_scores(Path(onnx_path), data.columns), atol, thresholds)]
+                           onnx_scores(Path(onnx_path), categorical, numeric), atol, thresholds)]
     if fp16_emulation:
         comparisons.append(compare("onnxruntime float16 (CPU emulation)", reference,
-                                   fp16_emulation_scores(Path(onnx_path), data.columns), fp16_atol, thresholds))
+                                   fp16_emulation_scores(Path(onnx_path), categorical, numeric), fp16_atol, thresholds))
     if engines:
         from tools import tensorrt_engine
-        categorical, numeric = packed_inputs(Path(onnx_path), data.columns)
         for engine in engines:
             precision = tensorrt_engine.engine_precision(engine)
             comparisons.append(compare(f"tensorrt {Path(engine).name} ({precision})", reference,
@@ -284,5 +278,5 @@ def run(saved_model: Path, onnx_path: Path, data_csv: Path, atol: float = 1e-5, 
     if localise and not comparisons[0].passed:
         from tools.divergence import first_divergence
         divergence = first_divergence(Path(saved_model), Path(onnx_path), data, comparisons[0].worst_row, atol)
-    near = near_threshold(reference, thresholds) if thresholds is not None else None
-    return ParityReport(str(saved_model), atol, len(data), comparisons, divergence, near)
+    near = near_threshold(reference, thresholds, fp16_atol) if thresholds is not None else None
+    return ParityReport(str(saved_model), atol, len(data), comparisons, divergence, near, fp16_atol)

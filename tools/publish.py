@@ -44,13 +44,9 @@ def _fsync_tree(path: Path) -> None:
             os.close(fd)
 
 
-def model_filename(config) -> str:
-    return config.default_model_filename or ("model.plan" if config.platform == "tensorrt_plan" else "model.onnx")
-
-
-def validate(model_dir: Path, artifact: Path, gate: ParityGate | None, reference_cache: Path | None = None) -> dict:
+def validate(model_dir: Path, config, artifact: Path, gate: ParityGate | None,
+             reference_cache: Path | None = None) -> dict:
     """Every check an artifact must pass before it may be served; returns the figures for the record."""
-    config = model_config.load(model_dir)
     if config.platform == "tensorrt_plan":
         return _validate_engine(model_dir, config, artifact, gate, reference_cache)
     try:
@@ -125,8 +121,8 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
         raise PublishError(f"{model_dir} has no config.pbtxt; create the model's config first")
     if not artifact.is_file():
         raise PublishError(f"{artifact}: no such file")
-    figures = validate(model_dir, artifact, gate, store.control / "reference")
     config = model_config.load(model_dir)
+    figures = validate(model_dir, config, artifact, gate, store.control / "reference")
     version = store.next_version(model)
     staging = store.staging / f"{model}-{version}-{os.getpid()}"
     if staging.exists():
@@ -139,11 +135,11 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
               "previous": max(store.served(model), default=None), "artifact": str(artifact.resolve()),
               "sha256": hashlib.sha256(artifact.read_bytes()).hexdigest(), "parity": figures}
     try:
-        filename = model_filename(config)
+        filename = model_config.model_filename(config)
         shutil.copyfile(artifact, staging / filename)
-        build_report = artifact.with_name(artifact.name + ".json")
-        if config.platform == "tensorrt_plan" and build_report.is_file():
-            shutil.copyfile(build_report, staging / (filename + ".json"))
+        if config.platform == "tensorrt_plan":
+            from tools.tensorrt_engine import report_path
+            shutil.copyfile(report_path(artifact), report_path(staging / filename))
         (staging / RECORD_NAME).write_text(json.dumps(record, indent=2) + "\n")
         _fsync_tree(staging)
         target = model_dir / str(version)

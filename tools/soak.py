@@ -13,25 +13,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from tools import german_credit
+from tools.bench.process_tree import process_rss
 from tools.supervisor import stubs_of
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def serving_rss(server_pid: int) -> dict[str, int]:
     """RSS by process: `tritonserver` and one entry per stub, `instance@version`."""
-    sizes = {"tritonserver": rss_bytes(server_pid)}
+    sizes = {"tritonserver": process_rss(server_pid)}
     for stub in stubs_of(server_pid).values():
         try:
-            sizes[f"{stub.instance}@{stub.version}"] = rss_bytes(stub.pid)
-        except OSError:
+            sizes[f"{stub.instance}@{stub.version}"] = process_rss(stub.pid)
+        except psutil.NoSuchProcess:
             continue
     return sizes
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tools.live_control import ADMIN_HEADER
+from tools.live_control import admin_headers
 
 STUB_BINARY = "triton_python_backend_stub"
 # A stub must be missing on this many consecutive checks before it counts as dead: a reload may briefly show
@@ -168,7 +168,7 @@ class StubSupervisor(threading.Thread):
             return
         request = urllib.request.Request(f"http://{self.http_url}/v2/repository/models/{stub.model}/load",
                                          data=b"{}", method="POST",
-                                         headers={ADMIN_HEADER: self.admin_key} if self.admin_key else {})
+                                         headers=admin_headers(self.admin_key or ""))
         with urllib.request.urlopen(request, timeout=60):
             pass
 

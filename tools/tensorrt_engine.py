@@ -251,9 +251,8 @@ def engine_batch_limit(engine_path: Path, default: int = 256) -> int:
 
 def use_wheel_cuda_runtime() -> None:
     """Polygraphy finds libcudart through LD_LIBRARY_PATH, read when it first needs it: add the wheels' dirs."""
-    from tools.gpu_libraries import library_dirs
-    known = os.environ.get("LD_LIBRARY_PATH", "").split(":")
-    os.environ["LD_LIBRARY_PATH"] = ":".join([d for d in library_dirs() if d not in known] + [k for k in known if k])
+    from tools.gpu_libraries import ld_library_path
+    os.environ["LD_LIBRARY_PATH"] = ld_library_path()
 
 
 def engine_scores(engine_path: Path, categorical, numeric):

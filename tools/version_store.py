@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-def _numbers(folder: Path) -> list[int]:
+def version_numbers(folder: Path) -> list[int]:
+    """The numbered version folders of a model folder, oldest first; none when the folder does not exist."""
+    folder = Path(folder)
     if not folder.is_dir():
         return []
     return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
@@ -48,10 +50,10 @@ class VersionStore:
 
     def served(self, model: str) -> list[int]:
         """Version folders in the repository, which Triton loads according to the version policy."""
-        return _numbers(self.model_dir(model))
+        return version_numbers(self.model_dir(model))
 
     def retired(self, model: str) -> list[int]:
-        return _numbers(self.retired_dir(model))
+        return version_numbers(self.retired_dir(model))
 
     def next_version(self, model: str) -> int:
         """Numbers are never reused: a retired version keeps its number for a roll-forward."""

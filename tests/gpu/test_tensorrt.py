@@ -32,26 +32,21 @@ def engines(tmp_path_factory, built_artifacts):
     return built
 
 
-@pytest.fixture(scope="module")
-def thresholds():
-    return parity.decision_thresholds(parity.DECISION_CONFIG)
-
-
 def _engine_comparison(engine, thresholds):
     report = parity.run(SAVED_MODEL, SCORER_ONNX, DATA_CSV, thresholds=thresholds, engines=(engine,), localise=False)
     print(report.table())
     return report, report.comparisons[-1]
 
 
-def test_fp32_engine_matches_the_legacy_model_within_1e_5_and_no_decision_changes(engines, thresholds):
-    report, engine = _engine_comparison(engines["fp32"], thresholds)
+def test_fp32_engine_matches_the_legacy_model_within_1e_5_and_no_decision_changes(engines, decision_thresholds):
+    report, engine = _engine_comparison(engines["fp32"], decision_thresholds)
     assert engine.atol == 1e-5 and engine.rows == 1000
     assert engine.passed, report.table()
     assert engine.decisions_changed == [], report.table()
 
 
-def test_fp16_engine_is_within_the_documented_tolerance_and_lists_any_changed_decision(engines, thresholds):
-    report, engine = _engine_comparison(engines["fp16"], thresholds)
+def test_fp16_engine_is_within_the_documented_tolerance_and_lists_any_changed_decision(engines, decision_thresholds):
+    report, engine = _engine_comparison(engines["fp16"], decision_thresholds)
     assert engine.atol == parity.FP16_ATOL
     assert engine.passed, report.table()
     # Only rows within the FP16 band of a threshold may change; parity lists them.

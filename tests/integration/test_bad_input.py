@@ -7,7 +7,6 @@ import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
 from backends.record_decoder import encode_columns
-from tools import parity
 
 
 def payload_input(payload: bytes):
@@ -35,7 +34,7 @@ def malformed(german_credit_data):
     ]
 
 
-def test_mixed_burst_answers_each_request_on_its_own(triton, german_credit_data, malformed, built_artifacts):
+def test_mixed_burst_answers_each_request_on_its_own(triton, german_credit_data, malformed, legacy_scores):
     records = german_credit_data.records()
     valid = [(i, json.dumps({"request_id": f"v-{i}", "features": records[i]}).encode()) for i in range(60)]
     burst = [("valid", i, p) for i, p in valid] + [("bad", j, p) for j, (p, _) in enumerate(malformed)] * 3
@@ -55,7 +54,7 @@ def test_mixed_burst_answers_each_request_on_its_own(triton, german_credit_data,
     finally:
         client.close()
 
-    legacy = parity.legacy_scores(built_artifacts["saved_model"], german_credit_data.take(np.arange(60)).columns)
+    legacy = legacy_scores
     for kind, index, answer in answers:
         if kind == "valid":
             assert not isinstance(answer, Exception), f"valid record {index} failed: {answer}"
@@ -84,7 +83,7 @@ def test_request_with_several_records_names_the_bad_record(http_client, german_c
 
 
 def test_scorer_fails_only_the_request_with_an_index_outside_the_vocabulary(triton, feature_spec,
-                                                                              german_credit_data):
+                                                                              german_credit_data, legacy_scores):
     categorical, numeric = encode_columns(feature_spec, german_credit_data.take(np.arange(2)).columns)
     broken = categorical[:1].copy()
     broken[0, 0] = 10_000
@@ -108,3 +107,6 @@ def test_scorer_fails_only_the_request_with_an_index_outside_the_vocabulary(trit
         client.close()
     assert first.as_numpy("probability").shape == (1, 1)
     assert third.as_numpy("probability").shape == (1, 1)
+    # The batch-mates of the bad request are scored as if it were not there.
+    assert abs(first.as_numpy("probability")[0, 0] - legacy_scores[0]) <= 1e-5
+    assert abs(third.as_numpy("probability")[0, 0] - legacy_scores[1]) <= 1e-5

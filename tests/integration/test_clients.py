@@ -2,9 +2,8 @@
 import json
 import subprocess
 import sys
-import urllib.request
 
-import pytest
+import numpy as np
 
 from clients.risk_client import score
 from tests.conftest import ROOT
@@ -23,14 +22,15 @@ def test_curl_example_body_scores_the_example_record(triton):
     assert 0 <= outputs["probability"] <= 1 and outputs["decision"] in ("APPROVE", "REVIEW", "DECLINE")
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_risk_client_gives_the_same_scores_over_http_and_grpc(triton, german_credit_data, protocol):
+def test_risk_client_gives_the_legacy_scores_and_the_same_answers_over_http_and_grpc(triton, german_credit_data,
+                                                                                     legacy_scores):
     records = [{"request_id": f"r-{i}", "features": f} for i, f in enumerate(german_credit_data.records()[:20])]
-    url = triton.http_url if protocol == "http" else triton.grpc_url
-    scores = score(records, url, protocol)
-    reference = score(records, triton.http_url, "http")
-    assert [s.request_id for s in scores] == [f"r-{i}" for i in range(20)]
-    assert [(s.probability, s.decision) for s in scores] == [(s.probability, s.decision) for s in reference]
+    over_http = score(records, triton.http_url, "http")
+    over_grpc = score(records, triton.grpc_url, "grpc")
+    for answers in (over_http, over_grpc):
+        assert [s.request_id for s in answers] == [f"r-{i}" for i in range(20)]
+    np.testing.assert_allclose([s.probability for s in over_http], legacy_scores[:20], atol=1e-5)
+    assert [(s.probability, s.decision) for s in over_grpc] == [(s.probability, s.decision) for s in over_http]
 
 
 def test_risk_client_command_prints_one_line_per_record(triton):

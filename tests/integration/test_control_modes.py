@@ -45,7 +45,7 @@ def test_scoring_client_without_the_key_cannot_load_or_unload(explicit_server, p
         for call in (lambda h: client.unload_model("risk_decision", headers=h),
                      lambda h: client.load_model("risk_decision", headers=h)):
             for headers in ({}, {"admin-key": "wrong"}):
-                with pytest.raises(InferenceServerException):
+                with pytest.raises(InferenceServerException, match="restricted"):
                     call(headers)
         assert client.is_model_ready("risk_decision")
     finally:

@@ -41,10 +41,10 @@ def test_training_report_compares_with_logistic_regression(built_artifacts):
     assert report["rows_train"] + report["rows_holdout"] == 1000
 
 
-def test_training_is_deterministic(built_artifacts, german_credit_data, tmp_path):
+def test_training_is_deterministic(built_artifacts, german_credit_data, legacy_scores, tmp_path):
     rebuilt = tmp_path / "risk_model"
     legacy_model.build(built_artifacts["data"], rebuilt)
-    first = parity.legacy_scores(built_artifacts["saved_model"], german_credit_data.columns)
+    first = legacy_scores
     second = parity.legacy_scores(rebuilt, german_credit_data.columns)
     np.testing.assert_array_equal(first, second)
 

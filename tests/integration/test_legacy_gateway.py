@@ -9,12 +9,12 @@ import grpc
 import numpy as np
 import pytest
 
-from backends.decision_policy import Thresholds, decide
+from backends.decision_policy import decide
 from clients.legacy_gateway import serve
 from clients.legacy_record import to_protobuf
 from clients.proto import skill_pb2, skill_pb2_grpc
-from tests.conftest import MODEL_REPOSITORY, free_port
-from tools import model_config, parity
+from tests.conftest import free_port
+from tools import parity
 
 S2T = Path(sys.executable).parent / "s2t"
 TOLERANCE = 1e-5
@@ -52,7 +52,7 @@ def skill_records(german_credit_data, rows):
 
 
 def test_unchanged_legacy_client_through_the_gateway_matches_the_legacy_model(gateway_port, german_credit_data,
-                                                                                built_artifacts):
+                                                                                legacy_scores, decision_thresholds):
     rows = np.arange(1000)
     with grpc.insecure_channel(f"localhost:{gateway_port}") as channel:
         result = skill_pb2_grpc.SkillStub(channel).Score(iter(skill_records(german_credit_data, rows)), timeout=300)
@@ -61,12 +61,10 @@ def test_unchanged_legacy_client_through_the_gateway_matches_the_legacy_model(ga
     assert [r.window for r in result.results] == (rows // 32).tolist()
     assert all(r.status == skill_pb2.OK and r.error == "" for r in result.results)
     served = np.array([r.probability for r in result.results])
-    legacy = parity.legacy_scores(built_artifacts["saved_model"], german_credit_data.columns)
-    comparison = parity.compare("gateway", legacy, served, TOLERANCE)
+    comparison = parity.compare("gateway", legacy_scores, served, TOLERANCE)
     assert comparison.rows_over_tolerance == 0, comparison
-    config = model_config.load(MODEL_REPOSITORY / "risk_decision")
-    thresholds = Thresholds.from_parameters({k: {"string_value": v.string_value} for k, v in config.parameters.items()})
-    assert [r.decision.encode() for r in result.results] == decide(served.astype(np.float32), thresholds).tolist()
+    assert [r.decision.encode() for r in result.results] == \
+        decide(served.astype(np.float32), decision_thresholds).tolist()
 
 
 def test_bad_record_is_answered_invalid_record_and_its_window_mates_are_scored(gateway_port, german_credit_data):

@@ -20,7 +20,9 @@ def small_queue_server(built_artifacts, tmp_path_factory):
     repo = root / "model_repository"
     shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
     config = repo / "risk_router" / "config.pbtxt"
-    config.write_text(re.sub(r"max_queue_size: 512", "max_queue_size: 2", config.read_text(), count=1))
+    text, count = re.subn(r"max_queue_size: 512", "max_queue_size: 2", config.read_text(), count=1)
+    assert count == 1, "risk_router's config no longer has the queue cap this test lowers"
+    config.write_text(text)
     server = TritonServer([repo, ENSEMBLES], free_port(), free_port(), free_port(), log_path=root / "triton.log",
                           exit_timeout_seconds=5)
     with server:

@@ -4,16 +4,15 @@ import json
 import numpy as np
 import pytest
 
-from backends.decision_policy import Thresholds, decide
-from tools import model_config, parity
-from tests.conftest import MODEL_REPOSITORY
+from backends.decision_policy import decide
+from tools import parity
 
 TOLERANCE = 1e-5
 
 
 @pytest.fixture(scope="module")
-def legacy(built_artifacts, german_credit_data):
-    return parity.legacy_scores(built_artifacts["saved_model"], german_credit_data.columns)
+def legacy(legacy_scores):
+    return legacy_scores
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -27,10 +26,9 @@ def test_every_row_through_risk_pipeline_matches_the_legacy_model(protocol, trit
     assert np.all((served >= 0) & (served <= 1))
 
 
-def test_decisions_follow_the_thresholds_in_the_config(http_client, german_credit_data):
+def test_decisions_follow_the_thresholds_in_the_config(http_client, german_credit_data, decision_thresholds):
     import tritonclient.http as http
-    config = model_config.load(MODEL_REPOSITORY / "risk_decision")
-    thresholds = Thresholds.from_parameters({k: {"string_value": v.string_value} for k, v in config.parameters.items()})
+    thresholds = decision_thresholds
     records = [json.dumps({"features": r}).encode() for r in german_credit_data.records()[:200]]
     payload = http.InferInput("payload", [len(records), 1], "BYTES")
     payload.set_data_from_numpy(np.array(records, dtype=object).reshape(-1, 1))

@@ -147,7 +147,8 @@ def breaker_server(built_artifacts, tmp_path):
     config = repo / "risk_router" / "config.pbtxt"
     text = config.read_text()
     for key, value in (("breaker_open_seconds", "1"), ("breaker_min_requests", "5")):
-        text = re.sub(r'(key: "' + key + r'" value: \{ string_value: ")[^"]*', r"\g<1>" + value, text)
+        text, count = re.subn(r'(key: "' + key + r'" value: \{ string_value: ")[^"]*', r"\g<1>" + value, text)
+        assert count == 1, key
     config.write_text(text)
     server = TritonServer([repo, ENSEMBLES], free_port(), free_port(), free_port(), model_control_mode="explicit",
                           admin_key=KEY, log_path=tmp_path / "triton.log", exit_timeout_seconds=5)

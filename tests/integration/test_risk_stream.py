@@ -9,11 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.decision_policy import Thresholds, decide
+from backends.decision_policy import decide
 from clients import stream_client
 from clients.legacy_record import encode
-from tests.conftest import MODEL_REPOSITORY
-from tools import model_config, parity
 
 TOLERANCE = 1e-5
 S2T = Path(sys.executable).parent / "s2t"
@@ -26,14 +24,13 @@ def records(german_credit_data):
 
 
 @pytest.fixture(scope="module")
-def legacy(built_artifacts, german_credit_data):
-    return parity.legacy_scores(built_artifacts["saved_model"], german_credit_data.columns)
+def legacy(legacy_scores):
+    return legacy_scores
 
 
 @pytest.fixture(scope="module")
-def thresholds():
-    config = model_config.load(MODEL_REPOSITORY / "risk_decision")
-    return Thresholds.from_parameters({k: {"string_value": v.string_value} for k, v in config.parameters.items()})
+def thresholds(decision_thresholds):
+    return decision_thresholds
 
 
 def answers(result):

@@ -122,7 +122,8 @@ def test_ten_publishes_and_rollbacks_under_load_fail_no_request(live, built_arti
             version = int(published.stdout.split()[-1])
             swaps.append((time.monotonic() - 3, time.monotonic() + 0.5))
             # The previous version is still loaded: rolling back to it loads nothing.
-            previous = VersionStore(repo).served("risk_scorer")[-2]
+            *_, previous, newest = VersionStore(repo).served("risk_scorer")
+            assert newest == version
             assert client.is_model_ready("risk_scorer", str(previous))
             swap_started = time.monotonic()
             done = rollback("risk_scorer", repo)

@@ -13,11 +13,14 @@ def test_short_soak_reports_rss_of_the_server_and_every_stub_and_no_errors(built
     report = tmp_path / "soak.json"
     done = subprocess.run([str(S2T), "soak", "--minutes", "0.25", "--rate", "50", "--report", str(report)],
                           cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert report.is_file(), done.stdout + done.stderr
     result = json.loads(report.read_text())
     assert result["error_count"] == 0, result["errors"]
     assert result["sent"] == result["answered"] and result["sent"] >= 600
     processes = set(result["samples"][-1]["rss"])
     assert "tritonserver" in processes and {"skill_adapter_0_0@1", "risk_decision_0_0@1"} <= processes
     assert any(p.startswith("risk_scorer_0_0@") for p in processes)
-    assert set(result["growth"]) <= processes
-    assert "total" in done.stdout and done.returncode in (0, 1)
+    assert set(result["growth"]) == processes and all(isinstance(g, float) for g in result["growth"].values())
+    # 15 s cannot tell warm-up from a leak, so either verdict may come; the exit code must be the one it states.
+    assert "total" in done.stdout
+    assert done.returncode == (1 if max(result["growth"].values()) >= 0.05 else 0), done.stdout + done.stderr

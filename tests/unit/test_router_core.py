@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from backends.circuit_breaker import OPEN, BreakerSettings, CircuitBreaker
-from backends.router_core import Router
+from backends.router_core import VERSION_LISTING_SECONDS, Router
 from backends.routing_policy import RoutingSettings, Target
 
 PRIMARY, CANDIDATE, LITE = Target("risk_scorer"), Target("risk_scorer", 2), Target("risk_scorer_lite")
@@ -120,3 +120,28 @@ def test_route_override_sends_that_request_where_it_says(override, served):
 def test_unknown_override_fails_that_row_alone():
     answer = router(FakeScorers()).answer(*rows(2), ["a", "b"], ["candidate", None])
     assert "no candidate is configured" in answer.errors[0] and answer.errors[1] is None
+
+
+def test_version_folders_are_listed_once_per_listing_period_not_per_batch():
+    class Clock:
+        now = 0.0
+
+        def __call__(self):
+            return self.now
+
+    listings = []
+
+    class CountingScorers(FakeScorers):
+        def folders(self, model):
+            listings.append(model)
+            return super().folders(model)
+
+    clock, scorers = Clock(), CountingScorers(versions=(1,))
+    r = router(scorers, clock)
+    for _ in range(5):
+        r.answer(*rows(2), ["a", "b"], [None, None])
+    assert listings == ["risk_scorer"]
+    scorers.versions = [2, 1]  # published meanwhile
+    clock.now = VERSION_LISTING_SECONDS
+    assert r.answer(*rows(2), ["a", "b"], [None, None]).served_by == ["risk_scorer:2"] * 2
+    assert listings == ["risk_scorer", "risk_scorer"]

@@ -1,10 +1,14 @@
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from backends.routing_policy import BUCKETS, RoutingSettings, Target, bucket, route
+from tests.conftest import ROOT
 
 PRIMARY, CANDIDATE = Target("risk_scorer", 1), Target("risk_scorer", 2)
 
@@ -84,3 +88,14 @@ def test_settings_come_from_config_parameters_and_describe_the_split():
 def test_buckets_are_stable_and_in_range():
     assert bucket("r-1") == bucket(b"r-1")
     assert all(0 <= bucket(f"k{i}") < BUCKETS for i in range(1000))
+
+
+def test_buckets_are_the_same_in_another_process_with_another_hash_seed():
+    """Sticky across router instances and restarts: nothing may depend on Python's per-process hash()."""
+    keys = [f"r-{i}" for i in range(50)]
+    code = f"from backends.routing_policy import bucket; print([bucket(k) for k in {keys!r}])"
+    for seed in ("1", "2"):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                              env={**os.environ, "PYTHONHASHSEED": seed})
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == str([bucket(k) for k in keys])

@@ -28,6 +28,12 @@ def test_lost_records_are_never_sent_and_duplicates_come_after_their_original(n,
     assert set(order) <= set(range(n))
     for sequence_id in set(order):
         assert order.count(sequence_id) <= 2
+    # Without shuffling the originals keep their order and a copy never comes before its original, so the first
+    # sending of each id is in increasing order.
+    firsts = sorted(set(order), key=order.index)
+    assert firsts == sorted(firsts)
+    if loss == 0.0:
+        assert set(order) == set(range(n))
 
 
 @pytest.mark.parametrize("status, sequence_id, parsed", [

@@ -8,20 +8,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tests.conftest import ROOT, SCORER_ONNX
+from tests.conftest import GPU_REPOSITORY, ROOT, SCORER_ONNX, has_gpu
 from tools import tensorrt_engine
 from tools.tensorrt_engine import BatchProfile, EngineBuildError
 
 S2T = Path(sys.executable).parent / "s2t"
-GPU_REPOSITORY = ROOT / "model_repository_gpu"
-
-
-def _has_gpu() -> bool:
-    try:
-        tensorrt_engine.cuda_device()
-    except EngineBuildError:
-        return False
-    return True
 
 
 def string_lookup_graph() -> onnx.ModelProto:
@@ -81,13 +72,14 @@ def test_the_profile_follows_the_served_config_max_batch_and_largest_preferred_b
     assert tensorrt_engine.profile_for_config(None, max_batch=32) == BatchProfile(1, 32, 32)
 
 
-def test_the_pinned_tensorrt_is_the_one_of_the_serving_image():
+def test_engines_are_built_for_the_image_compose_serves_and_the_gpu_venv_installs_that_tensorrt():
     compose = (ROOT / "docker-compose.yml").read_text()
     assert f"image: {tensorrt_engine.SERVING_IMAGE}" in compose
-    assert tensorrt_engine.TENSORRT_VERSION == "10.5.0"  # TensorRT 10.5.0.18 in the 24.10 image
+    assert f"tensorrt-cu12=={tensorrt_engine.TENSORRT_VERSION}" in (ROOT / "Makefile").read_text()
+    assert f"onnxruntime-gpu=={tensorrt_engine.ONNXRUNTIME_GPU_VERSION}" in (ROOT / "Makefile").read_text()
 
 
-@pytest.mark.skipif(_has_gpu(), reason="a GPU is here: tests/gpu builds real engines")
+@pytest.mark.skipif(has_gpu(), reason="a GPU is here: tests/gpu builds real engines")
 def test_build_trt_without_a_gpu_fails_clearly_and_writes_nothing(built_artifacts, tmp_path):
     out = tmp_path / "risk_scorer.plan"
     proc = subprocess.run([str(S2T), "build-trt", str(SCORER_ONNX), "--out", str(out), "--config",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.decision_policy import Thresholds, decide
+from backends.decision_policy import decide
 from backends.feature_spec import FeatureSpec
 from backends.record_decoder import RecordDecoder
 
@@ -26,23 +26,15 @@ MODEL_ENV, SPEC_ENV, DECISION_ENV = "S2T_BASELINE_MODEL", "S2T_BASELINE_SPEC", "
 ROUTE = "/score"
 
 
-def thresholds_from_config(model_dir: Path) -> Thresholds:
-    from tools.model_config import load
-    config = load(Path(model_dir))
-    return Thresholds.from_parameters({k: {"string_value": v.string_value} for k, v in config.parameters.items()})
-
-
 class Scorer:
     """Record bytes -> (probability, decision) or a RecordError, one record per call as the legacy served them."""
 
     def __init__(self, model: Path, spec: Path, decision_config: Path):
-        import onnxruntime as ort
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        self._session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        from tools.bench.inprocess import session
+        self._session = session(model)  # the same one-thread ONNX Runtime session as the in-process baseline
         self._decoder = RecordDecoder(FeatureSpec.from_file(spec))
-        self._thresholds = thresholds_from_config(decision_config)
+        from tools.model_config import decision_thresholds
+        self._thresholds = decision_thresholds(decision_config)
 
     def score(self, payload: bytes) -> tuple[float, str]:
         decoded = self._decoder.decode([payload])

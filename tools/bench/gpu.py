@@ -53,11 +53,11 @@ class _CudaGraph:
     def __init__(self, stream_ptr: int, enqueue: Callable[[], None]):
         from polygraphy import cuda
         self._lib, self._stream = cuda.wrapper().handle, ctypes.c_void_p(stream_ptr)
-        graph, self._exec = ctypes.c_void_p(), ctypes.c_void_p()
+        self._graph, self._exec = ctypes.c_void_p(), ctypes.c_void_p()
         self._check(self._lib.cudaStreamBeginCapture(self._stream, 0), "cudaStreamBeginCapture")  # mode: global
         enqueue()
-        self._check(self._lib.cudaStreamEndCapture(self._stream, ctypes.byref(graph)), "cudaStreamEndCapture")
-        self._check(self._lib.cudaGraphInstantiateWithFlags(ctypes.byref(self._exec), graph,
+        self._check(self._lib.cudaStreamEndCapture(self._stream, ctypes.byref(self._graph)), "cudaStreamEndCapture")
+        self._check(self._lib.cudaGraphInstantiateWithFlags(ctypes.byref(self._exec), self._graph,
                                                             ctypes.c_ulonglong(0)), "cudaGraphInstantiateWithFlags")
 
     @staticmethod
@@ -67,6 +67,10 @@ class _CudaGraph:
 
     def launch(self) -> None:
         self._check(self._lib.cudaGraphLaunch(self._exec, self._stream), "cudaGraphLaunch")
+
+    def close(self) -> None:
+        self._lib.cudaGraphExecDestroy(self._exec)
+        self._lib.cudaGraphDestroy(self._graph)
 
 
 def tensorrt_points(engine_path: Path, label: str, categorical: np.ndarray, numeric: np.ndarray,
@@ -79,13 +83,13 @@ def tensorrt_points(engine_path: Path, label: str, categorical: np.ndarray, nume
     limit = tensorrt_engine.engine_batch_limit(engine_path)
     points = []
     for batch in (b for b in batches if b <= limit):
-        for graph in (False, True):
-            context = engine.create_execution_context()
-            stream = cuda.Stream()
-            cat_dev = cuda.DeviceArray(shape=(batch, categorical.shape[1]), dtype=np.int64)
-            num_dev = cuda.DeviceArray(shape=(batch, numeric.shape[1]), dtype=np.float32)
-            out_dev = cuda.DeviceArray(shape=(batch, 1), dtype=np.float32)
-            out_host = np.empty((batch, 1), np.float32)
+        # One context, stream and set of device buffers per batch size, timed without and then with a graph.
+        context, stream = engine.create_execution_context(), cuda.Stream()
+        cat_dev = cuda.DeviceArray(shape=(batch, categorical.shape[1]), dtype=np.int64)
+        num_dev = cuda.DeviceArray(shape=(batch, numeric.shape[1]), dtype=np.float32)
+        out_dev = cuda.DeviceArray(shape=(batch, 1), dtype=np.float32)
+        out_host = np.empty((batch, 1), np.float32)
+        try:
             context.set_input_shape("categorical", (batch, categorical.shape[1]))
             context.set_input_shape("numeric", (batch, numeric.shape[1]))
             for name, array in (("categorical", cat_dev), ("numeric", num_dev), ("probability", out_dev)):
@@ -93,25 +97,31 @@ def tensorrt_points(engine_path: Path, label: str, categorical: np.ndarray, nume
             enqueue = lambda context=context, stream=stream: context.execute_async_v3(stream.ptr)  # noqa: E731
             enqueue()  # TensorRT settles shapes on the first enqueue; capture only a steady one
             stream.synchronize()
-            try:
-                run = _CudaGraph(stream.ptr, enqueue).launch if graph else enqueue
-            except RuntimeError as err:
-                unavailable.append({"engine": label, "batch": batch, "cuda_graph": True, "reason": str(err)})
-                continue
             starts = windows(len(categorical), batch)
+            for graph in (False, True):
+                try:
+                    captured = _CudaGraph(stream.ptr, enqueue) if graph else None
+                except RuntimeError as err:
+                    unavailable.append({"engine": label, "batch": batch, "cuda_graph": True, "reason": str(err)})
+                    continue
 
-            def call(i, batch=batch, starts=starts, stream=stream, cat_dev=cat_dev, num_dev=num_dev,
-                     out_dev=out_dev, out_host=out_host, run=run):
-                s = starts[i % len(starts)]
-                cat_dev.copy_from(np.ascontiguousarray(categorical[s:s + batch]), stream)
-                num_dev.copy_from(np.ascontiguousarray(numeric[s:s + batch]), stream)
-                run()
-                out_dev.copy_to(out_host, stream)
-                stream.synchronize()
+                run = captured.launch if captured else enqueue
 
-            points.append(timed(label, batch, graph, seconds, call))
+                def call(i, batch=batch, starts=starts, run=run):
+                    s = starts[i % len(starts)]
+                    cat_dev.copy_from(np.ascontiguousarray(categorical[s:s + batch]), stream)
+                    num_dev.copy_from(np.ascontiguousarray(numeric[s:s + batch]), stream)
+                    run()
+                    out_dev.copy_to(out_host, stream)
+                    stream.synchronize()
+
+                points.append(timed(label, batch, graph, seconds, call))
+                if captured:
+                    captured.close()
+        finally:
             for array in (cat_dev, num_dev, out_dev):
                 array.free()
+            stream.free()
             del context
     return points
 
@@ -242,20 +252,21 @@ def run(onnx_path: Path, data_csv: Path, out_dir: Path, seconds: float = 1.0, ba
     points: list[GpuPoint] = []
     unavailable: list[dict] = []  # variants that could not run here, with the reason (e.g. a graph ORT refused)
     max_batch = max(batches)
-    for optimum in optima:
+    # An optimum beyond the largest batch measured is that batch: the profile's optimum cannot exceed its maximum.
+    for optimum in sorted({min(o, max_batch) for o in optima}):
         engine = engines_dir / f"risk_scorer.fp32.opt{optimum}.plan"
         log(f"building {engine.name}")
-        tensorrt_engine.build_engine(Path(onnx_path), engine, "fp32",
-                                     tensorrt_engine.BatchProfile(1, min(optimum, max_batch), max_batch), cache)
+        profile = tensorrt_engine.BatchProfile(1, optimum, max_batch)
+        tensorrt_engine.build_engine(Path(onnx_path), engine, "fp32", profile, cache)
         points += tensorrt_points(engine, f"tensorrt fp32 opt {optimum}", categorical, numeric, batches, seconds,
                                   unavailable)
     best = best_optimum(points)
-    fp16 = engines_dir / f"risk_scorer.fp16.opt{best.get('optimum', max_batch)}.plan"
+    chosen = best.get("optimum", max_batch)
+    fp16 = engines_dir / f"risk_scorer.fp16.opt{chosen}.plan"
     log(f"building {fp16.name}")
-    tensorrt_engine.build_engine(Path(onnx_path), fp16, "fp16",
-                                 tensorrt_engine.BatchProfile(1, best.get("optimum", max_batch), max_batch), cache)
-    points += tensorrt_points(fp16, f"tensorrt fp16 opt {best.get('optimum', max_batch)}", categorical, numeric,
-                              batches, seconds, unavailable)
+    tensorrt_engine.build_engine(Path(onnx_path), fp16, "fp16", tensorrt_engine.BatchProfile(1, chosen, max_batch),
+                                 cache)
+    points += tensorrt_points(fp16, f"tensorrt fp16 opt {chosen}", categorical, numeric, batches, seconds, unavailable)
     log("onnxruntime CUDA EP")
     points += onnxruntime_cuda_points(Path(onnx_path), categorical, numeric, batches, seconds, unavailable)
     log("onnxruntime CPU")

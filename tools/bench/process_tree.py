@@ -35,6 +35,11 @@ def rss_bytes(pid: int) -> int:
     return total
 
 
+def process_rss(pid: int) -> int:
+    """RSS of this one process (psutil.NoSuchProcess once it is gone)."""
+    return psutil.Process(pid).memory_info().rss
+
+
 def rss_by_process(pid: int) -> dict[str, int]:
     """RSS per process, named by its command (a stub's name carries its model: `risk_scorer_0_0`)."""
     out = {}

@@ -21,21 +21,16 @@ import psutil
 
 from backends.feature_spec import FeatureSpec
 from backends.record_decoder import RecordDecoder
+from tools import model_config
 from tools.bench import inprocess, perf_analyzer, process_tree, report, workload, wrk
-from tools.bench.fastapi_baseline import BaselineServer, thresholds_from_config
+from tools.bench.fastapi_baseline import ROUTE as BASELINE_ROUTE, BaselineServer
 from tools.bench.modes import Mode
-from tools.triton_server import TritonServer
+from tools.triton_server import TritonServer, free_port
+from tools.version_store import version_numbers
 
 PIPELINE, SCORER, ADAPTER, DECISION = "risk_pipeline", "risk_scorer", "skill_adapter", "risk_decision"
 TRITON_ROUTE = f"/v2/models/{PIPELINE}/infer"
 CHECKED_RECORDS = 50
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _copy_repositories(repositories: list[Path], dest: Path) -> list[Path]:
@@ -55,7 +50,7 @@ def _model_dir(repositories: list[Path], model: str) -> Path:
 
 
 def _newest_onnx(model_dir: Path) -> Path:
-    versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    versions = version_numbers(model_dir)
     if not versions:
         raise FileNotFoundError(f"{model_dir} has no version; run `make models`")
     return model_dir / str(versions[-1]) / "model.onnx"
@@ -111,7 +106,7 @@ class Bench:
         adapter = _model_dir(self.repositories, ADAPTER)
         self.spec_path = adapter / "1" / "feature_spec.json"
         self.decoder = RecordDecoder(FeatureSpec.from_file(self.spec_path))
-        self.categorical, self.numeric = self.workload.packed(self.decoder.spec)
+        self.categorical, self.numeric = workload.pack(self.decoder, self.payloads)
         self.scorer_onnx = _newest_onnx(_model_dir(self.repositories, SCORER))
         self.decision_dir = _model_dir(self.repositories, DECISION)
         self.inputs = {PIPELINE: self.tmp / "pipeline.json", SCORER: self.tmp / "scorer.json"}
@@ -119,10 +114,11 @@ class Bench:
         self.inputs[SCORER].write_text(json.dumps(workload.perf_input_scorer(self.categorical, self.numeric)))
         self.triton_script = wrk.write_script(self.tmp / "triton.lua", TRITON_ROUTE,
                                               [workload.triton_json_body(p) for p in self.payloads])
-        self.baseline_script = wrk.write_script(self.tmp / "baseline.lua", "/score", [p.decode() for p in self.payloads])
+        self.baseline_script = wrk.write_script(self.tmp / "baseline.lua", BASELINE_ROUTE,
+                                                [p.decode() for p in self.payloads])
 
     def _server(self) -> TritonServer:
-        return TritonServer(self.repositories, _free_port(), _free_port(), _free_port(),
+        return TritonServer(self.repositories, free_port(), free_port(), free_port(),
                             log_path=self.tmp / "tritonserver.log", exit_timeout_seconds=10)
 
     def _cold_start(self) -> TritonServer:
@@ -145,19 +141,20 @@ class Bench:
         try:
             pid = server.process.pid
             time.sleep(1.0)
-            self.results["memory"] = {"triton_idle_bytes": process_tree.rss_bytes(pid),
-                                      "triton_idle_by_process": process_tree.rss_by_process(pid)}
+            idle = process_tree.rss_by_process(pid)
+            self.results["memory"] = {"triton_idle_bytes": sum(idle.values()), "triton_idle_by_process": idle}
             peak = _PeakRss(pid)
             peak.start()
             self.results["perf_analyzer"], self.results["perf_analyzer_failures"] = self._perf_points(server)
             self.results["http_triton"] = self._wrk(server.process.pid, "http://" + server.http_url,
                                                     self.triton_script, self.mode.http_seconds, "triton")
             self.results["memory"]["triton_peak_bytes"] = peak.stop()
-            self.results["memory"]["triton_after_load_bytes"] = process_tree.rss_bytes(pid)
-            self.results["memory"]["triton_after_load_by_process"] = process_tree.rss_by_process(pid)
+            after_load = process_tree.rss_by_process(pid)
+            self.results["memory"]["triton_after_load_bytes"] = sum(after_load.values())
+            self.results["memory"]["triton_after_load_by_process"] = after_load
             self.results["hot_swap"] = self._hot_swap(server)
             self.results["streaming"] = self._streaming(server)
-            baseline = BaselineServer(self.scorer_onnx, self.spec_path, self.decision_dir, _free_port(),
+            baseline = BaselineServer(self.scorer_onnx, self.spec_path, self.decision_dir, free_port(),
                                       log_path=self.tmp / "baseline.log").start()
             try:
                 self.results["same_answers"] = _compare_answers(server, baseline, self.payloads[:CHECKED_RECORDS])
@@ -257,8 +254,9 @@ class Bench:
 
     def _inprocess_stage(self) -> None:
         batches = sorted(set(self.mode.batches) | {1})
+        thresholds = model_config.decision_thresholds(self.decision_dir)
         points = inprocess.measure(self.scorer_onnx, self.categorical, self.numeric, self.payloads, self.decoder,
-                                   thresholds_from_config(self.decision_dir), batches, self.mode.inprocess_seconds)
+                                   thresholds, batches, self.mode.inprocess_seconds)
         self.results["inprocess"] = [p.as_dict() for p in points]
         for p in points:
             self.log(f"in-process {p.what} b={p.batch}: {p.rows_per_s:.0f} rows/s")
@@ -284,7 +282,7 @@ def _compare_answers(server: TritonServer, baseline: BaselineServer, payloads: l
         client.close()
     base_p, base_d = [], []
     for p in payloads:
-        req = urllib.request.Request(baseline.url + "/score", data=p, headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(baseline.url + BASELINE_ROUTE, data=p, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=10) as resp:
             answer = json.load(resp)
         base_p.append(answer["probability"])

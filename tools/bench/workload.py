@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.feature_spec import FeatureSpec
 from backends.record_decoder import RecordDecoder
 from tools import german_credit
 
@@ -28,12 +27,14 @@ class Workload:
     def payloads(self) -> list[bytes]:
         return [json.dumps(r).encode() for r in self.records]
 
-    def packed(self, spec: FeatureSpec) -> tuple[np.ndarray, np.ndarray]:
-        """The scorer's two inputs for every record, as skill_adapter would produce them."""
-        decoded = RecordDecoder(spec).decode(self.payloads())
-        if any(decoded.errors):
-            raise ValueError(f"German Credit rows that do not decode: {[e for e in decoded.errors if e][:3]}")
-        return decoded.categorical, decoded.numeric
+
+
+def pack(decoder: RecordDecoder, payloads: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """The scorer's two inputs for every record, as skill_adapter would produce them."""
+    decoded = decoder.decode(payloads)
+    if any(decoded.errors):
+        raise ValueError(f"German Credit rows that do not decode: {[e for e in decoded.errors if e][:3]}")
+    return decoded.categorical, decoded.numeric
 
 
 def triton_json_body(payload: bytes) -> str:

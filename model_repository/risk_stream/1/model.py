@@ -74,6 +74,7 @@ class TritonPythonModel:
         # pb_utils.TritonError exists only once the stub runs the model, not when this file is imported.
         self._error_codes = {INVALID: pb_utils.TritonError.INVALID_ARG, UNAVAILABLE: pb_utils.TritonError.UNAVAILABLE,
                              INTERNAL: pb_utils.TritonError.INTERNAL}
+        self._error_kinds = {code: kind for kind, code in self._error_codes.items()}
         self._table = StreamTable(self._settings)
         self._score_batch = retrying(self._score)
         self._lock = threading.Lock()
@@ -94,6 +95,9 @@ class TritonPythonModel:
     def execute(self, requests):
         senders = [r.get_response_sender() for r in requests]
         handled = 0
+        # The timer sleeps until the earliest reorder deadline; only a record that now waits can bring that
+        # deadline forward, so only then is it woken (otherwise it rescans every stream for nothing).
+        waiting = False
         try:
             arrivals = [self._arrival(r, s) for r, s in zip(requests, senders)]
             payloads = [a.payload for a in arrivals if a.error is None]
@@ -107,7 +111,7 @@ class TritonPythonModel:
                         a.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
                             str(a.error), pb_utils.TritonError.INVALID_ARG)), flags=FINAL)
                     else:
-                        self._offer(a.stream, a.sequence_id, Pending(a.sender, next(scored)), now)
+                        waiting |= self._offer(a.stream, a.sequence_id, Pending(a.sender, next(scored)), now)
                     if a.end:
                         self._send(self._table.end(a.stream))
                     handled += 1
@@ -117,7 +121,9 @@ class TritonPythonModel:
             error = pb_utils.TritonError("risk_stream: internal error", pb_utils.TritonError.INTERNAL)
             for sender in senders[handled:]:
                 sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
-        self._wake.set()
+            waiting = True
+        if waiting:
+            self._wake.set()
         return None
 
     def finalize(self):
@@ -151,24 +157,25 @@ class TritonPythonModel:
             pb_utils.Logger.log_error(traceback.format_exc())
             raise ScoringError("risk_stream: internal error while scoring", INTERNAL) from None
         if response.has_error():
-            code = response.error().code()
-            kind = {pb_utils.TritonError.INVALID_ARG: INVALID, pb_utils.TritonError.UNAVAILABLE: UNAVAILABLE}
-            raise ScoringError(response.error().message(), kind.get(code, INTERNAL))
+            kind = self._error_kinds.get(response.error().code(), INTERNAL)
+            raise ScoringError(response.error().message(), kind)
         return (pb_utils.get_output_tensor_by_name(response, "probability").as_numpy(),
                 pb_utils.get_output_tensor_by_name(response, "decision").as_numpy())
 
-    def _offer(self, stream, sequence_id, pending, now):
+    def _offer(self, stream, sequence_id, pending, now) -> bool:
+        """True when the record waits in the reorder buffer for a missing id."""
         try:
             offer = self._table.offer(stream, sequence_id, pending, now)
         except BufferFull as err:
             pending.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
                 f"stream {stream} sequence_id {sequence_id}: reorder buffer full, {err}",
                 pb_utils.TritonError.UNAVAILABLE)), flags=FINAL)
-            return
+            return False
         if offer.duplicate:
             # Dropped: the request is closed with no answer (gRPC streams skip empty final responses).
             pending.sender.send(flags=FINAL)
         self._send(offer.emissions)
+        return offer.reordered
 
     def _send(self, emissions):
         for e in emissions:
