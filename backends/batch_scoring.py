@@ -7,34 +7,20 @@ gets the adapter's own message for it.
 """
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
-INVALID, UNAVAILABLE, INTERNAL = "invalid", "unavailable", "internal"
-_ENSEMBLE_PREFIX = re.compile(r"^in ensemble '[^']*', ")
-
-
-class ScoringError(Exception):
-    """`kind`: INVALID (the record cannot be scored), UNAVAILABLE (try again later) or INTERNAL."""
-
-    def __init__(self, message: str, kind: str):
-        # Triton prefixes a step's error with the ensemble's name; the caller asked about its record, not about
-        # how the pipeline is built.
-        message = _ENSEMBLE_PREFIX.sub("", message)
-        super().__init__(message)
-        self.message = message
-        self.kind = kind
+from backends.errors import INVALID, UNAVAILABLE, InternalError, ServingError
 
 
 @dataclass(frozen=True)
 class Scored:
     probability: float
     decision: bytes
-    error: ScoringError | None = None
+    error: ServingError | None = None
 
 
 ScoreBatch = Callable[[Sequence[bytes]], tuple[np.ndarray, np.ndarray]]
@@ -42,14 +28,14 @@ ScoreBatch = Callable[[Sequence[bytes]], tuple[np.ndarray, np.ndarray]]
 
 def retrying(score_batch: ScoreBatch, backoff_s: Sequence[float] = (0.05, 0.2),
              sleep: Callable[[float], None] = time.sleep) -> ScoreBatch:
-    """`score_batch`, tried again after each pause of `backoff_s` while it fails UNAVAILABLE. Triton sheds load by
-    refusing a request that waited past its queue timeout; a short, bounded retry rides out a burst, and a server
-    that stays overloaded or unreachable still fails after the last pause."""
+    """`score_batch` (which raises ServingError), tried again after each pause of `backoff_s` while it fails
+    UNAVAILABLE. Triton sheds load by refusing a request that waited past its queue timeout; a short, bounded retry
+    rides out a burst, and a server that stays overloaded or unreachable still fails after the last pause."""
     def score(payloads: Sequence[bytes]):
         for pause in backoff_s:
             try:
                 return score_batch(payloads)
-            except ScoringError as err:
+            except ServingError as err:
                 if err.kind != UNAVAILABLE:
                     raise
             sleep(pause)
@@ -62,12 +48,12 @@ def score_isolating_bad_records(payloads: Sequence[bytes], score_batch: ScoreBat
         return []
     try:
         probabilities, decisions = score_batch(payloads)
-    except ScoringError as err:
+    except ServingError as err:
         if err.kind != INVALID or len(payloads) == 1:
             return [Scored(float("nan"), b"", err)] * len(payloads)
         return [score_isolating_bad_records([p], score_batch)[0] for p in payloads]
     probabilities, decisions = np.asarray(probabilities).ravel(), np.asarray(decisions).ravel()
     if len(probabilities) != len(payloads) or len(decisions) != len(payloads):
-        error = ScoringError(f"{len(probabilities)} scores for {len(payloads)} records", INTERNAL)
+        error = InternalError(f"{len(probabilities)} scores for {len(payloads)} records")
         return [Scored(float("nan"), b"", error)] * len(payloads)
     return [Scored(float(p), bytes(d), None) for p, d in zip(probabilities, decisions)]

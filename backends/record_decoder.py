@@ -15,9 +15,18 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from backends.errors import InvalidInput
 from backends.feature_spec import FeatureSpec
 
+# Bounds on what a record may carry; each is refused with its own error, naming the field. The byte limit comes
+# first and bounds everything else; the others keep what a record leaves behind (routing keys, stream state,
+# metrics) small whatever the sender does.
 DEFAULT_MAX_RECORD_BYTES = 64 * 1024
+MAX_ID_CHARS = 256  # request_id, stream_id
+MAX_FEATURES = 256  # entries of the feature map (the model reads 20)
+# Python refuses to turn a JSON integer of more digits than this into an int (CVE-2020-10735).
+JSON_MAX_INT_DIGITS = 4300
+SEQUENCE_ID_MAX = 2 ** 63 - 1  # answers carry it as INT64
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -29,7 +38,7 @@ _JSON_WHITESPACE = b" \t\r\n"
 _JSON_VALUE_START = frozenset(b'{["-0123456789tfn')
 
 
-class RecordError(ValueError):
+class RecordError(InvalidInput):
     """One record cannot be scored; `field` names the attribute (or `payload`), `reason` says why."""
 
     def __init__(self, field: str, reason: str):
@@ -124,7 +133,7 @@ class RecordDecoder:
             except OverflowError:
                 number = math.inf
             if not math.isfinite(number) or abs(number) > _FLOAT32_MAX:
-                raise RecordError(f"features.{name}", f"not a finite float32 number ({value!r})")
+                raise RecordError(f"features.{name}", f"not a finite float32 number ({_shown(value)})")
             nums.append(number)
         return cats, nums
 
@@ -147,14 +156,25 @@ def parse_record(payload: bytes, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTE
 
 
 def stream_position(record: LegacyRecord, stream: str) -> int:
-    """The record's sequence_id on `stream` (the correlation id); a stream_id, when sent, must name that stream."""
+    """The record's sequence_id on `stream` (the correlation id), within 0..2^63-1; a stream_id, when sent, must
+    name that stream. A protobuf record cannot tell 0 from absent (proto3): it reads 0, as legacy callers meant."""
     if record.stream_id not in (None, "") and str(record.stream_id) != stream:
-        raise RecordError("stream_id", f"{record.stream_id!r} is not the stream of this sequence ({stream!r})")
-    if record.sequence_id is None:
+        raise RecordError("stream_id", f"{_shown(record.stream_id)} is not the stream of this sequence "
+                                       f"({_shown(stream)})")
+    sequence_id = record.sequence_id
+    if sequence_id is None:
         raise RecordError("sequence_id", "missing")
-    if isinstance(record.sequence_id, bool) or not isinstance(record.sequence_id, int):
-        raise RecordError("sequence_id", f"expected an integer, got {_type_name(record.sequence_id)}")
-    return record.sequence_id
+    if isinstance(sequence_id, bool) or not isinstance(sequence_id, int):
+        raise RecordError("sequence_id", f"expected an integer, got {_type_name(sequence_id)}")
+    if not 0 <= sequence_id <= SEQUENCE_ID_MAX:
+        raise RecordError("sequence_id", f"{_shown(sequence_id)} is outside 0..{SEQUENCE_ID_MAX}")
+    return sequence_id
+
+
+def _shown(value: object, limit: int = 40) -> str:
+    """`value` for a message, cut short: an error does not echo a hostile record back in full."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _forms(payload: bytes) -> tuple[Callable[[bytes], LegacyRecord], ...]:
@@ -178,14 +198,33 @@ def _parse_json(payload: bytes) -> LegacyRecord:
         raise RecordError("payload", f"not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     except RecursionError:
         raise RecordError("payload", "JSON nested too deeply") from None
+    except ValueError:
+        # The one other refusal of json.loads: an integer literal longer than Python converts.
+        raise RecordError("payload", f"a JSON integer has more than {JSON_MAX_INT_DIGITS} digits") from None
     if not isinstance(record, dict):
         raise RecordError("payload", f"a record must be a JSON object, got {_type_name(record)}")
-    features = record.get("features")
+    return _checked(LegacyRecord(record.get("request_id"), record.get("stream_id"), record.get("sequence_id"),
+                                 record.get("features")))
+
+
+def _checked(record: LegacyRecord) -> LegacyRecord:
+    """The envelope within its bounds, whatever the form."""
+    features = record.features
     if features is None:
         raise RecordError("features", "missing")
     if not isinstance(features, dict):
         raise RecordError("features", f"must be an object, got {_type_name(features)}")
-    return LegacyRecord(record.get("request_id"), record.get("stream_id"), record.get("sequence_id"), features)
+    if len(features) > MAX_FEATURES:
+        raise RecordError("features", f"{len(features)} entries is over the limit of {MAX_FEATURES}")
+    for name in ("request_id", "stream_id"):
+        value = getattr(record, name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise RecordError(name, f"expected a string, got {_type_name(value)}")
+        if len(str(value)) > MAX_ID_CHARS:
+            raise RecordError(name, f"{len(str(value))} characters is over the limit of {MAX_ID_CHARS}")
+    return record
 
 
 @lru_cache(maxsize=1)
@@ -206,12 +245,12 @@ def _parse_protobuf(payload: bytes) -> LegacyRecord:
     record = record_class()
     try:
         record.ParseFromString(bytes(payload))
-    except decode_error:
+    except (decode_error, RuntimeError, ValueError):
         raise RecordError("payload", "not a valid SkillRecord protobuf") from None
     # proto3 cannot tell an empty map from an absent one: both read as `{}`, so the first attribute is reported
     # missing, exactly as for the JSON record {"features": {}}.
     features = {name: _feature_value(value) for name, value in record.features.items()}
-    return LegacyRecord(record.request_id, record.stream_id, record.sequence_id, features)
+    return _checked(LegacyRecord(record.request_id, record.stream_id, record.sequence_id, features))
 
 
 def _feature_value(value) -> object:

@@ -6,7 +6,6 @@ fails, its rows are answered by the fallback. A mirrored (shadow) call never cha
 """
 from __future__ import annotations
 
-import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -15,27 +14,23 @@ from typing import Callable, Sequence
 import numpy as np
 
 from backends.circuit_breaker import CircuitBreaker
+from backends.errors import NotServing, ServingError
 from backends.routing_policy import RoutingSettings, Target, route
 
-# A version that is published but not loaded yet (or retired but not unloaded) answers with one of these.
-_NOT_SERVING = re.compile(r"unknown model|not found|not ready|unavailable|is not at ready state", re.IGNORECASE)
 NOT_SERVING_MEMORY_SECONDS = 0.5
 # The version folders are listed at most this often, not on every batch: a version published since is found
 # within it, and one retired since fails as "not serving" and is skipped like any other.
 VERSION_LISTING_SECONDS = 0.5
 
+# Raises a ServingError: NotServing when that version is not loaded (published but not loaded yet, or retired).
 Scorer = Callable[[Target, np.ndarray, np.ndarray], np.ndarray]
-
-
-class ScoringError(Exception):
-    pass
 
 
 @dataclass
 class BatchAnswer:
     probability: np.ndarray  # float32 [rows, 1]; NaN where the row has an error
     served_by: list[str | None]
-    errors: list[str | None]
+    errors: list[ServingError | None]
     shadow_differences: dict[str, np.ndarray] = field(default_factory=dict)  # candidate -> |candidate - primary|
     fallback_rows: int = 0
 
@@ -57,8 +52,8 @@ class Router:
         for row, (key, override) in enumerate(zip(keys, overrides)):
             try:
                 chosen = route(self.settings, key, override)
-            except ValueError as err:
-                out.errors[row] = str(err)
+            except ServingError as err:
+                out.errors[row] = err
                 continue
             groups[chosen.target].append(row)
             if chosen.mirror is not None:
@@ -76,7 +71,7 @@ class Router:
                 continue
             try:
                 shadow, _ = self._call(candidate, categorical[answered], numeric[answered])
-            except ScoringError:
+            except ServingError:
                 continue
             out.shadow_differences[str(candidate)] = np.abs(shadow.ravel() - out.probability[answered].ravel())
         return out
@@ -90,11 +85,11 @@ class Router:
         started = self._clock()
         try:
             probability, served = self._call(self.settings.primary, categorical[rows], numeric[rows])
-        except ScoringError as err:
+        except ServingError as err:
             self.breaker.record(False, self._clock() - started, len(rows))
             if fallback is None:
                 for r in rows:
-                    out.errors[r] = str(err)
+                    out.errors[r] = err
                 return
             out.fallback_rows += len(rows)
             self._fill(fallback, rows, categorical, numeric, out)
@@ -107,9 +102,9 @@ class Router:
     def _fill(self, target: Target, rows, categorical, numeric, out: BatchAnswer) -> None:
         try:
             probability, served = self._call(target, categorical[rows], numeric[rows])
-        except ScoringError as err:
+        except ServingError as err:
             for r in rows:
-                out.errors[r] = str(err)
+                out.errors[r] = err
             return
         out.probability[rows] = probability.reshape(-1, 1)
         for r in rows:
@@ -131,14 +126,13 @@ class Router:
             candidates = [Target(target.model, v) for v in self._listed_versions(target.model, now)
                           if self._not_serving.get(Target(target.model, v), -1.0) < now]
             if not candidates:
-                raise ScoringError(f"{target.model}: no version is serving")
-        last_error = None
+                raise NotServing(f"{target.model}: no version is serving")
         for concrete in candidates:
             try:
                 return self._score(concrete, categorical, numeric), str(concrete)
-            except Exception as err:  # noqa: BLE001 - classified below
+            except ServingError as err:
                 last_error = err
-                if target.version is not None or not _NOT_SERVING.search(str(err)):
+                if target.version is not None or not isinstance(err, NotServing):
                     break
                 self._not_serving[concrete] = self._clock() + NOT_SERVING_MEMORY_SECONDS
-        raise ScoringError(f"{target}: {last_error}")
+        raise type(last_error)(f"{target}: {last_error.message}")

@@ -9,9 +9,14 @@ import hashlib
 from dataclasses import dataclass
 from typing import Mapping
 
+from backends.errors import InvalidInput
 from backends.model_parameters import string_parameter
 
 BUCKETS = 10_000
+# A `route` request parameter longer than this is refused before it is looked at.
+MAX_ROUTE_CHARS = 128
+# Versions are folder numbers; more digits than this cannot be one (and would not fit Triton's int64).
+MAX_VERSION_DIGITS = 18
 
 
 @dataclass(frozen=True)
@@ -23,11 +28,13 @@ class Target:
 
     @classmethod
     def parse(cls, text: str) -> "Target":
+        if not isinstance(text, str):
+            raise ValueError(f"target {text!r}: expected text like model or model:version")
         model, _, version = text.strip().partition(":")
         if not model:
             raise ValueError(f"target {text!r}: a model name is required")
-        if version and not version.isdigit():
-            raise ValueError(f"target {text!r}: the version must be a number")
+        if version and not (version.isascii() and version.isdigit() and len(version) <= MAX_VERSION_DIGITS):
+            raise ValueError(f"target {text!r}: the version must be a number of at most {MAX_VERSION_DIGITS} digits")
         return cls(model, int(version) if version else None)
 
     def __str__(self) -> str:
@@ -70,6 +77,11 @@ class RoutingSettings:
                    percent("canary_percent"), percent("shadow_percent"),
                    Target.parse(text("fallback")) if text("fallback") else None)
 
+    @property
+    def models(self) -> frozenset[str]:
+        """The models this router sends records to: the only ones a `route` may name."""
+        return frozenset(t.model for t in (self.primary, self.candidate, self.fallback) if t is not None)
+
     def describe(self) -> str:
         if self.canary_percent:
             return f"{100 - self.canary_percent:g}% {self.primary}, {self.canary_percent:g}% {self.candidate}"
@@ -95,19 +107,37 @@ class Route:
     mirror: Target | None = None
 
 
-def route(settings: RoutingSettings, key: str | bytes, override: str | None = None) -> Route:
-    """`override` colours traffic: "primary", "candidate" or an explicit "model:version"."""
-    if override:
-        if override == "primary":
-            return Route(settings.primary)
-        if override == "candidate":
-            if settings.candidate is None:
-                raise ValueError("route=candidate, but no candidate is configured")
-            return Route(settings.candidate)
-        return Route(Target.parse(override))
+def route(settings: RoutingSettings, key: str | bytes, override: object = None) -> Route:
+    """`override` (a client's `route` request parameter) colours traffic; see `route_override`."""
+    if override is not None and override != "":
+        return Route(route_override(settings, override))
     if settings.canary_percent and _share(key, settings.canary_percent, b"canary:"):
         return Route(settings.candidate)
     # The shadow sample is drawn independently of the canary so that the two never select the same slice.
     if settings.shadow_percent and _share(key, settings.shadow_percent, b"shadow:"):
         return Route(settings.primary, mirror=settings.candidate)
     return Route(settings.primary)
+
+
+def route_override(settings: RoutingSettings, override: object) -> Target:
+    """"primary", "candidate", or "model[:version]" of a model this router serves; anything else is the caller's
+    InvalidInput. Checked against the settings only: client text never reaches the filesystem."""
+    if isinstance(override, bool) or not isinstance(override, str):
+        kind = "boolean" if isinstance(override, bool) else type(override).__name__
+        raise InvalidInput(f"route: expected a string, got {kind}")
+    if len(override) > MAX_ROUTE_CHARS:
+        raise InvalidInput(f"route: {len(override)} characters is over the limit of {MAX_ROUTE_CHARS}")
+    if override == "primary":
+        return settings.primary
+    if override == "candidate":
+        if settings.candidate is None:
+            raise InvalidInput("route: candidate, but no candidate is configured")
+        return settings.candidate
+    try:
+        target = Target.parse(override)
+    except ValueError as err:
+        raise InvalidInput(f"route: {err}") from None
+    if target.model not in settings.models:
+        raise InvalidInput(f"route: {target.model!r} is not served here "
+                           f"(primary, candidate, or one of {', '.join(sorted(settings.models))})")
+    return target

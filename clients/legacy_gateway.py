@@ -16,8 +16,8 @@ from typing import Iterable, Sequence
 import grpc
 import numpy as np
 
-from backends.batch_scoring import (INTERNAL, INVALID, UNAVAILABLE, ScoringError, retrying,
-                                    score_isolating_bad_records)
+from backends.batch_scoring import retrying, score_isolating_bad_records
+from backends.errors import INTERNAL, INVALID, UNAVAILABLE, of_kind
 from clients.proto import skill_pb2, skill_pb2_grpc
 
 DEFAULT_WINDOW_SIZE = 32
@@ -51,7 +51,7 @@ def windows(records: Iterable, size: int) -> Iterable[list]:
 
 @dataclass
 class TritonScorer:
-    """One `score_batch` for backends.batch_scoring: payloads -> (probabilities, decisions), or ScoringError."""
+    """One `score_batch` for backends.batch_scoring: payloads -> (probabilities, decisions), or ServingError."""
 
     url: str
     model: str = "risk_pipeline"
@@ -74,7 +74,7 @@ class TritonScorer:
         try:
             result = client.infer(self.model, [tensor], client_timeout=self.timeout_s)
         except InferenceServerException as err:
-            raise ScoringError(err.message() or str(err), error_kind(err.status())) from None
+            raise of_kind(error_kind(err.status()), err.message() or str(err)) from None
         return result.as_numpy("probability"), result.as_numpy("decision")
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
+from backends import fault_points
+from backends.errors import InternalError, InvalidInput, triton_error
 from backends.ort_runner import CONFIG_DTYPES, OrtRunner, OrtSettings, TensorSpec
 
 DEFAULT_MODEL_FILENAME = "model.onnx"
@@ -29,18 +31,22 @@ class TritonPythonModel:
 
     def execute(self, requests):
         try:
+            fault_points.check("onnxruntime.execute")
             feeds = [{s.name: pb_utils.get_input_tensor_by_name(r, s.name).as_numpy() for s in self._runner.inputs}
                      for r in requests]
             results = self._runner.run(feeds)
         except Exception:  # noqa: BLE001 - log it, fail these requests, keep serving
             pb_utils.Logger.log_error(traceback.format_exc())
-            error = pb_utils.TritonError("onnxruntime backend: internal error", pb_utils.TritonError.INTERNAL)
-            return [pb_utils.InferenceResponse(error=error) for _ in requests]
+            return [_error(InternalError("onnxruntime backend: internal error")) for _ in requests]
         return [self._response(result) for result in results]
 
     def _response(self, result):
         if isinstance(result, Exception):
-            return pb_utils.InferenceResponse(
-                error=pb_utils.TritonError(f"onnxruntime: {result}", pb_utils.TritonError.INVALID_ARG))
+            return _error(InvalidInput(f"onnxruntime: {result}"))
         return pb_utils.InferenceResponse(
             output_tensors=[pb_utils.Tensor(s.name, out) for s, out in zip(self._runner.outputs, result)])
+
+
+def _error(err):
+    # A new TritonError for every response: Triton 2.51 crashes when responses share one.
+    return pb_utils.InferenceResponse(error=triton_error(err, pb_utils.TritonError))

@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from backends.batch_scoring import INTERNAL, INVALID, UNAVAILABLE, ScoringError, retrying, score_isolating_bad_records
+from backends.batch_scoring import retrying, score_isolating_bad_records
+from backends.errors import INTERNAL, INVALID, UNAVAILABLE, ServingError, of_kind
 
 
 class FakeScorer:
@@ -15,7 +16,7 @@ class FakeScorer:
         self.calls.append(list(payloads))
         bad = [p for p in payloads if not p.startswith(b"p=")]
         if bad:
-            raise ScoringError(f"bad record {bad[0].decode()}", self.failure_kind)
+            raise of_kind(self.failure_kind, f"bad record {bad[0].decode()}")
         probabilities = np.array([[float(p[2:])] for p in payloads], dtype=np.float32)
         return probabilities, np.array([[b"APPROVE"]] * len(payloads), dtype=object)
 
@@ -54,7 +55,7 @@ def test_no_records_means_no_call():
 
 
 def test_the_ensemble_prefix_of_a_step_error_is_not_passed_on():
-    error = ScoringError("in ensemble 'risk_pipeline', features.purpose: missing", INVALID)
+    error = of_kind(INVALID, "in ensemble 'risk_pipeline', features.purpose: missing")
     assert error.message == str(error) == "features.purpose: missing"
 
 
@@ -71,14 +72,14 @@ def test_retrying_rides_out_shed_requests_only(failures, kind, calls, outcome):
     def flaky(payloads):
         attempts.append(payloads)
         if len(attempts) <= failures:
-            raise ScoringError("Request timeout expired", kind)
+            raise of_kind(kind, "Request timeout expired")
         return np.zeros((len(payloads), 1)), np.array([[b"APPROVE"]] * len(payloads), dtype=object)
 
     score = retrying(flaky, backoff_s=(0.05, 0.2), sleep=pauses.append)
     if outcome == "scored":
         assert score([b"x"])[0].shape == (1, 1)
     else:
-        with pytest.raises(ScoringError) as err:
+        with pytest.raises(ServingError) as err:
             score([b"x"])
         assert err.value.kind == outcome
     assert len(attempts) == calls

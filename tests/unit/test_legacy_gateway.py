@@ -2,7 +2,7 @@ import grpc
 import numpy as np
 import pytest
 
-from backends.batch_scoring import INTERNAL, INVALID, UNAVAILABLE, ScoringError
+from backends.errors import INTERNAL, INVALID, UNAVAILABLE, of_kind
 from clients.legacy_gateway import SkillGateway, error_kind, windows
 from clients.legacy_record import to_protobuf
 from clients.proto import skill_pb2
@@ -21,7 +21,7 @@ def scorer_failing_on(bad: set[int], kind=INVALID):
     def score(payloads):
         records = [skill_pb2.SkillRecord.FromString(p) for p in payloads]
         if any(r.sequence_id in bad for r in records):
-            raise ScoringError("features.purpose: missing", kind)
+            raise of_kind(kind, "features.purpose: missing")
         return (np.array([[r.sequence_id / 100] for r in records], dtype=np.float32),
                 np.array([[b"REVIEW"]] * len(records), dtype=object))
     return score

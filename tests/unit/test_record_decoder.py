@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends.feature_spec import CategoricalFeature, FeatureSpec
-from backends.record_decoder import RecordDecoder, RecordError, encode_columns, request_error
+from backends.record_decoder import (MAX_FEATURES, MAX_ID_CHARS, RecordDecoder, RecordError, encode_columns, parse_record,
+                                     request_error, stream_position)
 
 SPEC = FeatureSpec(
     categorical=(CategoricalFeature("housing", {"own": 1, "rent": 2, "for free": 3}, 0),
@@ -139,3 +140,77 @@ def test_request_ids_come_back_per_record_as_text():
     batch = RecordDecoder(SPEC).decode([record(), b"{", json.dumps({"request_id": 7, "features": VALID}).encode(),
                                         json.dumps({"features": VALID}).encode()])
     assert batch.request_ids == ("r-1", None, "7", None)
+
+
+def huge_integer(digits: int) -> bytes:
+    return b"1" * digits
+
+
+@pytest.mark.parametrize("payload", [
+    record()[:-1] + b', "pad": ' + huge_integer(5000) + b"}",
+    record()[:-1] + b', "sequence_id": -' + huge_integer(4301) + b"}",
+    json.dumps({"features": VALID, "x": [[[0]]]}).encode().replace(b"0", huge_integer(10_000)),
+    with_feature("credit_amount", 0).replace(b'"credit_amount": 0', b'"credit_amount": ' + huge_integer(4400)),
+])
+def test_a_json_integer_longer_than_python_converts_is_that_records_error_anywhere_in_it(payload):
+    batch = RecordDecoder(SPEC).decode([payload, record()])
+    assert batch.errors[1] is None
+    assert str(batch.errors[0]) == "payload: a JSON integer has more than 4300 digits"
+
+
+@pytest.mark.parametrize("extra, field, reason", [
+    ({"request_id": "r" * (MAX_ID_CHARS + 1)}, "request_id", f"{MAX_ID_CHARS + 1} characters is over the limit"),
+    ({"request_id": ["r-1"]}, "request_id", "expected a string, got array"),
+    ({"request_id": True}, "request_id", "expected a string, got boolean"),
+    ({"stream_id": {"a": 1}}, "stream_id", "expected a string, got object"),
+    ({"stream_id": "s" * 1000}, "stream_id", "1000 characters is over the limit"),
+    ({"features": {**VALID, **{f"x{i}": i for i in range(MAX_FEATURES)}}}, "features",
+     f"{MAX_FEATURES + 4} entries is over the limit of {MAX_FEATURES}"),
+])
+def test_the_envelope_is_bounded_and_each_bound_names_its_field(extra, field, reason):
+    error = RecordDecoder(SPEC).decode([json.dumps({"features": VALID, **extra}).encode()]).errors[0]
+    assert error is not None and error.field == field and reason in error.reason
+
+
+def test_a_4300_digit_integer_is_still_a_number():
+    batch = RecordDecoder(SPEC).decode([with_feature("credit_amount", 10 ** 4299)])
+    assert batch.errors[0].field == "features.credit_amount" and "not a finite float32 number" in batch.errors[0].reason
+    assert len(str(batch.errors[0])) < 200, "the message does not echo the number in full"
+
+
+@pytest.mark.parametrize("sequence_id, reason", [
+    (None, "missing"), ("3", "expected an integer, got string"), (1.5, "expected an integer, got number"),
+    (True, "expected an integer, got boolean"), (-1, "-1 is outside 0..9223372036854775807"),
+    (2 ** 63, "9223372036854775808 is outside 0..9223372036854775807"), (10 ** 400, "is outside 0.."),
+    (-(10 ** 4000), "is outside 0.."),
+])
+def test_a_sequence_id_outside_int64_and_below_zero_is_refused_naming_it(sequence_id, reason):
+    with pytest.raises(RecordError) as err:
+        stream_position(parse_record(record(sequence_id=sequence_id)), "s")
+    assert err.value.field == "sequence_id" and reason in err.value.reason
+    assert len(str(err.value)) < 200
+
+
+@pytest.mark.parametrize("sequence_id", [0, 1, 2 ** 63 - 1])
+def test_sequence_ids_within_int64_are_taken(sequence_id):
+    assert stream_position(parse_record(record(sequence_id=sequence_id)), "s") == sequence_id
+
+
+# Integers too long for json.dumps (and for hypothesis to print) are spliced in as text where "HUGE" stands.
+envelope_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+                               | st.just("HUGE"),
+                               lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                           max_size=3), max_leaves=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["request_id", "stream_id", "sequence_id", "features", "pad"]),
+                       envelope_values), st.integers(min_value=1, max_value=20_000), st.booleans())
+def test_any_json_envelope_gives_a_record_or_its_error_never_an_exception(envelope, digits, negative):
+    payload = json.dumps(envelope).encode().replace(b'"HUGE"', b"-" * negative + b"7" * digits)
+    batch = RecordDecoder(SPEC).decode([payload])
+    try:
+        stream_position(parse_record(payload), "s")
+    except RecordError:
+        pass
+    assert batch.errors[0] is None or isinstance(batch.errors[0], RecordError)

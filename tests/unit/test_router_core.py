@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from backends.circuit_breaker import OPEN, BreakerSettings, CircuitBreaker
+from backends.errors import INVALID, InternalError, NotServing
 from backends.router_core import VERSION_LISTING_SECONDS, Router
 from backends.routing_policy import RoutingSettings, Target
 
@@ -18,9 +19,9 @@ class FakeScorers:
     def score(self, target, categorical, numeric):
         self.calls.append((str(target), len(numeric)))
         if str(target) in self.not_loaded:
-            raise RuntimeError(f"Request for unknown model: '{target.model}' version {target.version} is not found")
+            raise NotServing(f"Request for unknown model: '{target.model}' version {target.version} is not found")
         if str(target) in self.down:
-            raise RuntimeError("Stub process 'risk_scorer_0_0' is not healthy.")
+            raise InternalError("Stub process 'risk_scorer_0_0' is not healthy.")
         return numeric[:, :1] + OFFSET[str(target)]
 
     def folders(self, model):
@@ -119,7 +120,8 @@ def test_route_override_sends_that_request_where_it_says(override, served):
 
 def test_unknown_override_fails_that_row_alone():
     answer = router(FakeScorers()).answer(*rows(2), ["a", "b"], ["candidate", None])
-    assert "no candidate is configured" in answer.errors[0] and answer.errors[1] is None
+    assert "no candidate is configured" in answer.errors[0].message and answer.errors[1] is None
+    assert answer.errors[0].kind == INVALID
 
 
 def test_version_folders_are_listed_once_per_listing_period_not_per_batch():

@@ -7,14 +7,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backends.routing_policy import BUCKETS, RoutingSettings, Target, bucket, route
+from backends.errors import INVALID, InvalidInput
+from backends.routing_policy import BUCKETS, MAX_ROUTE_CHARS, RoutingSettings, Target, bucket, route
 from tests.conftest import ROOT
 
 PRIMARY, CANDIDATE = Target("risk_scorer", 1), Target("risk_scorer", 2)
 
 
 def settings(**kw):
-    return RoutingSettings(PRIMARY, CANDIDATE, **kw)
+    return RoutingSettings(PRIMARY, CANDIDATE, fallback=Target("risk_scorer_lite"), **kw)
 
 
 @pytest.mark.parametrize("text, target", [
@@ -61,6 +62,37 @@ def test_shadow_answers_from_the_primary_and_mirrors_a_sample():
 ])
 def test_a_route_override_colours_the_request(override, target):
     assert route(settings(canary_percent=50), "r-1", override).target == target
+
+
+@pytest.mark.parametrize("override, message", [
+    (1, "route: expected a string, got int"),
+    (True, "route: expected a string, got boolean"),
+    ([], "route: expected a string, got list"),
+    ({"model": "risk_scorer"}, "route: expected a string, got dict"),
+    ("x" * (MAX_ROUTE_CHARS + 1), f"route: {MAX_ROUTE_CHARS + 1} characters is over the limit"),
+    ("a" * 300, "route: 300 characters is over the limit"),
+    ("/", "route: '/' is not served here"),
+    ("../..", "route: '../..' is not served here"),
+    ("risk_decision", "route: 'risk_decision' is not served here"),
+    (":3", "a model name is required"),
+    ("risk_scorer:²", "the version must be a number"),
+    ("risk_scorer:" + "9" * 19, "the version must be a number of at most 18 digits"),
+])
+def test_a_route_the_router_does_not_serve_is_the_callers_error_naming_route(override, message):
+    with pytest.raises(InvalidInput) as err:
+        route(settings(), "r-1", override)
+    assert err.value.kind == INVALID and message in err.value.message
+
+
+@given(st.one_of(st.text(max_size=300), st.integers(), st.booleans(), st.floats(), st.none(),
+                 st.lists(st.integers(), max_size=3)))
+def test_any_route_value_is_a_target_of_the_router_or_its_own_error(override):
+    try:
+        target = route(settings(), "r-1", override).target
+    except InvalidInput as err:
+        assert err.message.startswith("route: ")
+    else:
+        assert target.model in settings().models
 
 
 @pytest.mark.parametrize("kw, message", [

@@ -6,7 +6,9 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from backends import fault_points
 from backends.circuit_breaker import BreakerSettings, CircuitBreaker
+from backends.errors import InternalError, InvalidInput, ServingError, from_triton_code, of_kind, triton_error
 from backends.feature_spec import FeatureSpec
 from backends.model_parameters import string_parameter
 from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, RecordDecoder, request_error
@@ -30,15 +32,21 @@ class TritonPythonModel:
         self._metrics = RouterMetrics(pb_utils.MetricFamily)
 
     def _versions(self, model):
+        # `model` is one of the configured targets (routing_policy refuses any other route): never client text.
         folder = self._repository / model
         return sorted((int(p.name) for p in folder.iterdir() if p.name.isdigit()), reverse=True) if folder.is_dir() else []
 
     def _infer(self, model, version, inputs, output):
         request = pb_utils.InferenceRequest(model_name=model, model_version=version, inputs=inputs,
                                             requested_output_names=[output])
-        response = request.exec()
+        try:
+            response = request.exec()
+        except Exception:  # noqa: BLE001 - the stub's own failure: log it, answer the rows with an error
+            pb_utils.Logger.log_error(traceback.format_exc())
+            raise InternalError(f"risk_router: internal error calling {model}") from None
         if response.has_error():
-            raise RuntimeError(response.error().message())
+            error = response.error()
+            raise from_triton_code(error.code(), error.message(), pb_utils.TritonError)
         return pb_utils.get_output_tensor_by_name(response, output).as_numpy()
 
     def _score(self, target, categorical, numeric):
@@ -49,15 +57,15 @@ class TritonPythonModel:
 
     def execute(self, requests):
         try:
+            fault_points.check("risk_router.execute")
             return self._execute(requests)
         except Exception:  # noqa: BLE001 - log it, fail these requests, keep serving
             pb_utils.Logger.log_error(traceback.format_exc())
-            error = pb_utils.TritonError("risk_router: internal error", pb_utils.TritonError.INTERNAL)
-            return [pb_utils.InferenceResponse(error=error) for _ in requests]
+            return [_error(InternalError("risk_router: internal error")) for _ in requests]
 
     def _execute(self, requests):
         payloads = [pb_utils.get_input_tensor_by_name(r, "payload").as_numpy().ravel() for r in requests]
-        overrides = [json.loads(r.parameters() or "{}").get("route") for r in requests]
+        overrides = [_route(r) for r in requests]
         flat = [p for batch in payloads for p in batch]
         decoded = self._decoder.decode(flat)
         valid = [i for i, e in enumerate(decoded.errors) if e is None]
@@ -68,8 +76,12 @@ class TritonPythonModel:
         scored = [k for k, e in enumerate(answer.errors) if e is None]
         decisions = np.empty((len(valid), 1), dtype=object)
         if scored:
-            decisions[scored] = self._infer(self._decision_model, -1, [
-                pb_utils.Tensor("probability", answer.probability[scored])], "decision")
+            try:
+                decisions[scored] = self._infer(self._decision_model, -1, [
+                    pb_utils.Tensor("probability", answer.probability[scored])], "decision")
+            except ServingError as err:
+                for k in scored:
+                    answer.errors[k] = of_kind(err.kind, f"{self._decision_model}: {err.message}")
         self._metrics.observe(answer, self._router.breaker.state)
 
         row_of = {i: k for k, i in enumerate(valid)}
@@ -79,12 +91,14 @@ class TritonPythonModel:
             start += len(batch)
             bad_record = request_error(decoded.errors[rows[0]:rows[-1] + 1])
             if bad_record:
-                responses.append(_error(bad_record, pb_utils.TritonError.INVALID_ARG))
+                responses.append(_error(InvalidInput(bad_record)))
                 continue
             picked = [row_of[i] for i in rows]
-            failed = sorted({answer.errors[k] for k in picked if answer.errors[k]})
+            failed = [answer.errors[k] for k in picked if answer.errors[k] is not None]
             if failed:
-                responses.append(_error("; ".join(failed), pb_utils.TritonError.UNAVAILABLE))
+                # The caller's own mistake (a bad route) is what it must fix first; otherwise the first failure.
+                first = next((e for e in failed if isinstance(e, InvalidInput)), failed[0])
+                responses.append(_error(of_kind(first.kind, "; ".join(sorted({e.message for e in failed})))))
                 continue
             served_by = np.array([[answer.served_by[k].encode()] for k in picked], dtype=object)
             responses.append(pb_utils.InferenceResponse(output_tensors=[
@@ -95,5 +109,14 @@ class TritonPythonModel:
         return responses
 
 
-def _error(message, code):
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+def _route(request):
+    """The `route` request parameter as the client sent it (any JSON type); routing_policy checks it."""
+    try:
+        return json.loads(request.parameters() or "{}").get("route")
+    except (ValueError, AttributeError):
+        return None
+
+
+def _error(err):
+    # A new TritonError for every response: Triton 2.51 crashes when responses share one.
+    return pb_utils.InferenceResponse(error=triton_error(err, pb_utils.TritonError))

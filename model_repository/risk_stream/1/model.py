@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from backends.batch_scoring import (INTERNAL, INVALID, UNAVAILABLE, Scored, ScoringError, retrying,
-                                    score_isolating_bad_records)
+from backends import fault_points
+from backends.batch_scoring import Scored, retrying, score_isolating_bad_records
+from backends.errors import InternalError, Unavailable, from_triton_code, triton_error
 from backends.model_parameters import string_parameter
 from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, RecordError, parse_record, stream_position
 from backends.reorder_buffer import GAP, IN_ORDER, BufferFull, ReorderSettings, StreamTable
@@ -71,10 +72,6 @@ class TritonPythonModel:
         self._settings = ReorderSettings.from_parameters(parameters)
         self._scoring_model = string_parameter(parameters, "scoring_model", "risk_pipeline")
         self._max_record_bytes = int(string_parameter(parameters, "max_record_bytes", DEFAULT_MAX_RECORD_BYTES))
-        # pb_utils.TritonError exists only once the stub runs the model, not when this file is imported.
-        self._error_codes = {INVALID: pb_utils.TritonError.INVALID_ARG, UNAVAILABLE: pb_utils.TritonError.UNAVAILABLE,
-                             INTERNAL: pb_utils.TritonError.INTERNAL}
-        self._error_kinds = {code: kind for kind, code in self._error_codes.items()}
         self._table = StreamTable(self._settings)
         self._score_batch = retrying(self._score)
         self._lock = threading.Lock()
@@ -99,6 +96,7 @@ class TritonPythonModel:
         # deadline forward, so only then is it woken (otherwise it rescans every stream for nothing).
         waiting = False
         try:
+            fault_points.check("risk_stream.execute")
             arrivals = [self._arrival(r, s) for r, s in zip(requests, senders)]
             payloads = [a.payload for a in arrivals if a.error is None]
             scored = iter(score_isolating_bad_records(payloads, self._score_batch))
@@ -108,8 +106,7 @@ class TritonPythonModel:
                     if a.start:
                         self._send(self._table.start(a.stream, now))
                     if a.error is not None:
-                        a.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                            str(a.error), pb_utils.TritonError.INVALID_ARG)), flags=FINAL)
+                        a.sender.send(_error(a.error), flags=FINAL)
                     else:
                         waiting |= self._offer(a.stream, a.sequence_id, Pending(a.sender, next(scored)), now)
                     if a.end:
@@ -118,9 +115,8 @@ class TritonPythonModel:
                 self._report()
         except Exception:  # noqa: BLE001 - log it; every request not yet taken in still gets its final answer
             pb_utils.Logger.log_error(traceback.format_exc())
-            error = pb_utils.TritonError("risk_stream: internal error", pb_utils.TritonError.INTERNAL)
             for sender in senders[handled:]:
-                sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
+                sender.send(_error(InternalError("risk_stream: internal error")), flags=FINAL)
             waiting = True
         if waiting:
             self._wake.set()
@@ -155,10 +151,10 @@ class TritonPythonModel:
             response = request.exec()
         except Exception:  # noqa: BLE001 - the stub's own failure: log it, answer the records with an error
             pb_utils.Logger.log_error(traceback.format_exc())
-            raise ScoringError("risk_stream: internal error while scoring", INTERNAL) from None
+            raise InternalError("risk_stream: internal error while scoring") from None
         if response.has_error():
-            kind = self._error_kinds.get(response.error().code(), INTERNAL)
-            raise ScoringError(response.error().message(), kind)
+            error = response.error()
+            raise from_triton_code(error.code(), error.message(), pb_utils.TritonError)
         return (pb_utils.get_output_tensor_by_name(response, "probability").as_numpy(),
                 pb_utils.get_output_tensor_by_name(response, "decision").as_numpy())
 
@@ -167,9 +163,8 @@ class TritonPythonModel:
         try:
             offer = self._table.offer(stream, sequence_id, pending, now)
         except BufferFull as err:
-            pending.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                f"stream {stream} sequence_id {sequence_id}: reorder buffer full, {err}",
-                pb_utils.TritonError.UNAVAILABLE)), flags=FINAL)
+            pending.sender.send(_error(Unavailable(
+                f"stream {stream} sequence_id {sequence_id}: reorder buffer full, {err}")), flags=FINAL)
             return False
         if offer.duplicate:
             # Dropped: the request is closed with no answer (gRPC streams skip empty final responses).
@@ -185,9 +180,8 @@ class TritonPythonModel:
                 continue
             scored = e.item.scored
             if scored.error is not None:
-                error = pb_utils.TritonError(f"sequence_id {e.sequence_id}: {scored.error.message}",
-                                             self._error_codes[scored.error.kind])
-                e.item.sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
+                e.item.sender.send(_error(type(scored.error)(f"sequence_id {e.sequence_id}: {scored.error.message}")),
+                                   flags=FINAL)
             else:
                 status = "OK" if e.status == IN_ORDER else e.status
                 e.item.sender.send(self._answer(scored.probability, scored.decision, e.sequence_id, status),
@@ -225,3 +219,8 @@ class TritonPythonModel:
                 self._reported[name] = counts[name]
         self._metrics["buffered"].set(self._table.buffered)
         self._metrics["streams"].set(len(self._table))
+
+
+def _error(err):
+    # A new TritonError for every response: Triton 2.51 crashes when responses share one.
+    return pb_utils.InferenceResponse(error=triton_error(err, pb_utils.TritonError))

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
+from backends import fault_points
+from backends.errors import InternalError, InvalidInput, triton_error
 from backends.feature_spec import FeatureSpec
 from backends.model_parameters import string_parameter
 from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, RecordDecoder, request_error
@@ -26,19 +28,18 @@ class TritonPythonModel:
 
     def execute(self, requests):
         try:
+            fault_points.check("skill_adapter.execute")
             payloads = [pb_utils.get_input_tensor_by_name(r, "payload").as_numpy().ravel() for r in requests]
             decoded = self._decoder.decode([p for batch in payloads for p in batch])
         except Exception:  # noqa: BLE001 - log it, fail these requests, keep serving
             pb_utils.Logger.log_error(traceback.format_exc())
-            error = pb_utils.TritonError("skill_adapter: internal error", pb_utils.TritonError.INTERNAL)
-            return [pb_utils.InferenceResponse(error=error) for _ in requests]
+            return [_error(InternalError("skill_adapter: internal error")) for _ in requests]
         responses, start = [], 0
         for batch in payloads:
             stop = start + len(batch)
             message = request_error(decoded.errors[start:stop])
             if message:
-                responses.append(pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG)))
+                responses.append(_error(InvalidInput(message)))
             else:
                 responses.append(pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor("categorical", decoded.categorical[start:stop]),
@@ -46,3 +47,8 @@ class TritonPythonModel:
                 ]))
             start = stop
         return responses
+
+
+def _error(err):
+    # A new TritonError for every response: Triton 2.51 crashes when responses share one.
+    return pb_utils.InferenceResponse(error=triton_error(err, pb_utils.TritonError))
