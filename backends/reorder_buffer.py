@@ -7,8 +7,9 @@ id waits in the stream's buffer; the missing ids before it are given up (one GAP
 - `reorder_timeout_ms` has passed since a buffered record first showed that the id is missing,
 - or the stream ends.
 
-An id at or below the watermark is a duplicate (dropped, counted) unless it was given up: then it is answered
-LATE, once. Nothing here knows Triton; `item` is whatever the caller needs to answer the record later.
+An id at or below the watermark is a duplicate (counted; the caller answers it DUPLICATE) unless it was given up:
+then it is answered LATE, once. An id below the stream's first id is stale: it was never part of this stream.
+Nothing here knows Triton; `item` is whatever the caller needs to answer the record later.
 """
 from __future__ import annotations
 
@@ -77,14 +78,15 @@ class Emission(Generic[T]):
 @dataclass
 class Offer(Generic[T]):
     emissions: list[Emission[T]] = field(default_factory=list)
-    duplicate: bool = False
+    duplicate: bool = False  # already answered, or waiting
+    stale: bool = False  # below the stream's first id
     reordered: bool = False  # the record arrived ahead of a missing id and had to wait
 
 
 class StreamReorder(Generic[T]):
     def __init__(self, settings: ReorderSettings, now_ms: float, first_id: int | None = None):
         self.settings = settings
-        self.next_id = settings.first_sequence_id if first_id is None else first_id
+        self.next_id = self.first_id = settings.first_sequence_id if first_id is None else first_id
         self.last_seen_ms = now_ms
         self._buffer: dict[int, tuple[T, float]] = {}
         self._skipped: list[tuple[int, int]] = []  # sorted, disjoint, inclusive ranges not yet answered LATE
@@ -95,6 +97,8 @@ class StreamReorder(Generic[T]):
 
     def offer(self, sequence_id: int, item: T, now_ms: float) -> Offer[T]:
         self.last_seen_ms = now_ms
+        if sequence_id < self.first_id:
+            return Offer(stale=True)
         if sequence_id < self.next_id:
             if self._take_skipped(sequence_id):
                 return Offer([Emission(LATE, sequence_id, sequence_id, item)])
@@ -182,6 +186,7 @@ class StreamReorder(Generic[T]):
 class Counts:
     reordered: int = 0
     duplicate: int = 0
+    stale: int = 0
     late: int = 0
     gap: int = 0  # ids given up
     overflow: int = 0
@@ -222,9 +227,14 @@ class StreamTable(Generic[T]):
             self.counts.overflow += 1
             raise
         self.counts.duplicate += offer.duplicate
+        self.counts.stale += offer.stale
         self.counts.reordered += offer.reordered
         self._count(offer.emissions)
         return offer
+
+    def first_id(self, stream: Hashable) -> int | None:
+        reorder = self._streams.get(stream)
+        return None if reorder is None else reorder.first_id
 
     def end(self, stream: Hashable) -> list[Emission[T]]:
         reorder = self._streams.pop(stream, None)

@@ -1,8 +1,8 @@
 """`s2t stream`: replay German Credit records on N streams through risk_stream, over gRPC bidirectional streams.
 
 Each stream sends its records with some of them shuffled within a window, duplicated or lost, and checks what
-comes back: in-order OK answers, LATE and GAP answers, dropped duplicates, errors; latency per record and
-throughput over all streams. One gRPC stream (and one sender thread) per record stream, as real callers are.
+comes back: in-order OK answers, LATE, GAP and DUPLICATE answers, errors, requests closed without an answer;
+latency per record and throughput over all streams. One gRPC stream (and one sender thread) per record stream, as real callers are.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def plan(n: int, *, shuffle: float = 0.0, window: int = 0, duplicate: float = 0.
 
 @dataclass(frozen=True)
 class Answer:
-    status: str  # OK, LATE or GAP
+    status: str  # OK, LATE, GAP or DUPLICATE
     sequence_id: int
     last_id: int  # GAP: the last id given up; otherwise sequence_id
     probability: float
@@ -78,7 +78,8 @@ class Summary:
     ok: int
     late: int
     gap_ids: int
-    dropped: int
+    duplicates: int
+    dropped: int  # requests closed without any answer
     errors: int
     in_order_rate: float
     exactly_once: bool
@@ -94,8 +95,8 @@ class Summary:
         return "\n".join([
             f"streams {self.streams}  records sent {self.sent}  in {self.seconds:.2f} s  "
             f"throughput {self.throughput:.0f} records/s",
-            f"OK {self.ok}  LATE {self.late}  GAP ids {self.gap_ids}  dropped (duplicates) {self.dropped}  "
-            f"errors {self.errors}",
+            f"OK {self.ok}  LATE {self.late}  GAP ids {self.gap_ids}  DUPLICATE {self.duplicates}  "
+            f"unanswered {self.dropped}  errors {self.errors}",
             f"in-order rate {self.in_order_rate:.4f}  exactly once {'yes' if self.exactly_once else 'NO'}",
             f"latency (send to answer, OK records) {lat}",
         ])
@@ -116,6 +117,7 @@ def summarize(results: Sequence[StreamResult], seconds: float) -> Summary:
         streams=len(results), sent=sum(len(r.sent) for r in results),
         ok=sum(a.status == "OK" for a in answers), late=sum(a.status == "LATE" for a in answers),
         gap_ids=sum(a.last_id - a.sequence_id + 1 for a in answers if a.status == "GAP"),
+        duplicates=sum(a.status == "DUPLICATE" for a in answers),
         dropped=sum(r.finals for r in results) - answered_requests, errors=sum(len(r.errors) for r in results),
         in_order_rate=in_order / len(results) if results else float("nan"),
         exactly_once=once, latency_ms=percentiles, seconds=seconds)

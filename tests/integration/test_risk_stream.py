@@ -3,6 +3,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -64,11 +65,11 @@ def test_duplicates_late_and_lost_records_get_the_documented_answers(triton, rec
     order = [0, 1, 1, 3, 4, 2, 5, 0]
     result = stream_client.run_stream(triton.grpc_url, "dup-late-lost", records, order, pauses={5: 0.6})
     assert result.complete and result.errors == []
-    assert answers(result) == [("OK", 0, 0), ("OK", 1, 1), ("GAP", 2, 2), ("OK", 3, 3), ("OK", 4, 4),
-                               ("LATE", 2, 2), ("OK", 5, 5)]
-    late = result.answers[5]
+    assert answers(result) == [("OK", 0, 0), ("OK", 1, 1), ("DUPLICATE", 1, 1), ("GAP", 2, 2), ("OK", 3, 3),
+                               ("OK", 4, 4), ("LATE", 2, 2), ("OK", 5, 5), ("DUPLICATE", 0, 0)]
+    late = result.answers[6]
     assert 0.0 <= late.probability <= 1.0 and late.decision in ("APPROVE", "REVIEW", "DECLINE")
-    assert result.finals == len(order)  # the two duplicates are closed with an empty final answer
+    assert result.finals == len(order)
 
 
 def test_a_record_further_ahead_than_max_gap_gives_up_the_oldest_missing_id(triton, records):
@@ -136,3 +137,42 @@ def test_stream_command_reports_in_order_rate_latency_and_throughput(triton):
     assert "in-order rate 1.0000  exactly once yes" in out.stdout
     assert re.search(r"p50 [\d.]+ ms  p95 [\d.]+ ms  p99 [\d.]+ ms", out.stdout)
     assert re.search(r"throughput \d+ records/s", out.stdout)
+
+
+def test_hostile_sequence_ids_each_get_an_explicit_answer_and_healthy_streams_keep_theirs(triton, records):
+    """Ids beyond int64, far beyond it, negative, not integers, missing (protobuf reads 0) and duplicated, sent
+    on eight streams at once next to eight healthy ones."""
+    features = records[0]["features"]
+    hostile = {
+        1: json.dumps({"sequence_id": 2 ** 63, "features": features}).encode(),
+        2: b'{"sequence_id": 1' + b"0" * 400 + b', "features": {}}',
+        3: json.dumps({"sequence_id": -1, "features": features}).encode(),
+        4: json.dumps({"sequence_id": "4", "features": features}).encode(),
+        5: encode({"features": features}, "protobuf"),
+    }
+    expected_errors = ["sequence_id: 9223372036854775808 is outside 0..9223372036854775807",
+                       "sequence_id: 1000000000", "sequence_id: -1 is outside",
+                       "sequence_id: expected an integer, got string"]
+    results = {}
+
+    def run(name, order, payloads=None):
+        results[name] = stream_client.run_stream(triton.grpc_url, name, records, order, payloads=payloads,
+                                                 timeout_s=30)
+
+    threads = [threading.Thread(target=run, args=(f"hostile-{k}", [0, 1, 2, 3, 4, 5, 1, 6], hostile))
+               for k in range(8)]
+    threads += [threading.Thread(target=run, args=(f"healthy-{k}", list(range(8)))) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for name, result in results.items():
+        assert result.complete, f"{name}: {result.finals} of {len(result.sent)} requests answered"
+        if name.startswith("healthy"):
+            assert answers(result) == [("OK", i, i) for i in range(8)] and result.errors == []
+            continue
+        # The protobuf record without an id reads 0: a duplicate of the stream's first record.
+        assert answers(result) == [("OK", 0, 0), ("DUPLICATE", 0, 0), ("OK", 1, 1), ("GAP", 2, 5), ("OK", 6, 6)]
+        assert len(result.errors) == 4
+        for error, text in zip(result.errors, expected_errors):
+            assert text in error, result.errors

@@ -37,7 +37,7 @@ def test_lost_records_are_never_sent_and_duplicates_come_after_their_original(n,
 
 
 @pytest.mark.parametrize("status, sequence_id, parsed", [
-    ("OK", 4, ("OK", 4)), ("LATE", 2, ("LATE", 2)), ("GAP 3-3", 3, ("GAP", 3)), ("GAP 7-16", 7, ("GAP", 16)),
+    ("OK", 4, ("OK", 4)), ("LATE", 2, ("LATE", 2)), ("DUPLICATE", 2, ("DUPLICATE", 2)), ("GAP 3-3", 3, ("GAP", 3)), ("GAP 7-16", 7, ("GAP", 16)),
 ])
 def test_status_names_the_ids_of_a_gap(status, sequence_id, parsed):
     assert parse_status(status, sequence_id) == parsed
@@ -55,12 +55,14 @@ def test_summary_counts_statuses_drops_and_order():
     shuffled = StreamResult("b", sent=[1, 3, 0], finals=3, complete=True, errors=["sequence_id 3: bad"], answers=[
         Answer("GAP", 0, 0, float("nan"), "", 0.0), Answer("OK", 1, 1, 0.5, "REVIEW", 0.040),
         Answer("LATE", 0, 0, 0.6, "REVIEW", 0.050)])
-    summary = summarize([good, shuffled], seconds=2.0)
-    assert (summary.sent, summary.ok, summary.late, summary.gap_ids, summary.errors) == (7, 4, 1, 1, 1)
-    assert summary.dropped == 1
+    answered_duplicate = StreamResult("c", sent=[0, 0], finals=2, complete=True, answers=[
+        Answer("OK", 0, 0, 0.1, "APPROVE", 0.010), Answer("DUPLICATE", 0, 0, float("nan"), "", 0.001)])
+    summary = summarize([good, shuffled, answered_duplicate], seconds=2.0)
+    assert (summary.sent, summary.ok, summary.late, summary.gap_ids, summary.errors) == (9, 5, 1, 1, 1)
+    assert summary.duplicates == 1 and summary.dropped == 1
     assert summary.in_order_rate == 1.0 and summary.exactly_once
-    assert summary.latency_ms["p50"] == pytest.approx(25.0)
-    assert summary.throughput == 3.5
+    assert summary.latency_ms["p50"] == pytest.approx(20.0)
+    assert summary.throughput == 4.5
     assert "in-order rate 1.0000" in summary.table()
 
 
