@@ -90,15 +90,19 @@ class RoutingSettings:
         return f"100% {self.primary}"
 
 
+def _key_bytes(key: str | bytes) -> bytes:
+    # A JSON request_id may hold a lone surrogate ("\ud800"): it still hashes, as its own bytes.
+    return key.encode("utf-8", "surrogatepass") if isinstance(key, str) else bytes(key)
+
+
 def bucket(key: str | bytes) -> int:
     """A stable bucket in [0, BUCKETS): the same key always lands in the same bucket, in every process."""
-    data = key.encode() if isinstance(key, str) else bytes(key)
+    data = _key_bytes(key)
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big") % BUCKETS
 
 
 def _share(key: str | bytes, percent: float, salt: bytes) -> bool:
-    data = key.encode() if isinstance(key, str) else bytes(key)
-    return bucket(salt + data) < percent * BUCKETS / 100
+    return bucket(salt + _key_bytes(key)) < percent * BUCKETS / 100
 
 
 @dataclass(frozen=True)

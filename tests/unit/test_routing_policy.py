@@ -131,3 +131,9 @@ def test_buckets_are_the_same_in_another_process_with_another_hash_seed():
                               env={**os.environ, "PYTHONHASHSEED": seed})
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == str([bucket(k) for k in keys])
+
+
+@pytest.mark.parametrize("key", ["\ud800", "r-\udfff", b"\xff\xfe"])
+def test_a_request_id_with_a_lone_surrogate_or_raw_bytes_still_gets_a_sticky_bucket(key):
+    assert route(settings(canary_percent=50), key) == route(settings(canary_percent=50), key)
+    assert 0 <= bucket(key) < BUCKETS
