@@ -141,7 +141,7 @@ def test_stream_command_reports_in_order_rate_latency_and_throughput(triton):
 
 def test_hostile_sequence_ids_each_get_an_explicit_answer_and_healthy_streams_keep_theirs(triton, records):
     """Ids beyond int64, far beyond it, negative, not integers, missing (protobuf reads 0) and duplicated, sent
-    on eight streams at once next to eight healthy ones."""
+    on eight streams at once next to eight healthy ones whose missing id only the timer gives up."""
     features = records[0]["features"]
     hostile = {
         1: json.dumps({"sequence_id": 2 ** 63, "features": features}).encode(),
@@ -155,13 +155,15 @@ def test_hostile_sequence_ids_each_get_an_explicit_answer_and_healthy_streams_ke
                        "sequence_id: expected an integer, got string"]
     results = {}
 
-    def run(name, order, payloads=None):
+    def run(name, order, payloads=None, pauses=None):
         results[name] = stream_client.run_stream(triton.grpc_url, name, records, order, payloads=payloads,
-                                                 timeout_s=30)
+                                                 pauses=pauses, timeout_s=30)
 
     threads = [threading.Thread(target=run, args=(f"hostile-{k}", [0, 1, 2, 3, 4, 5, 1, 6], hostile))
                for k in range(8)]
-    threads += [threading.Thread(target=run, args=(f"healthy-{k}", list(range(8)))) for k in range(8)]
+    # 1 is missing until 2 has waited past reorder_timeout_ms (200): the timer answers GAP 1 and 2, then 1 is LATE.
+    threads += [threading.Thread(target=run, args=(f"healthy-{k}", [0, 2, 3, 4, 5, 6, 7, 1], None, {2: 0.6}))
+                for k in range(8)]
     for t in threads:
         t.start()
     for t in threads:
@@ -169,7 +171,8 @@ def test_hostile_sequence_ids_each_get_an_explicit_answer_and_healthy_streams_ke
     for name, result in results.items():
         assert result.complete, f"{name}: {result.finals} of {len(result.sent)} requests answered"
         if name.startswith("healthy"):
-            assert answers(result) == [("OK", i, i) for i in range(8)] and result.errors == []
+            assert answers(result) == [("OK", 0, 0), ("GAP", 1, 1), *[("OK", i, i) for i in range(2, 8)],
+                                       ("LATE", 1, 1)] and result.errors == []
             continue
         # The protobuf record without an id reads 0: a duplicate of the stream's first record.
         assert answers(result) == [("OK", 0, 0), ("DUPLICATE", 0, 0), ("OK", 1, 1), ("GAP", 2, 5), ("OK", 6, 6)]

@@ -147,3 +147,18 @@ def test_version_folders_are_listed_once_per_listing_period_not_per_batch():
     clock.now = VERSION_LISTING_SECONDS
     assert r.answer(*rows(2), ["a", "b"], [None, None]).served_by == ["risk_scorer:2"] * 2
     assert listings == ["risk_scorer", "risk_scorer"]
+
+
+def test_client_routes_never_reach_the_version_listing_and_leave_no_state():
+    listed = []
+
+    class ListingScorers(FakeScorers):
+        def folders(self, model):
+            listed.append(model)
+            return super().folders(model)
+
+    r = router(ListingScorers())
+    routes = ["/", "../..", "/etc", "risk_decision", *(f"model-{i}" for i in range(1000)), 1, True]
+    answer = r.answer(*rows(len(routes)), [f"r-{i}" for i in range(len(routes))], routes)
+    assert all(e is not None and e.kind == INVALID and e.message.startswith("route: ") for e in answer.errors)
+    assert listed == [] and r._listed == {} and r._not_serving == {}
