@@ -77,6 +77,12 @@ def _now_ms() -> float:
     return time.monotonic() * 1000.0
 
 
+def _named(stream: Hashable, limit: int = 40) -> str:
+    """The stream (a client's correlation id) for a message, cut short."""
+    text = str(stream)
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
 class StreamSession(Generic[T]):
     def __init__(self, settings: ReorderSettings, score_batch: ScoreBatch, deliver: Callable[[Answer[T]], None],
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, log: Callable[[str], None] = lambda text: None,
@@ -145,11 +151,11 @@ class StreamSession(Generic[T]):
             offer = self._table.offer(arrival.stream, sequence_id, _Pending(arrival.token, scored), now)
         except BufferFull as err:
             return [Answer(arrival.token, True, error=Unavailable(
-                f"sequence_id {sequence_id}: reorder buffer of stream {arrival.stream} full, {err}"))], False
+                f"sequence_id {sequence_id}: reorder buffer of stream {_named(arrival.stream)} full, {err}"))], False
         if offer.stale:
             first = self._table.first_id(arrival.stream)
             return [Answer(arrival.token, True, error=InvalidInput(
-                f"sequence_id {sequence_id}: below {first}, the first id of stream {arrival.stream}"))], False
+                f"sequence_id {sequence_id}: below {first}, the first id of stream {_named(arrival.stream)}"))], False
         if offer.duplicate:
             return [Answer(arrival.token, True, DUPLICATE, sequence_id, sequence_id)], False
         return self._answers(offer.emissions), offer.reordered
