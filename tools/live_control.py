@@ -68,3 +68,32 @@ def reload_config(url: str, model: str, parameters: dict[str, str], timeout: flo
         except InferenceServerException:
             return False
     return _load_and_wait(url, model, done, "run the new parameters", timeout, key)
+
+
+def wait_version_ready(url: str, model: str, version: int, timeout: float = 60.0, key: str | None = None) -> float:
+    """Seconds until `version` of `model` is loaded and ready (whether or not it is the newest)."""
+    return _load_and_wait(url, model, lambda client: _ready(client, model, version),
+                          f"load version {version}", timeout, key)
+
+
+def wait_version_gone(url: str, model: str, version: int, timeout: float = 60.0, key: str | None = None) -> float:
+    """Seconds until `version` of `model` no longer serves (its folder was retired)."""
+    return _load_and_wait(url, model, lambda client: not _ready(client, model, version),
+                          f"unload version {version}", timeout, key)
+
+
+def wait_config(url: str, model: str, in_force, timeout: float = 60.0, key: str | None = None) -> float:
+    """Seconds until the live `model` is ready and `in_force(its config as JSON)` holds."""
+    def done(client) -> bool:
+        try:
+            return in_force(client.get_model_config(model)) and client.is_model_ready(model)
+        except InferenceServerException:
+            return False
+    return _load_and_wait(url, model, done, "run the new config", timeout, key)
+
+
+def _ready(client, model: str, version: int) -> bool:
+    try:
+        return client.is_model_ready(model, str(version))
+    except InferenceServerException:
+        return False
