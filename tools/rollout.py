@@ -81,7 +81,8 @@ class Rollout:
 
     @property
     def repositories(self) -> tuple[Path, ...]:
-        return (Path(self.repository), *self.consumer_repositories)
+        """Where consumers live: the model's repository, and the given ones (default: ./ensembles beside it)."""
+        return (Path(self.repository), *(self.consumer_repositories or default_consumer_repositories(self.repository)))
 
     @property
     def drain_seconds(self) -> float:
