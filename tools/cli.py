@@ -337,6 +337,27 @@ def canary(model, version, percent, shadow, off, repository, consumer_repositori
 
 
 @main.command()
+@_repository_option
+@_consumers_option
+@click.option("--url", envvar="S2T_URL", help="HOST:PORT (HTTP) of the live server: add what it has loaded")
+@click.option("--metrics-url", help="risk_router's breaker state from here [default: the --url host, port + 2]")
+@click.option("--history", "history_lines", type=click.IntRange(0), default=5, show_default=True,
+              help="last history lines shown")
+@click.option("--json", "as_json", is_flag=True, help="one JSON document, for scripts")
+def status(repository, consumer_repositories, url, metrics_url, history_lines, as_json) -> None:
+    """Models, versions and their roles (primary, previous, candidate), the split, the breaker, supervisor restarts,
+    the last history lines."""
+    import json
+
+    from tools.status import collect, table
+    try:
+        report = collect(repository, tuple(consumer_repositories), url, metrics_url, history_lines)
+    except _live_errors() as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else table(report))
+
+
+@main.command()
 @click.option("--minutes", type=float, default=10.0, show_default=True)
 @click.option("--rate", type=float, default=100.0, show_default=True, help="records per second (open loop)")
 @click.option("--data", "data_csv", type=click.Path(exists=True, path_type=Path), default=DEFAULT_DATA,

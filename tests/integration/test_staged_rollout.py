@@ -60,14 +60,14 @@ def live(request, built_artifacts, tmp_path):
         yield server, repo
 
 
-def s2t(server, repo, *args, artifacts=None):
+def s2t(server, repo, *args, artifacts=None, lines=True):
     extra = []
     if artifacts is not None:
         extra = ["--saved-model", str(artifacts["saved_model"]), "--data", str(artifacts["data"]), "--atol", "0.1"]
     done = subprocess.run([str(S2T), *args, "--repository", str(repo), "--url", server.http_url, *extra],
                           capture_output=True, text=True, timeout=300, env={**os.environ, ADMIN_KEY_ENV: KEY})
     assert done.returncode == 0, done.stderr
-    return done.stdout.strip().splitlines()[-1]
+    return done.stdout.strip().splitlines()[-1] if lines else done.stdout
 
 
 def payloads(data, count, prefix):
@@ -132,6 +132,10 @@ def test_stage_canary_promote_moves_traffic_only_when_told_and_fails_no_request(
         staged = int(s2t(server, repo, "publish", "risk_scorer", str(shifted), "--stage", artifacts=built_artifacts))
         new = f"risk_scorer:{staged}"
         assert client.is_model_ready("risk_scorer", str(staged))
+        status = json.loads(s2t(server, repo, "status", "--json", "--history", "0", lines=False))["models"]
+        assert {"version": staged, "role": "candidate", "folder": True, "state": "READY"} in \
+            status["risk_scorer"]["versions"]
+        assert status["risk_scorer"]["consumers"] == {"risk_router": primary, "risk_pipeline": primary}
         routed = infer(client, "risk_router", probe)
         assert routed["served_by"].count(new) == 0 and set(routed["served_by"]) == {old}
         assert infer(client, "risk_pipeline", probe)["probability"] == baseline
