@@ -200,7 +200,7 @@ def publish(model, artifact, repository, consumer_repositories, stage, saved_mod
     try:
         version = run_publish(model, artifact, repository, ParityGate(saved_model, data_csv, atol), stage=stage,
                               consumer_repositories=consumers, url=url)
-    except (PublishError, _live_errors()) as err:
+    except (PublishError, *_live_errors()) as err:
         raise click.ClickException(str(err)) from None
     if stage:
         click.echo(f"{model}: version {version} staged: loaded, no primary traffic "
@@ -316,12 +316,29 @@ def _confirm_live(url: str | None, model: str, version: int) -> None:
               type=click.Path(file_okay=False, path_type=Path), default=(Path("model_repository_gpu"),),
               show_default=True, help="other repositories the candidate may live in (the GPU scorers)")
 @_url_option
+@click.option("--auto", is_flag=True, help="automated analysis: a shadow step, then the --steps shares while the "
+                                           "candidate stays within the limits; promote at the end, roll back on a breach")
+@click.option("--steps", default="10,25,50,100", show_default=True, help="--auto: canary shares, in percent")
+@click.option("--interval", default="60s", show_default=True, help="--auto: how long each step is watched")
+@click.option("--metrics-url", help="--auto: risk_router's metrics [default: the --url host, port + 2]")
+@click.option("--max-shadow-diff", type=float, default=0.01, show_default=True,
+              help="--auto: mean |candidate - primary| on mirrored records")
+@click.option("--max-error-rate", type=float, default=0.01, show_default=True)
+@click.option("--max-p99-ms", type=float, default=250.0, show_default=True, help="--auto: the candidate's scoring calls")
+@click.option("--max-psi", type=float, default=0.25, show_default=True,
+              help="--auto: PSI of the candidate's scores against the primary's")
+@click.option("--min-rows", type=click.IntRange(1), default=30, show_default=True,
+              help="--auto: candidate records a step needs before it is judged")
 def canary(model, version, percent, shadow, off, repository, consumer_repositories, candidate_repositories,
-           url) -> None:
+           url, auto, steps, interval, metrics_url, max_shadow_diff, max_error_rate, max_p99_ms, max_psi,
+           min_rows) -> None:
     """risk_router sends PERCENT% of records to MODEL VERSION (or mirrors them), the rest to the primary; prints the
-    split in force."""
+    split in force. With --auto: prints each step's figures, then `promoted N` or `rolled back (why)`."""
     from tools.canary import CanaryError
     from tools.rollout import canary as run_canary
+    if auto:
+        return _auto_canary(model, version, repository, consumer_repositories, url, steps, interval, metrics_url,
+                            max_shadow_diff, max_error_rate, max_p99_ms, max_psi, min_rows)
     if off == (percent is not None):
         raise click.UsageError("give either --percent P (with MODEL VERSION) or --off")
     if not off and version is None:
@@ -330,10 +347,36 @@ def canary(model, version, percent, shadow, off, repository, consumer_repositori
     try:
         settings = run_canary(rollout, None if off else version, 0.0 if off or shadow else percent,
                               percent if shadow else 0.0, tuple(candidate_repositories))
-    except (CanaryError, _live_errors()) as err:
+    except (CanaryError, *_live_errors()) as err:
         raise click.ClickException(str(err)) from None
     _report_timings(rollout)
     click.echo(settings.describe())
+
+
+def _auto_canary(model, version, repository, consumer_repositories, url, steps, interval, metrics_url,
+                 max_shadow_diff, max_error_rate, max_p99_ms, max_psi, min_rows) -> None:
+    from tools import canary_analysis
+    from tools.canary import CanaryError
+    from tools.status import default_metrics_url
+    if version is None or not url:
+        raise click.UsageError("--auto needs MODEL VERSION and --url")
+    try:
+        shares = sorted(float(s) for s in steps.split(","))
+        interval_seconds = canary_analysis.parse_duration(interval)
+    except ValueError as err:
+        raise click.UsageError(f"--steps / --interval: {err}") from None
+    if not shares or not all(0 < s <= 100 for s in shares):
+        raise click.UsageError("--steps: shares within 0..100, e.g. 10,25,50,100")
+    limits = canary_analysis.Limits(max_shadow_diff, max_error_rate, max_p99_ms / 1000, max_psi, min_rows)
+    rollout = _rollout(model, repository, consumer_repositories, url)
+    try:
+        outcome = canary_analysis.run(rollout, version, shares, interval_seconds, limits,
+                                      metrics_url or default_metrics_url(url), log=lambda line: click.echo(line))
+    except (CanaryError, *_live_errors()) as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(outcome.line(version))
+    if not outcome.promoted:
+        sys.exit(3)
 
 
 @main.command()
