@@ -351,4 +351,6 @@ def canary(rollout: Rollout, version: int | None, canary_percent: float, shadow_
         if managed and version is not None:
             state.candidate = version
             state.draining.pop(version, None)
+        if managed:
+            rollout.retire_drained(state)
     return settings
