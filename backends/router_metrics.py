@@ -94,3 +94,19 @@ class RouterMetrics:
             if count:
                 self._metric(family, **dict(labels)).increment(count)
         self._pending.clear()
+
+
+class DriftMetrics:
+    """`s2t_feature_psi{feature=...}`: PSI of the live sample against the training data, per feature and `score`."""
+
+    def __init__(self, metric_family, features):
+        # The family must outlive its metrics (Triton refuses to set a metric whose family was collected).
+        self._family = metric_family(name="s2t_feature_psi", kind=metric_family.GAUGE,
+                                     description="PSI of live records against the training data, per feature "
+                                                 "(and score)")
+        self._gauges = {name: self._family.Metric(labels={"feature": name}) for name in features}
+
+    def publish(self, values: dict[str, float]) -> None:
+        for name, value in values.items():
+            if name in self._gauges and value == value:  # NaN: no record sampled yet, leave the gauge alone
+                self._gauges[name].set(float(value))

@@ -401,6 +401,35 @@ def status(repository, consumer_repositories, url, metrics_url, history_lines, a
 
 
 @main.command()
+@click.option("--url", envvar="S2T_URL", help="HOST:PORT (HTTP) of the live server; metrics on its port + 2")
+@click.option("--metrics-url", help="where risk_router's metrics are [default: the --url host, port + 2]")
+@click.option("--json", "as_json", is_flag=True, help="{feature: PSI}, for scripts")
+@click.option("--build-reference", "reference_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="instead: write the training data's distributions (the reference risk_router compares with)")
+@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
+@click.option("--onnx", "onnx_model", type=click.Path(path_type=Path), default=Path("artifacts/onnx/risk_scorer.onnx"),
+              show_default=True, help="--build-reference: the model whose training scores are the score reference")
+def drift(url, metrics_url, as_json, reference_out, data_csv, onnx_model) -> None:
+    """PSI per feature and of the score, live records against the training data (over 0.2: drift)."""
+    import json
+
+    from tools import drift as feature_drift
+    from tools.status import default_metrics_url
+    if reference_out:
+        feature_drift.build_reference(data_csv, onnx_model, reference_out)
+        click.echo(reference_out)
+        return
+    source = metrics_url or default_metrics_url(url)
+    if not source:
+        raise click.UsageError("give --url (or --metrics-url)")
+    try:
+        values = feature_drift.live_psi(source)
+    except OSError as err:
+        raise click.ClickException(f"cannot read {source}: {err}") from None
+    click.echo(json.dumps(values, indent=2, sort_keys=True) if as_json else feature_drift.table(values))
+
+
+@main.command()
 @click.option("--minutes", type=float, default=10.0, show_default=True)
 @click.option("--rate", type=float, default=100.0, show_default=True, help="records per second (open loop)")
 @click.option("--data", "data_csv", type=click.Path(exists=True, path_type=Path), default=DEFAULT_DATA,
