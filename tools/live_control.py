@@ -14,6 +14,7 @@ from tritonclient.utils import InferenceServerException
 ADMIN_KEY_ENV = "S2T_ADMIN_KEY"
 ADMIN_HEADER = "admin-key"
 _POLL_MODE_REFUSAL = "polling is enabled"
+RELOAD_RETRY_SECONDS = 2.0
 
 
 def admin_headers(key: str | None = None) -> dict[str, str]:
@@ -37,18 +38,32 @@ def _load_and_wait(url: str, model: str, done, what: str, timeout: float, key: s
     started = time.monotonic()
     client = http.InferenceServerClient(url, network_timeout=timeout)
     try:
-        try:
-            client.load_model(model, headers=admin_headers(key))
-        except InferenceServerException as err:
-            if _POLL_MODE_REFUSAL not in str(err):
-                raise
+        explicit = _request_load(client, model, key)
+        asked = time.monotonic()
         while not done(client):
-            if time.monotonic() - started > timeout:
+            now = time.monotonic()
+            if now - started > timeout:
                 raise TimeoutError(f"{model} does not {what} after {timeout:.0f} s")
+            if explicit and now - asked > RELOAD_RETRY_SECONDS:
+                # A load of a model this one depends on makes Triton reload it too, from the config it read
+                # then; a request of ours that arrives during that reload can be merged into it, so ask again.
+                _request_load(client, model, key)
+                asked = now
             time.sleep(0.01)
     finally:
         client.close()
     return time.monotonic() - started
+
+
+def _request_load(client, model: str, key: str | None) -> bool:
+    """Ask for a load; False in poll mode (Triton refuses: it loads by itself)."""
+    try:
+        client.load_model(model, headers=admin_headers(key))
+    except InferenceServerException as err:
+        if _POLL_MODE_REFUSAL not in str(err):
+            raise
+        return False
+    return True
 
 
 def apply(url: str, model: str, version: int, timeout: float = 30.0, key: str | None = None) -> float:
