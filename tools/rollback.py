@@ -49,6 +49,12 @@ def rollback(model: str, repository: Path, to: int | None = None) -> Rollback:
     store = VersionStore(Path(repository))
     if not (store.model_dir(model) / "config.pbtxt").is_file():
         raise RollbackError(f"{store.model_dir(model)} has no config.pbtxt")
+    from tools.model_config import load
+    from tools.rollout import loads_every_folder
+    if loads_every_folder(load(store.model_dir(model))):
+        # Retiring the newer folders would pull a version out from under the consumers that serve it.
+        raise RollbackError(f"{model} has an explicit primary (version_policy all): roll it back with "
+                            "tools.rollout (`s2t rollback`), which moves the consumers first")
     with store.lock():
         current, target = plan(store, model, to)
         restored = [] if target in store.served(model) else [target]

@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT
 from tools import primary, version_store
 from tools.publish import PublishError, publish
+from tools.rollback import RollbackError, rollback as rollback_newest_folder
 from tools.rollout import Rollout, RolloutError, canary, promote, rollback, rollback_plan
 from tools.version_store import VersionStore
 
@@ -168,3 +169,11 @@ def test_concurrent_rollout_commands_keep_a_served_primary_and_every_history_lin
     served = VersionStore(repo).served("risk_scorer")
     assert current.primary in served and (current.previous is None or current.previous in served)
     assert set(served_by_consumers(repo).values()) == {current.primary}
+
+
+def test_the_newest_folder_rollback_refuses_a_model_with_an_explicit_primary(repos):
+    repo, onnx = repos
+    publish("risk_scorer", onnx, repo, None)
+    with pytest.raises(RollbackError, match="explicit primary"):
+        rollback_newest_folder("risk_scorer", repo)
+    assert VersionStore(repo).served("risk_scorer") == [1, 2]
