@@ -25,6 +25,7 @@ SCORER_ONNX := artifacts/onnx/risk_scorer.onnx
 LITE_SAVED_MODEL := artifacts/legacy/risk_model_lite
 LITE_ONNX := artifacts/onnx/risk_scorer_lite.onnx
 ADAPTER_SPEC := model_repository/skill_adapter/1/feature_spec.json
+DRIFT_REFERENCE := model_repository/risk_router/1/drift_reference.json
 PROTO_PY := clients/proto/skill_pb2.py clients/proto/skill_pb2_grpc.py
 
 .PHONY: serve test system venv models clean gpu-venv gpu-models test-gpu
@@ -72,6 +73,10 @@ $(SCORER_ONNX): $(SAVED_MODEL)/saved_model.pb tools/convert.py
 $(ADAPTER_SPEC): $(SCORER_ONNX)
 	$(S2T) spec $(SCORER_ONNX) --out $@
 
+# The training data's distributions, which risk_router's drift metrics compare live records with.
+$(DRIFT_REFERENCE): $(SCORER_ONNX) $(DATA)
+	$(S2T) drift --build-reference $@ --data $(DATA) --onnx $(SCORER_ONNX)
+
 # The legacy wire format's Python code, generated from clients/proto/skill.proto (gitignored, never hand-written);
 # -I. keeps the package in the generated imports (`from clients.proto import skill_pb2`).
 $(PROTO_PY) &: clients/proto/skill.proto | $(VENV)/.installed
@@ -98,13 +103,13 @@ define publish_if_new
 	fi
 endef
 
-models: $(ADAPTER_SPEC) $(LITE_ONNX)
+models: $(ADAPTER_SPEC) $(DRIFT_REFERENCE) $(LITE_ONNX)
 	$(call publish_if_new,risk_scorer,$(SCORER_ONNX),$(SAVED_MODEL))
 	$(call publish_if_new,risk_scorer_lite,$(LITE_ONNX),$(LITE_SAVED_MODEL))
 	$(S2T) check-config
 
 clean:
-	rm -rf artifacts model_repository/risk_scorer/[0-9]* model_repository/risk_scorer_lite/[0-9]* $(ADAPTER_SPEC) .model_repository.s2t
+	rm -rf artifacts model_repository/risk_scorer/[0-9]* model_repository/risk_scorer_lite/[0-9]* $(ADAPTER_SPEC) $(DRIFT_REFERENCE) .model_repository.s2t
 	rm -rf model_repository_gpu/*/[0-9]* .model_repository_gpu.s2t
 
 # ---- The GPU path (TensorRT, ONNX Runtime CUDA EP; README "TensorRT"). Not part of `make test`: it needs a GPU.

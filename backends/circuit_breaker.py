@@ -20,7 +20,7 @@ CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 class BreakerSettings:
     window_seconds: float = 5.0
     max_error_rate: float = 0.10
-    max_p99_seconds: float = 0.25
+    max_p99_seconds: float = 1.0
     min_requests: int = 20
     open_seconds: float = 2.0
 

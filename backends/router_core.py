@@ -33,6 +33,10 @@ class BatchAnswer:
     errors: list[ServingError | None]
     shadow_differences: dict[str, np.ndarray] = field(default_factory=dict)  # candidate -> |candidate - primary|
     fallback_rows: int = 0
+    # For canary analysis: seconds of each scoring call by the model:version that answered it, and rows whose
+    # call failed by the target they were routed to.
+    call_seconds: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    failed_rows: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
 class Router:
@@ -87,6 +91,7 @@ class Router:
             probability, served = self._call(self.settings.primary, categorical[rows], numeric[rows])
         except ServingError as err:
             self.breaker.record(False, self._clock() - started, len(rows))
+            out.failed_rows[str(self.settings.primary)] += len(rows)
             if fallback is None:
                 for r in rows:
                     out.errors[r] = err
@@ -95,17 +100,21 @@ class Router:
             self._fill(fallback, rows, categorical, numeric, out)
             return
         self.breaker.record(True, self._clock() - started, len(rows))
+        out.call_seconds[served].append(self._clock() - started)
         out.probability[rows] = probability.reshape(-1, 1)
         for r in rows:
             out.served_by[r] = served
 
     def _fill(self, target: Target, rows, categorical, numeric, out: BatchAnswer) -> None:
+        started = self._clock()
         try:
             probability, served = self._call(target, categorical[rows], numeric[rows])
         except ServingError as err:
+            out.failed_rows[str(target)] += len(rows)
             for r in rows:
                 out.errors[r] = err
             return
+        out.call_seconds[served].append(self._clock() - started)
         out.probability[rows] = probability.reshape(-1, 1)
         for r in rows:
             out.served_by[r] = served

@@ -5,16 +5,24 @@ built from counters (`_bucket{le=…}`, `_sum`, `_count`), which Prometheus' his
 """
 from __future__ import annotations
 
+import time
+from collections import defaultdict
+from typing import Callable
+
 import numpy as np
 
 from backends.circuit_breaker import CLOSED, HALF_OPEN, OPEN
 from backends.router_core import BatchAnswer
 
 SHADOW_BUCKETS = (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+# Score histogram per model:version (the canary analysis compares the candidate's with the primary's, as PSI).
+SCORE_BUCKETS = tuple(round(0.1 * i, 1) for i in range(1, 11))
+CALL_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+FLUSH_SECONDS = 1.0
 
 
 class RouterMetrics:
-    def __init__(self, metric_family):
+    def __init__(self, metric_family, clock: Callable[[], float] = time.monotonic):
         counter, gauge = metric_family.COUNTER, metric_family.GAUGE
         self._rows = metric_family(name="s2t_router_rows_total", description="Records answered, by model:version",
                                    kind=counter)
@@ -28,7 +36,15 @@ class RouterMetrics:
                                          description="Sum of |candidate - primary| over mirrored records")
         self._shadow_count = metric_family(name="s2t_router_shadow_abs_diff_count", kind=counter,
                                            description="Mirrored records compared")
+        self._score_bucket = metric_family(name="s2t_router_score_bucket", kind=counter,
+                                           description="Records answered with probability <= le, by model:version")
+        self._call_bucket = metric_family(name="s2t_router_call_seconds_bucket", kind=counter,
+                                          description="Scoring calls that took <= le seconds, by model:version")
+        self._failed = metric_family(name="s2t_router_failed_rows_total", kind=counter,
+                                     description="Records whose scoring call failed, by the target routed to")
         self._metrics: dict[tuple, object] = {}
+        self._pending: dict[tuple, int] = defaultdict(int)
+        self._clock, self._flushed_at = clock, clock()
         self._fallback_metric = self._fallback.Metric(labels={})
         self._states = {state: self._breaker.Metric(labels={"state": state}) for state in (CLOSED, OPEN, HALF_OPEN)}
 
@@ -46,6 +62,14 @@ class RouterMetrics:
             self._fallback_metric.increment(answer.fallback_rows)
         for state, metric in self._states.items():
             metric.set(1.0 if state == breaker_state else 0.0)
+        for name, count in zip(served, counts):
+            scores = answer.probability.ravel()[[s == name for s in answer.served_by]]
+            self._histogram(self._score_bucket, SCORE_BUCKETS, scores, served_by=str(name))
+        for name, seconds in answer.call_seconds.items():
+            self._histogram(self._call_bucket, CALL_SECONDS_BUCKETS, np.asarray(seconds), served_by=name)
+        for target, rows in answer.failed_rows.items():
+            self._metric(self._failed, target=target).increment(rows)
+        self._flush_if_due()
         for candidate, diffs in answer.shadow_differences.items():
             for le in SHADOW_BUCKETS:
                 self._metric(self._shadow_bucket, candidate=candidate, le=f"{le:g}").increment(
@@ -53,3 +77,36 @@ class RouterMetrics:
             self._metric(self._shadow_bucket, candidate=candidate, le="+Inf").increment(len(diffs))
             self._metric(self._shadow_sum, candidate=candidate).increment(float(np.sum(diffs)))
             self._metric(self._shadow_count, candidate=candidate).increment(len(diffs))
+
+    def _histogram(self, family, buckets, values: np.ndarray, **labels) -> None:
+        """Counted here and handed to Triton at most every FLUSH_SECONDS: each increment is a message to the
+        server, and a dozen per batch would cost the router more than its scoring call."""
+        for le in buckets:
+            self._pending[(family, (("le", f"{le:g}"), *sorted(labels.items())))] += int(np.count_nonzero(values <= le))
+        self._pending[(family, (("le", "+Inf"), *sorted(labels.items())))] += len(values)
+
+    def _flush_if_due(self) -> None:
+        now = self._clock()
+        if now - self._flushed_at < FLUSH_SECONDS:
+            return
+        self._flushed_at = now
+        for (family, labels), count in self._pending.items():
+            if count:
+                self._metric(family, **dict(labels)).increment(count)
+        self._pending.clear()
+
+
+class DriftMetrics:
+    """`s2t_feature_psi{feature=...}`: PSI of the live sample against the training data, per feature and `score`."""
+
+    def __init__(self, metric_family, features):
+        # The family must outlive its metrics (Triton refuses to set a metric whose family was collected).
+        self._family = metric_family(name="s2t_feature_psi", kind=metric_family.GAUGE,
+                                     description="PSI of live records against the training data, per feature "
+                                                 "(and score)")
+        self._gauges = {name: self._family.Metric(labels={"feature": name}) for name in features}
+
+    def publish(self, values: dict[str, float]) -> None:
+        for name, value in values.items():
+            if name in self._gauges and value == value:  # NaN: no record sampled yet, leave the gauge alone
+                self._gauges[name].set(float(value))

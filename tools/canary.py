@@ -6,12 +6,12 @@ in poll mode, on `load` in explicit mode, the old instance serving until the new
 """
 from __future__ import annotations
 
-import os
-import re
 from pathlib import Path
 
 from backends.routing_policy import RoutingSettings, Target
 from tools import model_config
+from tools.config_edit import ConfigEditError, replace_config, set_string_parameter
+from tools.primary import ConfigChange
 from tools.version_store import VersionStore
 
 ROUTER = "risk_router"
@@ -19,15 +19,6 @@ ROUTER = "risk_router"
 
 class CanaryError(Exception):
     pass
-
-
-def _set_parameter(text: str, key: str, value: str) -> str:
-    pattern = re.compile(r'(parameters:\s*\{\s*key:\s*"' + re.escape(key) + r'"\s*value:\s*\{\s*string_value:\s*")'
-                         r'([^"]*)(")')
-    new, count = pattern.subn(lambda m: m.group(1) + value + m.group(3), text)
-    if count != 1:
-        raise CanaryError(f"{ROUTER}/config.pbtxt has {count} lines for parameter {key!r}; expected one")
-    return new
 
 
 def _split_lines(candidate: Target | None, canary_percent: float, shadow_percent: float) -> dict[str, str]:
@@ -40,9 +31,12 @@ def split_parameters(settings: RoutingSettings) -> dict[str, str]:
     return _split_lines(settings.candidate, settings.canary_percent, settings.shadow_percent)
 
 
-def set_split(repository: Path, candidate: Target | None, canary_percent: float = 0.0,
-              shadow_percent: float = 0.0, candidate_repositories: tuple[Path, ...] = ()) -> RoutingSettings:
-    """`candidate_repositories`: where else the candidate may live (model_repository_gpu holds the GPU scorers,
+def split_change(repository: Path, candidate: Target | None, canary_percent: float = 0.0,
+                 shadow_percent: float = 0.0, candidate_repositories: tuple[Path, ...] = ()
+                 ) -> tuple[RoutingSettings, ConfigChange]:
+    """The router's config with this split, validated; nothing is written.
+
+    `candidate_repositories`: where else the candidate may live (model_repository_gpu holds the GPU scorers,
     which the router calls by name like any other model the server serves)."""
     store = VersionStore(Path(repository))
     path = store.model_dir(ROUTER) / "config.pbtxt"
@@ -57,17 +51,24 @@ def set_split(repository: Path, candidate: Target | None, canary_percent: float 
             raise CanaryError(f"{candidate.model} has no version {candidate.version} in {holder.repository} "
                               f"(versions: {', '.join(map(str, holder.served(candidate.model))) or 'none'})")
     text = path.read_text()
-    for key, value in _split_lines(candidate, canary_percent, shadow_percent).items():
-        text = _set_parameter(text, key, value)
-    staged = store.staging / f"{ROUTER}-config.pbtxt.{os.getpid()}"
-    staged.parent.mkdir(parents=True, exist_ok=True)
-    staged.write_text(text)
+    lines = _split_lines(candidate, canary_percent, shadow_percent)
     try:
+        for key, value in lines.items():
+            text = set_string_parameter(text, key, value, f"{ROUTER}/config.pbtxt")
         config = model_config.load_text(text, str(path))
         settings = RoutingSettings.from_parameters(model_config.backend_parameters(config))
-    except ValueError as err:
-        staged.unlink()
+    except (ConfigEditError, ValueError) as err:
         raise CanaryError(str(err)) from None
-    os.rename(staged, path)
-    store.record({"action": "canary", "model": ROUTER, "split": settings.describe()})
+    return settings, ConfigChange(ROUTER, path, text, parameters=lines)
+
+
+def set_split(repository: Path, candidate: Target | None, canary_percent: float = 0.0,
+              shadow_percent: float = 0.0, candidate_repositories: tuple[Path, ...] = ()) -> RoutingSettings:
+    """Write the split (under the control lock, recorded first); the live router picks it up on its reload."""
+    store = VersionStore(Path(repository))
+    with store.lock():
+        settings, change = split_change(repository, candidate, canary_percent, shadow_percent,
+                                        candidate_repositories)
+        store.record({"action": "canary", "model": ROUTER, "split": settings.describe()})
+        replace_config(store, change.path, change.text)
     return settings

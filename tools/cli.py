@@ -157,41 +157,127 @@ def parity(saved_model, onnx_model, data_csv, url, model, protocol, atol, report
     sys.exit(0 if result.passed else 1)
 
 
+def _rollout(model: str, repository: Path, consumer_repositories: tuple[Path, ...], url: str | None):
+    from tools.rollout import Rollout, default_consumer_repositories
+    return Rollout(model, repository, tuple(consumer_repositories) or default_consumer_repositories(repository), url)
+
+
+_repository_option = click.option("--repository", type=click.Path(file_okay=False, path_type=Path),
+                                  default=DEFAULT_REPOSITORIES[0], show_default=True)
+_consumers_option = click.option(
+    "--consumer-repository", "consumer_repositories", multiple=True, type=click.Path(file_okay=False, path_type=Path),
+    help="repositories whose models serve MODEL's primary (risk_pipeline) [default: ./ensembles beside --repository]")
+_url_option = click.option("--url", envvar="S2T_URL",
+                           help="HOST:PORT (HTTP) of the live server: wait until it runs the change "
+                                "(explicit mode: load it, with S2T_ADMIN_KEY)")
+
+
 @main.command()
 @click.argument("model")
 @click.argument("artifact", type=click.Path(path_type=Path))
-@click.option("--repository", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_REPOSITORIES[0],
-              show_default=True)
+@_repository_option
+@_consumers_option
+@click.option("--stage", is_flag=True,
+              help="load it as a candidate (MODEL:N for canary, shadow and route=) with no primary traffic")
 @click.option("--saved-model", type=click.Path(path_type=Path), default=DEFAULT_SAVED_MODEL, show_default=True,
               help="legacy reference for the parity gate")
 @click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
 @click.option("--atol", type=float, default=1e-5, show_default=True)
-@click.option("--url", envvar="S2T_URL", help="HOST:PORT (HTTP) of the live server: wait until it serves the version")
+@_url_option
 @click.option("--nice", "niceness", type=click.IntRange(0, 19), default=10, show_default=True,
               help="CPU niceness of the validation: serving on the same host keeps its cores")
-def publish(model, artifact, repository, saved_model, data_csv, atol, url, niceness) -> None:
-    """Validate ARTIFACT, gate it on parity, and move it in as MODEL's next version; prints the version."""
+def publish(model, artifact, repository, consumer_repositories, stage, saved_model, data_csv, atol, url,
+            niceness) -> None:
+    """Validate ARTIFACT, gate it on parity, and move it in as MODEL's next version; prints the version.
+
+    Without --stage the new version becomes the primary at once; with --stage it waits for `s2t canary` / `promote`.
+    """
     # Before TensorFlow starts its thread pools, which inherit it: the parity gate is seconds of full CPU, and
     # on a serving host it must not push interactive requests past their queue timeout.
     os.nice(niceness)
     from tools.publish import ParityGate, PublishError, publish as run_publish
+    consumers = _rollout(model, repository, consumer_repositories, url).consumer_repositories
     try:
-        version = run_publish(model, artifact, repository, ParityGate(saved_model, data_csv, atol))
-    except PublishError as err:
+        version = run_publish(model, artifact, repository, ParityGate(saved_model, data_csv, atol), stage=stage,
+                              consumer_repositories=consumers, url=url)
+    except (PublishError, *_live_errors()) as err:
         raise click.ClickException(str(err)) from None
-    _confirm_live(url, model, version)
+    if stage:
+        click.echo(f"{model}: version {version} staged: loaded, no primary traffic "
+                   f"(`s2t canary {model} {version} --percent P`, `s2t promote {model} {version}`)", err=True)
+    else:
+        click.echo(f"{model}: version {version} rolled out at once: it is the primary on every path "
+                   "(use --stage for a canary first)", err=True)
+    click.echo(version)
+
+
+def _report_timings(rollout) -> None:
+    if rollout.timings:
+        click.echo(f"{rollout.url}: in force after {rollout.timings['in force'] * 1000:.0f} ms ("
+                   + ", ".join(f"{name} {seconds * 1000:.0f} ms" for name, seconds in rollout.timings.items()
+                               if name != "in force") + ")", err=True)
+
+
+def _live_errors():
+    from tritonclient.utils import InferenceServerException
+
+    from tools.config_edit import ConfigEditError
+    from tools.rollout import RolloutError
+    from tools.version_store import ControlLockTimeout
+    return (RolloutError, ConfigEditError, ControlLockTimeout, TimeoutError, InferenceServerException, OSError)
+
+
+@main.command()
+@click.argument("model")
+@click.argument("version", type=int)
+@_repository_option
+@_consumers_option
+@_url_option
+def promote(model, version, repository, consumer_repositories, url) -> None:
+    """VERSION becomes MODEL's primary on every path; the canary is cleared; the old primary stays loaded."""
+    from tools.rollout import promote as run_promote
+    rollout = _rollout(model, repository, consumer_repositories, url)
+    try:
+        run_promote(rollout, version)
+    except _live_errors() as err:
+        raise click.ClickException(str(err)) from None
+    _report_timings(rollout)
+    click.echo(f"{model}: version {version} is the primary" + (f" at {url}" if url else ""), err=True)
     click.echo(version)
 
 
 @main.command()
 @click.argument("model")
-@click.option("--to", "to", type=int, help="the version to serve (default: the one before the current)")
-@click.option("--repository", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_REPOSITORIES[0],
-              show_default=True)
-@click.option("--url", envvar="S2T_URL", help="HOST:PORT (HTTP) of the live server: wait until it serves the version")
+@click.option("--to", "to", type=int, help="the version to serve (default: abort the canary, else the previous one)")
+@_repository_option
+@_consumers_option
+@_url_option
 @click.option("--yes", "-y", is_flag=True, help="do not ask for confirmation")
-def rollback(model, to, repository, url, yes) -> None:
-    """Serve the previous (or given) version of MODEL again; prints the version now served."""
+def rollback(model, to, repository, consumer_repositories, url, yes) -> None:
+    """Abort MODEL's canary (candidate retired, primary untouched), or serve the previous (or given) version again.
+
+    Prints the version now served."""
+    rollout = _rollout(model, repository, consumer_repositories, url)
+    try:
+        managed = rollout.explicit_primary()
+    except _live_errors() as err:
+        raise click.ClickException(str(err)) from None
+    if not managed:
+        return _rollback_newest_folder(model, to, repository, url, yes)
+    from tools.rollout import rollback as run_rollback, rollback_plan
+    try:
+        planned = rollback_plan(rollout, to)
+        if not yes and sys.stdin.isatty():
+            click.confirm(planned.describe(model) + "?", abort=True)
+        done = run_rollback(rollout, planned)  # what the operator confirmed, or nothing
+    except _live_errors() as err:
+        raise click.ClickException(str(err)) from None
+    _report_timings(rollout)
+    click.echo(done.describe(model).replace(": abort", ": aborted").replace(": serve", ": serving"), err=True)
+    click.echo(done.target)
+
+
+def _rollback_newest_folder(model, to, repository, url, yes) -> None:
     from tools.rollback import RollbackError, plan, rollback as run_rollback
     from tools.version_store import VersionStore
     try:
@@ -223,35 +309,124 @@ def _confirm_live(url: str | None, model: str, version: int) -> None:
 @click.argument("version", type=int, required=False)
 @click.option("--percent", type=float, help="share of traffic (0-100) the candidate answers, or mirrors with --shadow")
 @click.option("--shadow", is_flag=True, help="mirror the share to the candidate; answers stay the primary's")
-@click.option("--off", is_flag=True, help="send everything to the primary again")
-@click.option("--repository", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_REPOSITORIES[0],
-              show_default=True)
+@click.option("--off", is_flag=True, help="send everything to the primary again (the candidate stays staged)")
+@_repository_option
+@_consumers_option
 @click.option("--candidate-repository", "candidate_repositories", multiple=True,
               type=click.Path(file_okay=False, path_type=Path), default=(Path("model_repository_gpu"),),
               show_default=True, help="other repositories the candidate may live in (the GPU scorers)")
-@click.option("--url", envvar="S2T_URL", help="HOST:PORT (HTTP) of the live server: wait until the split is in force")
-def canary(model, version, percent, shadow, off, repository, candidate_repositories, url) -> None:
-    """risk_router sends PERCENT% of records to MODEL VERSION (or mirrors them); prints the split in force."""
-    from backends.routing_policy import Target
-    from tools.canary import CanaryError, ROUTER, set_split, split_parameters
+@_url_option
+@click.option("--auto", is_flag=True, help="automated analysis: a shadow step, then the --steps shares while the "
+                                           "candidate stays within the limits; promote at the end, roll back on a breach")
+@click.option("--steps", default="10,25,50,100", show_default=True, help="--auto: canary shares, in percent")
+@click.option("--interval", default="60s", show_default=True, help="--auto: how long each step is watched")
+@click.option("--metrics-url", help="--auto: risk_router's metrics [default: the --url host, port + 2]")
+@click.option("--max-shadow-diff", type=float, default=0.01, show_default=True,
+              help="--auto: mean |candidate - primary| on mirrored records")
+@click.option("--max-error-rate", type=float, default=0.01, show_default=True)
+@click.option("--max-p99-ms", type=float, default=250.0, show_default=True, help="--auto: the candidate's scoring calls")
+@click.option("--max-psi", type=float, default=0.25, show_default=True,
+              help="--auto: PSI of the candidate's scores against the primary's")
+@click.option("--min-rows", type=click.IntRange(1), default=30, show_default=True,
+              help="--auto: candidate records a step needs before it is judged")
+def canary(model, version, percent, shadow, off, repository, consumer_repositories, candidate_repositories,
+           url, auto, steps, interval, metrics_url, max_shadow_diff, max_error_rate, max_p99_ms, max_psi,
+           min_rows) -> None:
+    """risk_router sends PERCENT% of records to MODEL VERSION (or mirrors them), the rest to the primary; prints the
+    split in force. With --auto: prints each step's figures, then `promoted N` or `rolled back (why)`."""
+    from tools.canary import CanaryError
+    from tools.rollout import canary as run_canary
+    if auto:
+        return _auto_canary(model, version, repository, consumer_repositories, url, steps, interval, metrics_url,
+                            max_shadow_diff, max_error_rate, max_p99_ms, max_psi, min_rows)
     if off == (percent is not None):
         raise click.UsageError("give either --percent P (with MODEL VERSION) or --off")
     if not off and version is None:
         raise click.UsageError("name the candidate's VERSION")
-    candidate = None if off else Target(model, version)
+    rollout = _rollout(model, repository, consumer_repositories, url)
     try:
-        settings = set_split(repository, candidate, 0.0 if off or shadow else percent, percent if shadow else 0.0,
-                             tuple(candidate_repositories))
-    except CanaryError as err:
+        settings = run_canary(rollout, None if off else version, 0.0 if off or shadow else percent,
+                              percent if shadow else 0.0, tuple(candidate_repositories))
+    except (CanaryError, *_live_errors()) as err:
         raise click.ClickException(str(err)) from None
-    if url:
-        from tools.live_control import reload_config
-        try:
-            elapsed = reload_config(url, ROUTER, split_parameters(settings))
-        except Exception as err:  # noqa: BLE001 - the config change stands; say what the server did
-            raise click.ClickException(f"the config now says {settings.describe()}, but the server at {url}: {err}")
-        click.echo(f"{url}: {ROUTER} runs the new split after {elapsed * 1000:.0f} ms", err=True)
+    _report_timings(rollout)
     click.echo(settings.describe())
+
+
+def _auto_canary(model, version, repository, consumer_repositories, url, steps, interval, metrics_url,
+                 max_shadow_diff, max_error_rate, max_p99_ms, max_psi, min_rows) -> None:
+    from tools import canary_analysis
+    from tools.canary import CanaryError
+    from tools.status import default_metrics_url
+    if version is None or not url:
+        raise click.UsageError("--auto needs MODEL VERSION and --url")
+    try:
+        shares = sorted(float(s) for s in steps.split(","))
+        interval_seconds = canary_analysis.parse_duration(interval)
+    except ValueError as err:
+        raise click.UsageError(f"--steps / --interval: {err}") from None
+    if not shares or not all(0 < s <= 100 for s in shares):
+        raise click.UsageError("--steps: shares within 0..100, e.g. 10,25,50,100")
+    limits = canary_analysis.Limits(max_shadow_diff, max_error_rate, max_p99_ms / 1000, max_psi, min_rows)
+    rollout = _rollout(model, repository, consumer_repositories, url)
+    try:
+        outcome = canary_analysis.run(rollout, version, shares, interval_seconds, limits,
+                                      metrics_url or default_metrics_url(url), log=lambda line: click.echo(line))
+    except (CanaryError, *_live_errors()) as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(outcome.line(version))
+    if not outcome.promoted:
+        sys.exit(3)
+
+
+@main.command()
+@_repository_option
+@_consumers_option
+@click.option("--url", envvar="S2T_URL", help="HOST:PORT (HTTP) of the live server: add what it has loaded")
+@click.option("--metrics-url", help="risk_router's breaker state from here [default: the --url host, port + 2]")
+@click.option("--history", "history_lines", type=click.IntRange(0), default=5, show_default=True,
+              help="last history lines shown")
+@click.option("--json", "as_json", is_flag=True, help="one JSON document, for scripts")
+def status(repository, consumer_repositories, url, metrics_url, history_lines, as_json) -> None:
+    """Models, versions and their roles (primary, previous, candidate), the split, the breaker, supervisor restarts,
+    the last history lines."""
+    import json
+
+    from tools.status import collect, table
+    try:
+        report = collect(repository, tuple(consumer_repositories), url, metrics_url, history_lines)
+    except _live_errors() as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else table(report))
+
+
+@main.command()
+@click.option("--url", envvar="S2T_URL", help="HOST:PORT (HTTP) of the live server; metrics on its port + 2")
+@click.option("--metrics-url", help="where risk_router's metrics are [default: the --url host, port + 2]")
+@click.option("--json", "as_json", is_flag=True, help="{feature: PSI}, for scripts")
+@click.option("--build-reference", "reference_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="instead: write the training data's distributions (the reference risk_router compares with)")
+@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
+@click.option("--onnx", "onnx_model", type=click.Path(path_type=Path), default=Path("artifacts/onnx/risk_scorer.onnx"),
+              show_default=True, help="--build-reference: the model whose training scores are the score reference")
+def drift(url, metrics_url, as_json, reference_out, data_csv, onnx_model) -> None:
+    """PSI per feature and of the score, live records against the training data (over 0.2: drift)."""
+    import json
+
+    from tools import drift as feature_drift
+    from tools.status import default_metrics_url
+    if reference_out:
+        feature_drift.build_reference(data_csv, onnx_model, reference_out)
+        click.echo(reference_out)
+        return
+    source = metrics_url or default_metrics_url(url)
+    if not source:
+        raise click.UsageError("give --url (or --metrics-url)")
+    try:
+        values = feature_drift.live_psi(source)
+    except OSError as err:
+        raise click.ClickException(f"cannot read {source}: {err}") from None
+    click.echo(json.dumps(values, indent=2, sort_keys=True) if as_json else feature_drift.table(values))
 
 
 @main.command()

@@ -14,6 +14,7 @@ from tritonclient.utils import InferenceServerException
 ADMIN_KEY_ENV = "S2T_ADMIN_KEY"
 ADMIN_HEADER = "admin-key"
 _POLL_MODE_REFUSAL = "polling is enabled"
+RELOAD_RETRY_SECONDS = 2.0
 
 
 def admin_headers(key: str | None = None) -> dict[str, str]:
@@ -37,18 +38,32 @@ def _load_and_wait(url: str, model: str, done, what: str, timeout: float, key: s
     started = time.monotonic()
     client = http.InferenceServerClient(url, network_timeout=timeout)
     try:
-        try:
-            client.load_model(model, headers=admin_headers(key))
-        except InferenceServerException as err:
-            if _POLL_MODE_REFUSAL not in str(err):
-                raise
+        explicit = _request_load(client, model, key)
+        asked = time.monotonic()
         while not done(client):
-            if time.monotonic() - started > timeout:
+            now = time.monotonic()
+            if now - started > timeout:
                 raise TimeoutError(f"{model} does not {what} after {timeout:.0f} s")
+            if explicit and now - asked > RELOAD_RETRY_SECONDS:
+                # A load of a model this one depends on makes Triton reload it too, from the config it read
+                # then; a request of ours that arrives during that reload can be merged into it, so ask again.
+                _request_load(client, model, key)
+                asked = now
             time.sleep(0.01)
     finally:
         client.close()
     return time.monotonic() - started
+
+
+def _request_load(client, model: str, key: str | None) -> bool:
+    """Ask for a load; False in poll mode (Triton refuses: it loads by itself)."""
+    try:
+        client.load_model(model, headers=admin_headers(key))
+    except InferenceServerException as err:
+        if _POLL_MODE_REFUSAL not in str(err):
+            raise
+        return False
+    return True
 
 
 def apply(url: str, model: str, version: int, timeout: float = 30.0, key: str | None = None) -> float:
@@ -68,3 +83,32 @@ def reload_config(url: str, model: str, parameters: dict[str, str], timeout: flo
         except InferenceServerException:
             return False
     return _load_and_wait(url, model, done, "run the new parameters", timeout, key)
+
+
+def wait_version_ready(url: str, model: str, version: int, timeout: float = 60.0, key: str | None = None) -> float:
+    """Seconds until `version` of `model` is loaded and ready (whether or not it is the newest)."""
+    return _load_and_wait(url, model, lambda client: _ready(client, model, version),
+                          f"load version {version}", timeout, key)
+
+
+def wait_version_gone(url: str, model: str, version: int, timeout: float = 60.0, key: str | None = None) -> float:
+    """Seconds until `version` of `model` no longer serves (its folder was retired)."""
+    return _load_and_wait(url, model, lambda client: not _ready(client, model, version),
+                          f"unload version {version}", timeout, key)
+
+
+def wait_config(url: str, model: str, in_force, timeout: float = 60.0, key: str | None = None) -> float:
+    """Seconds until the live `model` is ready and `in_force(its config as JSON)` holds."""
+    def done(client) -> bool:
+        try:
+            return in_force(client.get_model_config(model)) and client.is_model_ready(model)
+        except InferenceServerException:
+            return False
+    return _load_and_wait(url, model, done, "run the new config", timeout, key)
+
+
+def _ready(client, model: str, version: int) -> bool:
+    try:
+        return client.is_model_ready(model, str(version))
+    except InferenceServerException:
+        return False

@@ -15,9 +15,9 @@ from pathlib import Path
 import onnx
 
 from backends.feature_spec import FeatureSpec
-from tools import model_config, parity
+from tools import live_control, model_config, parity
 from tools.convert import ConversionError, read_spec
-from tools.version_store import VersionStore
+from tools.version_store import VersionStore, durable_rename
 
 ADAPTER = "skill_adapter"
 ADAPTER_SPEC = Path("1") / "feature_spec.json"
@@ -112,18 +112,71 @@ def _validate_engine(model_dir: Path, config, engine: Path, gate: ParityGate | N
     return figures
 
 
-def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | None) -> int:
-    """Returns the new version number once it is in place."""
+def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | None, stage: bool = False,
+            consumer_repositories: tuple[Path, ...] | None = None, url: str | None = None,
+            key: str | None = None) -> int:
+    """Returns the new version number once it is in place (and, with `url`, loaded by the live server).
+
+    Plain: the new version becomes the primary at once (every consumer serves it). `stage`: it is loaded as the
+    candidate and gets no primary traffic until `promote`."""
+    from tools.rollout import Rollout, RolloutError, default_consumer_repositories
     repository, artifact = Path(repository), Path(artifact)
-    store = VersionStore(repository)
+    if consumer_repositories is None:
+        consumer_repositories = default_consumer_repositories(repository)
+    rollout = Rollout(model, repository, tuple(consumer_repositories), url, key)
+    store = rollout.store
     model_dir = store.model_dir(model)
     if not (model_dir / "config.pbtxt").is_file():
         raise PublishError(f"{model_dir} has no config.pbtxt; create the model's config first")
     if not artifact.is_file():
         raise PublishError(f"{artifact}: no such file")
     config = model_config.load(model_dir)
+    managed = rollout.explicit_primary()
+    if stage and not managed:
+        raise PublishError(f"{model}: staging needs `version_policy: {{ all: {{}} }}` in its config (with a "
+                           "`latest` policy Triton serves the newest folder, so a staged version would be primary)")
     figures = validate(model_dir, config, artifact, gate, store.control / "reference")
-    version = store.next_version(model)
+    try:
+        with rollout.step() as state:
+            if stage and state.candidate is not None:
+                raise PublishError(f"{model} version {state.candidate} is staged already; promote it or roll it "
+                                   "back first")
+            version = store.next_version(model)
+            record = {"action": "stage" if stage else "publish", "model": model, "version": version,
+                      "previous": state.primary if managed else max(store.served(model), default=None),
+                      "artifact": str(artifact.resolve()),
+                      "sha256": hashlib.sha256(artifact.read_bytes()).hexdigest(), "parity": figures}
+            rollout.record(record)
+            try:
+                if managed and state.primary is not None:
+                    # Consumers that still follow "the newest version" are pinned before a newer one appears.
+                    rollout.point_consumers(state.primary)
+                _place(store, model, config, artifact, version, record)
+                if not managed:
+                    _archive_unloaded(store, model, config)
+                    if url:
+                        live_control.apply(url, model, version, key=key)
+                    return version
+                rollout.wait_loaded(version)
+                if stage:
+                    state.candidate = version
+                else:
+                    rollout.point_consumers(version)
+                    old_previous = state.previous
+                    state.primary, state.previous = version, state.primary
+                    rollout.drain(state, [old_previous], 0.0)  # nothing routed to it
+                rollout.retire_drained(state)
+            except Exception as err:
+                rollout.record_failure(record, err)
+                raise
+    except RolloutError as err:
+        raise PublishError(str(err)) from None
+    return version
+
+
+def _place(store: VersionStore, model: str, config, artifact: Path, version: int, record: dict) -> None:
+    """Build the version folder in the staging area, then move it into the model folder with one rename."""
+    model_dir = store.model_dir(model)
     staging = store.staging / f"{model}-{version}-{os.getpid()}"
     if staging.exists():
         shutil.rmtree(staging)
@@ -131,9 +184,6 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
         staging.mkdir(parents=True)
     except OSError as err:
         raise PublishError(f"cannot create the staging folder {staging} ({err.strerror or err})") from None
-    record = {"action": "publish", "model": model, "version": version,
-              "previous": max(store.served(model), default=None), "artifact": str(artifact.resolve()),
-              "sha256": hashlib.sha256(artifact.read_bytes()).hexdigest(), "parity": figures}
     try:
         filename = model_config.model_filename(config)
         shutil.copyfile(artifact, staging / filename)
@@ -144,21 +194,18 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
         _fsync_tree(staging)
         target = model_dir / str(version)
         if target.exists():
-            raise PublishError(f"{target} appeared while publishing; another publish is running")
-        os.rename(staging, target)
+            raise PublishError(f"{target} exists already; it was not published by s2t")
+        durable_rename(staging, target)
     except OSError as err:
         raise PublishError(f"staging version {version} failed ({err.strerror or err}); nothing reached "
                            f"{model_dir}, the served version is unchanged") from None
     finally:
         if staging.exists():
             shutil.rmtree(staging)
-    record["archived"] = _archive_unloaded(store, model, config)
-    store.record(record)
-    return version
 
 
 def _archive_unloaded(store: VersionStore, model: str, config) -> list[int]:
-    """Move the folders the version policy no longer loads to the retired area (`rollback --to` restores them).
+    """Move the folders a `latest` version policy no longer loads to the retired area (`rollback --to` restores them).
 
     With `latest { num_versions: N }` only N folders stay. Otherwise a rollback to the previous version would
     make Triton load the one before it at once, and the rollback would wait for that cold load.

@@ -1,7 +1,8 @@
-"""Serve an earlier version again: retire the newer version folders (or restore a retired one) in one rename each.
+"""Serve an earlier version of a model whose newest folder is its primary (a `latest` version policy, such as
+risk_scorer_lite): retire the newer version folders (or restore a retired one) in one rename each. Models with an
+explicit primary (`version_policy: { all: {} }`) roll back through tools/rollout.py instead.
 
-The version policy keeps the previous version loaded (`latest { num_versions: 2 }`), so rolling back to it
-needs no model load: Triton only stops routing to the retired version, which is why it is visible within
+With `latest { num_versions: 2 }` the previous version stays loaded, so rolling back to it needs no model load: Triton only stops routing to the retired version, which is why it is visible within
 about a poll interval instead of the 2-4 s a cold load takes.
 """
 from __future__ import annotations
@@ -48,15 +49,24 @@ def rollback(model: str, repository: Path, to: int | None = None) -> Rollback:
     store = VersionStore(Path(repository))
     if not (store.model_dir(model) / "config.pbtxt").is_file():
         raise RollbackError(f"{store.model_dir(model)} has no config.pbtxt")
-    current, target = plan(store, model, to)
-    restored = []
-    if target not in store.served(model):
-        store.restore(model, target)
-        restored.append(target)
-    # Newest first: at every moment the newest folder left is one that was served before.
-    retired = sorted((v for v in store.served(model) if v > target), reverse=True)
-    for version in retired:
-        store.retire(model, version)
-    store.record({"action": "rollback", "model": model, "from": current, "to": target, "retired": retired,
-                  "restored": restored})
+    from tools.model_config import load
+    from tools.rollout import loads_every_folder
+    if loads_every_folder(load(store.model_dir(model))):
+        # Retiring the newer folders would pull a version out from under the consumers that serve it.
+        raise RollbackError(f"{model} has an explicit primary (version_policy all): roll it back with "
+                            "tools.rollout (`s2t rollback`), which moves the consumers first")
+    with store.lock():
+        current, target = plan(store, model, to)
+        restored = [] if target in store.served(model) else [target]
+        # Newest first: at every moment the newest folder left is one that was served before.
+        retired = sorted((v for v in store.served(model) if v > target), reverse=True)
+        try:
+            store.record({"action": "rollback", "model": model, "from": current, "to": target, "retired": retired,
+                          "restored": restored})
+        except OSError as err:
+            raise RollbackError(f"cannot write the history ({err.strerror or err}); nothing was changed") from None
+        for version in restored:
+            store.restore(model, version)
+        for version in retired:
+            store.retire(model, version)
     return Rollback(model, current, target, retired, restored)

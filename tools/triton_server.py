@@ -130,6 +130,10 @@ class TritonServer:
             f"--model-control-mode={self.model_control_mode}",
             f"--exit-timeout-secs={self.exit_timeout_seconds}",
             "--strict-readiness=true",
+            # Every config here is complete (s2t check-config proves it). Auto-completion would start a throwaway
+            # python stub per python model load: measured here, a risk_router reload (every canary, promote and
+            # rollback step) took 1.5-1.9 s with it and 0.14-0.19 s without.
+            "--disable-auto-complete-config",
         ]
         if self.model_control_mode == "poll":
             cmd.append(f"--repository-poll-secs={self.poll_seconds}")

@@ -1,9 +1,10 @@
 """Version folders of a model repository, and the control area beside it that Triton never polls.
 
 `<repo>/../.<repo-name>.s2t/` holds the staging folders of publishes in progress, the versions retired by a
-rollback (kept, so that a roll-forward is one rename back) and `history.jsonl`, one line per publish or
-rollback: who, when, what, and the parity figures. Keeping them out of the model folders matters: in poll
-mode any write inside a model folder makes Triton reload that model.
+rollback (kept, so that a roll-forward is one rename back), `history.jsonl` (one line per publish, stage,
+canary, promote or rollback: who, when, what, and the parity figures), the rollout state of each model and the
+lock that serialises every command changing what is served. Keeping them out of the model folders matters: in
+poll mode any write inside a model folder makes Triton reload that model.
 """
 from __future__ import annotations
 
@@ -13,8 +14,38 @@ import json
 import os
 import socket
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
+
+LOCK_TIMEOUT_SECONDS = 300.0
+
+
+class ControlLockTimeout(Exception):
+    """Another command that changes what is served held the lock for too long."""
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename into (or out of) `path` durable: the directory entry itself must reach the disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def durable_rename(source: Path, target: Path) -> None:
+    """One rename, then fsync of the moved folder (or file) and of both parents, so a crash keeps either side."""
+    os.rename(source, target)
+    fd = os.open(target, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(Path(target).parent)
+    if Path(source).parent != Path(target).parent:
+        fsync_dir(Path(source).parent)
 
 
 def version_numbers(folder: Path) -> list[int]:
@@ -42,6 +73,39 @@ class VersionStore:
     def history_file(self) -> Path:
         return self.control / "history.jsonl"
 
+    @property
+    def lock_file(self) -> Path:
+        return self.control / "control.lock"
+
+    @contextmanager
+    def lock(self, timeout: float = LOCK_TIMEOUT_SECONDS) -> Iterator[None]:
+        """Exclusive across processes for every command that changes versions, routing or the primary.
+
+        flock is released by the kernel when the holder dies, so a killed command never leaves it taken.
+        """
+        self.control.mkdir(parents=True, exist_ok=True)
+        with open(self.lock_file, "a+") as f:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        f.seek(0)
+                        raise ControlLockTimeout(f"another command has held {self.lock_file} for over "
+                                                 f"{timeout:.0f} s (holder: {f.read().strip() or 'unknown'})")
+                    time.sleep(0.05)
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()} since {time.strftime('%H:%M:%S')}\n")
+            f.flush()
+            try:
+                yield
+            finally:
+                f.truncate(0)
+                fcntl.flock(f, fcntl.LOCK_UN)
+
     def model_dir(self, model: str) -> Path:
         return Path(self.repository) / model
 
@@ -64,16 +128,19 @@ class VersionStore:
         if target.exists():
             raise FileExistsError(f"{target} exists already")
         target.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(self.model_dir(model) / str(version), target)
+        durable_rename(self.model_dir(model) / str(version), target)
 
     def restore(self, model: str, version: int) -> None:
         target = self.model_dir(model) / str(version)
         if target.exists():
             raise FileExistsError(f"{target} exists already")
-        os.rename(self.retired_dir(model) / str(version), target)
+        durable_rename(self.retired_dir(model) / str(version), target)
 
     def record(self, event: dict) -> dict:
-        """Append one event to the history; concurrent writers are serialised by a lock on the file."""
+        """Append one event to the history (fsynced); raises OSError when it cannot be written.
+
+        Commands record before they act, so a change is never made without its line.
+        """
         entry = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "by": f"{getpass.getuser()}@{socket.gethostname()}", **event}
         self.control.mkdir(parents=True, exist_ok=True)

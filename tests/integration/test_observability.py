@@ -84,12 +84,12 @@ def adapter_queries() -> dict[str, str]:
 
 def test_the_alerts_cover_queue_depth_failures_p99_latency_the_breaker_and_stream_gaps():
     assert {"TritonQueueDepthHigh", "TritonFailureRatioHigh", "TritonP99LatencyHigh", "RouterBreakerOpen",
-            "StreamGapsHigh"} <= set(alert_rules())
+            "StreamGapsHigh", "FeatureDrift"} <= set(alert_rules())
 
 
 def test_the_dashboard_shows_throughput_latency_queue_batches_canary_shadow_and_reordering():
     assert {"Throughput", "Latency", "Queue", "Batch size", "Canary split", "Shadow differences",
-            "Stream reordering"} <= set(dashboard_queries())
+            "Stream reordering", "Feature drift (PSI)"} <= set(dashboard_queries())
 
 
 def test_the_dashboard_reads_the_provisioned_datasource_by_uid():

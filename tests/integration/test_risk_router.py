@@ -102,7 +102,7 @@ def test_ten_percent_canary_gets_ten_percent_of_2000_records_and_sticks(canary_s
     versions = VersionStore(repo).served("risk_scorer")
     old, new = f"risk_scorer:{versions[-2]}".encode(), f"risk_scorer:{versions[-1]}".encode()
     assert canary(server, repo, "risk_scorer", str(versions[-2]), "--percent", "10") == \
-        f"90% risk_scorer, 10% risk_scorer:{versions[-2]}"
+        f"90% risk_scorer:{versions[-1]}, 10% risk_scorer:{versions[-2]}"
     client = http.InferenceServerClient(server.http_url)
     try:
         payloads = records(german_credit_data, 2000)
@@ -114,7 +114,7 @@ def test_ten_percent_canary_gets_ten_percent_of_2000_records_and_sticks(canary_s
     n, p = 2000, 0.10
     assert abs(first.count(old) - n * p) <= 4 * math.sqrt(n * p * (1 - p)), first.count(old)
     assert again == first, "the same request_id goes to the same version"
-    assert canary(server, repo, "risk_scorer", "--off") == "100% risk_scorer"
+    assert canary(server, repo, "risk_scorer", "--off") == f"100% risk_scorer:{versions[-1]}"
 
 
 def test_shadow_mirrors_without_changing_an_answer(canary_server, german_credit_data):

@@ -211,10 +211,11 @@ class Bench:
 
     def _hot_swap(self, server: TritonServer) -> dict:
         """p99 of risk_pipeline under the same HTTP load while risk_scorer versions are published and rolled back."""
-        from tools.live_control import apply
         from tools.publish import publish
-        from tools.rollback import rollback
+        from tools.rollout import Rollout, rollback, rollback_plan
         repo = _model_dir(self.repositories, SCORER).parent
+        # The copies of the other repositories hold the consumers (risk_pipeline) whose primary moves with each swap.
+        consumers = tuple(r for r in self.repositories if r != repo)
         holder: dict = {}
         load = threading.Thread(target=lambda: holder.update(result=wrk.run(
             "http://" + server.http_url, self.triton_script, self.mode.http_connections, self.mode.swap_seconds)))
@@ -224,12 +225,12 @@ class Bench:
             time.sleep(1.0)
             for _ in range(self.mode.swaps):
                 t = time.monotonic()
-                version = publish(SCORER, self.scorer_onnx, repo, None)
-                apply(server.http_url, SCORER, version)
+                version = publish(SCORER, self.scorer_onnx, repo, None, consumer_repositories=consumers,
+                                  url=server.http_url)
                 published = time.monotonic() - t
                 t = time.monotonic()
-                back = rollback(SCORER, repo)
-                apply(server.http_url, SCORER, back.serving)
+                rollout = Rollout(SCORER, repo, consumers, server.http_url)
+                rollback(rollout, rollback_plan(rollout, None))
                 swaps.append({"version": version, "publish_s": published, "rollback_s": time.monotonic() - t})
         finally:
             load.join()

@@ -1,5 +1,6 @@
 """risk_router: canary / shadow / breaker routing of legacy records over the scorers (BLS)."""
 import json
+import time
 import traceback
 from pathlib import Path
 
@@ -9,11 +10,12 @@ import triton_python_backend_utils as pb_utils
 from backends import fault_points
 from backends.circuit_breaker import BreakerSettings, CircuitBreaker
 from backends.errors import InternalError, InvalidInput, ServingError, from_triton_code, of_kind, triton_error
+from backends.drift import SCORE_FEATURE, DriftMonitor, Reference
 from backends.feature_spec import FeatureSpec
 from backends.model_parameters import string_parameter
 from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, RecordDecoder, request_error
 from backends.router_core import Router
-from backends.router_metrics import RouterMetrics
+from backends.router_metrics import DriftMetrics, RouterMetrics
 from backends.routing_policy import RoutingSettings
 
 BLS_MAX_ROWS = 256
@@ -30,6 +32,20 @@ class TritonPythonModel:
         breaker = CircuitBreaker(BreakerSettings.from_parameters(params))
         self._router = Router(RoutingSettings.from_parameters(params), breaker, self._score, self._versions)
         self._metrics = RouterMetrics(pb_utils.MetricFamily)
+        self._drift = self._drift_monitor(here / args["model_version"], params, spec)
+        self._drift_published_at = -float("inf")  # the first sampled batch sets the gauges
+        self._drift_publish_seconds = float(string_parameter(params, "drift_publish_seconds", 5))
+
+    def _drift_monitor(self, version_dir, params, spec):
+        """Drift is watched only where the training reference was built (`make` writes it beside this file)."""
+        reference = version_dir / string_parameter(params, "drift_reference", "drift_reference.json")
+        if not reference.is_file():
+            pb_utils.Logger.log_warn(f"risk_router: no drift reference at {reference}; feature drift is not watched")
+            return None
+        monitor = DriftMonitor(Reference.from_json(reference.read_text()), tuple(f.name for f in spec.categorical),
+                               spec.numeric, float(string_parameter(params, "drift_sample_rate", 0.1)))
+        self._drift_metrics = DriftMetrics(pb_utils.MetricFamily, (*spec.names, SCORE_FEATURE))
+        return monitor
 
     def _versions(self, model):
         # `model` is one of the configured targets (routing_policy refuses any other route): never client text.
@@ -83,6 +99,13 @@ class TritonPythonModel:
                 for k in scored:
                     answer.errors[k] = of_kind(err.kind, f"{self._decision_model}: {err.message}")
         self._metrics.observe(answer, self._router.breaker.state)
+        if self._drift is not None and scored:
+            try:
+                self._watch_drift(decoded.categorical[valid][scored], decoded.numeric[valid][scored],
+                                  answer.probability[scored])
+            except Exception:  # noqa: BLE001 - monitoring never fails an answer; stop watching, say why
+                pb_utils.Logger.log_error("risk_router: drift monitoring stopped:\n" + traceback.format_exc())
+                self._drift = None
 
         row_of = {i: k for k, i in enumerate(valid)}
         responses, start = [], 0
@@ -107,6 +130,14 @@ class TritonPythonModel:
                 pb_utils.Tensor("served_by", served_by),
             ]))
         return responses
+
+
+    def _watch_drift(self, categorical, numeric, probability):
+        self._drift.observe(categorical, numeric, probability)
+        now = time.monotonic()
+        if now - self._drift_published_at >= self._drift_publish_seconds:
+            self._drift_published_at = now
+            self._drift_metrics.publish(self._drift.psi())
 
 
 def _route(request):

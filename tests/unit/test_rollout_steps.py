@@ -1,0 +1,179 @@
+"""Rollout steps on a private copy of the repositories, without a server: roles of the versions, the consumers'
+configs, the history, the control lock under concurrent processes, and durable renames."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT
+from tools import primary, version_store
+from tools.publish import PublishError, publish
+from tools.rollback import RollbackError, rollback as rollback_newest_folder
+from tools.rollout import Rollout, RolloutError, canary, promote, rollback, rollback_plan
+from tools.version_store import VersionStore
+
+
+@pytest.fixture
+def repos(tmp_path, built_artifacts):
+    repo, ensembles = tmp_path / "model_repository", tmp_path / "ensembles"
+    shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ENSEMBLES, ensembles, ignore=shutil.ignore_patterns("__pycache__"))
+    for version in VersionStore(repo).served("risk_scorer")[1:]:
+        shutil.rmtree(repo / "risk_scorer" / str(version))
+    return repo, built_artifacts["onnx"]
+
+
+def served_by_consumers(repo: Path) -> dict[str, int | None]:
+    return {c.name: c.version for c in primary.consumers("risk_scorer", (repo, repo.parent / "ensembles"))}
+
+
+def state(repo):
+    return Rollout("risk_scorer", repo).state()
+
+
+def test_staged_version_is_loaded_but_every_consumer_keeps_the_primary(repos):
+    repo, onnx = repos
+    staged = publish("risk_scorer", onnx, repo, None, stage=True)
+    assert staged == 2 and VersionStore(repo).served("risk_scorer") == [1, 2]
+    assert served_by_consumers(repo) == {"risk_router": 1, "risk_pipeline": 1}
+    assert (state(repo).primary, state(repo).candidate) == (1, 2)
+
+
+def test_plain_publish_moves_every_consumer_at_once_and_keeps_the_previous_version(repos):
+    repo, onnx = repos
+    assert publish("risk_scorer", onnx, repo, None) == 2
+    assert served_by_consumers(repo) == {"risk_router": 2, "risk_pipeline": 2}
+    assert (state(repo).primary, state(repo).previous) == (2, 1)
+    publish("risk_scorer", onnx, repo, None)
+    assert VersionStore(repo).served("risk_scorer") == [2, 3], "the version before the previous one is retired"
+
+
+def test_promote_moves_every_consumer_and_clears_the_split(repos):
+    repo, onnx = repos
+    publish("risk_scorer", onnx, repo, None, stage=True)
+    canary(Rollout("risk_scorer", repo), 2, 10.0, 0.0)
+    promote(Rollout("risk_scorer", repo), 2)
+    assert served_by_consumers(repo) == {"risk_router": 2, "risk_pipeline": 2}
+    router = (repo / "risk_router" / "config.pbtxt").read_text()
+    assert '"candidate" value: { string_value: "" }' in router and '"canary_percent" value: { string_value: "0" }' in router
+    assert (state(repo).primary, state(repo).previous, state(repo).candidate) == (2, 1, None)
+
+
+def test_rollback_during_a_canary_retires_the_candidate_and_leaves_the_primary(repos):
+    repo, onnx = repos
+    publish("risk_scorer", onnx, repo, None, stage=True)
+    canary(Rollout("risk_scorer", repo), 2, 50.0, 0.0)
+    done = rollback(Rollout("risk_scorer", repo), rollback_plan(Rollout("risk_scorer", repo), None))
+    assert (done.action, done.target) == ("abort", 1)
+    assert served_by_consumers(repo) == {"risk_router": 1, "risk_pipeline": 1}
+    assert '"candidate" value: { string_value: "" }' in (repo / "risk_router" / "config.pbtxt").read_text()
+    # Without a server to confirm the router's reload, the candidate's folder stays until it has drained.
+    assert list(state(repo).draining) == [2] and state(repo).candidate is None
+
+
+def test_rollback_after_a_promotion_serves_the_previous_version_again(repos):
+    repo, onnx = repos
+    publish("risk_scorer", onnx, repo, None, stage=True)
+    promote(Rollout("risk_scorer", repo), 2)
+    done = rollback(Rollout("risk_scorer", repo), rollback_plan(Rollout("risk_scorer", repo), None))
+    assert (done.action, done.target) == ("revert", 1)
+    assert served_by_consumers(repo) == {"risk_router": 1, "risk_pipeline": 1}
+
+
+@pytest.mark.parametrize("step, message", [
+    (lambda r: canary(Rollout("risk_scorer", r), 1, 10.0, 0.0), "is the primary"),
+    (lambda r: promote(Rollout("risk_scorer", r), 1), "is the primary already"),
+    (lambda r: promote(Rollout("risk_scorer", r), 7), "no loaded version 7"),
+    (lambda r: rollback_plan(Rollout("risk_scorer", r), None), "only version 1"),
+])
+def test_impossible_steps_are_refused_and_change_nothing(repos, step, message):
+    repo, _ = repos
+    before = (repo / "risk_router" / "config.pbtxt").read_text()
+    with pytest.raises(RolloutError, match=message):
+        step(repo)
+    assert (repo / "risk_router" / "config.pbtxt").read_text() == before
+    assert VersionStore(repo).history() == []
+
+
+def test_a_second_stage_is_refused_while_a_candidate_waits(repos):
+    repo, onnx = repos
+    publish("risk_scorer", onnx, repo, None, stage=True)
+    with pytest.raises(PublishError, match="version 2 is staged already"):
+        publish("risk_scorer", onnx, repo, None, stage=True)
+    assert VersionStore(repo).served("risk_scorer") == [1, 2]
+
+
+def test_history_that_cannot_be_written_stops_the_command_before_it_acts(repos):
+    repo, onnx = repos
+    store = VersionStore(repo)
+    store.control.mkdir(parents=True, exist_ok=True)
+    store.history_file.mkdir()  # appending to it fails, as on a full or read-only disk
+    before = (repo / "risk_router" / "config.pbtxt").read_text()
+    with pytest.raises(PublishError, match="cannot write the history"):
+        publish("risk_scorer", onnx, repo, None)
+    assert store.served("risk_scorer") == [1]
+    assert (repo / "risk_router" / "config.pbtxt").read_text() == before
+
+
+def test_a_rename_fsyncs_the_moved_folder_and_both_parents(tmp_path, monkeypatch):
+    (tmp_path / "a" / "v").mkdir(parents=True)
+    (tmp_path / "b").mkdir()
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(version_store.os, "fsync",
+                        lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd)))
+    version_store.durable_rename(tmp_path / "a" / "v", tmp_path / "b" / "v")
+    assert synced == [str(tmp_path / "b" / "v"), str(tmp_path / "b"), str(tmp_path / "a")]
+
+
+WORKER = """
+import random, sys
+from pathlib import Path
+from tools.publish import PublishError, publish
+from tools.rollout import Rollout, RolloutError, promote, rollback, rollback_plan
+repo, onnx, seed = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+rng, done = random.Random(seed), 0
+for _ in range(4):
+    step = rng.choice(["publish", "stage-promote", "rollback"])
+    try:
+        if step == "publish":
+            publish("risk_scorer", onnx, repo, None)
+        elif step == "stage-promote":
+            promote(Rollout("risk_scorer", repo), publish("risk_scorer", onnx, repo, None, stage=True))
+            done += 1
+        else:
+            rollout = Rollout("risk_scorer", repo)
+            rollback(rollout, rollback_plan(rollout, None))
+        done += 1
+    except (PublishError, RolloutError) as err:
+        print("refused:", err)
+print("changes", done)
+"""
+
+
+def test_concurrent_rollout_commands_keep_a_served_primary_and_every_history_line(repos):
+    repo, onnx = repos
+    workers = [subprocess.Popen([sys.executable, "-c", WORKER, str(repo), str(onnx), str(seed)], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in range(6)]
+    outputs = [w.communicate(timeout=300) for w in workers]
+    for worker, (out, err) in zip(workers, outputs):
+        assert worker.returncode == 0, err[-2000:]
+    changes = sum(int(out.strip().splitlines()[-1].split()[-1]) for out, _ in outputs)
+    history = [json.loads(line) for line in VersionStore(repo).history_file.read_text().splitlines()]
+    assert len([e for e in history if "outcome" not in e]) == changes, "one history line per change, none lost"
+    current = state(repo)
+    served = VersionStore(repo).served("risk_scorer")
+    assert current.primary in served and (current.previous is None or current.previous in served)
+    assert set(served_by_consumers(repo).values()) == {current.primary}
+
+
+def test_the_newest_folder_rollback_refuses_a_model_with_an_explicit_primary(repos):
+    repo, onnx = repos
+    publish("risk_scorer", onnx, repo, None)
+    with pytest.raises(RollbackError, match="explicit primary"):
+        rollback_newest_folder("risk_scorer", repo)
+    assert VersionStore(repo).served("risk_scorer") == [1, 2]
