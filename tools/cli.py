@@ -121,8 +121,8 @@ def build_trt(onnx_model, out, precision, config_dir, max_batch_size, opt_batch_
 @click.option("--atol", type=float, default=1e-5, show_default=True)
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--decision-config", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="risk_decision's config.pbtxt: list the rows whose decision changes "
-                   "[default: model_repository/risk_decision/config.pbtxt where it exists]")
+              help="the config.pbtxt that holds the decision thresholds: list the rows whose decision changes "
+                   "[default: model_repository/risk_pipeline/config.pbtxt where it exists]")
 @click.option("--fp16-emulation", is_flag=True,
               help="also score the graph converted to float16 on ONNX Runtime's CPU kernels (FP16 without a GPU)")
 @click.option("--engine", "engines", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
