@@ -393,9 +393,12 @@ def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, 
 
 
 @main.command()
-@click.option("--mode", type=click.Choice(["smoke", "quick", "full", "gpu"]), default="quick", show_default=True,
+@click.option("--mode", type=click.Choice(["smoke", "quick", "full", "gpu", "model-analyzer"]), default="quick",
+              show_default=True,
               help="quick: under 3 minutes; full: the README table; smoke: only proves the machinery; "
-                   "gpu: TensorRT vs ONNX Runtime CUDA EP vs CPU (needs a GPU, `make gpu-venv`)")
+                   "gpu: TensorRT vs ONNX Runtime CUDA EP vs CPU (needs a GPU, `make gpu-venv`); "
+                   "model-analyzer: Triton Model Analyzer's instance/batch sweep of risk_pipeline "
+                   "(pip install '.[analyzer]')")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
               show_default=True)
 @click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path),
@@ -415,6 +418,16 @@ def bench(mode, out_dir, repositories, data_csv, onnx_model, url) -> None:
         except EngineBuildError as err:
             raise click.ClickException(str(err)) from None
         click.echo(f"results: {out_dir / 'gpu' / 'results.md'}")
+        return
+    if mode == "model-analyzer":
+        from tools.bench import model_analyzer
+        repository = next((r for r in repositories if (Path(r) / "risk_pipeline").is_dir()), Path("model_repository"))
+        try:
+            metrics = model_analyzer.run(out_dir, repository, data_csv, log=lambda line: click.echo(line, err=True))
+        except RuntimeError as err:
+            raise click.ClickException(str(err)) from None
+        click.echo(metrics.read_text())
+        click.echo(f"results: {metrics} (reports beside it)")
         return
     from tools.bench.modes import MODES
     from tools.bench.runner import Bench
