@@ -48,9 +48,9 @@ def legacy_scores(built_artifacts, german_credit_data):
 
 @pytest.fixture(scope="session")
 def decision_thresholds():
-    """The thresholds risk_decision serves with, from its config."""
+    """The thresholds risk_pipeline decides with, from its config."""
     from tools.model_config import decision_thresholds
-    return decision_thresholds(MODEL_REPOSITORY / "risk_decision")
+    return decision_thresholds(MODEL_REPOSITORY / "risk_pipeline")
 
 
 @pytest.fixture(scope="session")

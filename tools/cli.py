@@ -121,8 +121,8 @@ def build_trt(onnx_model, out, precision, config_dir, max_batch_size, opt_batch_
 @click.option("--atol", type=float, default=1e-5, show_default=True)
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--decision-config", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="risk_decision's config.pbtxt: list the rows whose decision changes "
-                   "[default: model_repository/risk_decision/config.pbtxt where it exists]")
+              help="the config.pbtxt that holds the decision thresholds: list the rows whose decision changes "
+                   "[default: model_repository/risk_pipeline/config.pbtxt where it exists]")
 @click.option("--fp16-emulation", is_flag=True,
               help="also score the graph converted to float16 on ONNX Runtime's CPU kernels (FP16 without a GPU)")
 @click.option("--engine", "engines", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -568,9 +568,13 @@ def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, 
 
 
 @main.command()
-@click.option("--mode", type=click.Choice(["smoke", "quick", "full", "gpu"]), default="quick", show_default=True,
+@click.option("--mode", type=click.Choice(["smoke", "quick", "full", "gpu", "model-analyzer", "crossover"]),
+              default="quick",
+              show_default=True,
               help="quick: under 3 minutes; full: the README table; smoke: only proves the machinery; "
-                   "gpu: TensorRT vs ONNX Runtime CUDA EP vs CPU (needs a GPU, `make gpu-venv`)")
+                   "gpu: TensorRT vs ONNX Runtime CUDA EP vs CPU (needs a GPU, `make gpu-venv`); "
+                   "model-analyzer: Triton Model Analyzer's instance/batch sweep of risk_pipeline "
+                   "(pip install '.[analyzer]'); crossover: heavier scorers, Triton vs per-request FastAPI")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
               show_default=True)
 @click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path),
@@ -590,6 +594,25 @@ def bench(mode, out_dir, repositories, data_csv, onnx_model, url) -> None:
         except EngineBuildError as err:
             raise click.ClickException(str(err)) from None
         click.echo(f"results: {out_dir / 'gpu' / 'results.md'}")
+        return
+    if mode == "crossover":
+        from tools.bench import crossover
+        repository = next((r for r in repositories if (Path(r) / "risk_pipeline").is_dir()), Path("model_repository"))
+        results = crossover.run(out_dir, repository, onnx_model, data_csv, log=lambda line: click.echo(line, err=True))
+        for p in results["points"]:
+            click.echo(f"width {p['width']}: {p['ratio']:.2f}x (Triton {p['triton']['throughput']:.0f}, "
+                       f"FastAPI {p['fastapi']['throughput']:.0f} req/s)")
+        click.echo(f"results: {out_dir / 'crossover.json'}, {out_dir / 'crossover.png'}")
+        return
+    if mode == "model-analyzer":
+        from tools.bench import model_analyzer
+        repository = next((r for r in repositories if (Path(r) / "risk_pipeline").is_dir()), Path("model_repository"))
+        try:
+            metrics = model_analyzer.run(out_dir, repository, data_csv, log=lambda line: click.echo(line, err=True))
+        except RuntimeError as err:
+            raise click.ClickException(str(err)) from None
+        click.echo(metrics.read_text())
+        click.echo(f"results: {metrics} (reports beside it)")
         return
     from tools.bench.modes import MODES
     from tools.bench.runner import Bench

@@ -1,7 +1,8 @@
 """Triton model configs (config.pbtxt) read with Triton's own protobuf schema, and checked against what they serve.
 
 `check_repositories` is what `s2t check-config` and the tests run: every config against its model file or
-python model, and every ensemble's wiring against the models it calls.
+python model, every ensemble's wiring against the models it calls, the scorer a fused pipeline names, and one
+decision policy across the models that decide.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def backend_parameters(config: mc.ModelConfig) -> dict[str, dict[str, str]]:
 
 
 def decision_thresholds(model_dir: Path) -> Thresholds:
-    """The thresholds risk_decision serves with, read from its config (the one place the policy lives)."""
+    """The thresholds a deciding model (risk_pipeline, risk_decision) serves with, read from its config."""
     return Thresholds.from_parameters(backend_parameters(load(Path(model_dir))))
 
 
@@ -174,6 +175,38 @@ def _check_ensemble(config: mc.ModelConfig, configs: dict[str, mc.ModelConfig]) 
     return problems
 
 
+def _check_scorer_reference(config: mc.ModelConfig, model_dir: Path, configs: dict[str, mc.ModelConfig]) -> list[str]:
+    """A python model that runs a scorer in its stub (`scorer_model`, `scorer_version`): the scorer must be an ONNX
+    model of the same repository, and a version named must exist there."""
+    parameters = backend_parameters(config)
+    scorer = parameters["scorer_model"]["string_value"]
+    version = parameters.get("scorer_version", {}).get("string_value", "").strip()
+    scorer_dir = model_dir.parent / scorer
+    if scorer not in configs or not (scorer_dir / "config.pbtxt").is_file():
+        return [f"{config.name}: scorer_model {scorer!r} is not a model of its repository {model_dir.parent}"]
+    if not _is_onnx(configs[scorer]):
+        return [f"{config.name}: scorer_model {scorer!r} is not an ONNX model"]
+    if version and not (scorer_dir / version / model_filename(configs[scorer])).is_file():
+        return [f"{config.name}: scorer_version {version} of {scorer} has no {model_filename(configs[scorer])}"]
+    return []
+
+
+def _check_one_decision_policy(configs: dict[str, mc.ModelConfig]) -> list[str]:
+    """Every model that decides carries the same thresholds: one policy, whichever path serves the record."""
+    policies = {}
+    for name, config in configs.items():
+        parameters = backend_parameters(config)
+        if "review_threshold" in parameters or "decline_threshold" in parameters:
+            try:
+                policies[name] = Thresholds.from_parameters(parameters)
+            except ValueError as err:
+                return [f"{name}: {err}"]
+    if len(set(policies.values())) > 1:
+        return ["the decision thresholds differ between models: " + ", ".join(
+            f"{name} review {t.review:g} decline {t.decline:g}" for name, t in sorted(policies.items()))]
+    return []
+
+
 def _is_engine(config: mc.ModelConfig) -> bool:
     return config.platform == "tensorrt_plan" or config.backend == "tensorrt"
 
@@ -229,8 +262,10 @@ def check_repositories(repositories: Iterable[Path]) -> list[str]:
             for version in found:
                 if not (model_dir / str(version) / "model.py").is_file():
                     problems.append(f"{name}: version {version} has no model.py")
+            if "scorer_model" in config.parameters:
+                problems += _check_scorer_reference(config, model_dir, configs)
         if not found:
             hint = (" (engines are built on the serving GPU: `s2t build-trt`, then `s2t publish`)"
                     if config.platform == "tensorrt_plan" else "")
             problems.append(f"{name}: no version folder{hint}")
-    return problems
+    return problems + _check_one_decision_policy(configs)

@@ -21,7 +21,7 @@ LIVE_BATCH = 64
 # the graph converted to float16 and run by ONNX Runtime on CPU: max abs 1.2e-4, mean 2.1e-5, no decision changed.
 # The gate leaves 8x headroom for TensorRT's FP16 kernels (different accumulation order and fused layers).
 FP16_ATOL = 1e-3
-DECISION_CONFIG = Path("model_repository/risk_decision/config.pbtxt")
+DECISION_CONFIG = Path("model_repository/risk_pipeline/config.pbtxt")
 
 
 @dataclass(frozen=True)

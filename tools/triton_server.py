@@ -35,6 +35,9 @@ PROJECT_BACKENDS = PROJECT_ROOT / "backends"
 PYTHON_BASED_BACKENDS = ("onnxruntime",)
 
 
+MODEL_LOAD_THREADS = 16
+
+
 class ServerError(RuntimeError):
     pass
 
@@ -130,10 +133,13 @@ class TritonServer:
             f"--model-control-mode={self.model_control_mode}",
             f"--exit-timeout-secs={self.exit_timeout_seconds}",
             "--strict-readiness=true",
-            # Every config here is complete (s2t check-config proves it). Auto-completion would start a throwaway
-            # python stub per python model load: measured here, a risk_router reload (every canary, promote and
-            # rollback step) took 1.5-1.9 s with it and 0.14-0.19 s without.
+            # Every config here is complete (s2t check-config proves it). With auto-completion on, the python backend
+            # starts each model's stub twice (once to ask model.py for a config, then for the instance): measured,
+            # start-up to all models ready went from 2.6-4.4 s to 1.0 s, and a risk_router reload (every canary,
+            # promote and rollback step) from 1.5-1.9 s to 0.14-0.19 s.
             "--disable-auto-complete-config",
+            # Load all models at once rather than four at a time: each load mostly waits on its stub starting.
+            f"--model-load-thread-count={MODEL_LOAD_THREADS}",
         ]
         if self.model_control_mode == "poll":
             cmd.append(f"--repository-poll-secs={self.poll_seconds}")

@@ -30,16 +30,31 @@ def test_bench_measures_triton_over_both_protocols_and_both_baselines(smoke_run)
         ("risk_pipeline", "http"), ("risk_pipeline", "grpc"), ("risk_scorer", "http"), ("risk_scorer", "grpc")}
     assert any(p["request_rate"] for p in points) and any(p["batch"] > 1 for p in points)
     assert all(p["infer_per_s"] > 0 and p["p99_ms"] >= p["p50_ms"] > 0 for p in points)
-    for side in ("http_triton", "http_baseline"):
-        assert results[side]["requests"] > 0 and results[side]["errors"] == 0
-        assert results[side]["cpu_ms_per_request"] > 0
+    sides = [results["http_triton"], *results["http_fastapi_apps"].values()]
+    assert set(results["http_fastapi_apps"]) == {"baseline", "fastapi-docs"}
+    for side in sides:
+        assert side["requests"] > 0 and side["errors"] == 0 and side["cpu_ms_per_request"] > 0
+    # The baseline is the stronger of the two FastAPI apps.
+    assert results["http_baseline"]["throughput"] == max(e["throughput"] for e in results["http_fastapi_apps"].values())
     assert {p["what"] for p in results["inprocess"]} == {"onnxruntime", "decode+onnxruntime+decide"}
 
 
-def test_baseline_gives_the_same_answers_as_risk_pipeline(smoke_run):
+def test_both_fastapi_apps_give_the_same_answers_as_risk_pipeline(smoke_run):
     _, results, _ = smoke_run
-    assert results["same_answers"]["same_decisions"] is True
-    assert results["same_answers"]["max_abs_diff"] < 1e-5
+    assert set(results["same_answers"]) == {"baseline", "fastapi-docs"}
+    for compared in results["same_answers"].values():
+        assert compared["same_decisions"] is True and compared["max_abs_diff"] < 1e-5
+
+
+def test_bench_shows_where_risk_pipeline_spends_its_time(smoke_run):
+    out, results, _ = smoke_run
+    found = results["where_time_goes"]
+    statistics = found["triton_statistics"]
+    assert statistics["requests"] > 0 and statistics["mean_batch"] >= 1
+    assert all(v > 0 for v in statistics["per_execution_us"].values())
+    spy = found["py_spy"]
+    assert spy["samples"] > 0 and any(e["frame"] == "TritonPythonModel.execute (model.py)" for e in spy["inclusive"])
+    assert "## Where risk_pipeline's time goes" in (out / "results.md").read_text()
 
 
 def test_bench_measures_cold_start_memory_hot_swap_and_streaming(smoke_run):
@@ -68,7 +83,8 @@ def test_ratios_are_computed_from_the_measured_numbers(smoke_run):
 def test_bench_writes_markdown_tables_and_non_empty_plots(smoke_run):
     out, results, stdout = smoke_run
     markdown = (out / "results.md").read_text()
-    assert "| server | req/s | p50 ms | p90 ms | p99 ms | CPU ms/req |" in markdown
+    assert "| server | req/s | rounds req/s | p50 ms | p90 ms | p99 ms | CPU ms/req |" in markdown
+    assert "FastAPI fastapi-docs" in markdown
     assert "| target | measured | met |" in markdown and "| model | protocol | batch |" in markdown
     assert f"{results['http_triton']['throughput']:.0f}" in markdown
     assert results["plots"]

@@ -52,7 +52,7 @@ def test_the_router_rejects_late_interactive_requests_and_caps_both_queues():
     assert 0 < policy.max_queue_size and 0 < batching.priority_queue_policy[2].max_queue_size
 
 
-@pytest.mark.parametrize("model", ["skill_adapter", "risk_scorer"])
+@pytest.mark.parametrize("model", ["risk_pipeline", "skill_adapter", "risk_scorer"])
 def test_the_hot_path_models_carry_no_queue_policy(model):
     """A queue policy makes Triton 2.51's batcher hold requests about 500 ms (the configs say where measured)."""
     batching = model_config.load(MODEL_REPOSITORY / model).dynamic_batching

@@ -41,8 +41,10 @@ def supervised(request, built_artifacts, tmp_path):
         yield server
 
 
-@pytest.mark.parametrize("model", ["skill_adapter", "risk_scorer"])
-def test_a_killed_stub_is_loaded_again_and_serves_within_5_seconds(supervised, german_credit_data, model):
+@pytest.mark.parametrize("model, caller", [("risk_pipeline", "risk_pipeline"),
+                                           ("skill_adapter", "risk_pipeline_ensemble"),
+                                           ("risk_scorer", "risk_pipeline_ensemble")])
+def test_a_killed_stub_is_loaded_again_and_serves_within_5_seconds(supervised, german_credit_data, model, caller):
     records = [json.dumps({"features": r}).encode() for r in german_credit_data.records()[:20]]
     outcomes, stop = [], threading.Event()
 
@@ -51,7 +53,7 @@ def test_a_killed_stub_is_loaded_again_and_serves_within_5_seconds(supervised, g
         while not stop.is_set():
             sent = time.monotonic()
             try:
-                client.infer("risk_pipeline", [payload_input(records[:1])])
+                client.infer(caller, [payload_input(records[:1])])
                 outcomes.append((sent, None))
             except InferenceServerException as err:
                 outcomes.append((sent, err.message()))

@@ -1,4 +1,5 @@
-"""risk_pipeline end to end on the real server: every German Credit row against the legacy SavedModel."""
+"""risk_pipeline end to end on the real server: every German Credit row against the legacy SavedModel; the same
+for risk_pipeline_ensemble, the composed path the NGC image serves."""
 import json
 
 import numpy as np
@@ -15,11 +16,12 @@ def legacy(legacy_scores):
     return legacy_scores
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_every_row_through_risk_pipeline_matches_the_legacy_model(protocol, triton, built_artifacts,
-                                                                    german_credit_data, legacy):
+@pytest.mark.parametrize("model, protocol", [("risk_pipeline", "http"), ("risk_pipeline", "grpc"),
+                                             ("risk_pipeline_ensemble", "grpc")])
+def test_every_row_through_the_pipeline_matches_the_legacy_model(model, protocol, triton, built_artifacts,
+                                                                   german_credit_data, legacy):
     url = triton.http_url if protocol == "http" else triton.grpc_url
-    served = parity.live_scores(url, "risk_pipeline", built_artifacts["onnx"], german_credit_data, protocol)
+    served = parity.live_scores(url, model, built_artifacts["onnx"], german_credit_data, protocol)
     assert served.shape == (1000,)
     comparison = parity.compare(protocol, legacy, served, TOLERANCE)
     assert comparison.rows_over_tolerance == 0, comparison

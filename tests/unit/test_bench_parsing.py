@@ -64,8 +64,8 @@ def _results(triton_rps, base_rps, triton_p99, base_p50):
 
 
 @pytest.mark.parametrize("triton_rps, base_rps, triton_p99, base_p50, met_http, met_p99", [
-    (3000.0, 1000.0, 8.0, 9.0, True, True),
-    (2999.0, 1000.0, 9.0, 9.0, False, False),
+    (1100.0, 1000.0, 9.0, 4.0, True, True),
+    (1000.0, 1000.0, 9.5, 4.0, False, False),
 ])
 def test_targets_follow_from_the_measured_ratios(triton_rps, base_rps, triton_p99, base_p50, met_http, met_p99):
     results = _results(triton_rps, base_rps, triton_p99, base_p50)
@@ -79,10 +79,20 @@ def test_targets_follow_from_the_measured_ratios(triton_rps, base_rps, triton_p9
 
 def test_a_batch_point_perf_analyzer_gave_up_on_is_a_missed_target_not_a_crash():
     results = _results(3000.0, 1000.0, 8.0, 9.0)
-    results["perf_analyzer"] = [p for p in results["perf_analyzer"] if p["model"] != "risk_scorer"]
-    results["perf_analyzer_failures"] = [{"model": "risk_scorer", "protocol": "grpc", "batch": 256, "concurrency": 2,
+    results["perf_analyzer"] = [p for p in results["perf_analyzer"] if p["model"] != "risk_pipeline"]
+    results["perf_analyzer_failures"] = [{"model": "risk_pipeline", "protocol": "grpc", "batch": 256, "concurrency": 2,
                                           "request_rate": None, "error": "Request timeout expired"}]
     ratios = report.ratios(results)
-    assert ratios["batch"] == 256 and math.isnan(ratios["grpc_scorer_batch_vs_inprocess"])
+    assert ratios["batch"] == 256 and math.isnan(ratios["grpc_pipeline_batch_vs_inprocess_pipeline"])
     batch_target = report.targets(results, ratios)[2]
     assert batch_target["met"] is False and "failed" in batch_target["measured"]
+
+
+def test_grpc_at_concurrency_16_is_held_to_the_http_rate_of_the_same_generator():
+    results = _results(1100.0, 1000.0, 8.0, 4.0)
+    results["perf_analyzer"] += [{"model": "risk_pipeline", "protocol": protocol, "batch": 1, "concurrency": 16,
+                                  "infer_per_s": rate} for protocol, rate in (("http", 1000.0), ("grpc", 900.0))]
+    ratios = report.ratios(results)
+    assert ratios["perf_analyzer_grpc_vs_http_pipeline"] == pytest.approx(0.9)
+    grpc_target = next(t for t in report.targets(results, ratios) if "gRPC c=16" in t["target"])
+    assert grpc_target["met"] is False and grpc_target["measured"] == "0.90x"

@@ -35,14 +35,14 @@ def edit(path: Path, old: str, new: str) -> None:
 
 @pytest.mark.parametrize("old, new, problem", [
     ('input_map { key: "probability" value: "probability" }', 'input_map { key: "probability" value: "score" }',
-     "risk_pipeline step 2 (risk_decision): 'score' is not produced before this step"),
+     "risk_pipeline_ensemble step 2 (risk_decision): 'score' is not produced before this step"),
     ('output_map { key: "decision" value: "decision" }', 'output_map { key: "verdict" value: "decision" }',
-     "risk_pipeline step 2 (risk_decision): output_map names 'verdict', not an output of risk_decision"),
+     "risk_pipeline_ensemble step 2 (risk_decision): output_map names 'verdict', not an output of risk_decision"),
     ('model_name: "risk_decision"', 'model_name: "risk_decider"',
-     "risk_pipeline step 2 (risk_decider): no model 'risk_decider' in the repositories"),
+     "risk_pipeline_ensemble step 2 (risk_decider): no model 'risk_decider' in the repositories"),
 ])
 def test_broken_ensemble_wiring_is_reported_with_the_step(repositories, old, new, problem):
-    edit(repositories[1] / "risk_pipeline" / "config.pbtxt", old, new)
+    edit(repositories[1] / "risk_pipeline_ensemble" / "config.pbtxt", old, new)
     assert problem in check_repositories(repositories)
 
 
@@ -55,3 +55,20 @@ def test_dtype_mismatch_between_steps_is_reported(repositories):
 def test_config_name_must_match_its_folder(repositories):
     edit(repositories[0] / "risk_decision" / "config.pbtxt", 'name: "risk_decision"', 'name: "decision"')
     assert any("config name 'decision' differs from the folder name" in p for p in check_repositories(repositories))
+
+
+def test_the_fused_pipeline_must_name_an_onnx_scorer_of_its_repository(repositories):
+    edit(repositories[0] / "risk_pipeline" / "config.pbtxt", 'string_value: "risk_scorer" }', 'string_value: "risk_router" }')
+    assert "risk_pipeline: scorer_model 'risk_router' is not an ONNX model" in check_repositories(repositories)
+
+
+def test_a_scorer_version_that_does_not_exist_is_reported(repositories):
+    config = repositories[0] / "risk_pipeline" / "config.pbtxt"
+    edit(config, 'key: "scorer_version"\n  value: { string_value: "" }', 'key: "scorer_version"\n  value: { string_value: "7" }')
+    assert "risk_pipeline: scorer_version 7 of risk_scorer has no model.onnx" in check_repositories(repositories)
+
+
+def test_decision_thresholds_must_agree_between_the_models_that_decide(repositories):
+    edit(repositories[0] / "risk_decision" / "config.pbtxt", 'string_value: "0.6"', 'string_value: "0.7"')
+    assert ("the decision thresholds differ between models: risk_decision review 0.3 decline 0.7, "
+            "risk_pipeline review 0.3 decline 0.6") in check_repositories(repositories)

@@ -22,8 +22,8 @@ import psutil
 from backends.feature_spec import FeatureSpec
 from backends.record_decoder import RecordDecoder
 from tools import model_config
-from tools.bench import inprocess, perf_analyzer, process_tree, report, workload, wrk
-from tools.bench.fastapi_baseline import ROUTE as BASELINE_ROUTE, BaselineServer
+from tools.bench import inprocess, perf_analyzer, process_tree, report, stub_profile, workload, wrk
+from tools.bench.fastapi_baseline import APPS as BASELINE_APPS, ROUTE as BASELINE_ROUTE, BaselineServer
 from tools.bench.modes import Mode
 from tools.triton_server import TritonServer, free_port
 from tools.version_store import version_numbers
@@ -146,27 +146,43 @@ class Bench:
             peak = _PeakRss(pid)
             peak.start()
             self.results["perf_analyzer"], self.results["perf_analyzer_failures"] = self._perf_points(server)
-            self.results["http_triton"] = self._wrk(server.process.pid, "http://" + server.http_url,
-                                                    self.triton_script, self.mode.http_seconds, "triton")
+            self._side_by_side(server)
             self.results["memory"]["triton_peak_bytes"] = peak.stop()
             after_load = process_tree.rss_by_process(pid)
             self.results["memory"]["triton_after_load_bytes"] = sum(after_load.values())
             self.results["memory"]["triton_after_load_by_process"] = after_load
             self.results["hot_swap"] = self._hot_swap(server)
             self.results["streaming"] = self._streaming(server)
-            baseline = BaselineServer(self.scorer_onnx, self.spec_path, self.decision_dir, free_port(),
-                                      log_path=self.tmp / "baseline.log").start()
-            try:
-                self.results["same_answers"] = _compare_answers(server, baseline, self.payloads[:CHECKED_RECORDS])
-                server.stop()
-                self.results["http_baseline"] = self._wrk(baseline.process.pid, baseline.url, self.baseline_script,
-                                                          self.mode.http_seconds, "fastapi")
-                self.results["memory"]["baseline_after_load_bytes"] = process_tree.rss_bytes(baseline.process.pid)
-                self.results["baseline_start_s"] = baseline.startup_seconds
-            finally:
-                baseline.stop()
         finally:
             server.stop()
+
+    def _side_by_side(self, server: TritonServer) -> None:
+        """wrk on Triton and on both FastAPI apps, in turns, all of them up: the same machine, the same moment."""
+        baselines = {}
+        try:
+            for app in BASELINE_APPS:
+                baselines[app] = BaselineServer(self.scorer_onnx, _model_dir(self.repositories, PIPELINE),
+                                                free_port(), app=app, log_path=self.tmp / f"{app}.log").start()
+            self.results["same_answers"] = {app: _compare_answers(server, b, self.payloads[:CHECKED_RECORDS])
+                                            for app, b in baselines.items()}
+            sides = {"triton": (server.process.pid, "http://" + server.http_url, self.triton_script)}
+            sides.update({app: (b.process.pid, b.url, self.baseline_script) for app, b in baselines.items()})
+            rounds = {side: [] for side in sides}
+            for number in range(self.mode.http_rounds):
+                for side, (pid, url, script) in sides.items():
+                    rounds[side].append(self._wrk(pid, url, script, self.mode.http_seconds, f"{side} round {number + 1}"))
+            medians = {side: _median_round(entries) for side, entries in rounds.items()}
+            strongest = max(baselines, key=lambda app: medians[app]["throughput"])
+            self.results["http_rounds"] = rounds
+            self.results["http_fastapi_apps"] = {app: medians[app] for app in baselines}
+            self.results["http_triton"] = medians["triton"]
+            self.results["http_baseline"] = {**medians[strongest], "app": strongest}
+            self.results["where_time_goes"] = self._profile(server)
+            self.results["memory"]["baseline_after_load_bytes"] = process_tree.rss_bytes(baselines[strongest].process.pid)
+            self.results["baseline_start_s"] = baselines[strongest].startup_seconds
+        finally:
+            for baseline in baselines.values():
+                baseline.stop()
 
     def _perf_points(self, server: TritonServer) -> tuple[list[dict], list[dict]]:
         """The measured points, and the points perf_analyzer gave up on (a request refused by the queue timeout
@@ -208,6 +224,27 @@ class Bench:
         self.log(f"wrk {label} c={self.mode.http_connections}: {result.throughput:.0f} req/s, p50 {result.p50_ms:.2f} ms,"
                  f" p99 {result.p99_ms:.2f} ms, errors {result.errors}, CPU {entry['cpu_ms_per_request']:.3f} ms/req")
         return entry
+
+    def _profile(self, server: TritonServer) -> dict:
+        """One more wrk run on risk_pipeline, outside the measured rounds: Triton's statistics over it, and py-spy
+        on the stub (sampling slows the stub a little, so its run's rate is not a result)."""
+        seconds = self.mode.http_seconds
+        before = stub_profile.snapshot(server.http_url, PIPELINE)
+        out = self.tmp / "py-spy.txt"
+        try:
+            spy = stub_profile.start(stub_profile.stub_pid(server.process.pid, PIPELINE), seconds, out)
+        except RuntimeError as err:
+            spy = None
+            self.log(f"py-spy: {err}")
+        wrk.run("http://" + server.http_url, self.triton_script, self.mode.http_connections, seconds)
+        statistics = stub_profile.breakdown(before, stub_profile.snapshot(server.http_url, PIPELINE))
+        profile = {}
+        if spy is not None:
+            _, errors = spy.communicate(timeout=seconds + 30)
+            profile = stub_profile.summarize(out.read_text()) if out.is_file() else {"error": errors.strip()[-500:]}
+        self.log(f"risk_pipeline under wrk: mean batch {statistics['mean_batch']:.1f}, per execution "
+                 + ", ".join(f"{k} {v:.0f} us" for k, v in statistics["per_execution_us"].items()))
+        return {"triton_statistics": statistics, "py_spy": profile}
 
     def _hot_swap(self, server: TritonServer) -> dict:
         """p99 of risk_pipeline under the same HTTP load while risk_scorer versions are published and rolled back."""
@@ -261,6 +298,12 @@ class Bench:
         self.results["inprocess"] = [p.as_dict() for p in points]
         for p in points:
             self.log(f"in-process {p.what} b={p.batch}: {p.rows_per_s:.0f} rows/s")
+
+
+def _median_round(entries: list[dict]) -> dict:
+    """The round of median throughput, whole (its latencies belong to the same round), with every round's rate."""
+    ranked = sorted(entries, key=lambda e: e["throughput"])
+    return {**ranked[(len(ranked) - 1) // 2], "rounds_throughput": [e["throughput"] for e in entries]}
 
 
 def _ready_models(http_url: str) -> list[str]:

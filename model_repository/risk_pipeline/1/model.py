@@ -1,0 +1,43 @@
+"""risk_pipeline: legacy records -> probability and decision in one stub (decode, ONNX Runtime, thresholds)."""
+import json
+import traceback
+from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+
+from backends.fused_pipeline import FusedPipeline, PipelineSettings, scorer_path
+from backends.record_decoder import request_error
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        settings = PipelineSettings.from_parameters(json.loads(args["model_config"]).get("parameters", {}))
+        # args["model_repository"] is this model's folder; the scorer is a sibling in the same repository.
+        path = scorer_path(Path(args["model_repository"]).parent, settings)
+        self._pipeline = FusedPipeline(path, settings)
+        pb_utils.Logger.log_info(f"risk_pipeline scores with {path}")
+
+    def execute(self, requests):
+        try:
+            payloads = [pb_utils.get_input_tensor_by_name(r, "payload").as_numpy() for r in requests]
+            scored = self._pipeline.score([p for batch in payloads for p in batch.ravel()])
+        except Exception:  # noqa: BLE001 - log it, fail these requests, keep serving
+            pb_utils.Logger.log_error(traceback.format_exc())
+            return [pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                "risk_pipeline: internal error", pb_utils.TritonError.INTERNAL)) for _ in requests]
+        # Per request only what must be per request: two tensor views and the response (this loop is most of the
+        # stub's Python time at one record per request).
+        response, tensor, error = pb_utils.InferenceResponse, pb_utils.Tensor, pb_utils.TritonError
+        probability, decision, errors = scored.probability, scored.decision, scored.errors
+        any_error = any(errors)
+        responses, start = [], 0
+        for batch in payloads:
+            stop = start + len(batch)
+            message = any_error and request_error(errors[start:stop])
+            if message:
+                responses.append(response(error=error(message, error.INVALID_ARG)))
+            else:
+                responses.append(response(output_tensors=[tensor("probability", probability[start:stop]),
+                                                          tensor("decision", decision[start:stop])]))
+            start = stop
+        return responses
