@@ -1,0 +1,215 @@
+"""The server's life on the real tritonserver: a dead server is started again and leaves no stub behind, a
+killed `s2t serve` takes its server along, the supervisor retries with backoff and a cap and says what it did."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DATA_CSV, ENSEMBLES, MODEL_REPOSITORY, ROOT, free_port
+from tools.healing import HealSettings, SupervisorState
+from tools.supervisor import StubSupervisor, stubs_of
+from tools.triton_server import TritonServer
+
+S2T = Path(sys.executable).parent / "s2t"
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_until(condition, timeout: float, step: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(step)
+    return condition()
+
+
+def ready(http_port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://localhost:{http_port}/v2/health/ready", timeout=1) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def copy_repository(tmp_path: Path) -> Path:
+    repo = tmp_path / "model_repository"
+    shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    return repo
+
+
+def stream_load(grpc_url: str, stop: threading.Event) -> threading.Thread:
+    """risk_stream streams in flight (its stub is the one that outlived a killed server)."""
+    from clients import stream_client
+    from tools import german_credit
+    rows = [{"features": f} for f in german_credit.load(DATA_CSV).records()]
+
+    def run():
+        while not stop.is_set():
+            try:
+                stream_client.replay(grpc_url, rows[:400], 8, shuffle=0.2, window=8, timeout_s=10)
+            except Exception:  # noqa: BLE001 - the server is killed under it on purpose
+                time.sleep(0.2)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def serve(built_artifacts, tmp_path):
+    """`s2t serve` on a copy of the repository and free ports; yields (process, ports, repository, log)."""
+    repo = copy_repository(tmp_path)
+    ports = {"HTTP_PORT": free_port(), "GRPC_PORT": free_port(), "METRICS_PORT": free_port(),
+             "SUPERVISOR_PORT": free_port()}
+    env = {**os.environ, **{k: str(v) for k, v in ports.items()}}
+    log_path = tmp_path / "serve.log"
+    log = open(log_path, "wb")
+    process = subprocess.Popen([str(S2T), "serve", "--exit-timeout", "5", "--model-repository", str(repo),
+                                "--model-repository", str(ENSEMBLES)], cwd=ROOT, env=env, stdout=log,
+                               stderr=subprocess.STDOUT)
+    if not wait_until(lambda: ready(ports["HTTP_PORT"]) or process.poll() is not None, 120, 0.3) \
+            or process.poll() is not None:
+        process.kill()
+        pytest.fail(log_path.read_text()[-3000:])
+    yield process, ports, repo, log_path
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        process.wait(60)
+    log.close()
+
+
+def server_pid(serve_pid: int) -> int:
+    return next(int(k) for task in Path(f"/proc/{serve_pid}/task").glob("*")
+                for k in (task / "children").read_text().split())
+
+
+def supervisor_metrics(port: int) -> str:
+    with urllib.request.urlopen(f"http://localhost:{port}/metrics", timeout=5) as resp:
+        return resp.read().decode()
+
+
+# The stream clients' own threads fail when the server is killed under them: that is the point.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_serve_starts_a_killed_tritonserver_again_and_no_stub_of_the_dead_one_lives_on(serve):
+    process, ports, repo, log = serve
+    old_server = server_pid(process.pid)
+    old_stubs = stubs_of(old_server)
+    assert "risk_stream" in {s.model for s in old_stubs.values()}
+    stop = threading.Event()
+    stream_load(f"localhost:{ports['GRPC_PORT']}", stop)
+    time.sleep(2.5)
+    os.kill(old_server, signal.SIGKILL)
+    killed_at = time.monotonic()
+    try:
+        assert wait_until(lambda: not any(alive(pid) for pid in old_stubs), 5), \
+            {s.model for pid, s in old_stubs.items() if alive(pid)}
+        reaped_after = time.monotonic() - killed_at
+        assert wait_until(lambda: ready(ports["HTTP_PORT"]), 60), log.read_text()[-3000:]
+        serving_after = time.monotonic() - killed_at
+    finally:
+        stop.set()
+    assert process.poll() is None, "s2t serve keeps running"
+    new_server = server_pid(process.pid)
+    assert new_server != old_server
+    assert wait_until(lambda: "s2t_server_restarts_total 1" in supervisor_metrics(ports["SUPERVISOR_PORT"]), 5)
+    state = json.loads((repo.parent / ".model_repository.s2t" / "supervisor.json").read_text())
+    assert state["server_restarts"] == 1 and state["server_pid"] == new_server
+    assert "exited with code -9" in log.read_text()
+    print(f"\nserver killed: stubs reaped after {reaped_after:.1f} s, serving again after {serving_after:.1f} s")
+
+
+def test_a_killed_serve_takes_its_tritonserver_and_every_stub_along(serve):
+    process, _, _, _ = serve
+    server = server_pid(process.pid)
+    stubs = list(stubs_of(server))
+    assert stubs
+    process.kill()
+    process.wait()
+    # The server gets SIGTERM when its parent dies, drains (exit timeout 5 s) and stops its stubs.
+    assert wait_until(lambda: not alive(server) and not any(alive(pid) for pid in stubs), 30)
+
+
+@pytest.fixture
+def read_only_repository(built_artifacts, tmp_path):
+    """A copy of the repository behind a read-only bind mount (as in the containers)."""
+    source = copy_repository(tmp_path / "source")
+    target = tmp_path / "ro" / "model_repository"
+    target.mkdir(parents=True)
+    for py in source.glob("*/[0-9]*/model.py"):
+        subprocess.run([sys.executable, "-m", "py_compile", str(py)], check=True)
+    done = subprocess.run(["mount", "--bind", "-o", "ro", str(source), str(target)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.fail(f"a read-only bind mount needs root: {done.stderr.strip()}")
+    subprocess.run(["mount", "-o", "remount,bind,ro", str(target)], check=True)
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+def kill_stub(server: TritonServer, model: str) -> int:
+    victim = next(s for s in stubs_of(server.process.pid).values() if s.model == model)
+    os.kill(victim.pid, signal.SIGKILL)
+    return victim.pid
+
+
+def test_a_reload_that_fails_is_retried_with_backoff_then_given_up(read_only_repository, tmp_path):
+    """Poll mode on a read-only repository cannot reload: the supervisor keeps trying, then escalates."""
+    server = TritonServer([read_only_repository, ENSEMBLES], free_port(), free_port(), free_port(),
+                          log_path=tmp_path / "triton.log", exit_timeout_seconds=5)
+    given_up = []
+    with server:
+        state = SupervisorState(path=tmp_path / "supervisor.json")
+        supervisor = StubSupervisor(server.process.pid, server.http_url, explicit=False, state=state,
+                                    heal_settings=HealSettings(first_delay_seconds=0.5, max_attempts=3),
+                                    on_give_up=given_up.append)
+        supervisor.start()
+        try:
+            kill_stub(server, "skill_adapter")
+            assert wait_until(lambda: given_up, 20), state.to_dict()
+        finally:
+            supervisor.stop()
+    saved = json.loads((tmp_path / "supervisor.json").read_text())
+    failures = [e for e in saved["events"] if e["event"] == "reload_failed"]
+    assert given_up == ["skill_adapter"] and saved["given_up"] == ["skill_adapter"]
+    assert len(failures) == 3 and all("Read-only file system" in e["detail"] for e in failures)
+    gaps = [b["at"] - a["at"] for a, b in zip(failures, failures[1:])]
+    assert gaps[1] > gaps[0] >= 0.4, f"the delay between tries grows: {gaps}"
+
+
+def test_explicit_mode_heals_a_killed_stub_on_a_read_only_repository(read_only_repository, tmp_path):
+    import tritonclient.http as http
+    key = "lifecycle-key"
+    server = TritonServer([read_only_repository, ENSEMBLES], free_port(), free_port(), free_port(),
+                          model_control_mode="explicit", admin_key=key, supervise=True,
+                          supervisor_state=SupervisorState(path=tmp_path / "supervisor.json"),
+                          log_path=tmp_path / "triton.log", exit_timeout_seconds=5)
+    with server:
+        victim = kill_stub(server, "skill_adapter")
+        assert wait_until(lambda: server.supervisor.heals, 10)
+        assert wait_until(lambda: any(s.model == "skill_adapter" for s in stubs_of(server.process.pid).values()
+                                      if s.pid != victim), 15)
+        client = http.InferenceServerClient(server.http_url)
+        try:
+            assert wait_until(lambda: client.is_model_ready("risk_pipeline"), 15)
+        finally:
+            client.close()
+    heal = server.supervisor_state.to_dict()
+    assert heal["reloads"] == [{"model": "skill_adapter", "reason": "stub_died", "count": 1}]
+    assert heal["reload_failures"] == {}
