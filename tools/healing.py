@@ -168,6 +168,7 @@ def write_atomically(path: Path, text: str) -> None:
             out.write(text)
             out.flush()
             os.fsync(out.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from a reader running as another user
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

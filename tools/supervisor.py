@@ -7,13 +7,15 @@ requests failed in the model itself (Triton's failure counters, reasons BACKEND/
 A reload is, in explicit mode, the repository API's `load` with the live config plus a changed `s2t_reload`
 parameter (a `load` of unchanged files does nothing, and the repository may be read-only); in poll mode, touching
 the version's model file, which Triton's poller takes for a new model. A reload that fails is tried again after
-1, 2, 4 ... 30 s; after 5 heals of one model in a row the model is given up and `on_give_up` is called (`s2t serve`
-restarts tritonserver; the container entry point exits, and the orchestrator restarts the container).
+1, 2, 4 ... 30 s; after 5 heals of one model in a row, or at once when no reload can work (poll mode on a read-only
+repository), the model is given up and `on_give_up` is called (`s2t serve` starts a new tritonserver; the container
+entry point stops the server and exits, and the orchestrator starts a new container).
 
 Standard library only: the NGC container runs it on its system Python.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import py_compile
@@ -140,6 +142,10 @@ class DeathWatch:
         self.missing.pop(pid, None)
 
 
+class CannotReload(OSError):
+    """No retry can succeed (poll mode on a read-only repository): only a new server brings the model back."""
+
+
 class Reloader:
     """Asks Triton for a new instance of a model; raises OSError (urllib's errors included) when it cannot."""
 
@@ -154,7 +160,12 @@ class Reloader:
             raise OSError(f"no model file of {model} known to touch")
         for model_file in model_files:
             # Triton's poller reloads a version whose files changed.
-            os.utime(model_file)
+            try:
+                os.utime(model_file)
+            except OSError as err:
+                if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                    raise CannotReload(f"{model_file}: {err.strerror}") from None
+                raise
             if model_file.suffix == ".py":
                 # Current bytecode, or the new stub rewrites __pycache__ and poll mode reloads the model once more.
                 try:
@@ -246,15 +257,14 @@ class StubSupervisor(threading.Thread):
         if decision == "later":
             return []
         if decision == "give_up":
-            if model not in self.state.given_up:
-                self._log(f"s2t supervisor: {model}: {self._policy.settings.max_attempts} reloads in a row did not "
-                          "heal it; giving up")
-                self.state.record("gave_up", model, reason)
-                if self._on_give_up is not None:
-                    self._on_give_up(model)
+            self._give_up(model, reason, f"{self._policy.settings.max_attempts} reloads in a row did not heal it")
             return []
         try:
             self.reloader.reload(model, sorted(self._model_files.get(model, ())))
+        except CannotReload as err:
+            self.state.record("reload_failed", model, reason, str(err))
+            self._give_up(model, reason, f"it cannot be reloaded in this server ({err})")
+            return []
         except (OSError, ValueError) as err:
             self._policy.failed(model, reason, time.monotonic())
             self.state.record("reload_failed", model, reason, str(err))
@@ -267,6 +277,14 @@ class StubSupervisor(threading.Thread):
         heal = Heal(model, reason, stub, detected, time.monotonic())
         self.heals.append(heal)
         return [heal]
+
+    def _give_up(self, model: str, reason: str, why: str) -> None:
+        if model in self.state.given_up:
+            return
+        self._log(f"s2t supervisor: giving {model} up: {why}")
+        self.state.record("gave_up", model, reason, why)
+        if self._on_give_up is not None:
+            self._on_give_up(model)
 
     def _failing_models(self, now: float) -> list[tuple[str, float]]:
         try:

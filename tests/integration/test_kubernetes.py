@@ -89,7 +89,7 @@ def test_triton_is_the_pinned_image_probed_on_live_and_ready_with_requests_and_l
     assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     ports = {p["name"]: p["containerPort"] for p in triton["ports"]}
-    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002, "supervisor": 8003}
     assert triton["readinessProbe"]["httpGet"]["port"] == "http"
     assert {"cpu", "memory"} <= set(triton["resources"]["requests"])
     assert triton["resources"]["limits"]["memory"] == triton["resources"]["requests"]["memory"]
@@ -200,3 +200,21 @@ def test_nothing_under_deploy_kubernetes_holds_a_secret_value():
             if isinstance(doc, dict):
                 assert doc.get("kind") != "Secret", path
                 assert "secretGenerator" not in doc, path
+
+
+KEEPER = ["/opt/nvidia/nvidia_entrypoint.sh", "python3", "-m", "tools.keeper"]
+
+
+@pytest.mark.parametrize("directory", RENDERED[:3])
+def test_tritonserver_runs_under_the_keeper_which_the_release_source_provides(rendered, directory):
+    docs = rendered[directory]
+    if directory == "kserve":
+        triton = one(docs, "ServingRuntime")["spec"]["containers"][0]
+    else:
+        triton = container(one(docs, "Deployment"))
+    command = triton["command"]
+    assert command[:4] == KEEPER and command[-2:] == ["--", "tritonserver"], command
+    assert (ROOT / "tools" / "keeper.py").is_file()
+    state_dir = next(a.split("=", 1)[1] for a in command if a.startswith("--state-dir="))
+    if directory != "kserve":
+        assert state_dir in {m["mountPath"] for m in triton["volumeMounts"]}, "supervisor.json needs a writable place"

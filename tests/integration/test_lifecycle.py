@@ -94,9 +94,10 @@ def serve(built_artifacts, tmp_path):
     log.close()
 
 
-def server_pid(serve_pid: int) -> int:
-    return next(int(k) for task in Path(f"/proc/{serve_pid}/task").glob("*")
-                for k in (task / "children").read_text().split())
+def server_pid(serve_pid: int) -> int | None:
+    """The tritonserver `s2t serve` runs now (None between two)."""
+    return next((int(k) for task in Path(f"/proc/{serve_pid}/task").glob("*")
+                 for k in (task / "children").read_text().split()), None)
 
 
 def supervisor_metrics(port: int) -> str:
@@ -169,14 +170,37 @@ def kill_stub(server: TritonServer, model: str) -> int:
     return victim.pid
 
 
-def test_a_reload_that_fails_is_retried_with_backoff_then_given_up(read_only_repository, tmp_path):
-    """Poll mode on a read-only repository cannot reload: the supervisor keeps trying, then escalates."""
+def test_poll_mode_on_a_read_only_repository_gives_the_model_up_at_once(read_only_repository, tmp_path):
+    """No touch can reload it there: waiting would only prolong the failures, so the supervisor escalates."""
     server = TritonServer([read_only_repository, ENSEMBLES], free_port(), free_port(), free_port(),
                           log_path=tmp_path / "triton.log", exit_timeout_seconds=5)
     given_up = []
     with server:
         state = SupervisorState(path=tmp_path / "supervisor.json")
         supervisor = StubSupervisor(server.process.pid, server.http_url, explicit=False, state=state,
+                                    on_give_up=given_up.append)
+        supervisor.start()
+        try:
+            kill_stub(server, "skill_adapter")
+            assert wait_until(lambda: given_up, 10), state.to_dict()
+        finally:
+            supervisor.stop()
+    saved = json.loads((tmp_path / "supervisor.json").read_text())
+    assert given_up == ["skill_adapter"] and saved["given_up"] == ["skill_adapter"]
+    assert [e["event"] for e in saved["events"]] == ["reload_failed", "gave_up"]
+    assert "Read-only file system" in saved["events"][0]["detail"]
+
+
+def test_a_reload_the_server_refuses_is_retried_with_growing_delays_then_given_up(built_artifacts, tmp_path):
+    server = TritonServer([copy_repository(tmp_path), ENSEMBLES], free_port(), free_port(), free_port(),
+                          model_control_mode="explicit", admin_key="the-key", log_path=tmp_path / "triton.log",
+                          exit_timeout_seconds=5)
+    given_up = []
+    with server:
+        state = SupervisorState(path=tmp_path / "supervisor.json")
+        # A wrong key: Triton refuses every load, as it would while it cannot load the model.
+        supervisor = StubSupervisor(server.process.pid, server.http_url, explicit=True,
+                                    admin_headers={"admin-key": "not-the-key"}, state=state,
                                     heal_settings=HealSettings(first_delay_seconds=0.5, max_attempts=3),
                                     on_give_up=given_up.append)
         supervisor.start()
@@ -188,9 +212,31 @@ def test_a_reload_that_fails_is_retried_with_backoff_then_given_up(read_only_rep
     saved = json.loads((tmp_path / "supervisor.json").read_text())
     failures = [e for e in saved["events"] if e["event"] == "reload_failed"]
     assert given_up == ["skill_adapter"] and saved["given_up"] == ["skill_adapter"]
-    assert len(failures) == 3 and all("Read-only file system" in e["detail"] for e in failures)
+    assert len(failures) == 3 and all("403" in e["detail"] or "Forbidden" in e["detail"] for e in failures), failures
     gaps = [b["at"] - a["at"] for a, b in zip(failures, failures[1:])]
     assert gaps[1] > gaps[0] >= 0.4, f"the delay between tries grows: {gaps}"
+
+
+def test_serve_replaces_the_server_when_a_model_cannot_be_reloaded_in_it(read_only_repository, tmp_path):
+    ports = {"HTTP_PORT": free_port(), "GRPC_PORT": free_port(), "METRICS_PORT": free_port(), "SUPERVISOR_PORT": "0"}
+    env = {**os.environ, **{k: str(v) for k, v in ports.items()}}
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([str(S2T), "serve", "--exit-timeout", "5", "--model-repository",
+                                    str(read_only_repository), "--model-repository", str(ENSEMBLES)], cwd=ROOT,
+                                   env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            assert wait_until(lambda: ready(ports["HTTP_PORT"]), 120, 0.3), log_path.read_text()[-3000:]
+            first = server_pid(process.pid)
+            victim = next(pid for pid, s in stubs_of(first).items() if s.model == "skill_adapter")
+            os.kill(victim, signal.SIGKILL)
+            assert wait_until(lambda: server_pid(process.pid) != first, 30), log_path.read_text()[-3000:]
+            assert wait_until(lambda: ready(ports["HTTP_PORT"]), 60), log_path.read_text()[-3000:]
+            assert "skill_adapter" in {s.model for s in stubs_of(server_pid(process.pid)).values()}
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(60)
+    assert "starting a new one" in log_path.read_text()
 
 
 def test_explicit_mode_heals_a_killed_stub_on_a_read_only_repository(read_only_repository, tmp_path):
