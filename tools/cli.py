@@ -328,10 +328,11 @@ def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mod
         raise click.ClickException("the repository is not servable:\n" + "\n".join(problems)
                                    + "\n(`make serve` builds what is missing)")
     state = SupervisorState(path=VersionStore(repositories[0]).control / STATE_FILE)
+    replace = threading.Event()
     # summary_latencies: the p99 quantiles the alert rules and the dashboard read.
     server = TritonServer(repositories, http_port, grpc_port, metrics_port, model_control_mode,
                           exit_timeout_seconds=exit_timeout, admin_key=admin_key, rate_limit_slots=rate_limit,
-                          supervise=True, supervisor_state=state,
+                          supervise=True, supervisor_state=state, on_give_up=lambda model: replace.set(),
                           extra_args=["--metrics-config=summary_latencies=true"])
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -345,7 +346,7 @@ def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mod
                f"metrics http://localhost:{metrics_port}/metrics"
                + (f"  supervisor http://localhost:{supervisor_port}/metrics" if metrics else ""), err=True)
     click.echo(f"try: curl -s localhost:{http_port}/v2/models/risk_pipeline", err=True)
-    code = keep(server, stop, RestartPolicy(max_restarts=max_restarts), state,
+    code = keep(server, stop, replace, RestartPolicy(max_restarts=max_restarts), state,
                 log=lambda line: click.echo(line, err=True))
     if code:
         server.stop()

@@ -24,13 +24,17 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tools import hidden_args
 from tools.healing import STATE_FILE, SupervisorState
 from tools.version_store import VersionStore
 
 PR_SET_PDEATHSIG = 1
 ADMIN_KEY_ENV = "S2T_ADMIN_KEY"
-# Triton's restricted-API option: `--http-restricted-api=model-repository:HEADER=KEY`.
-RESTRICTED_API_OPTION = "--http-restricted-api="
+# Written in a command (e.g. a Kubernetes manifest, as `$$(S2T_ADMIN_KEY)` so that the kubelet leaves it alone),
+# replaced by the key from the keeper's environment and never shown on a command line.
+ADMIN_KEY_REFERENCE = f"$({ADMIN_KEY_ENV})"
+# Options whose value holds the admin key: kept off the command line (tools/hidden_args.py).
+SECRET_OPTIONS = ("--http-restricted-api=", "--grpc-restricted-protocol=")
 
 
 def _die_with_parent() -> None:
@@ -44,11 +48,25 @@ def server_environment(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k != ADMIN_KEY_ENV}
 
 
+def secret_indices(command: list[str]) -> set[int]:
+    return {i for i, arg in enumerate(command) if arg.startswith(SECRET_OPTIONS)}
+
+
 def spawn(command: list[str], env: dict[str, str], stdout=None) -> subprocess.Popen:
-    """Its own process group (the stubs join it), and it dies with the process that started it."""
-    return subprocess.Popen(command, env=server_environment(env), stdout=stdout,
-                            stderr=subprocess.STDOUT if stdout else None, start_new_session=True,
-                            preexec_fn=_die_with_parent)
+    """Its own process group (the stubs join it), dying with the process that started it, with the admin key
+    neither on its command line nor in its stubs' environment."""
+    return hidden_args.popen(command, secret_indices(command), server_environment(env), preexec_fn=_die_with_parent,
+                             stdout=stdout, stderr=subprocess.STDOUT if stdout else None, start_new_session=True)
+
+
+def with_admin_key(command: list[str], env: dict[str, str]) -> list[str]:
+    """ADMIN_KEY_REFERENCE replaced by the key from the environment; an error when it is referenced but unset."""
+    if not any(ADMIN_KEY_REFERENCE in arg for arg in command):
+        return command
+    key = env.get(ADMIN_KEY_ENV)
+    if not key:
+        raise SystemExit(f"the command refers to {ADMIN_KEY_REFERENCE} but {ADMIN_KEY_ENV} is not set")
+    return [arg.replace(ADMIN_KEY_REFERENCE, key) for arg in command]
 
 
 def reap_group(pid: int) -> None:
@@ -151,22 +169,17 @@ def wait_ready(http_url: str, process: subprocess.Popen, timeout: float) -> bool
     return False
 
 
-def keep(server, stop: threading.Event, policy: RestartPolicy, state: SupervisorState,
+def keep(server, stop: threading.Event, replace: threading.Event, policy: RestartPolicy, state: SupervisorState,
          log=lambda message: print(message, file=sys.stderr, flush=True)) -> int:
-    """`s2t serve`'s loop around a started TritonServer: start it again when it dies (or when its supervisor gave
-    up on a model), after the policy's delay, until `stop` is set or the policy gives up. The exit code."""
-    replace = threading.Event()
-
-    def give_up(model: str) -> None:
-        log(f"s2t serve: {model} cannot be healed in this server; starting a new one")
-        replace.set()
-
-    server.on_give_up = give_up
+    """`s2t serve`'s loop around a started TritonServer: start it again when it dies, or when `replace` is set (its
+    supervisor gave a model up), after the policy's delay, until `stop` is set or the policy gives up. The exit
+    code."""
     while not stop.wait(0.5):
         returncode = server.process.poll()
         if returncode is None and not replace.is_set():
             continue
-        why = "replaced" if returncode is None else f"exited with code {returncode}"
+        why = "replaced (a model could not be healed in it)" if returncode is None else \
+            f"exited with code {returncode}"
         if returncode is not None:
             server.reap()  # at once: its orphaned stubs must not wait for the supervisor to stop
         server.stop()
@@ -252,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the tritonserver command after --")
-    return run(command, args.supervisor_port, args.state_dir, args.startup_seconds)
+    return run(with_admin_key(command, dict(os.environ)), args.supervisor_port, args.state_dir, args.startup_seconds)
 
 
 if __name__ == "__main__":

@@ -236,7 +236,7 @@ def test_serve_replaces_the_server_when_a_model_cannot_be_reloaded_in_it(read_on
         finally:
             process.send_signal(signal.SIGTERM)
             process.wait(60)
-    assert "starting a new one" in log_path.read_text()
+    assert "replaced (a model could not be healed in it)" in log_path.read_text()
 
 
 def test_explicit_mode_heals_a_killed_stub_on_a_read_only_repository(read_only_repository, tmp_path):
@@ -259,3 +259,64 @@ def test_explicit_mode_heals_a_killed_stub_on_a_read_only_repository(read_only_r
     heal = server.supervisor_state.to_dict()
     assert heal["reloads"] == [{"model": "skill_adapter", "reason": "stub_died", "count": 1}]
     assert heal["reload_failures"] == {}
+
+
+def proc_text(pid: int, name: str) -> bytes:
+    return Path(f"/proc/{pid}/{name}").read_bytes()
+
+
+def test_the_admin_key_is_on_no_command_line_and_in_no_stub_environment(built_artifacts, tmp_path, monkeypatch):
+    import tritonclient.http as http
+    from tritonclient.utils import InferenceServerException
+    key = "k3y-" + os.urandom(8).hex()
+    monkeypatch.setenv("S2T_ADMIN_KEY", key)
+    server = TritonServer([copy_repository(tmp_path), ENSEMBLES], free_port(), free_port(), free_port(),
+                          model_control_mode="explicit", admin_key=key, log_path=tmp_path / "triton.log",
+                          exit_timeout_seconds=5)
+    with server:
+        stubs = stubs_of(server.process.pid)
+        assert stubs
+        assert key.encode() not in proc_text(server.process.pid, "cmdline")
+        assert b"--s2t-hidden-argument" in proc_text(server.process.pid, "cmdline")
+        for pid in stubs:
+            assert key.encode() not in proc_text(pid, "environ"), stubs[pid].model
+            assert key.encode() not in proc_text(pid, "cmdline"), stubs[pid].model
+        # The key still guards the repository API: the server got it.
+        client = http.InferenceServerClient(server.http_url)
+        try:
+            with pytest.raises(InferenceServerException, match="restricted|admin|authoriz|permission"):
+                client.load_model("risk_decision")
+            client.load_model("risk_decision", headers={"admin-key": key})
+            assert client.is_model_ready("risk_decision")
+        finally:
+            client.close()
+
+
+def test_the_keeper_fills_the_admin_key_reference_from_its_environment_and_shows_it_nowhere(built_artifacts,
+                                                                                         tmp_path):
+    from tools.triton_server import TRITON_DIR, assemble_backend_dir, server_env
+    key = "k3y-" + os.urandom(8).hex()
+    http_port = free_port()
+    command = [sys.executable, "-m", "tools.keeper", "--supervisor-port=0", f"--state-dir={tmp_path}", "--",
+               str(TRITON_DIR / "bin" / "tritonserver"), f"--model-repository={copy_repository(tmp_path)}",
+               f"--model-repository={ENSEMBLES}", f"--backend-directory={assemble_backend_dir(tmp_path / 'b')}",
+               f"--http-port={http_port}", f"--grpc-port={free_port()}", f"--metrics-port={free_port()}",
+               "--model-control-mode=explicit", "--load-model=*",
+               "--http-restricted-api=model-repository:admin-key=$(S2T_ADMIN_KEY)"]
+    with open(tmp_path / "keeper.log", "wb") as log:
+        keeper = subprocess.Popen(command, cwd=ROOT, env={**server_env(), "S2T_ADMIN_KEY": key}, stdout=log,
+                                  stderr=subprocess.STDOUT)
+        try:
+            assert wait_until(lambda: ready(http_port), 120, 0.3), (tmp_path / "keeper.log").read_text()[-3000:]
+            server = server_pid(keeper.pid)
+            for pid in [keeper.pid, server, *stubs_of(server)]:
+                assert key.encode() not in proc_text(pid, "cmdline")
+            for pid in stubs_of(server):
+                assert key.encode() not in proc_text(pid, "environ")
+            request = urllib.request.Request(f"http://localhost:{http_port}/v2/repository/index", data=b"{}",
+                                             headers={"admin-key": key}, method="POST")
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                assert {m["name"] for m in json.load(resp)} >= {"skill_adapter", "risk_pipeline"}
+        finally:
+            keeper.send_signal(signal.SIGTERM)
+            assert keeper.wait(60) == 0
