@@ -221,3 +221,14 @@ def test_tritonserver_runs_under_the_keeper_which_the_release_source_provides(re
     state_dir = next(a.split("=", 1)[1] for a in command if a.startswith("--state-dir="))
     if directory != "kserve":
         assert state_dir in {m["mountPath"] for m in triton["volumeMounts"]}, "supervisor.json needs a writable place"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_autoscaler_also_scales_on_cpu_above_80_percent_of_the_request(rendered, overlay):
+    docs = rendered[overlay]
+    hpa = one(docs, "HorizontalPodAutoscaler")
+    cpu = [m["resource"] for m in hpa["spec"]["metrics"] if m["type"] == "Resource"]
+    assert cpu == [{"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}]
+    # Utilization is relative to the request: the container must have one.
+    assert container(one(docs, "Deployment"))["resources"]["requests"]["cpu"]
+    assert {m["type"] for m in hpa["spec"]["metrics"]} == {"Pods", "Resource"}, "the queue metrics stay"

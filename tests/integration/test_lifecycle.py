@@ -320,3 +320,112 @@ def test_the_keeper_fills_the_admin_key_reference_from_its_environment_and_shows
         finally:
             keeper.send_signal(signal.SIGTERM)
             assert keeper.wait(60) == 0
+
+
+WEDGE_MODEL = '''
+import json
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """The first instance serves `healthy_requests` requests, then fails every one (raising fails the whole batch),
+    as an instance whose state went bad would; the next instance stays healthy. `fail_every` N > 0: fails every
+    Nth call."""
+
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        first = os.path.exists(parameters["first_instance_flag"]["string_value"])
+        if first:
+            os.remove(parameters["first_instance_flag"]["string_value"])
+        self.healthy = int(parameters["healthy_requests"]["string_value"]) if first else float("inf")
+        self.fail_every = int(parameters["fail_every"]["string_value"])
+        self.calls = 0
+
+    def execute(self, requests):
+        self.calls += 1
+        if self.calls > self.healthy or (self.fail_every and self.calls % self.fail_every == 0):
+            raise RuntimeError("this instance is wedged")
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())])
+                for r in requests]
+'''
+
+WEDGE_CONFIG = '''
+name: "wedge"
+backend: "python"
+max_batch_size: 0
+input [{ name: "x", data_type: TYPE_FP32, dims: [1] }]
+output [{ name: "y", data_type: TYPE_FP32, dims: [1] }]
+instance_group [{ kind: KIND_CPU, count: 1 }]
+parameters { key: "healthy_requests" value: { string_value: "%d" } }
+parameters { key: "fail_every" value: { string_value: "%d" } }
+parameters { key: "first_instance_flag" value: { string_value: "%s" } }
+'''
+
+
+def wedge_server(tmp_path: Path, healthy_requests: int, fail_every: int) -> TritonServer:
+    repo = tmp_path / "wedge_repository"
+    (repo / "wedge" / "1").mkdir(parents=True)
+    (repo / "wedge" / "1" / "model.py").write_text(WEDGE_MODEL)
+    flag = tmp_path / "first_instance"
+    flag.touch()
+    (repo / "wedge" / "config.pbtxt").write_text(WEDGE_CONFIG % (healthy_requests, fail_every, flag))
+    return TritonServer([repo], free_port(), free_port(), free_port(), model_control_mode="explicit",
+                        admin_key="wedge-key", supervise=True,
+                        supervisor_state=SupervisorState(path=tmp_path / "supervisor.json"),
+                        log_path=tmp_path / "triton.log", exit_timeout_seconds=5)
+
+
+def drive(server: TritonServer, seconds: float, rate: float = 50.0) -> list[tuple[float, bool]]:
+    """(sent at, answered) for `seconds` of requests at `rate` per second from 4 threads."""
+    import numpy as np
+    import tritonclient.http as http
+    from tritonclient.utils import InferenceServerException
+    outcomes, end = [], time.monotonic() + seconds
+
+    def run():
+        client = http.InferenceServerClient(server.http_url, network_timeout=30)
+        x = http.InferInput("x", [1], "FP32")
+        x.set_data_from_numpy(np.array([1.0], dtype=np.float32))
+        while time.monotonic() < end:
+            sent = time.monotonic()
+            try:
+                client.infer("wedge", [x])
+                outcomes.append((sent, True))
+            except InferenceServerException:
+                outcomes.append((sent, False))
+            time.sleep(max(0.0, 4 / rate - (time.monotonic() - sent)))
+        client.close()
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sorted(outcomes)
+
+
+def test_an_instance_failing_over_10_percent_of_requests_for_5_seconds_is_reloaded(built_artifacts, tmp_path):
+    with wedge_server(tmp_path, healthy_requests=50, fail_every=0) as server:
+        outcomes = drive(server, 16)
+        heals = list(server.supervisor.heals)
+        metrics = server.supervisor_state.prometheus()
+    first_failure = next(t for t, ok in outcomes if not ok)
+    assert [h.reason for h in heals] == ["error_rate"], heals
+    detected = heals[0].detected_at - first_failure
+    assert 5 <= detected <= 8, f"reloaded {detected:.1f} s after the failures began"
+    after = [ok for t, ok in outcomes if t > heals[0].reloaded_at + 0.5]
+    assert after and all(after[:20]), "the new instance serves"
+    assert 's2t_supervisor_reloads_total{model="wedge",reason="error_rate"} 1' in metrics
+    failed = sum(not ok for _, ok in outcomes)
+    print(f"\nwedged instance: failing from {first_failure - outcomes[0][0]:.1f} s, reloaded after "
+          f"{detected:.1f} s of failures, {failed} of {len(outcomes)} requests failed")
+
+
+def test_an_instance_failing_under_10_percent_is_left_alone(built_artifacts, tmp_path):
+    with wedge_server(tmp_path, healthy_requests=10 ** 9, fail_every=25) as server:
+        outcomes = drive(server, 9)
+        heals = list(server.supervisor.heals)
+    failed = sum(not ok for _, ok in outcomes)
+    assert 0 < failed < 0.1 * len(outcomes) and heals == []
