@@ -359,6 +359,28 @@ def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mod
 
 
 @main.command()
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("build/releases"),
+              show_default=True, help="the release goes to OUT/<id>/")
+@click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path),
+              help="repositories in the release (default ./model_repository and ./ensembles)")
+@click.option("--pin", "pin_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="also write the id into the manifests under this folder (e.g. deploy/kubernetes)")
+def release(out_dir, repositories, pin_dir) -> None:
+    """Assemble what a Kubernetes or KServe pod copies (repositories and every module the python models import),
+    named by its content; the last line printed is its id. Upload OUT/<id>/ to the bucket as releases/<id>."""
+    from tools import release as releases
+    try:
+        release_id = releases.build(Path.cwd(), list(repositories or DEFAULT_REPOSITORIES), out_dir)
+        pinned = releases.pin(pin_dir, release_id) if pin_dir else []
+    except (releases.ReleaseError, OSError) as err:
+        raise click.ClickException(str(err)) from None
+    for path in pinned:
+        click.echo(f"pinned {path}", err=True)
+    click.echo(f"release in {out_dir / release_id}", err=True)
+    click.echo(release_id)
+
+
+@main.command()
 @click.option("--port", type=int, envvar="GATEWAY_PORT", default=50051, show_default=True,
               help="where legacy Skill callers connect")
 @click.option("--triton-url", envvar="S2T_GRPC_URL", default="localhost:8001", show_default=True,

@@ -241,14 +241,54 @@ def test_the_gpu_service_differs_from_the_cpu_one_only_by_the_gpu_and_the_gpu_re
 
 
 MONITORING_IMAGES = {"prometheus": "prom/prometheus", "grafana": "grafana/grafana", "locust": "locustio/locust"}
+LOCUST_DOCKERFILE = ROOT / "deploy" / "locust" / "Dockerfile"
+
+
+def _base_image(service: dict) -> str:
+    """The image, or the FROM of the Dockerfile the service is built from."""
+    if "build" not in service:
+        return service["image"]
+    dockerfile = Path(service["build"]["context"]) / service["build"].get("dockerfile", "Dockerfile")
+    return next(line.split()[1] for line in dockerfile.read_text().splitlines() if line.startswith("FROM "))
 
 
 def test_prometheus_grafana_and_locust_images_are_pinned_to_a_release(all_profiles_config):
     services = _services(all_profiles_config)
     for name, repository in MONITORING_IMAGES.items():
-        image, _, tag = services[name]["image"].partition(":")
+        image, _, tag = _base_image(services[name]).partition(":")
         assert image == repository, name
         assert re.fullmatch(r"v?\d+\.\d+\.\d+", tag), f"{name}: {tag!r} is not a release tag"
+
+
+def _pins(text: str) -> dict[str, str]:
+    return {re.sub(r"\[.*\]", "", name).lower(): version
+            for name, version in re.findall(r"([A-Za-z0-9_.\-]+(?:\[[a-z,]+\])?)==([0-9][^\s\"]*)", text)}
+
+
+def test_the_locust_image_adds_what_the_locustfile_imports_at_the_project_pins(all_profiles_config):
+    import ast
+
+    from tools.release import project_files
+    locust = _services(all_profiles_config)["locust"]
+    assert Path(locust["build"]["context"]) == LOCUST_DOCKERFILE.parent
+    installed = _pins(LOCUST_DOCKERFILE.read_text())
+    constraints = _pins((ROOT / "constraints.txt").read_text())
+    assert installed and all(constraints[name] == version for name, version in installed.items()), installed
+    assert _base_image(locust) == f"locustio/locust:{constraints['locust']}"
+    # Third-party modules the locustfile and the project modules it imports need, beyond locust's own.
+    locustfile = ROOT / "clients" / "locustfile.py"
+    modules = set()
+    for source in [locustfile, *project_files(ROOT, [locustfile])]:
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Import):
+                modules |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                modules.add(node.module.split(".")[0])
+    provided = {"locust", "gevent", "grpc", "google", "backends", "clients", "tools", "numpy", "tritonclient",
+                "geventhttpclient"}
+    third_party = {m for m in modules if m not in sys.stdlib_module_names}
+    assert third_party <= provided, third_party - provided
+    assert {"numpy", "tritonclient"} <= set(installed)
 
 
 def test_the_monitoring_ports_listen_on_localhost_only(all_profiles_config):
