@@ -54,7 +54,8 @@ def secret_indices(command: list[str]) -> set[int]:
 
 def spawn(command: list[str], env: dict[str, str], stdout=None) -> subprocess.Popen:
     """Its own process group (the stubs join it), dying with the process that started it, with the admin key
-    neither on its command line nor in its stubs' environment."""
+    neither on its command line nor in its stubs' environment. Call it from a thread that outlives the server:
+    the kernel sends the death signal when the thread that forked it ends."""
     return hidden_args.popen(command, secret_indices(command), server_environment(env), preexec_fn=_die_with_parent,
                              stdout=stdout, stderr=subprocess.STDOUT if stdout else None, start_new_session=True)
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tools.healing import ErrorRateSettings, ErrorRateWatch, HealPolicy, HealSettings, SupervisorState, \
-    parse_request_counters
+from tools.healing import (ErrorRateSettings, ErrorRateWatch, HealPolicy, HealSettings, SupervisorState,
+                           parse_request_counters)
 
 STUB_BINARY = "triton_python_backend_stub"
 # A stub must be missing on this many consecutive checks before it counts as dead: a reload may briefly show

@@ -228,6 +228,9 @@ def test_serve_replaces_the_server_when_a_model_cannot_be_reloaded_in_it(read_on
         try:
             assert wait_until(lambda: ready(ports["HTTP_PORT"]), 120, 0.3), log_path.read_text()[-3000:]
             first = server_pid(process.pid)
+            state_file = read_only_repository.parent / ".model_repository.s2t" / "supervisor.json"
+            assert wait_until(lambda: state_file.exists() and json.loads(state_file.read_text())["server_pid"] == first,
+                              20), "supervision starts"
             victim = next(pid for pid, s in stubs_of(first).items() if s.model == "skill_adapter")
             os.kill(victim, signal.SIGKILL)
             assert wait_until(lambda: server_pid(process.pid) != first, 30), log_path.read_text()[-3000:]

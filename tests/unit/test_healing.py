@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from tools.healing import ErrorRateSettings, ErrorRateWatch, HealPolicy, HealSettings, SupervisorState, \
-    parse_request_counters
+from tools.healing import (ErrorRateSettings, ErrorRateWatch, HealPolicy, HealSettings, SupervisorState,
+                           parse_request_counters)
 from tools.keeper import RestartPolicy, restricted_headers
 
 METRICS = """# HELP nv_inference_request_success Number of successful inference requests
