@@ -157,7 +157,7 @@ class Reloader:
             self._load_with_new_config(model)
             return
         if not model_files:
-            raise OSError(f"no model file of {model} known to touch")
+            raise CannotReload(f"no model file of {model} known to touch")
         for model_file in model_files:
             # Triton's poller reloads a version whose files changed.
             try:
@@ -218,7 +218,35 @@ class StubSupervisor(threading.Thread):
         self._look()
         self._watch.update(self._stubs, self._is_ready, time.monotonic())
         self.state.server_started(self.server_pid)
+        # One that died before this look left no process to miss: find it by its ready model without a stub.
+        for model in self._ready_without_stub():
+            self._log(f"s2t supervisor: {model} is ready but has no stub")
+            self._heal(model, "stub_died", None)
         super().start()
+
+    def _ready_without_stub(self) -> list[str]:
+        request = urllib.request.Request(f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST",
+                                         headers=self.reloader.admin_headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                index = json.load(resp)
+        except (urllib.error.URLError, OSError, ValueError):
+            return []
+        with_stub = {s.model for s in self._stubs.values()}
+        missing = []
+        for entry in index:
+            name = entry.get("name")
+            if entry.get("state") != "READY" or name in with_stub or name in missing:
+                continue
+            try:
+                with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{name}/config", timeout=5) as resp:
+                    config = json.load(resp)
+            except (urllib.error.URLError, OSError, ValueError):
+                continue
+            # Python models and Python-based backends (`runtime: model.py`) run in stubs; others never do.
+            if config.get("backend") == "python" or config.get("runtime", "").endswith(".py"):
+                missing.append(name)
+        return missing
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval):

@@ -432,3 +432,24 @@ def test_an_instance_failing_under_10_percent_is_left_alone(built_artifacts, tmp
         heals = list(server.supervisor.heals)
     failed = sum(not ok for _, ok in outcomes)
     assert 0 < failed < 0.1 * len(outcomes) and heals == []
+
+
+def test_a_stub_that_died_before_supervision_started_is_found_and_reloaded(built_artifacts, tmp_path):
+    server = TritonServer([copy_repository(tmp_path), ENSEMBLES], free_port(), free_port(), free_port(),
+                          model_control_mode="explicit", admin_key="early-key", log_path=tmp_path / "triton.log",
+                          exit_timeout_seconds=5)
+    with server:
+        victim = kill_stub(server, "risk_decision")
+        time.sleep(0.5)
+        supervisor = StubSupervisor(server.process.pid, server.http_url, explicit=True,
+                                    admin_headers={"admin-key": "early-key"},
+                                    state=SupervisorState(path=tmp_path / "supervisor.json"))
+        supervisor.start()
+        try:
+            assert [(h.model, h.reason) for h in supervisor.heals] == [("risk_decision", "stub_died")]
+            assert wait_until(lambda: any(s.model == "risk_decision" and s.pid != victim
+                                          for s in stubs_of(server.process.pid).values()), 15)
+            time.sleep(1)
+            assert [h.model for h in supervisor.heals] == ["risk_decision"], "healed once, nothing else touched"
+        finally:
+            supervisor.stop()
