@@ -102,7 +102,12 @@ def popen(command: list[str], secret_indices: set[int], env: dict[str, str],
         if libc.ptrace(PTRACE_TRACEME, 0, None, None) != 0:
             raise OSError(ctypes.get_errno(), "ptrace(PTRACE_TRACEME) refused")
 
-    process = subprocess.Popen(shown, env=env, preexec_fn=trace_me, **kwargs)
+    try:
+        process = subprocess.Popen(shown, env=env, preexec_fn=trace_me, **kwargs)
+    except subprocess.SubprocessError as err:
+        # Where ptrace is forbidden (a seccomp profile without it, Yama ptrace_scope 3) the key cannot be hidden.
+        raise HiddenArgumentError(f"cannot start {command[0]} with its admin key kept off the command line: "
+                                  f"ptrace(PTRACE_TRACEME) was refused ({err})") from None
     try:
         _, status = os.waitpid(process.pid, 0)
         if not os.WIFSTOPPED(status):

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytriton
 
 from tools.healing import STATE_FILE, SupervisorState
+from tools.hidden_args import HiddenArgumentError
 from tools.keeper import reap_group, spawn
 from tools.live_control import ADMIN_HEADER, admin_headers
 from tools.supervisor import StubSupervisor
@@ -159,7 +160,10 @@ class TritonServer:
             self._log_file = open(self.log_path, "ab")
             stdout = self._log_file
         # Own process group: the stubs are reaped with the server, whatever happens to this process.
-        self.process = spawn(self.command(backend_dir), server_env(), stdout)
+        try:
+            self.process = spawn(self.command(backend_dir), server_env(), stdout)
+        except HiddenArgumentError as err:
+            raise ServerError(str(err)) from None
         try:
             self.wait_ready(timeout)
         except BaseException:
