@@ -470,17 +470,29 @@ def check_config(repositories) -> None:
 @click.option("--http-port", type=int, envvar="HTTP_PORT", default=8000, show_default=True)
 @click.option("--grpc-port", type=int, envvar="GRPC_PORT", default=8001, show_default=True)
 @click.option("--metrics-port", type=int, envvar="METRICS_PORT", default=8002, show_default=True)
+@click.option("--supervisor-port", type=int, envvar="SUPERVISOR_PORT", default=8003, show_default=True,
+              help="Prometheus metrics of the supervisor (reloads, server restarts); 0: none")
 @click.option("--model-control-mode", type=click.Choice(["poll", "explicit"]), default="poll", show_default=True)
 @click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--exit-timeout", type=int, default=30, show_default=True,
               help="seconds Triton waits for in-flight requests on SIGINT/SIGTERM")
 @click.option("--rate-limit", "rate_limit", type=int, envvar="S2T_RATE_LIMIT",
               help="Triton's rate limiter: at most N model executions at once (off by default)")
-def serve(http_port, grpc_port, metrics_port, model_control_mode, repositories, exit_timeout, rate_limit) -> None:
-    """Run the embedded tritonserver until SIGINT/SIGTERM, then drain in-flight requests."""
+@click.option("--max-restarts", type=int, default=5, show_default=True,
+              help="tritonserver is started again after it dies, at most this often within 10 minutes")
+def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mode, repositories, exit_timeout,
+          rate_limit, max_restarts) -> None:
+    """Run the embedded tritonserver until SIGINT/SIGTERM, then drain in-flight requests.
+
+    Supervised: a model whose stub died or that fails over 10% of its requests for 5 s is reloaded; a dead
+    tritonserver is started again (with backoff); its stubs never outlive it. What was done is in
+    supervisor.json in the repository's control area and on --supervisor-port."""
+    from tools.healing import STATE_FILE, SupervisorState
+    from tools.keeper import RestartPolicy, keep, start_metrics
     from tools.live_control import ADMIN_KEY_ENV
     from tools.model_config import check_repositories
     from tools.triton_server import ServerError, TritonServer
+    from tools.version_store import VersionStore
     admin_key = os.environ.get(ADMIN_KEY_ENV) or None
     if model_control_mode == "explicit" and not admin_key:
         raise click.ClickException(f"explicit mode opens the repository API (load/unload): set {ADMIN_KEY_ENV} "
@@ -490,9 +502,13 @@ def serve(http_port, grpc_port, metrics_port, model_control_mode, repositories, 
     if problems:
         raise click.ClickException("the repository is not servable:\n" + "\n".join(problems)
                                    + "\n(`make serve` builds what is missing)")
+    state = SupervisorState(path=VersionStore(repositories[0]).control / STATE_FILE)
+    replace = threading.Event()
+    # summary_latencies: the p99 quantiles the alert rules and the dashboard read.
     server = TritonServer(repositories, http_port, grpc_port, metrics_port, model_control_mode,
                           exit_timeout_seconds=exit_timeout, admin_key=admin_key, rate_limit_slots=rate_limit,
-                          supervise=True)
+                          supervise=True, supervisor_state=state, on_give_up=lambda model: replace.set(),
+                          extra_args=["--metrics-config=summary_latencies=true"])
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -500,15 +516,43 @@ def serve(http_port, grpc_port, metrics_port, model_control_mode, repositories, 
         server.start()
     except ServerError as err:
         raise click.ClickException(str(err)) from None
+    metrics = start_metrics(supervisor_port, state, lambda line: click.echo(line, err=True))
     click.echo(f"ready: HTTP localhost:{http_port}  gRPC localhost:{grpc_port}  "
-               f"metrics http://localhost:{metrics_port}/metrics", err=True)
+               f"metrics http://localhost:{metrics_port}/metrics"
+               + (f"  supervisor http://localhost:{supervisor_port}/metrics" if metrics else ""), err=True)
     click.echo(f"try: curl -s localhost:{http_port}/v2/models/risk_pipeline", err=True)
-    while not stop.wait(0.5):
-        if server.process.poll() is not None:
-            raise click.ClickException(f"tritonserver exited with code {server.process.returncode}")
+    code = keep(server, stop, replace, RestartPolicy(max_restarts=max_restarts), state,
+                log=lambda line: click.echo(line, err=True))
+    if code:
+        server.stop()
+        raise click.ClickException(f"tritonserver could not be kept running (last exit code {code})")
     click.echo("stopping: draining in-flight requests", err=True)
     code = server.stop()
+    if metrics is not None:
+        metrics.stop()
     sys.exit(0 if code in (0, None) else code)
+
+
+@main.command()
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("build/releases"),
+              show_default=True, help="the release goes to OUT/<id>/")
+@click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path),
+              help="repositories in the release (default ./model_repository and ./ensembles)")
+@click.option("--pin", "pin_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="also write the id into the manifests under this folder (e.g. deploy/kubernetes)")
+def release(out_dir, repositories, pin_dir) -> None:
+    """Assemble what a Kubernetes or KServe pod copies (repositories and every module the python models import),
+    named by its content; the last line printed is its id. Upload OUT/<id>/ to the bucket as releases/<id>."""
+    from tools import release as releases
+    try:
+        release_id = releases.build(Path.cwd(), list(repositories or DEFAULT_REPOSITORIES), out_dir)
+        pinned = releases.pin(pin_dir, release_id) if pin_dir else []
+    except (releases.ReleaseError, OSError) as err:
+        raise click.ClickException(str(err)) from None
+    for path in pinned:
+        click.echo(f"pinned {path}", err=True)
+    click.echo(f"release in {out_dir / release_id}", err=True)
+    click.echo(release_id)
 
 
 @main.command()

@@ -23,8 +23,12 @@ from pathlib import Path
 
 import pytriton
 
-from tools.live_control import ADMIN_HEADER
+from tools.healing import STATE_FILE, SupervisorState
+from tools.hidden_args import HiddenArgumentError
+from tools.keeper import reap_group, spawn
+from tools.live_control import ADMIN_HEADER, admin_headers
 from tools.supervisor import StubSupervisor
+from tools.version_store import VersionStore
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PYTRITON_DIR = Path(pytriton.__file__).resolve().parent
@@ -83,7 +87,8 @@ def precompile_models(repositories: list[Path]) -> None:
 
 
 def server_env() -> dict[str, str]:
-    """The stubs run this venv's Python: the editable install's .pth makes `backends` importable there."""
+    """The stubs run this venv's Python: the editable install's .pth makes `backends` importable there.
+    (keeper.spawn leaves the admin key out.)"""
     env = dict(os.environ)
     venv_bin = str(Path(sys.executable).parent)
     env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
@@ -107,8 +112,12 @@ class TritonServer:
     admin_key: str | None = None
     # Triton's rate limiter: at most this many executions hold a `cpu_slot` (see the leaf models' configs).
     rate_limit_slots: int | None = None
-    # Reload a model whose python stub died (Triton 2.51 leaves it failing every request): see supervisor.py.
+    # Reload a model whose python stub died or that keeps failing (Triton 2.51 does neither): see supervisor.py.
     supervise: bool = False
+    # What the supervisor did; by default `supervisor.json` in the first repository's control area.
+    supervisor_state: SupervisorState | None = None
+    # Called (from the supervisor's thread) with a model the supervisor gave up on.
+    on_give_up: object = None
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
     process: subprocess.Popen | None = None
@@ -161,18 +170,30 @@ class TritonServer:
             self._log_file = open(self.log_path, "ab")
             stdout = self._log_file
         # Own process group: the stubs are reaped with the server, whatever happens to this process.
-        self.process = subprocess.Popen(self.command(backend_dir), env=server_env(), stdout=stdout,
-                                        stderr=subprocess.STDOUT if stdout else None, start_new_session=True)
+        try:
+            self.process = spawn(self.command(backend_dir), server_env(), stdout)
+        except HiddenArgumentError as err:
+            raise ServerError(str(err)) from None
         try:
             self.wait_ready(timeout)
         except BaseException:
             self.stop()
             raise
         if self.supervise:
+            if self.supervisor_state is None:
+                self.supervisor_state = SupervisorState(
+                    path=VersionStore(Path(self.repositories[0])).control / STATE_FILE)
             self.supervisor = StubSupervisor(self.process.pid, self.http_url, self.model_control_mode == "explicit",
-                                             self.admin_key)
+                                             admin_headers(self.admin_key or ""),
+                                             metrics_url=f"localhost:{self.metrics_port}",
+                                             state=self.supervisor_state, on_give_up=self.on_give_up)
             self.supervisor.start()
         return self
+
+    def reap(self) -> None:
+        """After the server died: kill the stubs it left behind (they stay in its process group)."""
+        if self.process is not None:
+            reap_group(self.process.pid)
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -205,10 +226,7 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        reap_group(self.process.pid)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None

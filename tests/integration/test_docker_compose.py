@@ -6,10 +6,12 @@ curl) is the job of a run on a Docker host.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,9 +25,9 @@ TRITON_SERVICES = ("triton", "triton-gpu")
 PTH_FILE = ROOT / "deploy" / "skill2triton.pth"
 IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 PTH_TARGET = "/usr/local/lib/python3.10/dist-packages/skill2triton.pth"
-PORT_OVERRIDES = {"HTTP_PORT": "18000", "GRPC_PORT": "18001", "METRICS_PORT": "18002"}
+PORT_OVERRIDES = {"HTTP_PORT": "18000", "GRPC_PORT": "18001", "METRICS_PORT": "18002", "SUPERVISOR_PORT": "18003"}
 # What the container listens on, whatever the host side is.
-CONTAINER_PORTS = {"HTTP_PORT": 8000, "GRPC_PORT": 8001, "METRICS_PORT": 8002}
+CONTAINER_PORTS = {"HTTP_PORT": 8000, "GRPC_PORT": 8001, "METRICS_PORT": 8002, "SUPERVISOR_PORT": 8003}
 
 
 def _docker_compose() -> str:
@@ -154,7 +156,7 @@ def test_the_native_onnxruntime_backend_is_used_not_the_local_stand_in(config):
 
 
 def test_the_host_ports_default_to_8000_8001_8002(config):
-    assert _host_ports(_services(config)["triton"]) == {8000: 8000, 8001: 8001, 8002: 8002}
+    assert _host_ports(_services(config)["triton"]) == {8000: 8000, 8001: 8001, 8002: 8002, 8003: 8003}
 
 
 def test_the_host_ports_follow_http_port_grpc_port_and_metrics_port(tmp_path):
@@ -239,14 +241,54 @@ def test_the_gpu_service_differs_from_the_cpu_one_only_by_the_gpu_and_the_gpu_re
 
 
 MONITORING_IMAGES = {"prometheus": "prom/prometheus", "grafana": "grafana/grafana", "locust": "locustio/locust"}
+LOCUST_DOCKERFILE = ROOT / "deploy" / "locust" / "Dockerfile"
+
+
+def _base_image(service: dict) -> str:
+    """The image, or the FROM of the Dockerfile the service is built from."""
+    if "build" not in service:
+        return service["image"]
+    dockerfile = Path(service["build"]["context"]) / service["build"].get("dockerfile", "Dockerfile")
+    return next(line.split()[1] for line in dockerfile.read_text().splitlines() if line.startswith("FROM "))
 
 
 def test_prometheus_grafana_and_locust_images_are_pinned_to_a_release(all_profiles_config):
     services = _services(all_profiles_config)
     for name, repository in MONITORING_IMAGES.items():
-        image, _, tag = services[name]["image"].partition(":")
+        image, _, tag = _base_image(services[name]).partition(":")
         assert image == repository, name
         assert re.fullmatch(r"v?\d+\.\d+\.\d+", tag), f"{name}: {tag!r} is not a release tag"
+
+
+def _pins(text: str) -> dict[str, str]:
+    return {re.sub(r"\[.*\]", "", name).lower(): version
+            for name, version in re.findall(r"([A-Za-z0-9_.\-]+(?:\[[a-z,]+\])?)==([0-9][^\s\"]*)", text)}
+
+
+def test_the_locust_image_adds_what_the_locustfile_imports_at_the_project_pins(all_profiles_config):
+    import ast
+
+    from tools.release import project_files
+    locust = _services(all_profiles_config)["locust"]
+    assert Path(locust["build"]["context"]) == LOCUST_DOCKERFILE.parent
+    installed = _pins(LOCUST_DOCKERFILE.read_text())
+    constraints = _pins((ROOT / "constraints.txt").read_text())
+    assert installed and all(constraints[name] == version for name, version in installed.items()), installed
+    assert _base_image(locust) == f"locustio/locust:{constraints['locust']}"
+    # Third-party modules the locustfile and the project modules it imports need, beyond locust's own.
+    locustfile = ROOT / "clients" / "locustfile.py"
+    modules = set()
+    for source in [locustfile, *project_files(ROOT, [locustfile])]:
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Import):
+                modules |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                modules.add(node.module.split(".")[0])
+    provided = {"locust", "gevent", "grpc", "google", "backends", "clients", "tools", "numpy", "tritonclient",
+                "geventhttpclient"}
+    third_party = {m for m in modules if m not in sys.stdlib_module_names}
+    assert third_party <= provided, third_party - provided
+    assert {"numpy", "tritonclient"} <= set(installed)
 
 
 def test_the_monitoring_ports_listen_on_localhost_only(all_profiles_config):
@@ -371,3 +413,96 @@ def test_the_tls_flags_make_triton_serve_grpc_over_tls_only(tls_config, self_sig
         with pytest.raises(InferenceServerException):
             plain.is_server_live(client_timeout=5)
         plain.close()
+
+
+def test_the_triton_services_run_tritonserver_under_the_keeper_with_its_port_published(all_profiles_config):
+    for name, service in _tritons(all_profiles_config).items():
+        entrypoint = service["entrypoint"]
+        assert entrypoint[0] == "/opt/nvidia/nvidia_entrypoint.sh", "the image's own entrypoint stays first"
+        assert entrypoint[1:4] == ["python3", "-m", "tools.keeper"] and entrypoint[-1] == "--", name
+        assert (ROOT / "tools" / "keeper.py").is_file()
+        assert _host_ports(service)[8003] == 8003, name
+    prometheus = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    job = next(j for j in prometheus["scrape_configs"] if j["job_name"] == "s2t-supervisor")
+    assert job["static_configs"][0]["targets"] == ["triton:8003"]
+
+
+def _embedded(service: dict, repositories: dict[str, Path], backend_dir: Path, ports: dict[str, int]) -> list[str]:
+    """The service's entrypoint and command as this machine can run them: the wheel's tritonserver for the image's,
+    local folders for the mounts, free ports; nothing else changed."""
+    from tools.triton_server import TRITON_DIR
+    keeper = [sys.executable if arg == "python3" else arg for arg in service["entrypoint"][1:]]
+    keeper = [f"--supervisor-port={ports['supervisor']}" if a.startswith("--supervisor-port") else a for a in keeper]
+    command = []
+    for arg in service["command"]:
+        if arg == "tritonserver":
+            arg = str(TRITON_DIR / "bin" / "tritonserver")
+        for target, source in repositories.items():
+            arg = arg.replace(f"={target}", f"={source}")
+        command.append(arg)
+    command += [f"--backend-directory={backend_dir}", f"--http-port={ports['http']}",
+                f"--grpc-port={ports['grpc']}", f"--metrics-port={ports['metrics']}"]
+    return keeper + command
+
+
+def test_the_compose_command_heals_a_dead_stub_and_leaves_no_stub_when_the_server_dies(config, built_artifacts,
+                                                                                       tmp_path):
+    import signal
+    import time
+    import urllib.request
+
+    from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
+    from tools.supervisor import stubs_of
+    from tools.triton_server import assemble_backend_dir, server_env
+
+    repo = tmp_path / "models" / "model_repository"
+    shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    ports = {name: free_port() for name in ("http", "grpc", "metrics", "supervisor")}
+    command = _embedded(_services(config)["triton"],
+                        {"/models/model_repository": repo, "/models/ensembles": ENSEMBLES},
+                        assemble_backend_dir(tmp_path / "backends"), ports)
+    log_path = tmp_path / "keeper.log"
+
+    def get(url: str) -> str:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.read().decode()
+
+    def until(condition, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if condition():
+                    return True
+            except OSError:
+                pass
+            time.sleep(0.2)
+        return False
+
+    with open(log_path, "wb") as log:
+        keeper = subprocess.Popen(command, cwd=ROOT, env=server_env(), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            assert until(lambda: "200" == str(urllib.request.urlopen(
+                f"http://localhost:{ports['http']}/v2/health/ready", timeout=1).status), 120), log_path.read_text()
+            server = int(Path(f"/proc/{keeper.pid}/task/{keeper.pid}/children").read_text().split()[0])
+            state_file = repo.parent / ".model_repository.s2t" / "supervisor.json"
+            # Written when supervision starts (the repository's control area, as /models/ is in the container).
+            assert until(lambda: json.loads(state_file.read_text())["server_pid"] == server, 20)
+            assert "s2t_server_restarts_total 0" in get(f"http://localhost:{ports['supervisor']}/metrics")
+            victim = next(pid for pid, s in stubs_of(server).items() if s.model == "skill_adapter")
+            os.kill(victim, signal.SIGKILL)
+            reloaded = 's2t_supervisor_reloads_total{model="skill_adapter",reason="stub_died"} 1'
+            assert until(lambda: reloaded in get(f"http://localhost:{ports['supervisor']}/metrics"), 20), \
+                log_path.read_text()[-3000:]
+            assert until(lambda: "skill_adapter" in {s.model for s in stubs_of(server).values()}, 20)
+            assert json.loads(state_file.read_text())["reloads"] == [
+                {"model": "skill_adapter", "reason": "stub_died", "count": 1}]
+            stubs = list(stubs_of(server))
+            os.kill(server, signal.SIGKILL)
+            assert keeper.wait(30) != 0, "a dead server ends the container, so that it is restarted"
+            time.sleep(1)
+            assert not [pid for pid in stubs if Path(f"/proc/{pid}").exists()
+                        and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+        finally:
+            if keeper.poll() is None:
+                keeper.send_signal(signal.SIGTERM)
+                keeper.wait(60)

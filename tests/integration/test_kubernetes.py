@@ -78,7 +78,7 @@ def test_core_kinds_are_valid_against_the_kubernetes_schema(rendered, directory,
 def test_an_overlay_holds_deployment_service_autoscaler_and_disruption_budget_in_one_namespace(rendered, overlay):
     docs = rendered[overlay]
     assert {doc["kind"] for doc in docs} == {"Deployment", "Service", "HorizontalPodAutoscaler",
-                                             "PodDisruptionBudget", "ConfigMap"}
+                                             "PodDisruptionBudget", "ConfigMap", "ServiceAccount"}
     assert {doc["metadata"]["namespace"] for doc in docs} == {"skill2triton"}
 
 
@@ -89,7 +89,7 @@ def test_triton_is_the_pinned_image_probed_on_live_and_ready_with_requests_and_l
     assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     ports = {p["name"]: p["containerPort"] for p in triton["ports"]}
-    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002, "supervisor": 8003}
     assert triton["readinessProbe"]["httpGet"]["port"] == "http"
     assert {"cpu", "memory"} <= set(triton["resources"]["requests"])
     assert triton["resources"]["limits"]["memory"] == triton["resources"]["requests"]["memory"]
@@ -124,8 +124,11 @@ def test_explicit_mode_takes_the_admin_key_from_a_secret_that_is_not_committed(r
     triton = container(one(docs, "Deployment"))
     args = triton["args"]
     assert "--model-control-mode=explicit" in args
-    assert "--http-restricted-api=model-repository:admin-key=$(S2T_ADMIN_KEY)" in args
-    assert "--grpc-restricted-protocol=model-repository:admin-key=$(S2T_ADMIN_KEY)" in args
+    assert "--http-restricted-api=model-repository:admin-key=$$(S2T_ADMIN_KEY)" in args
+    assert "--grpc-restricted-protocol=model-repository:admin-key=$$(S2T_ADMIN_KEY)" in args
+    # The kubelet unescapes `$$(` to `$(` and leaves it: the keeper replaces it, off the command line.
+    from tools.keeper import ADMIN_KEY_REFERENCE
+    assert ADMIN_KEY_REFERENCE == "$(S2T_ADMIN_KEY)"
     env = {e["name"]: e for e in triton["env"]}
     ref = env["S2T_ADMIN_KEY"]["valueFrom"]["secretKeyRef"]
     assert ref["name"] == ADMIN_SECRET and ref["optional"] is False
@@ -170,9 +173,13 @@ def test_only_the_gpu_overlay_serves_the_gpu_repository_beside_the_base_ones(ren
     assert gpu_args == cpu_args + ["--model-repository=/models/model_repository_gpu"]
 
 
+def named(docs: list[dict], kind: str, name: str) -> dict:
+    return next(doc for doc in docs if doc["kind"] == kind and doc["metadata"]["name"] == name)
+
+
 def test_the_kserve_variant_carries_a_canary_share_on_its_own_pinned_triton_runtime(rendered):
     docs = rendered["kserve"]
-    service = one(docs, "InferenceService")
+    service = named(docs, "InferenceService", "skill2triton")
     assert service["apiVersion"] == "serving.kserve.io/v1beta1"
     assert service["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Serverless"
     predictor = service["spec"]["predictor"]
@@ -180,7 +187,7 @@ def test_the_kserve_variant_carries_a_canary_share_on_its_own_pinned_triton_runt
     model = predictor["model"]
     assert model["modelFormat"]["name"] == "triton" and model["storageUri"].startswith(("s3://", "gs://"))
     assert model["env"][0]["valueFrom"]["secretKeyRef"]["name"] == ADMIN_SECRET
-    runtime = one(docs, "ServingRuntime")
+    runtime = named(docs, "ServingRuntime", model["runtime"])
     assert runtime["apiVersion"] == "serving.kserve.io/v1alpha1"
     assert runtime["metadata"]["name"] == model["runtime"]
     assert "triton" in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
@@ -200,3 +207,122 @@ def test_nothing_under_deploy_kubernetes_holds_a_secret_value():
             if isinstance(doc, dict):
                 assert doc.get("kind") != "Secret", path
                 assert "secretGenerator" not in doc, path
+
+
+KEEPER = ["/opt/nvidia/nvidia_entrypoint.sh", "python3", "-m", "tools.keeper"]
+
+
+def triton_containers(docs: list[dict]) -> list[dict]:
+    runtimes = [doc["spec"]["containers"][0] for doc in docs if doc["kind"] == "ServingRuntime"]
+    return runtimes or [container(one(docs, "Deployment"))]
+
+
+@pytest.mark.parametrize("directory", RENDERED[:3])
+def test_tritonserver_runs_under_the_keeper_which_the_release_source_provides(rendered, directory):
+    for triton in triton_containers(rendered[directory]):
+        command = triton["command"]
+        assert command[:4] == KEEPER and command[-2:] == ["--", "tritonserver"], command
+        state_dir = next(a.split("=", 1)[1] for a in command if a.startswith("--state-dir="))
+        if directory != "kserve":
+            assert state_dir in {m["mountPath"] for m in triton["volumeMounts"]}, "supervisor.json needs a place"
+    assert (ROOT / "tools" / "keeper.py").is_file()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_autoscaler_also_scales_on_cpu_above_80_percent_of_the_request(rendered, overlay):
+    docs = rendered[overlay]
+    hpa = one(docs, "HorizontalPodAutoscaler")
+    cpu = [m["resource"] for m in hpa["spec"]["metrics"] if m["type"] == "Resource"]
+    assert cpu == [{"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}]
+    # Utilization is relative to the request: the container must have one.
+    assert container(one(docs, "Deployment"))["resources"]["requests"]["cpu"]
+    assert {m["type"] for m in hpa["spec"]["metrics"]} == {"Pods", "Resource"}, "the queue metrics stay"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_pods_run_as_non_root_without_privileges_under_a_storage_service_account(rendered, overlay):
+    docs = rendered[overlay]
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    for c in pod["initContainers"] + pod["containers"]:
+        security = c["securityContext"]
+        assert security["allowPrivilegeEscalation"] is False and security["capabilities"]["drop"] == ["ALL"], c["name"]
+        assert security["readOnlyRootFilesystem"] is True, c["name"]
+    account = one(docs, "ServiceAccount")
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    assert pod["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_pods_leave_the_service_before_sigterm_and_spread_over_zones_and_nodes(rendered, overlay):
+    deployment = one(rendered[overlay], "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    pause = container(deployment)["lifecycle"]["preStop"]["exec"]["command"]
+    assert pause[0] == "sleep" and int(pause[1]) > 0
+    exit_timeout = int(next(a for a in container(deployment)["args"] if a.startswith("--exit-timeout-secs="))
+                       .split("=")[1])
+    assert pod["terminationGracePeriodSeconds"] > int(pause[1]) + exit_timeout
+    spread = {c["topologyKey"]: c for c in pod["topologySpreadConstraints"]}
+    assert set(spread) == {"topology.kubernetes.io/zone", "kubernetes.io/hostname"}
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert all(c["labelSelector"]["matchLabels"].items() <= labels.items() for c in spread.values())
+
+
+def release_references(docs: list[dict]) -> list[str]:
+    found = [d["data"]["SOURCE"] for d in docs if d["kind"] == "ConfigMap" and "SOURCE" in d.get("data", {})]
+    found += [d["spec"]["predictor"]["model"]["storageUri"] for d in docs if d["kind"] == "InferenceService"]
+    return found
+
+
+@pytest.mark.parametrize("directory", RENDERED[:3])
+def test_every_pod_names_one_immutable_release_by_its_content_id(rendered, directory):
+    from tools.release import ID_PATTERN
+    references = release_references(rendered[directory])
+    assert references
+    ids = {ref.rsplit("/releases/", 1)[1] for ref in references}
+    assert len(ids) == 1 and ID_PATTERN.fullmatch(ids.pop()), references
+    if directory != "kserve":
+        # The pod template names the release's ConfigMap by its hashed name: a new release is a new template,
+        # so it rolls out, and `kubectl rollout undo` brings the previous release back.
+        deployment = one(rendered[directory], "Deployment")
+        init = deployment["spec"]["template"]["spec"]["initContainers"][0]
+        config_map = next(d for d in rendered[directory] if d["kind"] == "ConfigMap" and "SOURCE" in d["data"])
+        assert init["envFrom"][0]["configMapRef"]["name"] == config_map["metadata"]["name"] != "skill2triton-repository"
+
+
+def test_a_pinned_release_changes_the_pod_template_and_every_reference(tmp_path, built_artifacts):
+    from tools import release
+    copy = tmp_path / "kubernetes"
+    shutil.copytree(KUBERNETES, copy)
+    release_id = release.build(ROOT, [ROOT / "model_repository", ROOT / "ensembles"], tmp_path / "releases")
+    assert release.pin(copy, release_id)
+    for directory in ("overlays/cpu", "kserve"):
+        out = subprocess.run([_kubectl(), "kustomize", str(copy / directory)], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+        docs = [d for d in yaml.safe_load_all(out) if d]
+        assert {ref.rsplit("/releases/", 1)[1] for ref in release_references(docs)} == {release_id}
+    before = one([d for d in yaml.safe_load_all(subprocess.run(
+        [_kubectl(), "kustomize", str(KUBERNETES / "overlays/cpu")], capture_output=True, text=True,
+        check=True).stdout) if d], "Deployment")["spec"]["template"]
+    after = one([d for d in yaml.safe_load_all(subprocess.run(
+        [_kubectl(), "kustomize", str(copy / "overlays/cpu")], capture_output=True, text=True,
+        check=True).stdout) if d], "Deployment")["spec"]["template"]
+    assert before != after, "a new release must roll out as a new pod template"
+
+
+def test_kserve_serves_grpc_beside_http_from_the_same_release(rendered):
+    docs = rendered["kserve"]
+    http_service = named(docs, "InferenceService", "skill2triton")
+    grpc_service = named(docs, "InferenceService", "skill2triton-grpc")
+    http_model, grpc_model = http_service["spec"]["predictor"]["model"], grpc_service["spec"]["predictor"]["model"]
+    assert grpc_model["storageUri"] == http_model["storageUri"]
+    assert grpc_service["spec"]["predictor"]["canaryTrafficPercent"] == \
+        http_service["spec"]["predictor"]["canaryTrafficPercent"]
+    assert grpc_model["protocolVersion"] == "grpc-v2"
+    runtime = named(docs, "ServingRuntime", grpc_model["runtime"])["spec"]["containers"][0]
+    assert runtime["ports"] == [{"name": "h2c", "containerPort": 8081, "protocol": "TCP"}]
+    assert "--grpc-port=8081" in runtime["args"]
+    assert any(a.startswith("--grpc-restricted-protocol=") for a in runtime["args"])
+    for model in (http_model, grpc_model):
+        assert model["securityContext"]["runAsNonRoot"] is True

@@ -81,7 +81,10 @@ def test_serve_takes_ports_from_the_environment_and_prints_the_endpoints(serve_p
             f"http://localhost:{ports['HTTP_PORT']}/v2/models/risk_pipeline/infer", data=body), timeout=30) as resp:
         assert {o["name"] for o in json.load(resp)["outputs"]} == {"probability", "decision"}
     with urllib.request.urlopen(f"http://localhost:{ports['METRICS_PORT']}/metrics", timeout=10) as resp:
-        assert b'nv_inference_request_success{model="risk_pipeline"' in resp.read()
+        metrics = resp.read()
+    assert b'nv_inference_request_success{model="risk_pipeline"' in metrics
+    # Summary latencies on: the p99 alert rule and dashboard panel read these quantiles.
+    assert b'nv_inference_request_summary_us{model="risk_pipeline",version="1",quantile="0.99"}' in metrics
     assert wait_for_line(log, f"ready: HTTP localhost:{ports['HTTP_PORT']}")
 
 

@@ -66,3 +66,22 @@ def test_a_stub_being_reloaded_is_not_judged_again_until_it_is_back_or_the_grace
 def test_the_config_autocomplete_stub_is_not_an_instance():
     argv = ARGV[:8] + ["risk_scorer", "/tmp/b/onnxruntime"]
     assert parse_stub(7, argv) is None
+
+
+def test_a_reload_that_does_not_bring_the_stub_back_within_the_grace_is_reported_again():
+    from tools.supervisor import RELOAD_GRACE_SECONDS
+    watch = DeathWatch()
+    watch.update({1: stub(1)}, lambda m, v: True, now=0)
+    watch.update({}, lambda m, v: True, now=0.2)
+    assert watch.update({}, lambda m, v: True, now=0.4) == [stub(1)]
+    assert watch.update({}, lambda m, v: True, now=0.4 + RELOAD_GRACE_SECONDS - 0.1) == []
+    assert watch.update({}, lambda m, v: True, now=0.4 + RELOAD_GRACE_SECONDS) == [stub(1)]
+
+
+def test_a_server_too_slow_to_say_whether_a_version_is_ready_keeps_the_stub_under_watch():
+    watch = DeathWatch()
+    watch.update({1: stub(1)}, lambda m, v: True)
+    for _ in range(3):
+        assert watch.update({}, lambda m, v: None) == []
+    watch.update({}, lambda m, v: True)
+    assert watch.update({}, lambda m, v: True) == [stub(1)]
