@@ -47,6 +47,35 @@ def legacy_build(out: Path, data_csv: Path, lite: bool) -> None:
     click.echo(f"SavedModel at {out}")
 
 
+@legacy.command("serve")
+@click.option("--port", type=int, envvar="LEGACY_PORT", default=50052, show_default=True,
+              help="where legacy Skill callers connect")
+@click.option("--saved-model", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=DEFAULT_SAVED_MODEL, show_default=True)
+@click.option("--window-size", type=int, default=128, show_default=True,
+              help="records per call of the SavedModel, the legacy platform's setting")
+@click.option("--decision-config", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=Path("model_repository/risk_decision"), show_default=True,
+              help="model folder whose config holds review_threshold / decline_threshold")
+def legacy_serve(port: int, saved_model: Path, window_size: int, decision_config: Path) -> None:
+    """Serve skill.Skill/Score with TensorFlow, as the legacy service did, until SIGINT/SIGTERM."""
+    from servers.legacy_service import LEGACY_THREADS, serve as serve_legacy
+    from tools.model_config import decision_thresholds
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        server = serve_legacy(port, saved_model, decision_thresholds(decision_config), window_size)
+    except (OSError, ValueError) as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(f"listening: legacy Skill service on port {port} (TensorFlow, {saved_model}, windows of "
+               f"{window_size}, {LEGACY_THREADS} threads)")
+    sys.stdout.flush()
+    stop.wait()
+    click.echo("stopping: finishing calls in flight", err=True)
+    server.stop(grace=10).wait()
+
+
 @main.command()
 @click.argument("saved_model", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
