@@ -371,13 +371,20 @@ def serve(http_port, grpc_port, metrics_port, model_control_mode, repositories, 
 @click.option("--triton-url", envvar="S2T_GRPC_URL", default="localhost:8001", show_default=True,
               help="HOST:PORT of Triton's gRPC endpoint")
 @click.option("--model", default="risk_pipeline", show_default=True)
-@click.option("--window-size", type=int, default=32, show_default=True, help="records scored together, as the legacy did")
-@click.option("--workers", type=int, default=8, show_default=True, help="concurrent legacy calls")
-def gateway(port, triton_url, model, window_size, workers) -> None:
+@click.option("--window-size", type=int, default=32, show_default=True,
+              help="records scored together, as the legacy did; at most the model's max_batch_size")
+@click.option("--workers", type=int, default=8, show_default=True,
+              help="concurrent legacy calls; one more is refused RESOURCE_EXHAUSTED")
+@click.option("--call-timeout-s", type=float, default=60.0, show_default=True,
+              help="longest a call may last, idle or not (DEADLINE_EXCEEDED after)")
+@click.option("--max-records", type=int, default=10_000, show_default=True,
+              help="records one call may carry (INVALID_ARGUMENT past it)")
+def gateway(port, triton_url, model, window_size, workers, call_timeout_s, max_records) -> None:
     """Serve the legacy Skill gRPC service (clients/proto/skill.proto), forwarding to Triton, until SIGINT/SIGTERM."""
-    from clients.legacy_gateway import serve as serve_gateway
+    from clients.legacy_gateway import CallLimits, serve as serve_gateway
     try:
-        server = serve_gateway(port, triton_url, model, window_size, workers)
+        limits = CallLimits(timeout_s=call_timeout_s, max_records=max_records)
+        server = serve_gateway(port, triton_url, model, window_size, workers, limits=limits)
     except (OSError, ValueError, RuntimeError) as err:
         raise click.ClickException(str(err)) from None
     stop = threading.Event()
