@@ -59,6 +59,10 @@ class SavedModelScorer:
             raise ValueError(f"{saved_model}: a risk model has one output, "
                              f"this one has {len(self._signature.structured_outputs)}")
 
+    def warm_up(self) -> None:
+        """One call before the first caller's: TensorFlow traces and allocates on the first run of a signature."""
+        self([{spec.name: "" if spec.is_string else 0.0 for spec in self.inputs}])
+
     def check(self, features: Mapping[str, object]) -> dict[str, object]:
         """The record's value per signature input, or the RecordError naming the first bad attribute."""
         row = {}
@@ -131,7 +135,9 @@ class LegacySkillService(skill_pb2_grpc.SkillServicer):
 def serve(port: int, saved_model: Path, thresholds: Thresholds, window_size: int = LEGACY_WINDOW_SIZE,
           threads: int = LEGACY_THREADS, host: str = "[::]") -> grpc.Server:
     """Started; the caller stops it (`server.stop(grace)`)."""
-    service = LegacySkillService(SavedModelScorer(saved_model), thresholds, window_size)
+    scorer = SavedModelScorer(saved_model)
+    scorer.warm_up()
+    service = LegacySkillService(scorer, thresholds, window_size)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads))
     skill_pb2_grpc.add_SkillServicer_to_server(service, server)
     if server.add_insecure_port(f"{host}:{port}") == 0:

@@ -379,22 +379,54 @@ def serve(http_port, grpc_port, metrics_port, model_control_mode, repositories, 
               help="longest a call may last, idle or not (DEADLINE_EXCEEDED after)")
 @click.option("--max-records", type=int, default=10_000, show_default=True,
               help="records one call may carry (INVALID_ARGUMENT past it)")
-def gateway(port, triton_url, model, window_size, workers, call_timeout_s, max_records) -> None:
+@click.option("--mirror", metavar="HOST:PORT", help="dual-run: also send every window to the legacy service here")
+@click.option("--answer-from", type=click.Choice(["triton", "legacy"]), default="triton", show_default=True,
+              help="with --mirror: the service whose answers the callers get")
+@click.option("--diff-report", type=click.Path(dir_okay=False, path_type=Path),
+              help="with --mirror: JSON comparison written every --diff-report-interval-s and at exit")
+@click.option("--diff-report-interval-s", type=float, default=10.0, show_default=True)
+@click.option("--mirror-timeout-s", type=float, default=5.0, show_default=True,
+              help="longest a mirrored window is waited for in the background (callers never wait for it)")
+@click.option("--tolerance", type=float, default=1e-5, show_default=True,
+              help="probability difference counted over tolerance")
+@click.option("--metrics-port", type=int, default=0, show_default=True,
+              help="Prometheus metrics (s2t_cutover_*) on this port; 0: none")
+def gateway(port, triton_url, model, window_size, workers, call_timeout_s, max_records, mirror, answer_from,
+            diff_report, diff_report_interval_s, mirror_timeout_s, tolerance, metrics_port) -> None:
     """Serve the legacy Skill gRPC service (clients/proto/skill.proto), forwarding to Triton, until SIGINT/SIGTERM."""
     from clients.legacy_gateway import CallLimits, serve as serve_gateway
+    if (answer_from != "triton" or diff_report) and not mirror:
+        raise click.UsageError("--answer-from and --diff-report need --mirror HOST:PORT")
+    answer = dual_run = None
     try:
         limits = CallLimits(timeout_s=call_timeout_s, max_records=max_records)
-        server = serve_gateway(port, triton_url, model, window_size, workers, limits=limits)
+        if mirror:
+            from servers.dual_run import CutoverMetrics, DiffTally, dual_run_sides
+            metrics = CutoverMetrics()
+            answer, dual_run = dual_run_sides(triton_url, model, mirror, answer_from, call_timeout_s,
+                                              mirror_timeout_s, tally=DiffTally(tolerance), metrics=metrics,
+                                              report_path=diff_report, report_interval_s=diff_report_interval_s)
+            if metrics_port:
+                from prometheus_client import start_http_server
+                start_http_server(metrics_port, registry=metrics.registry)
+        server = serve_gateway(port, triton_url, model, window_size, workers, limits=limits, answer=answer,
+                               mirror=dual_run)
     except (OSError, ValueError, RuntimeError) as err:
         raise click.ClickException(str(err)) from None
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    dual = f"; dual-run with {mirror}, answers from {answer_from}" if mirror else ""
     click.echo(f"ready: legacy Skill service on port {port} -> {model} at {triton_url} "
-               f"(windows of {window_size})", err=True)
+               f"(windows of {window_size}{dual})", err=True)
     stop.wait()
     click.echo("stopping: finishing calls in flight", err=True)
     server.stop(grace=10).wait()
+    if dual_run is not None:
+        report = dual_run.close()
+        click.echo(f"dual-run: {report['compared']} compared, max |diff| {report['max_abs_diff']:.3g}, "
+                   f"{report['decision_flips']['count']} decision flips, {report['mirror_failures']} mirror "
+                   f"failures", err=True)
 
 
 @main.command()
