@@ -461,9 +461,11 @@ def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, 
 
 
 @main.command()
-@click.option("--mode", type=click.Choice(["smoke", "quick", "full", "gpu"]), default="quick", show_default=True,
+@click.option("--mode", type=click.Choice(["smoke", "quick", "full", "gpu", "cutover", "cutover-smoke"]),
+              default="quick", show_default=True,
               help="quick: under 3 minutes; full: the README table; smoke: only proves the machinery; "
-                   "gpu: TensorRT vs ONNX Runtime CUDA EP vs CPU (needs a GPU, `make gpu-venv`)")
+                   "gpu: TensorRT vs ONNX Runtime CUDA EP vs CPU (needs a GPU, `make gpu-venv`); "
+                   "cutover: the legacy service vs skill2triton through the legacy protocol (about 2 minutes)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
               show_default=True)
 @click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path),
@@ -473,8 +475,18 @@ def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, 
 @click.option("--onnx", "onnx_model", type=click.Path(path_type=Path), default=Path("artifacts/onnx/risk_scorer.onnx"),
               show_default=True, help="gpu mode: the model the engines are built from")
 @click.option("--url", help="gpu mode: gRPC HOST:PORT of a Triton serving model_repository_gpu (perf_analyzer)")
-def bench(mode, out_dir, repositories, data_csv, onnx_model, url) -> None:
+@click.option("--saved-model", type=click.Path(path_type=Path), default=DEFAULT_SAVED_MODEL, show_default=True,
+              help="cutover mode: the legacy service's model")
+def bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_model) -> None:
     """Triton (perf_analyzer, wrk) side by side with FastAPI + ONNX Runtime and in-process ONNX Runtime."""
+    if mode.startswith("cutover"):
+        from tools.bench import cutover
+        plan = cutover.PLANS["smoke" if mode == "cutover-smoke" else "cutover"]
+        cutover.run(plan, out_dir / mode, list(repositories or DEFAULT_REPOSITORIES), data_csv, saved_model,
+                    log=lambda line: click.echo(line, err=True))
+        click.echo((out_dir / mode / "results.md").read_text())
+        click.echo(f"results: {out_dir / mode / 'results.md'}")
+        return
     if mode == "gpu":
         from tools.bench import gpu
         from tools.tensorrt_engine import EngineBuildError
