@@ -207,7 +207,10 @@ def run(plan: CutoverPlan, out_dir: Path, repositories: list[Path], data_csv: Pa
     try:
         gateway_port = free_port()
         gateway, gateway_cold = _timed_start(["gateway", "--port", str(gateway_port), "--triton-url", triton.grpc_url,
-                                              "--window-size", str(size)], "ready")
+                                              "--window-size", str(size),
+                                              # Above the callers: a caller's next call can arrive before its
+                                              # previous one is counted done, and would be refused at the cap.
+                                              "--workers", str(2 * plan.callers)], "ready")
         try:
             results["gateway"] = {"cold_start_s": triton_cold + gateway_cold, "gateway_start_s": gateway_cold,
                                   **_measure("gateway -> Triton", skill_caller(gateway_port), batches, plan,
