@@ -26,7 +26,7 @@ LITE_SAVED_MODEL := artifacts/legacy/risk_model_lite
 LITE_ONNX := artifacts/onnx/risk_scorer_lite.onnx
 ADAPTER_SPEC := model_repository/skill_adapter/1/feature_spec.json
 DRIFT_REFERENCE := model_repository/risk_router/1/drift_reference.json
-PROTO_PY := clients/proto/skill_pb2.py clients/proto/skill_pb2_grpc.py
+PROTO_PY := clients/proto/skill_pb2.py clients/proto/skill_pb2_grpc.py clients/proto/tf_example_pb2.py
 
 .PHONY: serve test system venv models clean gpu-venv gpu-models test-gpu
 
@@ -79,8 +79,9 @@ $(DRIFT_REFERENCE): $(SCORER_ONNX) $(DATA)
 
 # The legacy wire format's Python code, generated from clients/proto/skill.proto (gitignored, never hand-written);
 # -I. keeps the package in the generated imports (`from clients.proto import skill_pb2`).
-$(PROTO_PY) &: clients/proto/skill.proto | $(VENV)/.installed
+$(PROTO_PY) &: clients/proto/skill.proto clients/proto/tf_example.proto | $(VENV)/.installed
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. clients/proto/skill.proto
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. clients/proto/tf_example.proto
 
 .PHONY: proto
 proto: $(PROTO_PY)

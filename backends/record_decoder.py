@@ -246,7 +246,15 @@ def _parse_protobuf(payload: bytes) -> LegacyRecord:
     try:
         record.ParseFromString(bytes(payload))
     except (decode_error, RuntimeError, ValueError):
-        raise RecordError("payload", "not a valid SkillRecord protobuf") from None
+        record = None
+    # A SkillRecord without features could never be scored: such bytes may be a tf.Example (see example_record).
+    if record is None or [field.name for field, _ in record.ListFields()] in ([], ["request_id"]):
+        from backends.example_record import as_example
+        example = as_example(payload)
+        if example is not None:
+            return _checked(example)
+    if record is None:
+        raise RecordError("payload", "not a valid SkillRecord protobuf")
     # proto3 cannot tell an empty map from an absent one: both read as `{}`, so the first attribute is reported
     # missing, exactly as for the JSON record {"features": {}}.
     features = {name: _feature_value(value) for name, value in record.features.items()}

@@ -8,10 +8,12 @@ window-mates are scored; a failure of Triton itself fails the call with the matc
 """
 from __future__ import annotations
 
+import queue
 import threading
+import time
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import grpc
 import numpy as np
@@ -21,6 +23,7 @@ from backends.errors import INTERNAL, INVALID, UNAVAILABLE, of_kind
 from clients.proto import skill_pb2, skill_pb2_grpc
 
 DEFAULT_WINDOW_SIZE = 32
+DEFAULT_CONCURRENT_CALLS = 8
 # Triton's gRPC status -> what it means for the legacy caller. Anything not listed is INTERNAL.
 _TRITON_STATUS_KIND = {
     "StatusCode.INVALID_ARGUMENT": INVALID,
@@ -35,6 +38,81 @@ _LEGACY_CALL_STATUS = {UNAVAILABLE: grpc.StatusCode.UNAVAILABLE, INTERNAL: grpc.
 
 def error_kind(triton_status: str | None) -> str:
     return _TRITON_STATUS_KIND.get(triton_status or "", INTERNAL)
+
+
+@dataclass(frozen=True)
+class CallLimits:
+    timeout_s: float = 60.0
+    max_records: int = 10_000
+    # gRPC clients refuse a message over 4 MiB unless told otherwise: a longer reply would be scored, then lost.
+    max_reply_bytes: int = 4 * 1024 * 1024
+
+    def __post_init__(self):
+        if self.timeout_s <= 0 or self.max_records < 1 or self.max_reply_bytes < 1:
+            raise ValueError(f"call limits must be positive, got {self}")
+
+
+class CallRefused(Exception):
+    """The call as a whole is refused with `code`; `details` tells the caller why."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+_END = object()
+
+
+def records_within(request_iterator: Iterator, timeout_s: float, max_records: int,
+                   clock=time.monotonic) -> Iterator:
+    """The caller's records as they arrive, until it closes its side; CallRefused once `timeout_s` have passed since
+    the call began (an idle stream included) or past `max_records`. A reader thread waits on the caller, so the
+    handler can give up on a caller that sends nothing; its queue is bounded, so a fast caller is held back by gRPC's
+    flow control rather than buffered here."""
+    arrivals: queue.Queue = queue.Queue(maxsize=256)
+    done = threading.Event()
+
+    def offer(item) -> bool:
+        try:
+            arrivals.put(item, timeout=0.2)
+            return True
+        except queue.Full:
+            return False
+
+    def read():
+        try:
+            for record in request_iterator:
+                while not offer(record):
+                    if done.is_set():
+                        return
+        except Exception as err:  # the caller went away, or the call ended: the handler sees why
+            offer(err)
+            return
+        while not offer(_END) and not done.is_set():
+            pass
+
+    threading.Thread(target=read, name="skill-call-reader", daemon=True).start()
+    end = clock() + timeout_s
+    count = 0
+    try:
+        while True:
+            try:
+                item = arrivals.get(timeout=max(end - clock(), 0.0))
+            except queue.Empty:
+                raise CallRefused(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                  f"the call took longer than {timeout_s:g} s (the gateway's limit)") from None
+            if item is _END:
+                return
+            if isinstance(item, Exception):
+                raise item
+            count += 1
+            if count > max_records:
+                raise CallRefused(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"a call carries at most {max_records} records; send the rest in another call")
+            yield item
+    finally:
+        done.set()
 
 
 def windows(records: Iterable, size: int) -> Iterable[list]:
@@ -78,24 +156,75 @@ class TritonScorer:
         return result.as_numpy("probability"), result.as_numpy("decision")
 
 
+    def max_batch_size(self) -> int:
+        """The served model's `max_batch_size`, from Triton (0: the model does not batch)."""
+        client = self._grpcclient.InferenceServerClient(self.url)
+        try:
+            return int(client.get_model_config(self.model, as_json=True, client_timeout=10)
+                       ["config"].get("max_batch_size", 0))
+        finally:
+            client.close()
+
+
+def check_window_size(window_size: int, max_batch_size: int, model: str) -> None:
+    if window_size < 1:
+        raise ValueError(f"window_size must be >= 1, got {window_size}")
+    if window_size > max(max_batch_size, 1):
+        raise ValueError(f"window size {window_size} is over {model}'s max_batch_size ({max_batch_size}): Triton "
+                         f"would refuse each window; use at most {max(max_batch_size, 1)}")
+
+
+class TritonWindows:
+    """A window of records -> a SkillResult per record, scored by Triton; CallRefused when Triton fails."""
+
+    def __init__(self, scorer):
+        self.scorer = retrying(scorer)
+
+    def __call__(self, window: Sequence[skill_pb2.SkillRecord], number: int) -> list[skill_pb2.SkillResult]:
+        scored = score_isolating_bad_records([r.SerializeToString() for r in window], self.scorer)
+        results = []
+        for record, score in zip(window, scored):
+            if score.error is not None and score.error.kind != INVALID:
+                raise CallRefused(_LEGACY_CALL_STATUS[score.error.kind],
+                                  f"scoring window {number} failed: {score.error.message}")
+            results.append(legacy_result(record, score, number))
+        return results
+
+
 class SkillGateway(skill_pb2_grpc.SkillServicer):
-    def __init__(self, scorer, window_size: int = DEFAULT_WINDOW_SIZE):
+    def __init__(self, scorer, window_size: int = DEFAULT_WINDOW_SIZE, limits: CallLimits = CallLimits(),
+                 answer=None, mirror=None):
+        """`answer` scores the windows the caller gets (default: Triton through `scorer`); `mirror`, when given,
+        receives each window and its answer (servers.dual_run.DualRun) and must not block."""
         if window_size < 1:
             raise ValueError(f"window_size must be >= 1, got {window_size}")
-        self.scorer = retrying(scorer)
+        self.answer = answer or TritonWindows(scorer)
+        self.mirror = mirror
         self.window_size = window_size
+        self.limits = limits
 
     def Score(self, request_iterator, context):  # noqa: N802 - the name is the legacy RPC's
+        try:
+            return self._score(request_iterator)
+        except CallRefused as refused:
+            context.abort(refused.code, refused.details)
+
+    def _score(self, request_iterator) -> skill_pb2.SkillBatchResult:
+        limits = self.limits
+        records = records_within(request_iterator, limits.timeout_s, limits.max_records)
         results = []
-        count = 0
-        for number, window in enumerate(windows(request_iterator, self.window_size)):
+        count = reply_bytes = 0
+        for number, window in enumerate(windows(records, self.window_size)):
             count = number + 1
-            scored = score_isolating_bad_records([r.SerializeToString() for r in window], self.scorer)
-            for record, score in zip(window, scored):
-                if score.error is not None and score.error.kind != INVALID:
-                    context.abort(_LEGACY_CALL_STATUS[score.error.kind],
-                                  f"scoring window {number} failed: {score.error.message}")
-                results.append(legacy_result(record, score, number))
+            answered = self.answer(window, number)
+            reply_bytes += sum(r.ByteSize() for r in answered)
+            if reply_bytes > limits.max_reply_bytes:
+                raise CallRefused(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"the reply would be over {limits.max_reply_bytes} bytes after {len(results)} "
+                                  f"records; send fewer records (or shorter request ids) per call")
+            if self.mirror is not None:
+                self.mirror.submit(window, number, answered)
+            results.extend(answered)
         return skill_pb2.SkillBatchResult(results=results, window_size=self.window_size, windows=count)
 
 
@@ -112,10 +241,22 @@ def legacy_result(record: skill_pb2.SkillRecord, score, window: int) -> skill_pb
 
 
 def serve(port: int, triton_url: str, model: str = "risk_pipeline", window_size: int = DEFAULT_WINDOW_SIZE,
-          workers: int = 8, host: str = "[::]") -> grpc.Server:
-    """Started; the caller stops it (`server.stop(grace)`)."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
-    skill_pb2_grpc.add_SkillServicer_to_server(SkillGateway(TritonScorer(triton_url, model), window_size), server)
+          workers: int = DEFAULT_CONCURRENT_CALLS, host: str = "[::]", limits: CallLimits = CallLimits(),
+          answer=None, mirror=None) -> grpc.Server:
+    """Started; the caller stops it (`server.stop(grace)`). The window size is checked against the model's
+    `max_batch_size` when Triton answers; an unreachable Triton is not an error here (calls fail UNAVAILABLE until
+    it is up)."""
+    scorer = TritonScorer(triton_url, model)
+    try:
+        max_batch_size = scorer.max_batch_size()
+    except Exception:  # noqa: BLE001 - Triton unreachable or the model absent: nothing to check against yet
+        pass
+    else:
+        check_window_size(window_size, max_batch_size, model)
+    # As many threads as calls allowed: a call over the cap is refused at once, never queued behind idle streams.
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), maximum_concurrent_rpcs=workers)
+    gateway = SkillGateway(scorer, window_size, limits, answer, mirror)
+    skill_pb2_grpc.add_SkillServicer_to_server(gateway, server)
     if server.add_insecure_port(f"{host}:{port}") == 0:
         raise OSError(f"cannot listen on {host}:{port}")
     server.start()

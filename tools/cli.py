@@ -47,6 +47,35 @@ def legacy_build(out: Path, data_csv: Path, lite: bool) -> None:
     click.echo(f"SavedModel at {out}")
 
 
+@legacy.command("serve")
+@click.option("--port", type=int, envvar="LEGACY_PORT", default=50052, show_default=True,
+              help="where legacy Skill callers connect")
+@click.option("--saved-model", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=DEFAULT_SAVED_MODEL, show_default=True)
+@click.option("--window-size", type=int, default=128, show_default=True,
+              help="records per call of the SavedModel, the legacy platform's setting")
+@click.option("--decision-config", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=Path("model_repository/risk_decision"), show_default=True,
+              help="model folder whose config holds review_threshold / decline_threshold")
+def legacy_serve(port: int, saved_model: Path, window_size: int, decision_config: Path) -> None:
+    """Serve skill.Skill/Score with TensorFlow, as the legacy service did, until SIGINT/SIGTERM."""
+    from servers.legacy_service import LEGACY_THREADS, serve as serve_legacy
+    from tools.model_config import decision_thresholds
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        server = serve_legacy(port, saved_model, decision_thresholds(decision_config), window_size)
+    except (OSError, ValueError) as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(f"listening: legacy Skill service on port {port} (TensorFlow, {saved_model}, windows of "
+               f"{window_size}, {LEGACY_THREADS} threads)")
+    sys.stdout.flush()
+    stop.wait()
+    click.echo("stopping: finishing calls in flight", err=True)
+    server.stop(grace=10).wait()
+
+
 @main.command()
 @click.argument("saved_model", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
@@ -561,23 +590,62 @@ def release(out_dir, repositories, pin_dir) -> None:
 @click.option("--triton-url", envvar="S2T_GRPC_URL", default="localhost:8001", show_default=True,
               help="HOST:PORT of Triton's gRPC endpoint")
 @click.option("--model", default="risk_pipeline", show_default=True)
-@click.option("--window-size", type=int, default=32, show_default=True, help="records scored together, as the legacy did")
-@click.option("--workers", type=int, default=8, show_default=True, help="concurrent legacy calls")
-def gateway(port, triton_url, model, window_size, workers) -> None:
+@click.option("--window-size", type=int, default=32, show_default=True,
+              help="records scored together, as the legacy did; at most the model's max_batch_size")
+@click.option("--workers", type=int, default=8, show_default=True,
+              help="concurrent legacy calls; one more is refused RESOURCE_EXHAUSTED")
+@click.option("--call-timeout-s", type=float, default=60.0, show_default=True,
+              help="longest a call may last, idle or not (DEADLINE_EXCEEDED after)")
+@click.option("--max-records", type=int, default=10_000, show_default=True,
+              help="records one call may carry (INVALID_ARGUMENT past it)")
+@click.option("--mirror", metavar="HOST:PORT", help="dual-run: also send every window to the legacy service here")
+@click.option("--answer-from", type=click.Choice(["triton", "legacy"]), default="triton", show_default=True,
+              help="with --mirror: the service whose answers the callers get")
+@click.option("--diff-report", type=click.Path(dir_okay=False, path_type=Path),
+              help="with --mirror: JSON comparison written every --diff-report-interval-s and at exit")
+@click.option("--diff-report-interval-s", type=float, default=10.0, show_default=True)
+@click.option("--mirror-timeout-s", type=float, default=5.0, show_default=True,
+              help="longest a mirrored window is waited for in the background (callers never wait for it)")
+@click.option("--tolerance", type=float, default=1e-5, show_default=True,
+              help="probability difference counted over tolerance")
+@click.option("--metrics-port", type=int, default=0, show_default=True,
+              help="Prometheus metrics (s2t_cutover_*) on this port; 0: none")
+def gateway(port, triton_url, model, window_size, workers, call_timeout_s, max_records, mirror, answer_from,
+            diff_report, diff_report_interval_s, mirror_timeout_s, tolerance, metrics_port) -> None:
     """Serve the legacy Skill gRPC service (clients/proto/skill.proto), forwarding to Triton, until SIGINT/SIGTERM."""
-    from clients.legacy_gateway import serve as serve_gateway
+    from clients.legacy_gateway import CallLimits, serve as serve_gateway
+    if (answer_from != "triton" or diff_report) and not mirror:
+        raise click.UsageError("--answer-from and --diff-report need --mirror HOST:PORT")
+    answer = dual_run = None
     try:
-        server = serve_gateway(port, triton_url, model, window_size, workers)
+        limits = CallLimits(timeout_s=call_timeout_s, max_records=max_records)
+        if mirror:
+            from servers.dual_run import CutoverMetrics, DiffTally, dual_run_sides
+            metrics = CutoverMetrics()
+            answer, dual_run = dual_run_sides(triton_url, model, mirror, answer_from, call_timeout_s,
+                                              mirror_timeout_s, tally=DiffTally(tolerance), metrics=metrics,
+                                              report_path=diff_report, report_interval_s=diff_report_interval_s)
+            if metrics_port:
+                from prometheus_client import start_http_server
+                start_http_server(metrics_port, registry=metrics.registry)
+        server = serve_gateway(port, triton_url, model, window_size, workers, limits=limits, answer=answer,
+                               mirror=dual_run)
     except (OSError, ValueError, RuntimeError) as err:
         raise click.ClickException(str(err)) from None
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    dual = f"; dual-run with {mirror}, answers from {answer_from}" if mirror else ""
     click.echo(f"ready: legacy Skill service on port {port} -> {model} at {triton_url} "
-               f"(windows of {window_size})", err=True)
+               f"(windows of {window_size}{dual})", err=True)
     stop.wait()
     click.echo("stopping: finishing calls in flight", err=True)
     server.stop(grace=10).wait()
+    if dual_run is not None:
+        report = dual_run.close()
+        click.echo(f"dual-run: {report['compared']} compared, max |diff| {report['max_abs_diff']:.3g}, "
+                   f"{report['decision_flips']['count']} decision flips, {report['mirror_failures']} mirror "
+                   f"failures", err=True)
 
 
 @main.command()
@@ -612,13 +680,14 @@ def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, 
 
 
 @main.command()
-@click.option("--mode", type=click.Choice(["smoke", "quick", "full", "gpu", "model-analyzer", "crossover"]),
-              default="quick",
-              show_default=True,
+@click.option("--mode", type=click.Choice(["smoke", "quick", "full", "gpu", "model-analyzer", "crossover", "cutover",
+                                          "cutover-smoke"]),
+              default="quick", show_default=True,
               help="quick: under 3 minutes; full: the README table; smoke: only proves the machinery; "
                    "gpu: TensorRT vs ONNX Runtime CUDA EP vs CPU (needs a GPU, `make gpu-venv`); "
                    "model-analyzer: Triton Model Analyzer's instance/batch sweep of risk_pipeline "
-                   "(pip install '.[analyzer]'); crossover: heavier scorers, Triton vs per-request FastAPI")
+                   "(pip install '.[analyzer]'); crossover: heavier scorers, Triton vs per-request FastAPI; "
+                   "cutover: the legacy service vs skill2triton through the legacy protocol (about 2 minutes)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
               show_default=True)
 @click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path),
@@ -628,8 +697,18 @@ def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, 
 @click.option("--onnx", "onnx_model", type=click.Path(path_type=Path), default=Path("artifacts/onnx/risk_scorer.onnx"),
               show_default=True, help="gpu mode: the model the engines are built from")
 @click.option("--url", help="gpu mode: gRPC HOST:PORT of a Triton serving model_repository_gpu (perf_analyzer)")
-def bench(mode, out_dir, repositories, data_csv, onnx_model, url) -> None:
+@click.option("--saved-model", type=click.Path(path_type=Path), default=DEFAULT_SAVED_MODEL, show_default=True,
+              help="cutover mode: the legacy service's model")
+def bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_model) -> None:
     """Triton (perf_analyzer, wrk) side by side with FastAPI + ONNX Runtime and in-process ONNX Runtime."""
+    if mode.startswith("cutover"):
+        from tools.bench import cutover
+        plan = cutover.PLANS["smoke" if mode == "cutover-smoke" else "cutover"]
+        cutover.run(plan, out_dir / mode, list(repositories or DEFAULT_REPOSITORIES), data_csv, saved_model,
+                    log=lambda line: click.echo(line, err=True))
+        click.echo((out_dir / mode / "results.md").read_text())
+        click.echo(f"results: {out_dir / mode / 'results.md'}")
+        return
     if mode == "gpu":
         from tools.bench import gpu
         from tools.tensorrt_engine import EngineBuildError

@@ -1,9 +1,12 @@
+import threading
+
 import grpc
 import numpy as np
 import pytest
 
 from backends.errors import INTERNAL, INVALID, UNAVAILABLE, of_kind
-from clients.legacy_gateway import SkillGateway, error_kind, windows
+from clients.legacy_gateway import (CallLimits, CallRefused, SkillGateway, check_window_size, error_kind,
+                                    records_within, windows)
 from clients.legacy_record import to_protobuf
 from clients.proto import skill_pb2
 
@@ -72,3 +75,50 @@ def test_a_triton_failure_fails_the_legacy_call_with_the_matching_status(kind, c
 def test_window_size_must_be_positive():
     with pytest.raises(ValueError, match="window_size"):
         SkillGateway(scorer_failing_on(set()), window_size=0)
+
+
+def test_records_within_ends_an_idle_caller_deadline_exceeded():
+    def idle():
+        yield 1
+        threading.Event().wait(5)
+
+    received = []
+    with pytest.raises(CallRefused) as refused:
+        for record in records_within(idle(), timeout_s=0.3, max_records=10):
+            received.append(record)
+    assert received == [1] and refused.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+@pytest.mark.parametrize("n, max_records, refused", [(3, 3, False), (4, 3, True), (0, 1, False)])
+def test_records_within_refuses_the_record_past_the_limit(n, max_records, refused):
+    if refused:
+        with pytest.raises(CallRefused, match=f"at most {max_records} records"):
+            list(records_within(iter(range(n)), 5, max_records))
+    else:
+        assert list(records_within(iter(range(n)), 5, max_records)) == list(range(n))
+
+
+def test_records_within_passes_on_the_callers_own_failure():
+    def broken():
+        yield 1
+        raise RuntimeError("caller went away")
+
+    with pytest.raises(RuntimeError, match="went away"):
+        list(records_within(broken(), 5, 10))
+
+
+@pytest.mark.parametrize("window, max_batch, ok", [(32, 256, True), (256, 256, True), (257, 256, False),
+                                                   (1, 0, True), (2, 0, False), (0, 256, False)])
+def test_window_size_must_fit_the_models_max_batch_size(window, max_batch, ok):
+    if ok:
+        check_window_size(window, max_batch, "risk_pipeline")
+    else:
+        with pytest.raises(ValueError, match="window"):
+            check_window_size(window, max_batch, "risk_pipeline")
+
+
+def test_a_reply_over_its_byte_limit_fails_the_call_instead_of_being_sent():
+    gateway = SkillGateway(scorer_failing_on(set()), window_size=3, limits=CallLimits(max_reply_bytes=100))
+    with pytest.raises(Aborted) as err:
+        gateway.Score(iter(records(7)), FakeContext())
+    assert err.value.args[0] == grpc.StatusCode.INVALID_ARGUMENT and "over 100 bytes" in err.value.args[1]

@@ -1,0 +1,147 @@
+"""`s2t legacy serve`: the legacy Skill service as it ran before the migration.
+
+TensorFlow loads the SavedModel and serves `skill.Skill/Score` (clients/proto/skill.proto) itself: the caller streams
+its records, the service scores them in fixed-size windows (one call of the serving signature per window) on a pool
+of 8 threads, and answers once when the caller closes its side. It is the reference a cutover compares against and
+the "before" of the before/after table, so its settings are the legacy platform's, not tuned ones.
+"""
+from __future__ import annotations
+
+import math
+import os
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import grpc
+import numpy as np
+
+from backends.decision_policy import Thresholds, decide
+from backends.record_decoder import RecordError, parse_record
+from clients.legacy_gateway import windows
+from clients.proto import skill_pb2, skill_pb2_grpc
+
+LEGACY_WINDOW_SIZE = 128
+LEGACY_THREADS = 8
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _type_name(value: object) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, str):
+        return "string"
+    return "number"
+
+
+@dataclass(frozen=True)
+class SignatureInput:
+    name: str
+    is_string: bool
+    rank: int
+
+
+class SavedModelScorer:
+    """The SavedModel's `serving_default`: a window of feature maps -> probabilities, or each bad record's error."""
+
+    def __init__(self, saved_model: Path):
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import tensorflow as tf
+
+        self._tf = tf
+        # The loaded object owns the variables the signature reads: keep it alive as long as the signature.
+        self._model = tf.saved_model.load(str(saved_model))
+        self._signature = self._model.signatures["serving_default"]
+        _, spec = self._signature.structured_input_signature
+        self.inputs = tuple(SignatureInput(name, s.dtype == tf.string, len(s.shape)) for name, s in sorted(spec.items()))
+        if len(self._signature.structured_outputs) != 1:
+            raise ValueError(f"{saved_model}: a risk model has one output, "
+                             f"this one has {len(self._signature.structured_outputs)}")
+
+    def warm_up(self) -> None:
+        """One call before the first caller's: TensorFlow traces and allocates on the first run of a signature."""
+        self([{spec.name: "" if spec.is_string else 0.0 for spec in self.inputs}])
+
+    def check(self, features: Mapping[str, object]) -> dict[str, object]:
+        """The record's value per signature input, or the RecordError naming the first bad attribute."""
+        row = {}
+        for spec in self.inputs:
+            value = features.get(spec.name)
+            field = f"features.{spec.name}"
+            if value is None:
+                raise RecordError(field, "missing")
+            if spec.is_string:
+                if not isinstance(value, str):
+                    raise RecordError(field, f"expected a string, got {_type_name(value)}")
+            else:
+                if isinstance(value, (bool, str)):
+                    raise RecordError(field, f"expected a number, got {_type_name(value)}")
+                number = float(value) if abs(value) < 1e308 else math.inf
+                if not math.isfinite(number) or abs(number) > _FLOAT32_MAX:
+                    raise RecordError(field, f"not a finite float32 number ({value!r})")
+                value = number
+            row[spec.name] = value
+        return row
+
+    def __call__(self, rows: Sequence[Mapping[str, object]]) -> np.ndarray:
+        tf = self._tf
+        feeds = {}
+        for spec in self.inputs:
+            column = [row[spec.name] for row in rows]
+            array = np.array(column, dtype=object if spec.is_string else np.float32)
+            feeds[spec.name] = tf.constant(array.reshape([-1] + [1] * (spec.rank - 1)),
+                                           dtype=tf.string if spec.is_string else tf.float32)
+        (output,) = self._signature(**feeds).values()
+        return output.numpy().reshape(len(rows))
+
+
+class LegacySkillService(skill_pb2_grpc.SkillServicer):
+    def __init__(self, scorer: SavedModelScorer, thresholds: Thresholds, window_size: int = LEGACY_WINDOW_SIZE):
+        if window_size < 1:
+            raise ValueError(f"window_size must be >= 1, got {window_size}")
+        self.scorer = scorer
+        self.thresholds = thresholds
+        self.window_size = window_size
+
+    def Score(self, request_iterator, context):  # noqa: N802 - the name is the legacy RPC's
+        results = []
+        count = 0
+        for number, window in enumerate(windows(request_iterator, self.window_size)):
+            count = number + 1
+            results.extend(self.score_window(window, number))
+        return skill_pb2.SkillBatchResult(results=results, window_size=self.window_size, windows=count)
+
+    def score_window(self, window: Sequence[skill_pb2.SkillRecord], number: int) -> list[skill_pb2.SkillResult]:
+        results, rows, scored = [], [], []
+        for record in window:
+            result = skill_pb2.SkillResult(request_id=record.request_id, sequence_id=record.sequence_id,
+                                           window=number)
+            try:
+                rows.append(self.scorer.check(parse_record(record.SerializeToString()).features))
+            except RecordError as err:
+                result.status, result.error = skill_pb2.INVALID_RECORD, str(err)
+            else:
+                scored.append(result)
+            results.append(result)
+        if rows:
+            probabilities = self.scorer(rows)
+            decisions = decide(probabilities, self.thresholds)
+            for result, probability, decision in zip(scored, probabilities, decisions):
+                result.status, result.probability, result.decision = skill_pb2.OK, probability, decision.decode()
+        return results
+
+
+def serve(port: int, saved_model: Path, thresholds: Thresholds, window_size: int = LEGACY_WINDOW_SIZE,
+          threads: int = LEGACY_THREADS, host: str = "[::]") -> grpc.Server:
+    """Started; the caller stops it (`server.stop(grace)`)."""
+    scorer = SavedModelScorer(saved_model)
+    scorer.warm_up()
+    service = LegacySkillService(scorer, thresholds, window_size)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads))
+    skill_pb2_grpc.add_SkillServicer_to_server(service, server)
+    if server.add_insecure_port(f"{host}:{port}") == 0:
+        raise OSError(f"cannot listen on {host}:{port}")
+    server.start()
+    return server
+

@@ -1,0 +1,87 @@
+"""`s2t gateway` limits against the real server: idle streams cannot hold every caller up, a call cannot last or
+grow without bound, and a window the pipeline cannot take in one request is refused at start."""
+import threading
+import time
+
+import grpc
+import pytest
+
+from clients.proto import skill_pb2, skill_pb2_grpc
+from tests.conftest import free_port
+from tests.integration.skill_services import S2T, running, skill_records
+
+CALL_TIMEOUT_S = 4
+
+
+@pytest.fixture(scope="module")
+def gateway_port(triton):
+    port = free_port()
+    with running(["gateway", "--port", str(port), "--triton-url", triton.grpc_url, "--window-size", "32",
+                  "--call-timeout-s", str(CALL_TIMEOUT_S)], "ready"):
+        yield port
+
+
+def idle_stream(first: skill_pb2.SkillRecord, release: threading.Event):
+    yield first
+    release.wait(60)
+
+
+def test_idle_streams_at_the_cap_get_the_next_call_refused_at_once_not_queued(gateway_port, german_credit_data):
+    release = threading.Event()
+    record = skill_records(german_credit_data, [0])[0]
+    with grpc.insecure_channel(f"localhost:{gateway_port}") as channel:
+        stub = skill_pb2_grpc.SkillStub(channel)
+        idle = [stub.Score.future(idle_stream(record, release), timeout=60) for _ in range(8)]
+        time.sleep(0.5)
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Score(iter(skill_records(german_credit_data, range(3))), timeout=CALL_TIMEOUT_S - 1)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert time.monotonic() - started < 1.0
+        release.set()
+        for call in idle:
+            assert len(call.result().results) == 1
+        result = stub.Score(iter(skill_records(german_credit_data, range(3))), timeout=30)
+    assert [r.status for r in result.results] == [skill_pb2.OK] * 3
+
+
+def test_an_idle_stream_is_ended_deadline_exceeded_by_the_gateway(gateway_port, german_credit_data):
+    release = threading.Event()
+    started = time.monotonic()
+    with grpc.insecure_channel(f"localhost:{gateway_port}") as channel:
+        with pytest.raises(grpc.RpcError) as ended:
+            skill_pb2_grpc.SkillStub(channel).Score(
+                idle_stream(skill_records(german_credit_data, [0])[0], release), timeout=60)
+    release.set()
+    assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "longer than 4 s" in ended.value.details()
+    assert CALL_TIMEOUT_S - 0.5 < time.monotonic() - started < CALL_TIMEOUT_S + 5
+
+
+def test_a_call_past_the_record_limit_is_refused_before_its_reply_is_built(gateway_port, german_credit_data):
+    records = skill_records(german_credit_data, range(1000))
+    with grpc.insecure_channel(f"localhost:{gateway_port}") as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            skill_pb2_grpc.SkillStub(channel).Score(iter(records * 10 + records[:1]), timeout=60)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "at most 10000 records" in refused.value.details()
+
+
+def test_a_reply_over_what_a_grpc_client_accepts_is_refused_with_the_reason(gateway_port, german_credit_data):
+    records = skill_records(german_credit_data, range(100))
+    for i, record in enumerate(records):
+        record.request_id = f"{i:05d}" + "x" * 60_000  # a 60 KB id is a valid record, echoed in every result
+    with grpc.insecure_channel(f"localhost:{gateway_port}") as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            skill_pb2_grpc.SkillStub(channel).Score(iter(records), timeout=60)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "reply would be over 4194304 bytes" in refused.value.details()
+
+
+def test_a_window_over_the_pipelines_max_batch_size_is_refused_at_start(triton, grpc_client):
+    max_batch_size = grpc_client.get_model_config("risk_pipeline", as_json=True)["config"]["max_batch_size"]
+    import subprocess
+    run = subprocess.run([str(S2T), "gateway", "--port", str(free_port()), "--triton-url", triton.grpc_url,
+                          "--window-size", str(int(max_batch_size) + 1)], capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0
+    assert f"over risk_pipeline's max_batch_size ({max_batch_size})" in run.stderr

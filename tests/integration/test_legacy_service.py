@@ -1,0 +1,70 @@
+"""`s2t legacy serve`: the legacy service itself, TensorFlow behind the unchanged Skill protocol."""
+import signal
+
+import grpc
+import numpy as np
+import pytest
+
+from backends.decision_policy import decide
+from clients.proto import skill_pb2, skill_pb2_grpc
+from tests.conftest import SAVED_MODEL, free_port
+from tests.integration.skill_services import skill_records, start, stop
+from tools import parity
+
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def legacy_port(built_artifacts):
+    port = free_port()
+    process, _ = start(["legacy", "serve", "--port", str(port), "--saved-model", str(SAVED_MODEL)], "listening")
+    yield port
+    assert stop(process) == 0
+
+
+def test_legacy_service_scores_like_the_saved_model_in_windows_of_128(legacy_port, german_credit_data, legacy_scores,
+                                                                       decision_thresholds):
+    rows = np.arange(500)
+    with grpc.insecure_channel(f"localhost:{legacy_port}") as channel:
+        result = skill_pb2_grpc.SkillStub(channel).Score(iter(skill_records(german_credit_data, rows)), timeout=120)
+    assert (result.window_size, result.windows) == (128, 4)
+    assert [r.request_id for r in result.results] == [f"legacy-{i}" for i in rows]
+    assert [r.window for r in result.results] == (rows // 128).tolist()
+    assert all(r.status == skill_pb2.OK and r.error == "" for r in result.results)
+    served = np.array([r.probability for r in result.results])
+    assert parity.compare("legacy service", legacy_scores[rows], served, TOLERANCE).rows_over_tolerance == 0
+    assert [r.decision.encode() for r in result.results] == \
+        decide(served.astype(np.float32), decision_thresholds).tolist()
+
+
+def test_legacy_service_answers_a_bad_record_with_its_field_and_scores_its_window_mates(legacy_port,
+                                                                                     german_credit_data):
+    records = skill_records(german_credit_data, range(10))
+    del records[2].features["purpose"]
+    records[5].features["credit_amount"].string_value = "1169"
+    records[7].features["age_in_years"].number_value = float("nan")
+    with grpc.insecure_channel(f"localhost:{legacy_port}") as channel:
+        result = skill_pb2_grpc.SkillStub(channel).Score(iter(records), timeout=60)
+    errors = {i: r.error for i, r in enumerate(result.results) if r.status == skill_pb2.INVALID_RECORD}
+    assert errors == {2: "features.purpose: missing", 5: "features.credit_amount: expected a number, got string",
+                      7: "features.age_in_years: not a finite float32 number (nan)"}
+    assert all(r.status == skill_pb2.OK and r.decision for i, r in enumerate(result.results) if i not in errors)
+
+
+def test_legacy_service_says_once_that_it_listens_and_stops_on_sigterm_after_calls_in_flight(german_credit_data):
+    port = free_port()
+    process, line = start(["legacy", "serve", "--port", str(port), "--saved-model", str(SAVED_MODEL),
+                           "--window-size", "16"], "listening")
+    assert f"port {port}" in line and "windows of 16" in line
+    records = skill_records(german_credit_data, range(1000))
+
+    def records_with_sigterm_after_the_first_window():
+        for i, record in enumerate(records):
+            if i == 32:
+                process.send_signal(signal.SIGTERM)
+            yield record
+
+    with grpc.insecure_channel(f"localhost:{port}") as channel:
+        result = skill_pb2_grpc.SkillStub(channel).Score(records_with_sigterm_after_the_first_window(), timeout=60)
+    assert stop(process) == 0
+    assert len(result.results) == 1000 and all(r.status == skill_pb2.OK for r in result.results)
