@@ -12,6 +12,7 @@ import click
 DEFAULT_DATA = Path("artifacts/data/germancredit.csv")
 DEFAULT_SAVED_MODEL = Path("artifacts/legacy/risk_model")
 DEFAULT_REPOSITORIES = (Path("model_repository"), Path("ensembles"))
+LLM_REPOSITORY = Path("model_repository_llm")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -301,7 +302,9 @@ def check_config(repositories) -> None:
               help="seconds Triton waits for in-flight requests on SIGINT/SIGTERM")
 @click.option("--rate-limit", "rate_limit", type=int, envvar="S2T_RATE_LIMIT",
               help="Triton's rate limiter: at most N model executions at once (off by default)")
-def serve(http_port, grpc_port, metrics_port, model_control_mode, repositories, exit_timeout, rate_limit) -> None:
+@click.option("--llm", "with_llm", is_flag=True, help=f"also serve {LLM_REPOSITORY}/ (llm, risk_explainer)")
+def serve(http_port, grpc_port, metrics_port, model_control_mode, repositories, exit_timeout, rate_limit,
+          with_llm) -> None:
     """Run the embedded tritonserver until SIGINT/SIGTERM, then drain in-flight requests."""
     from tools.live_control import ADMIN_KEY_ENV
     from tools.model_config import check_repositories
@@ -310,7 +313,7 @@ def serve(http_port, grpc_port, metrics_port, model_control_mode, repositories, 
     if model_control_mode == "explicit" and not admin_key:
         raise click.ClickException(f"explicit mode opens the repository API (load/unload): set {ADMIN_KEY_ENV} "
                                    "so that only callers with that key can use it")
-    repositories = list(repositories or DEFAULT_REPOSITORIES)
+    repositories = list(repositories or DEFAULT_REPOSITORIES) + ([LLM_REPOSITORY] if with_llm else [])
     problems = check_repositories(repositories)
     if problems:
         raise click.ClickException("the repository is not servable:\n" + "\n".join(problems)
