@@ -3,10 +3,10 @@
 The engine (llama.cpp's server) evaluates the prompts of every slot admitted together in one batch, so a short
 prompt admitted beside a long one gets its first token only once the long prompt has been evaluated. Length-aware
 admission keeps such requests apart: a group never holds prompts whose token counts differ by more than
-`max_length_ratio`, holds at most `max_group_size` requests, and is held at most `max_queue_delay_ms` for
-batch-mates; one group's prompts are evaluated at a time. Among the groups ready to go, the one with the shortest
-prompts goes first, unless a group has waited past the delay: then the oldest of those goes first, so long prompts
-are never starved.
+`max_length_ratio`, holds at most `max_group_size` requests, and waits at most `max_queue_delay_ms` for
+batch-mates; one group's prompts are evaluated at a time. When a group is full or has waited the delay, the group
+with the shortest prompts is admitted (a group that has waited ten delays goes first, so long prompts are never
+starved).
 
 `fifo` admission, the baseline, takes the oldest requests whatever their lengths.
 """
@@ -18,6 +18,8 @@ from typing import Mapping
 LENGTH_AWARE = "length_aware"
 FIFO = "fifo"
 POLICIES = (LENGTH_AWARE, FIFO)
+# A group waiting this many queue delays goes before shorter ones: long prompts are delayed, never starved.
+STARVATION_DELAYS = 10
 
 
 class BatchingSettingsError(ValueError):
@@ -93,13 +95,14 @@ class LengthAwareQueue:
                 group.append(q)
         return groups
 
-    def take(self, free_slots: int, active: int, prefilling: int, now_ms: float) -> list[Queued]:
+    def take(self, free_slots: int, prefilling: int, now_ms: float) -> list[Queued]:
         """The requests to admit now (oldest first within their group), at most `free_slots` of them.
 
-        `active`: requests in the engine; `prefilling`: those of them whose prompt is still being evaluated.
-        Length-aware admission lets one group's prompts be evaluated at a time, and a group goes when it is
-        full, when it has waited `max_queue_delay_ms`, or when the engine has nothing else to do (holding
-        requests back from an idle engine only adds latency). FIFO admits the oldest whenever a slot is free.
+        `prefilling`: admitted requests whose prompt is still being evaluated. Length-aware admission lets one
+        group's prompts be evaluated at a time. It admits when some group is full or has waited
+        `max_queue_delay_ms`, and then takes the group with the shortest prompts, unless a group has waited
+        `STARVATION_DELAYS` times the delay: the oldest such group goes first. FIFO admits the oldest requests
+        whenever a slot is free.
         """
         if free_slots <= 0 or not self._waiting:
             return []
@@ -112,16 +115,20 @@ class LengthAwareQueue:
 
             def oldest(group):
                 return min(q.arrived_ms for q in group)
-            ready = [g for g in self.groups()
-                     if active == 0 or len(g) >= self.settings.max_group_size or now_ms - oldest(g) >= delay]
-            if not ready:
+            groups = self.groups()
+            if not any(len(g) >= self.settings.max_group_size or now_ms - oldest(g) >= delay for g in groups):
                 return []
-            overdue = [g for g in ready if now_ms - oldest(g) >= delay]
-            group = min(overdue, key=oldest) if overdue else ready[0]
+            starving = [g for g in groups if now_ms - oldest(g) >= delay * STARVATION_DELAYS]
+            group = min(starving, key=oldest) if starving else groups[0]
             chosen = sorted(group, key=lambda q: q.arrived_ms)[:free_slots]
         taken = {id(q) for q in chosen}
         self._waiting = [q for q in self._waiting if id(q) not in taken]
         return chosen
+
+    def drain(self) -> list[Queued]:
+        """Every waiting request, oldest first (the engine is stopping: each still gets its answer)."""
+        waiting, self._waiting = sorted(self._waiting, key=lambda q: q.arrived_ms), []
+        return waiting
 
     def next_deadline_ms(self) -> float | None:
         """When the oldest waiting request reaches the delay (the scheduler wakes then)."""

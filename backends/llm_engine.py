@@ -140,8 +140,7 @@ class LlmEngine:
                 if self._stopping:
                     break
                 now_ms = self._clock() * 1000.0
-                taken = self._queue.take(self.settings.slots - len(self._active), len(self._active),
-                                         self._prefilling, now_ms)
+                taken = self._queue.take(self.settings.slots - len(self._active), self._prefilling, now_ms)
                 for queued in taken:
                     self._active.add(id(queued.key))
                     self._prefilling += 1
@@ -154,7 +153,7 @@ class LlmEngine:
                 self._workers.submit(self._generate, queued.key)
         with self._condition:
             # Whoever still waits gets an answer: the stream is closed with an error, never left open.
-            left = [q.key for q in self._queue.take(len(self._queue), 0, 0, float("inf"))]
+            left = [q.key for q in self._queue.drain()]
         for job in left:
             job.on_finish(Completion(job.prompt_tokens, 0, "error", "the server is shutting down"))
 

@@ -41,44 +41,54 @@ def test_every_group_respects_the_ratio_and_the_size_bound(lengths, ratio, size)
         assert max(tokens) <= min(tokens) * ratio
 
 
-def test_an_idle_engine_takes_the_shortest_group_first_and_leaves_the_long_ones():
-    queue = queue_of([800, 12, 900, 10])
-    assert keys(queue.take(free_slots=8, active=0, prefilling=0, now_ms=5)) == ["r1", "r3"]
+def test_nothing_is_admitted_before_a_group_is_full_or_has_waited_the_delay():
+    queue = queue_of([10, 11])
+    assert queue.take(free_slots=8, prefilling=0, now_ms=150) == []
+    assert queue.next_deadline_ms() == 200
+    assert keys(queue.take(free_slots=8, prefilling=0, now_ms=200)) == ["r0", "r1"]
+
+
+def test_once_a_group_is_due_the_shortest_prompts_go_first_even_if_they_came_later():
+    queue = LengthAwareQueue(AWARE)
+    queue.add("long-1", 800, 0.0)
+    queue.add("long-2", 900, 1.0)
+    queue.add("short-1", 12, 20.0)
+    queue.add("short-2", 10, 21.0)
+    assert keys(queue.take(free_slots=8, prefilling=0, now_ms=200)) == ["short-1", "short-2"]
     assert len(queue) == 2
 
 
 def test_no_group_is_admitted_while_another_groups_prompts_are_evaluated():
     queue = queue_of([10, 800])
-    assert queue.take(free_slots=8, active=1, prefilling=1, now_ms=1000) == []
-
-
-def test_a_busy_engine_holds_a_small_group_until_the_queue_delay():
-    queue = queue_of([10, 11])
-    assert queue.take(free_slots=8, active=3, prefilling=0, now_ms=100) == []
-    assert queue.next_deadline_ms() == 200
-    assert keys(queue.take(free_slots=8, active=3, prefilling=0, now_ms=200)) == ["r0", "r1"]
+    assert queue.take(free_slots=8, prefilling=1, now_ms=1000) == []
 
 
 def test_a_full_group_goes_without_waiting():
     queue = queue_of([10] * 4, BatchingSettings(max_group_size=4))
-    assert len(queue.take(free_slots=8, active=3, prefilling=0, now_ms=5)) == 4
+    assert len(queue.take(free_slots=8, prefilling=0, now_ms=5)) == 4
 
 
-def test_an_overdue_long_group_goes_before_a_fresh_short_one():
+def test_a_long_group_waiting_ten_delays_goes_before_fresh_short_ones():
     queue = LengthAwareQueue(AWARE)
     queue.add("long", 900, 0.0)
-    queue.add("short", 10, 250.0)
-    assert keys(queue.take(free_slots=8, active=0, prefilling=0, now_ms=260)) == ["long"]
+    queue.add("short", 10, 1990.0)
+    assert keys(queue.take(free_slots=8, prefilling=0, now_ms=2000)) == ["long"]
 
 
 def test_admission_never_exceeds_the_free_slots_and_takes_the_oldest_of_the_group():
     queue = queue_of([10, 11, 12, 13])
-    assert keys(queue.take(free_slots=2, active=0, prefilling=0, now_ms=10)) == ["r0", "r1"]
+    assert keys(queue.take(free_slots=2, prefilling=0, now_ms=500)) == ["r0", "r1"]
+    assert queue.take(free_slots=0, prefilling=0, now_ms=500) == []
 
 
-def test_fifo_admits_the_oldest_whatever_their_lengths():
+def test_fifo_admits_the_oldest_at_once_whatever_their_lengths():
     queue = queue_of([800, 12, 900], BatchingSettings(policy=FIFO))
-    assert keys(queue.take(free_slots=2, active=1, prefilling=1, now_ms=0)) == ["r0", "r1"]
+    assert keys(queue.take(free_slots=2, prefilling=1, now_ms=0)) == ["r0", "r1"]
+
+
+def test_drain_returns_everyone_oldest_first():
+    queue = queue_of([800, 12, 900])
+    assert keys(queue.drain()) == ["r0", "r1", "r2"] and len(queue) == 0
 
 
 def test_a_cancelled_request_leaves_the_queue():
