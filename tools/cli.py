@@ -396,9 +396,10 @@ def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, 
 
 
 @main.command()
-@click.option("--mode", type=click.Choice(["smoke", "quick", "full", "gpu"]), default="quick", show_default=True,
+@click.option("--mode", type=click.Choice(["smoke", "quick", "full", "gpu", "llm"]), default="quick", show_default=True,
               help="quick: under 3 minutes; full: the README table; smoke: only proves the machinery; "
-                   "gpu: TensorRT vs ONNX Runtime CUDA EP vs CPU (needs a GPU, `make gpu-venv`)")
+                   "gpu: TensorRT vs ONNX Runtime CUDA EP vs CPU (needs a GPU, `make gpu-venv`); "
+                   "llm: tokens/s, TTFT, ITL, length-aware vs FIFO, risk_pipeline beside LLM streams")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
               show_default=True)
 @click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path),
@@ -418,6 +419,12 @@ def bench(mode, out_dir, repositories, data_csv, onnx_model, url) -> None:
         except EngineBuildError as err:
             raise click.ClickException(str(err)) from None
         click.echo(f"results: {out_dir / 'gpu' / 'results.md'}")
+        return
+    if mode == "llm":
+        from tools.bench import llm
+        llm.run(out_dir / "llm", list(repositories or DEFAULT_REPOSITORIES), LLM_REPOSITORY, data_csv,
+                log=lambda line: click.echo(line, err=True))
+        click.echo(f"results: {out_dir / 'llm' / 'results.md'}")
         return
     from tools.bench.modes import MODES
     from tools.bench.runner import Bench
