@@ -82,3 +82,24 @@ def test_the_metrics_port_shows_tokens_per_second_ttft_and_queue_depth(triton_ll
     assert 's2t_llm_active_slots{model="llm",version="1"}' in lines
     assert lines['s2t_llm_time_to_first_token_seconds_count{model="llm",version="1"}'] >= 1
     assert lines['s2t_llm_inter_token_latency_seconds_count{model="llm",version="1"}'] >= 3
+
+
+def test_a_client_that_disconnects_stops_its_generation(triton_llm):
+    import http.client
+    import time
+    connection = http.client.HTTPConnection("localhost", triton_llm.http_port, timeout=60)
+    connection.request("POST", "/v2/models/llm/generate_stream",
+                       json.dumps({"text_input": "Write a long story about a bank.", "max_tokens": 400}),
+                       {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.readline().startswith(b"data:")
+    connection.close()
+
+    def cancelled() -> float:
+        with urllib.request.urlopen(f"http://localhost:{triton_llm.metrics_port}/metrics", timeout=10) as r:
+            return sum(float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
+                       if line.startswith("s2t_llm_requests_total") and 'outcome="cancelled"' in line)
+    deadline = time.monotonic() + 30
+    while cancelled() < 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert cancelled() >= 1
