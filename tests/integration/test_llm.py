@@ -1,11 +1,19 @@
 """`llm` on the real server: token streaming, the final counts, bad input under concurrency, metrics."""
+import http.client
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 from clients.llm_client import generate_stream
+from tests.conftest import ROOT, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -85,8 +93,6 @@ def test_the_metrics_port_shows_tokens_per_second_ttft_and_queue_depth(triton_ll
 
 
 def test_a_client_that_disconnects_stops_its_generation(triton_llm):
-    import http.client
-    import time
     connection = http.client.HTTPConnection("localhost", triton_llm.http_port, timeout=60)
     connection.request("POST", "/v2/models/llm/generate_stream",
                        json.dumps({"text_input": "Write a long story about a bank.", "max_tokens": 400}),
@@ -103,3 +109,28 @@ def test_a_client_that_disconnects_stops_its_generation(triton_llm):
     while cancelled() < 1 and time.monotonic() < deadline:
         time.sleep(0.5)
     assert cancelled() >= 1
+
+
+def test_s2t_serve_llm_serves_the_language_model_beside_the_risk_models(built_artifacts, tmp_path):
+    http_port = free_port()
+    env = {**os.environ, "HTTP_PORT": str(http_port), "GRPC_PORT": str(free_port()),
+           "METRICS_PORT": str(free_port())}
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([str(Path(sys.executable).parent / "s2t"), "serve", "--llm", "--exit-timeout", "5"],
+                                   cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while "ready:" not in log.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        url = f"localhost:{http_port}"
+        result = generate_stream(url, {"text_input": PROMPT, "max_tokens": 4})
+        assert result.error is None and result.final["output_tokens"] == 4
+        with urllib.request.urlopen(f"http://{url}/v2/models/risk_explainer/ready", timeout=10) as response:
+            assert response.status == 200
+        with urllib.request.urlopen(f"http://{url}/v2/models/risk_pipeline/ready", timeout=10) as response:
+            assert response.status == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(60)
