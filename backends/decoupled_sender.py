@@ -19,10 +19,6 @@ class StreamSender:
         self._lock = threading.Lock()
         self._closed = False
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def send(self, tensors: list) -> bool:
         """A partial response; False when the stream is already closed."""
         with self._lock:

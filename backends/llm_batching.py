@@ -74,12 +74,6 @@ class LengthAwareQueue:
     def add(self, key: object, prompt_tokens: int, now_ms: float) -> None:
         self._waiting.append(Queued(key, max(int(prompt_tokens), 1), now_ms))
 
-    def remove(self, key: object) -> bool:
-        """Forget a request that no longer waits (cancelled); True when it was queued."""
-        before = len(self._waiting)
-        self._waiting = [q for q in self._waiting if q.key != key]
-        return len(self._waiting) != before
-
     def groups(self) -> list[list[Queued]]:
         """The waiting requests split into groups, each within the length ratio and the size bound."""
         if self.settings.policy == FIFO:

@@ -29,12 +29,6 @@ class StreamTiming:
         self.last_token = now
         return None, gap
 
-    def tokens_per_second(self) -> float | None:
-        """Decoding speed after the first token (the prompt's evaluation is TTFT's business)."""
-        if self.tokens < 2 or self.last_token <= self.first_token:
-            return None
-        return (self.tokens - 1) / (self.last_token - self.first_token)
-
 
 @dataclass
 class TokenRate:

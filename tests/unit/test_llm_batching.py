@@ -91,12 +91,6 @@ def test_drain_returns_everyone_oldest_first():
     assert keys(queue.drain()) == ["r0", "r1", "r2"] and len(queue) == 0
 
 
-def test_a_cancelled_request_leaves_the_queue():
-    queue = queue_of([10, 20])
-    assert queue.remove("r0") and not queue.remove("r0")
-    assert len(queue) == 1
-
-
 @pytest.mark.parametrize("parameters, message", [
     ({"batching_policy": {"string_value": "random"}}, "batching_policy"),
     ({"max_length_ratio": {"string_value": "0.5"}}, "max_length_ratio"),
