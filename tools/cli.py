@@ -12,6 +12,7 @@ import click
 DEFAULT_DATA = Path("artifacts/data/germancredit.csv")
 DEFAULT_SAVED_MODEL = Path("artifacts/legacy/risk_model")
 DEFAULT_REPOSITORIES = (Path("model_repository"), Path("ensembles"))
+LLM_REPOSITORY = Path("model_repository_llm")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -509,8 +510,9 @@ def check_config(repositories) -> None:
               help="Triton's rate limiter: at most N model executions at once (off by default)")
 @click.option("--max-restarts", type=int, default=5, show_default=True,
               help="tritonserver is started again after it dies, at most this often within 10 minutes")
+@click.option("--llm", "with_llm", is_flag=True, help=f"also serve {LLM_REPOSITORY}/ (llm, risk_explainer)")
 def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mode, repositories, exit_timeout,
-          rate_limit, max_restarts) -> None:
+          rate_limit, max_restarts, with_llm) -> None:
     """Run the embedded tritonserver until SIGINT/SIGTERM, then drain in-flight requests.
 
     Supervised: a model whose stub died or that fails over 10% of its requests for 5 s is reloaded; a dead
@@ -526,7 +528,7 @@ def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mod
     if model_control_mode == "explicit" and not admin_key:
         raise click.ClickException(f"explicit mode opens the repository API (load/unload): set {ADMIN_KEY_ENV} "
                                    "so that only callers with that key can use it")
-    repositories = list(repositories or DEFAULT_REPOSITORIES)
+    repositories = list(repositories or DEFAULT_REPOSITORIES) + ([LLM_REPOSITORY] if with_llm else [])
     problems = check_repositories(repositories)
     if problems:
         raise click.ClickException("the repository is not servable:\n" + "\n".join(problems)
@@ -681,13 +683,14 @@ def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, 
 
 @main.command()
 @click.option("--mode", type=click.Choice(["smoke", "quick", "full", "gpu", "model-analyzer", "crossover", "cutover",
-                                          "cutover-smoke"]),
+                                          "cutover-smoke", "llm"]),
               default="quick", show_default=True,
               help="quick: under 3 minutes; full: the README table; smoke: only proves the machinery; "
                    "gpu: TensorRT vs ONNX Runtime CUDA EP vs CPU (needs a GPU, `make gpu-venv`); "
                    "model-analyzer: Triton Model Analyzer's instance/batch sweep of risk_pipeline "
                    "(pip install '.[analyzer]'); crossover: heavier scorers, Triton vs per-request FastAPI; "
-                   "cutover: the legacy service vs skill2triton through the legacy protocol (about 2 minutes)")
+                   "cutover: the legacy service vs skill2triton through the legacy protocol (about 2 minutes); "
+                   "llm: tokens/s, TTFT, ITL, length-aware vs FIFO, risk_pipeline beside LLM streams")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
               show_default=True)
 @click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path),
@@ -736,6 +739,12 @@ def bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_model) -
             raise click.ClickException(str(err)) from None
         click.echo(metrics.read_text())
         click.echo(f"results: {metrics} (reports beside it)")
+        return
+    if mode == "llm":
+        from tools.bench import llm
+        llm.run(out_dir / "llm", list(repositories or DEFAULT_REPOSITORIES), LLM_REPOSITORY, data_csv,
+                log=lambda line: click.echo(line, err=True))
+        click.echo(f"results: {out_dir / 'llm' / 'results.md'}")
         return
     from tools.bench.modes import MODES
     from tools.bench.runner import Bench

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
+from tests.conftest import ENSEMBLES, LLM_REPOSITORY, MODEL_REPOSITORY, free_port
 from tools.triton_server import TritonServer
 
 
@@ -12,6 +12,43 @@ def triton(built_artifacts, tmp_path_factory):
     log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
     server = TritonServer([MODEL_REPOSITORY, ENSEMBLES], free_port(), free_port(), free_port(), log_path=log,
                           exit_timeout_seconds=10)
+    try:
+        server.start(timeout=120)
+    except Exception:
+        print(Path(log).read_text()[-5000:] if Path(log).exists() else "no log")
+        raise
+    yield server
+    server.stop()
+
+
+def _llm_repository_for_tests(dest: Path) -> Path:
+    """A copy of model_repository_llm: risk_explainer patient enough to always reach the language model on a busy
+    machine, and risk_explainer_light, whose threshold near zero forces the light path."""
+    import re
+    import shutil
+    shutil.copytree(LLM_REPOSITORY, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    reason_dir = str((LLM_REPOSITORY / "risk_explainer").resolve() / "../../model_repository/risk_scorer_lite")
+
+    def explainer(name: str, threshold_s: str) -> None:
+        config = dest / name / "config.pbtxt"
+        if name != "risk_explainer":
+            shutil.copytree(dest / "risk_explainer", dest / name)
+        text = config.read_text().replace('name: "risk_explainer"', f'name: "{name}"')
+        text = re.sub(r'(key: "degrade_ttft_s"\s*value: \{ string_value: )"[^"]*"', rf'\1"{threshold_s}"', text)
+        text = re.sub(r'(key: "reason_model_dir"\s*value: \{ string_value: )"[^"]*"', rf'\1"{reason_dir}"', text)
+        config.write_text(text)
+    explainer("risk_explainer", "60")
+    explainer("risk_explainer_light", "0.000001")
+    return dest
+
+
+@pytest.fixture(scope="session")
+def triton_llm(built_artifacts, tmp_path_factory):
+    """The server as `s2t serve --llm` runs it: the risk repositories plus (a copy of) model_repository_llm."""
+    tmp = tmp_path_factory.mktemp("triton_llm")
+    log = tmp / "tritonserver.log"
+    server = TritonServer([MODEL_REPOSITORY, ENSEMBLES, _llm_repository_for_tests(tmp / "model_repository_llm")],
+                          free_port(), free_port(), free_port(), log_path=log, exit_timeout_seconds=10)
     try:
         server.start(timeout=120)
     except Exception:

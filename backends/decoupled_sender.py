@@ -1,0 +1,51 @@
+"""The one place where a decoupled model's stream of responses is sent and closed.
+
+Every request of a decoupled model gets exactly one final response (flag COMPLETE_FINAL), whichever thread
+answers it and whatever goes wrong. `StreamSender` wraps the request's response sender: `send` streams a partial
+response, `finish` and `fail` close the stream, and anything after the close is dropped (a cancelled request
+or an error met after a partial answer must not send a second final response). Thread-safe.
+
+`pb_utils` is handed in, so this module imports nothing from Triton (the stub provides it at run time).
+"""
+from __future__ import annotations
+
+import threading
+
+
+class StreamSender:
+    def __init__(self, response_sender, pb_utils):
+        self._sender = response_sender
+        self._pb = pb_utils
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def send(self, tensors: list) -> bool:
+        """A partial response; False when the stream is already closed."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._sender.send(self._pb.InferenceResponse(output_tensors=tensors))
+            return True
+
+    def finish(self, tensors: list | None = None) -> bool:
+        """The final response, with `tensors` or none; False when the stream was already closed."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._closed = True
+            if tensors:
+                self._sender.send(self._pb.InferenceResponse(output_tensors=tensors),
+                                  flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                self._sender.send(flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return True
+
+    def fail(self, message: str, code) -> bool:
+        """A final error response; a new TritonError each time (a shared one crashes Triton 2.51's server)."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._closed = True
+            self._sender.send(self._pb.InferenceResponse(error=self._pb.TritonError(message, code)),
+                              flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return True

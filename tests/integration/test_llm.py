@@ -1,0 +1,136 @@
+"""`llm` on the real server: token streaming, the final counts, bad input under concurrency, metrics."""
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from clients.llm_client import generate_stream
+from tests.conftest import ROOT, free_port
+
+pytestmark = pytest.mark.integration
+
+PROMPT = "What is credit risk? Answer in one sentence."
+
+
+def test_generate_stream_sends_tokens_one_by_one_and_ends_with_the_counts(triton_llm):
+    result = generate_stream(triton_llm.http_url, {"text_input": PROMPT, "max_tokens": 8})
+    assert result.error is None
+    tokens = [e for _, e in result.events[:-1]]
+    assert len(tokens) == 8 and all(e["text_output"] for e in tokens)
+    assert result.final["output_tokens"] == 8 and result.final["finish_reason"] == "length"
+    assert result.final["input_tokens"] > 5
+    assert result.ttft is not None and result.ttft < 30
+
+
+def test_a_single_response_carries_the_same_text_as_the_stream(triton_llm):
+    body = json.dumps({"text_input": PROMPT, "max_tokens": 8, "stream": False}).encode()
+    request = urllib.request.Request(f"http://{triton_llm.http_url}/v2/models/llm/generate", data=body)
+    with urllib.request.urlopen(request, timeout=60) as response:
+        whole = json.loads(response.read())
+    streamed = generate_stream(triton_llm.http_url, {"text_input": PROMPT, "max_tokens": 8})
+    # temperature 0 (the default) is greedy decoding: the same prompt gives the same text.
+    assert whole["text_output"] == streamed.text != ""
+    assert whole["output_tokens"] == 8
+
+
+BAD = [
+    ({"text_input": "", "max_tokens": 4}, "text_input: empty prompt"),
+    ({"text_input": "   ", "max_tokens": 4}, "text_input: empty prompt"),
+    ({"text_input": "credit " * 1500, "max_tokens": 4}, "over the limit of 1024"),
+    ({"text_input": PROMPT, "max_tokens": 0}, "max_tokens: must be between 1 and 512"),
+    ({"text_input": PROMPT, "max_tokens": 100000}, "max_tokens: must be between 1 and 512"),
+    ({"text_input": PROMPT, "max_tokens": 4, "top_p": 3.0}, "top_p: must be between"),
+]
+
+
+def test_bad_requests_get_their_own_error_while_concurrent_good_ones_complete(triton_llm):
+    good = [{"text_input": f"Name {n} colours.", "max_tokens": 4} for n in range(4)]
+    with ThreadPoolExecutor(len(BAD) + len(good)) as pool:
+        bad_results = [pool.submit(generate_stream, triton_llm.http_url, body) for body, _ in BAD]
+        good_results = [pool.submit(generate_stream, triton_llm.http_url, body) for body in good]
+        bad_results = [f.result() for f in bad_results]
+        good_results = [f.result() for f in good_results]
+    for (body, message), result in zip(BAD, bad_results):
+        assert result.error is not None and message in result.error, (body, result.error)
+        assert result.status == 400
+    for result in good_results:
+        assert result.error is None and result.final["output_tokens"] == 4
+    assert generate_stream(triton_llm.http_url, {"text_input": PROMPT, "max_tokens": 2}).error is None
+
+
+def test_four_concurrent_prompts_of_very_different_lengths_all_complete(triton_llm):
+    prompts = ["Hi.", "Summarise: " + "the applicant repaid every loan on time. " * 8,
+               "Summarise: " + "the applicant has a savings account and owns a house. " * 30, "Why?"]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda p: generate_stream(triton_llm.http_url, {"text_input": p, "max_tokens": 6}),
+                                prompts))
+    assert [r.error for r in results] == [None] * 4
+    assert all(r.final["output_tokens"] == 6 for r in results)
+    lengths = [r.final["input_tokens"] for r in results]
+    assert max(lengths) > 10 * min(lengths)
+
+
+def test_the_metrics_port_shows_tokens_per_second_ttft_and_queue_depth(triton_llm):
+    generate_stream(triton_llm.http_url, {"text_input": PROMPT, "max_tokens": 4})
+    with urllib.request.urlopen(f"http://localhost:{triton_llm.metrics_port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    lines = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+             if line.startswith("s2t_llm_") and " " in line}
+    assert lines['s2t_llm_tokens_total{model="llm",version="1"}'] >= 4
+    assert 's2t_llm_tokens_per_second{model="llm",version="1"}' in lines
+    assert 's2t_llm_queue_depth{model="llm",version="1"}' in lines
+    assert 's2t_llm_active_slots{model="llm",version="1"}' in lines
+    assert lines['s2t_llm_time_to_first_token_seconds_count{model="llm",version="1"}'] >= 1
+    assert lines['s2t_llm_inter_token_latency_seconds_count{model="llm",version="1"}'] >= 3
+
+
+def test_a_client_that_disconnects_stops_its_generation(triton_llm):
+    connection = http.client.HTTPConnection("localhost", triton_llm.http_port, timeout=60)
+    connection.request("POST", "/v2/models/llm/generate_stream",
+                       json.dumps({"text_input": "Write a long story about a bank.", "max_tokens": 400}),
+                       {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.readline().startswith(b"data:")
+    connection.close()
+
+    def cancelled() -> float:
+        with urllib.request.urlopen(f"http://localhost:{triton_llm.metrics_port}/metrics", timeout=10) as r:
+            return sum(float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
+                       if line.startswith("s2t_llm_requests_total") and 'outcome="cancelled"' in line)
+    deadline = time.monotonic() + 30
+    while cancelled() < 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert cancelled() >= 1
+
+
+def test_s2t_serve_llm_serves_the_language_model_beside_the_risk_models(built_artifacts, tmp_path):
+    http_port = free_port()
+    env = {**os.environ, "HTTP_PORT": str(http_port), "GRPC_PORT": str(free_port()),
+           "METRICS_PORT": str(free_port())}
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([str(Path(sys.executable).parent / "s2t"), "serve", "--llm", "--exit-timeout", "5"],
+                                   cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while "ready:" not in log.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        url = f"localhost:{http_port}"
+        result = generate_stream(url, {"text_input": PROMPT, "max_tokens": 4})
+        assert result.error is None and result.final["output_tokens"] == 4
+        with urllib.request.urlopen(f"http://{url}/v2/models/risk_explainer/ready", timeout=10) as response:
+            assert response.status == 200
+        with urllib.request.urlopen(f"http://{url}/v2/models/risk_pipeline/ready", timeout=10) as response:
+            assert response.status == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(60)

@@ -1,0 +1,106 @@
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from backends.llm_batching import FIFO, BatchingSettings, BatchingSettingsError, LengthAwareQueue
+
+AWARE = BatchingSettings()
+
+
+def queue_of(lengths, policy_settings=AWARE, arrived_ms=0.0):
+    queue = LengthAwareQueue(policy_settings)
+    for i, n in enumerate(lengths):
+        queue.add(f"r{i}", n, arrived_ms + i)
+    return queue
+
+
+def keys(taken):
+    return [q.key for q in taken]
+
+
+@pytest.mark.parametrize("lengths, expected", [
+    ([10, 30, 31], [[10, 30], [31]]),
+    ([10, 11, 500, 12, 900], [[10, 11, 12], [500, 900]]),
+    ([400, 5], [[5], [400]]),
+    ([7], [[7]]),
+    ([], []),
+])
+def test_groups_never_mix_prompts_more_than_three_times_apart(lengths, expected):
+    assert [[q.prompt_tokens for q in g] for g in queue_of(lengths).groups()] == expected
+
+
+@given(st.lists(st.integers(1, 5000), max_size=200), st.floats(1.0, 10.0), st.integers(1, 40))
+@settings(max_examples=200, deadline=None)
+def test_every_group_respects_the_ratio_and_the_size_bound(lengths, ratio, size):
+    queue = queue_of(lengths, BatchingSettings(max_length_ratio=ratio, max_group_size=size))
+    groups = queue.groups()
+    assert sum(len(g) for g in groups) == len(lengths)
+    for group in groups:
+        tokens = [q.prompt_tokens for q in group]
+        assert len(group) <= size
+        assert max(tokens) <= min(tokens) * ratio
+
+
+def test_nothing_is_admitted_before_a_group_is_full_or_has_waited_the_delay():
+    queue = queue_of([10, 11])
+    assert queue.take(free_slots=8, prefilling=0, now_ms=150) == []
+    assert queue.next_deadline_ms() == 200
+    assert keys(queue.take(free_slots=8, prefilling=0, now_ms=200)) == ["r0", "r1"]
+
+
+def test_once_a_group_is_due_the_shortest_prompts_go_first_even_if_they_came_later():
+    queue = LengthAwareQueue(AWARE)
+    queue.add("long-1", 800, 0.0)
+    queue.add("long-2", 900, 1.0)
+    queue.add("short-1", 12, 20.0)
+    queue.add("short-2", 10, 21.0)
+    assert keys(queue.take(free_slots=8, prefilling=0, now_ms=200)) == ["short-1", "short-2"]
+    assert len(queue) == 2
+
+
+def test_no_group_is_admitted_while_another_groups_prompts_are_evaluated():
+    queue = queue_of([10, 800])
+    assert queue.take(free_slots=8, prefilling=1, now_ms=1000) == []
+
+
+def test_a_full_group_goes_without_waiting():
+    queue = queue_of([10] * 4, BatchingSettings(max_group_size=4))
+    assert len(queue.take(free_slots=8, prefilling=0, now_ms=5)) == 4
+
+
+def test_a_long_group_waiting_ten_delays_goes_before_fresh_short_ones():
+    queue = LengthAwareQueue(AWARE)
+    queue.add("long", 900, 0.0)
+    queue.add("short", 10, 1990.0)
+    assert keys(queue.take(free_slots=8, prefilling=0, now_ms=2000)) == ["long"]
+
+
+def test_admission_never_exceeds_the_free_slots_and_takes_the_oldest_of_the_group():
+    queue = queue_of([10, 11, 12, 13])
+    assert keys(queue.take(free_slots=2, prefilling=0, now_ms=500)) == ["r0", "r1"]
+    assert queue.take(free_slots=0, prefilling=0, now_ms=500) == []
+
+
+def test_fifo_admits_the_oldest_at_once_whatever_their_lengths():
+    queue = queue_of([800, 12, 900], BatchingSettings(policy=FIFO))
+    assert keys(queue.take(free_slots=2, prefilling=1, now_ms=0)) == ["r0", "r1"]
+
+
+def test_drain_returns_everyone_oldest_first():
+    queue = queue_of([800, 12, 900])
+    assert keys(queue.drain()) == ["r0", "r1", "r2"] and len(queue) == 0
+
+
+@pytest.mark.parametrize("parameters, message", [
+    ({"batching_policy": {"string_value": "random"}}, "batching_policy"),
+    ({"max_length_ratio": {"string_value": "0.5"}}, "max_length_ratio"),
+    ({"max_group_size": {"string_value": "0"}}, "max_group_size"),
+    ({"max_queue_delay_ms": {"string_value": "soon"}}, "batching parameters"),
+])
+def test_bad_batching_parameters_refuse_to_load(parameters, message):
+    with pytest.raises(BatchingSettingsError, match=message):
+        BatchingSettings.from_parameters(parameters)
+
+
+def test_batching_parameters_default_to_the_design():
+    assert BatchingSettings.from_parameters({}) == BatchingSettings("length_aware", 3.0, 32, 200.0)
