@@ -15,6 +15,7 @@ DEFAULT_REPOSITORIES = (Path("model_repository"), Path("ensembles"))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="skill2triton", prog_name="s2t", message="%(prog)s %(version)s")
 def main() -> None:
     """Migrate a legacy TensorFlow risk-scoring service onto Triton Inference Server."""
 
