@@ -2,7 +2,11 @@
 # Everything else is built on demand: system packages, the virtual environment, the legacy model, the ONNX
 # conversion, the parity gate and version 1 in the repository.
 SHELL := /bin/bash
-PYTHON ?= python3
+# Python 3.11 or 3.12: the pinned stack (TensorFlow 2.19, numpy 1.26 for the Triton 2.51 python backend stub) has
+# wheels for those two only. The first of python3.11, python3.12, python3 that is one of them.
+SUPPORTED_PYTHON := import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 12))
+PYTHON ?= $(shell for p in python3.11 python3.12 python3; do \
+  command -v $$p >/dev/null 2>&1 && $$p -c '$(SUPPORTED_PYTHON)' 2>/dev/null && { echo $$p; break; }; done)
 VENV := .venv
 BIN := $(VENV)/bin
 S2T := $(BIN)/s2t
@@ -28,13 +32,23 @@ ADAPTER_SPEC := model_repository/skill_adapter/1/feature_spec.json
 DRIFT_REFERENCE := model_repository/risk_router/1/drift_reference.json
 PROTO_PY := clients/proto/skill_pb2.py clients/proto/skill_pb2_grpc.py clients/proto/tf_example_pb2.py
 
-.PHONY: serve test system venv models clean gpu-venv gpu-models test-gpu
+.PHONY: serve test system venv models clean gpu-venv gpu-models test-gpu test-python
 
 serve: models
 	$(S2T) serve
 
 test: models
 	$(BIN)/python -m pytest
+
+# The other supported Python: `make test-python PY=python3.12` builds .venv-python3.12 and runs the unit tests and
+# the server tests of the public pipeline with it (the stub for that Python, the pinned stack's wheels for it).
+PY ?= python3.12
+test-python: models
+	@$(PY) -c '$(SUPPORTED_PYTHON)' || { echo "$(PY) is not Python 3.11 or 3.12" >&2; exit 1; }
+	[ -x .venv-$(PY)/bin/python ] || $(PY) -m venv .venv-$(PY)
+	.venv-$(PY)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]' \
+	  --config-settings editable_mode=compat
+	.venv-$(PY)/bin/python -m pytest -p no:cacheprovider tests/unit tests/integration/test_risk_pipeline.py
 
 system:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -53,6 +67,9 @@ system:
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml constraints.txt | system
+	@[ -n "$(PYTHON)" ] || { echo "skill2triton needs Python 3.11 or 3.12 (found: $$(python3 --version 2>&1));" \
+	  "install one (Debian 12: python3; Ubuntu 24.04: python3.12; Debian 13: python3.11 or 3.12 from deadsnakes or pyenv)" \
+	  "or run make PYTHON=/path/to/python3.12" >&2; exit 1; }
 	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	# compat: the repository root goes on sys.path, so `tools` is this project's and not the stray top-level
 	# `tools/` folder that the tf2onnx wheel installs into site-packages.

@@ -16,6 +16,7 @@ LLM_REPOSITORY = Path("model_repository_llm")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="skill2triton", prog_name="s2t", message="%(prog)s %(version)s")
 def main() -> None:
     """Migrate a legacy TensorFlow risk-scoring service onto Triton Inference Server."""
 
