@@ -1,4 +1,4 @@
-"""`s2t`: the skill2triton command line (see CONTRACT.md for the public part)."""
+"""`s2t`: the skill2triton command line."""
 from __future__ import annotations
 
 import os
