@@ -19,8 +19,10 @@ class ConfigEditError(Exception):
 
 
 def set_string_parameter(text: str, key: str, value: str, where: str = "config.pbtxt") -> str:
-    pattern = re.compile(r'(parameters:\s*\{\s*key:\s*"' + re.escape(key) + r'"\s*value:\s*\{\s*string_value:\s*")'
-                         r'([^"]*)(")')
+    # Whitespace or comment lines may stand between the tokens (a parameter's block often starts with its reason).
+    gap = r'(?:\s|#[^\n]*)*'
+    pattern = re.compile(r'(parameters:' + gap + r'\{' + gap + r'key:\s*"' + re.escape(key) + r'"' + gap + r'value:'
+                         + gap + r'\{' + gap + r'string_value:\s*")([^"]*)(")')
     new, count = pattern.subn(lambda m: m.group(1) + value + m.group(3), text)
     if count != 1:
         raise ConfigEditError(f"{where} has {count} lines for parameter {key!r}; expected one")
