@@ -135,7 +135,8 @@ def test_stage_canary_promote_moves_traffic_only_when_told_and_fails_no_request(
         status = json.loads(s2t(server, repo, "status", "--json", "--history", "0", lines=False))["models"]
         assert {"version": staged, "role": "candidate", "folder": True, "state": "READY"} in \
             status["risk_scorer"]["versions"]
-        assert status["risk_scorer"]["consumers"] == {"risk_router": primary, "risk_pipeline": primary}
+        assert status["risk_scorer"]["consumers"] == {"risk_router": primary, "risk_pipeline": primary,
+                                                    "risk_pipeline_ensemble": primary}
         routed = infer(client, "risk_router", probe)
         assert routed["served_by"].count(new) == 0 and set(routed["served_by"]) == {old}
         assert infer(client, "risk_pipeline", probe)["probability"] == baseline

@@ -20,7 +20,8 @@ def test_status_json_lists_the_scorer_and_the_pipeline_with_their_live_versions(
     scorer = models["risk_scorer"]
     assert scorer["primary"] == primary
     assert {"version": primary, "role": "primary", "folder": True, "state": "READY"} in scorer["versions"]
-    assert scorer["consumers"] == {"risk_router": primary, "risk_pipeline": primary}
+    assert scorer["consumers"] == {"risk_router": primary, "risk_pipeline": primary,
+                                                    "risk_pipeline_ensemble": primary}
     assert models["risk_pipeline"]["versions"] == [{"version": 1, "role": "", "folder": True, "state": "READY"}]
     assert models["risk_router"]["split"] == f"100% risk_scorer:{primary}"
     assert models["risk_router"]["breaker"] in ("closed", "unknown")

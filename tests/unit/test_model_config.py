@@ -23,7 +23,8 @@ def repositories(tmp_path):
 
 
 def test_committed_configs_are_consistent_apart_from_the_unbuilt_scorers(repositories):
-    assert sorted(check_repositories(repositories)) == ["risk_scorer: no version folder",
+    assert sorted(check_repositories(repositories)) == ["risk_pipeline: scorer_version 1 of risk_scorer has no model.onnx",
+                                                        "risk_scorer: no version folder",
                                                         "risk_scorer_lite: no version folder"]
 
 
@@ -64,7 +65,7 @@ def test_the_fused_pipeline_must_name_an_onnx_scorer_of_its_repository(repositor
 
 def test_a_scorer_version_that_does_not_exist_is_reported(repositories):
     config = repositories[0] / "risk_pipeline" / "config.pbtxt"
-    edit(config, 'key: "scorer_version"\n  value: { string_value: "" }', 'key: "scorer_version"\n  value: { string_value: "7" }')
+    edit(config, 'key: "scorer_version"\n  value: { string_value: "1" }', 'key: "scorer_version"\n  value: { string_value: "7" }')
     assert "risk_pipeline: scorer_version 7 of risk_scorer has no model.onnx" in check_repositories(repositories)
 
 

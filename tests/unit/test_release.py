@@ -35,7 +35,7 @@ def test_the_release_holds_both_repositories_and_is_named_by_its_content(built, 
     assert release.ID_PATTERN.fullmatch(release_id)
     tree = out / release_id
     assert (tree / "model_repository" / "skill_adapter" / "config.pbtxt").is_file()
-    assert (tree / "ensembles" / "risk_pipeline" / "config.pbtxt").is_file()
+    assert (tree / "ensembles" / "risk_pipeline_ensemble" / "config.pbtxt").is_file()
     assert not list(tree.rglob("__pycache__"))
     assert release.build(ROOT, [MODEL_REPOSITORY, ENSEMBLES], tmp_path) == release_id, "same content, same id"
 

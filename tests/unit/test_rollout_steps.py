@@ -39,14 +39,14 @@ def test_staged_version_is_loaded_but_every_consumer_keeps_the_primary(repos):
     repo, onnx = repos
     staged = publish("risk_scorer", onnx, repo, None, stage=True)
     assert staged == 2 and VersionStore(repo).served("risk_scorer") == [1, 2]
-    assert served_by_consumers(repo) == {"risk_router": 1, "risk_pipeline": 1}
+    assert served_by_consumers(repo) == {"risk_router": 1, "risk_pipeline": 1, "risk_pipeline_ensemble": 1}
     assert (state(repo).primary, state(repo).candidate) == (1, 2)
 
 
 def test_plain_publish_moves_every_consumer_at_once_and_keeps_the_previous_version(repos):
     repo, onnx = repos
     assert publish("risk_scorer", onnx, repo, None) == 2
-    assert served_by_consumers(repo) == {"risk_router": 2, "risk_pipeline": 2}
+    assert served_by_consumers(repo) == {"risk_router": 2, "risk_pipeline": 2, "risk_pipeline_ensemble": 2}
     assert (state(repo).primary, state(repo).previous) == (2, 1)
     publish("risk_scorer", onnx, repo, None)
     assert VersionStore(repo).served("risk_scorer") == [2, 3], "the version before the previous one is retired"
@@ -57,7 +57,7 @@ def test_promote_moves_every_consumer_and_clears_the_split(repos):
     publish("risk_scorer", onnx, repo, None, stage=True)
     canary(Rollout("risk_scorer", repo), 2, 10.0, 0.0)
     promote(Rollout("risk_scorer", repo), 2)
-    assert served_by_consumers(repo) == {"risk_router": 2, "risk_pipeline": 2}
+    assert served_by_consumers(repo) == {"risk_router": 2, "risk_pipeline": 2, "risk_pipeline_ensemble": 2}
     router = (repo / "risk_router" / "config.pbtxt").read_text()
     assert '"candidate" value: { string_value: "" }' in router and '"canary_percent" value: { string_value: "0" }' in router
     assert (state(repo).primary, state(repo).previous, state(repo).candidate) == (2, 1, None)
@@ -69,7 +69,7 @@ def test_rollback_during_a_canary_retires_the_candidate_and_leaves_the_primary(r
     canary(Rollout("risk_scorer", repo), 2, 50.0, 0.0)
     done = rollback(Rollout("risk_scorer", repo), rollback_plan(Rollout("risk_scorer", repo), None))
     assert (done.action, done.target) == ("abort", 1)
-    assert served_by_consumers(repo) == {"risk_router": 1, "risk_pipeline": 1}
+    assert served_by_consumers(repo) == {"risk_router": 1, "risk_pipeline": 1, "risk_pipeline_ensemble": 1}
     assert '"candidate" value: { string_value: "" }' in (repo / "risk_router" / "config.pbtxt").read_text()
     # Without a server to confirm the router's reload, the candidate's folder stays until it has drained.
     assert list(state(repo).draining) == [2] and state(repo).candidate is None
@@ -81,7 +81,7 @@ def test_rollback_after_a_promotion_serves_the_previous_version_again(repos):
     promote(Rollout("risk_scorer", repo), 2)
     done = rollback(Rollout("risk_scorer", repo), rollback_plan(Rollout("risk_scorer", repo), None))
     assert (done.action, done.target) == ("revert", 1)
-    assert served_by_consumers(repo) == {"risk_router": 1, "risk_pipeline": 1}
+    assert served_by_consumers(repo) == {"risk_router": 1, "risk_pipeline": 1, "risk_pipeline_ensemble": 1}
 
 
 @pytest.mark.parametrize("step, message", [
