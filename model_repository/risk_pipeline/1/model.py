@@ -5,6 +5,8 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
+from backends import fault_points
+from backends.errors import InternalError, InvalidInput, triton_error
 from backends.fused_pipeline import FusedPipeline, PipelineSettings, scorer_path
 from backends.record_decoder import request_error
 
@@ -19,15 +21,15 @@ class TritonPythonModel:
 
     def execute(self, requests):
         try:
+            fault_points.check("risk_pipeline.execute")
             payloads = [pb_utils.get_input_tensor_by_name(r, "payload").as_numpy() for r in requests]
             scored = self._pipeline.score([p for batch in payloads for p in batch.ravel()])
         except Exception:  # noqa: BLE001 - log it, fail these requests, keep serving
             pb_utils.Logger.log_error(traceback.format_exc())
-            return [pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                "risk_pipeline: internal error", pb_utils.TritonError.INTERNAL)) for _ in requests]
+            return [_error(InternalError("risk_pipeline: internal error")) for _ in requests]
         # Per request only what must be per request: two tensor views and the response (this loop is most of the
         # stub's Python time at one record per request).
-        response, tensor, error = pb_utils.InferenceResponse, pb_utils.Tensor, pb_utils.TritonError
+        response, tensor = pb_utils.InferenceResponse, pb_utils.Tensor
         probability, decision, errors = scored.probability, scored.decision, scored.errors
         any_error = any(errors)
         responses, start = [], 0
@@ -35,9 +37,14 @@ class TritonPythonModel:
             stop = start + len(batch)
             message = any_error and request_error(errors[start:stop])
             if message:
-                responses.append(response(error=error(message, error.INVALID_ARG)))
+                responses.append(_error(InvalidInput(message)))
             else:
                 responses.append(response(output_tensors=[tensor("probability", probability[start:stop]),
                                                           tensor("decision", decision[start:stop])]))
             start = stop
         return responses
+
+
+def _error(err):
+    # A new TritonError for every response: Triton 2.51 crashes when responses share one.
+    return pb_utils.InferenceResponse(error=triton_error(err, pb_utils.TritonError))
