@@ -144,8 +144,8 @@ def test_stream_records_with_an_integer_of_5000_digits_are_refused_and_every_str
     assert_same_server_serving(triton, pid, triton.grpc_url)
 
 
-FAULT_POINTS = ("risk_pipeline.execute", "skill_adapter.execute", "onnxruntime.execute", "risk_decision.execute", "risk_router.execute",
-                "risk_stream.execute", "risk_stream.timer")
+FAULT_POINTS = ("risk_pipeline.execute", "skill_adapter.execute", "onnxruntime.execute", "risk_decision.execute",
+                "risk_router.execute", "risk_stream.execute", "risk_stream.timer")
 
 
 @pytest.fixture(scope="module")
