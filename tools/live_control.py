@@ -31,6 +31,24 @@ def served_version(client, model: str) -> int | None:
     return max((int(v) for v in versions), default=None)
 
 
+def loaded(url: str, models: list[str], timeout: float = 10.0) -> set[str]:
+    """Which of `models` the live server has loaded now (in explicit mode the operator chose them)."""
+    import tritonclient.http as http
+
+    client = http.InferenceServerClient(url, network_timeout=timeout)
+    try:
+        found = set()
+        for model in models:
+            try:
+                if client.is_model_ready(model):
+                    found.add(model)
+            except InferenceServerException:
+                pass
+        return found
+    finally:
+        client.close()
+
+
 def _load_and_wait(url: str, model: str, done, what: str, timeout: float, key: str | None) -> float:
     """Ask for a (re)load where the mode allows it, then poll `done(client)`; seconds until it held."""
     import tritonclient.http as http

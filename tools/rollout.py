@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -153,19 +152,22 @@ class Rollout:
         """Every consumer serves `version`; returns the models whose config changed (confirmed with url)."""
         changes = [c for c in primary.plan(self.model, version, self.repositories, router_split)
                    if c.text != c.path.read_text()]
+        # Only consumers the server runs now are waited for: one it has not loaded (explicit mode: the operator's
+        # choice) reads the new config whenever it is loaded, and a rollout never loads it as a side effect.
+        live = live_control.loaded(self.url, [c.name for c in changes]) if self.url else set()
         primary.write(self.store, changes)
         if self.url:
-            self.confirm(changes)
+            self.confirm([c for c in changes if c.name in live])
         return [c.name for c in changes]
 
     def confirm(self, changes: list) -> None:
-        """Ask for every reload at once (explicit mode) and wait for all: the step is in force when the slowest is."""
+        """Ask for each reload (explicit mode) and wait for it: the step is in force when the last one is."""
         started = time.monotonic()
-        with ThreadPoolExecutor(max(1, len(changes))) as pool:
-            waits = [pool.submit(live_control.wait_config, self.url, c.name, c.in_force, key=self.key)
-                     for c in changes]
-            for change, wait in zip(changes, waits):
-                self.timings[change.name] = wait.result()
+        # One reload at a time: concurrent explicit loads of an ensemble and of models beside it were seen to
+        # leave the ensemble on its old config (Triton reloads dependents from the config it read first).
+        for change in changes:
+            self.timings[change.name] = live_control.wait_config(self.url, change.name, change.in_force,
+                                                                 key=self.key)
         self.timings["in force"] = time.monotonic() - started
 
     def wait_loaded(self, version: int) -> None:
