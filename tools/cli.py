@@ -49,6 +49,17 @@ def legacy_build(out: Path, data_csv: Path, lite: bool) -> None:
     click.echo(f"SavedModel at {out}")
 
 
+GRPC_STOP_GRACE_S = 10.0
+
+
+def stop_grpc_service(server, grace_s: float = GRPC_STOP_GRACE_S) -> None:
+    """Calls in flight get `grace_s` to finish, then are cancelled. The wait is bounded: gRPC's shutdown event can
+    stay unset after a call whose bytes did not parse, and the process must exit on SIGTERM all the same."""
+    click.echo("stopping: finishing calls in flight", err=True)
+    if not server.stop(grace=grace_s).wait(timeout=grace_s + 5):
+        click.echo("stopped: gRPC did not confirm its shutdown; exiting anyway", err=True)
+
+
 @legacy.command("serve")
 @click.option("--port", type=int, envvar="LEGACY_PORT", default=50052, show_default=True,
               help="where legacy Skill callers connect")
@@ -74,8 +85,7 @@ def legacy_serve(port: int, saved_model: Path, window_size: int, decision_config
                f"{window_size}, {LEGACY_THREADS} threads)")
     sys.stdout.flush()
     stop.wait()
-    click.echo("stopping: finishing calls in flight", err=True)
-    server.stop(grace=10).wait()
+    stop_grpc_service(server)
 
 
 @main.command()
@@ -642,8 +652,7 @@ def gateway(port, triton_url, model, window_size, workers, call_timeout_s, max_r
     click.echo(f"ready: legacy Skill service on port {port} -> {model} at {triton_url} "
                f"(windows of {window_size}{dual})", err=True)
     stop.wait()
-    click.echo("stopping: finishing calls in flight", err=True)
-    server.stop(grace=10).wait()
+    stop_grpc_service(server)
     if dual_run is not None:
         report = dual_run.close()
         click.echo(f"dual-run: {report['compared']} compared, max |diff| {report['max_abs_diff']:.3g}, "

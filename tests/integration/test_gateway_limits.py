@@ -1,5 +1,6 @@
 """`s2t gateway` limits against the real server: idle streams cannot hold every caller up, a call cannot last or
 grow without bound, and a window the pipeline cannot take in one request is refused at start."""
+import signal
 import threading
 import time
 
@@ -85,3 +86,22 @@ def test_a_window_over_the_pipelines_max_batch_size_is_refused_at_start(triton, 
                           "--window-size", str(int(max_batch_size) + 1)], capture_output=True, text=True, timeout=60)
     assert run.returncode != 0
     assert f"over risk_pipeline's max_batch_size ({max_batch_size})" in run.stderr
+
+
+
+def test_a_gateway_that_got_bytes_that_do_not_parse_still_serves_and_stops_on_sigterm(triton, german_credit_data):
+    port = free_port()
+    with running(["gateway", "--port", str(port), "--triton-url", triton.grpc_url, "--workers", "2"],
+                 "ready") as gateway:
+        with grpc.insecure_channel(f"localhost:{port}") as channel:
+            raw = channel.stream_unary("/skill.Skill/Score", request_serializer=None,
+                                       response_deserializer=skill_pb2.SkillBatchResult.FromString)
+            for _ in range(10):
+                with pytest.raises(grpc.RpcError) as refused:
+                    raw(iter([b"\xff\xff\xff\xff", b"\x0a\x05ab"]), timeout=30)
+                assert refused.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT)
+            result = skill_pb2_grpc.SkillStub(channel).Score(iter(skill_records(german_credit_data, range(3))),
+                                                             timeout=10)
+        assert [r.status for r in result.results] == [skill_pb2.OK] * 3
+        gateway.send_signal(signal.SIGTERM)
+        assert gateway.wait(timeout=25) == 0
