@@ -13,16 +13,18 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from backends.model_parameters import parameter, read_parameters, seconds_from_ms
+
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 
 
 @dataclass(frozen=True)
 class BreakerSettings:
-    window_seconds: float = 5.0
-    max_error_rate: float = 0.10
-    max_p99_seconds: float = 1.0
-    min_requests: int = 20
-    open_seconds: float = 2.0
+    window_seconds: float = parameter("breaker_window_seconds", 5.0)
+    max_error_rate: float = parameter("breaker_max_error_rate", 0.10)
+    max_p99_seconds: float = parameter("breaker_max_p99_ms", 1.0, parse=seconds_from_ms)
+    min_requests: int = parameter("breaker_min_requests", 20)
+    open_seconds: float = parameter("breaker_open_seconds", 2.0)
 
     def __post_init__(self):
         if self.window_seconds <= 0 or self.open_seconds <= 0 or self.max_p99_seconds <= 0:
@@ -34,20 +36,7 @@ class BreakerSettings:
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]]) -> "BreakerSettings":
-        values = {}
-        for key, field in (("breaker_window_seconds", "window_seconds"), ("breaker_max_error_rate", "max_error_rate"),
-                           ("breaker_max_p99_ms", "max_p99_seconds"), ("breaker_min_requests", "min_requests"),
-                           ("breaker_open_seconds", "open_seconds")):
-            raw = parameters.get(key, {}).get("string_value")
-            if raw is None:
-                continue
-            try:
-                number = float(raw)
-            except ValueError:
-                raise ValueError(f"parameter {key}: expected a number, got {raw!r}") from None
-            values[field] = number / 1000 if key.endswith("_ms") else (int(number) if field == "min_requests"
-                                                                        else number)
-        return cls(**values)
+        return read_parameters(cls, parameters)
 
 
 # Re-evaluating the window on every batch would sort it hundreds of times a second; this often is enough.

@@ -6,6 +6,8 @@ from typing import Mapping
 
 import numpy as np
 
+from backends.model_parameters import parameter, read_parameters
+
 APPROVE, REVIEW, DECLINE = b"APPROVE", b"REVIEW", b"DECLINE"
 # Indexed by the band number (0 below review, 1 between, 2 from decline up): one gather per batch. On the hot path
 # a batch is a few rows, and np.select over object arrays cost several times more than the whole comparison.
@@ -16,8 +18,8 @@ _BANDS = np.array([APPROVE, REVIEW, DECLINE], dtype=object)
 class Thresholds:
     """`review` <= p < `decline` is REVIEW; below `review` APPROVE; from `decline` up DECLINE."""
 
-    review: float
-    decline: float
+    review: float = parameter("review_threshold")
+    decline: float = parameter("decline_threshold")
 
     def __post_init__(self):
         if not (0.0 <= self.review <= self.decline <= 1.0):
@@ -26,15 +28,7 @@ class Thresholds:
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]]) -> "Thresholds":
-        def value(key: str) -> float:
-            if key not in parameters:
-                raise ValueError(f"parameter {key} is required")
-            raw = parameters[key].get("string_value", "")
-            try:
-                return float(raw)
-            except ValueError:
-                raise ValueError(f"parameter {key}: expected a number, got {raw!r}") from None
-        return cls(value("review_threshold"), value("decline_threshold"))
+        return read_parameters(cls, parameters)
 
 
 def decide(probability: np.ndarray, thresholds: Thresholds) -> np.ndarray:

@@ -17,39 +17,38 @@ import onnxruntime as ort
 
 from backends.decision_policy import Thresholds, decide
 from backends.feature_spec import CATEGORICAL_INPUT, METADATA_KEY, NUMERIC_INPUT, PROBABILITY_OUTPUT, FeatureSpec
-from backends.model_parameters import string_parameter
+from backends.model_parameters import parameter, read_parameters, settings_of
 from backends.ort_runner import ModelConfigError, OrtSettings
-from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, RecordDecoder, RecordError
+from backends.record_decoder import RecordDecoder, RecordError, max_record_bytes_parameter
+from backends.repository_layout import version_numbers
 
 SCORER_FILENAME = "model.onnx"
 
 
+def _model_folder(text: str) -> str:
+    if "/" in text or text.startswith("."):
+        raise ValueError(f"must name a model folder, got {text!r}")
+    return text
+
+
+def _version_number(text: str) -> int:
+    if not (text.isdigit() and int(text) > 0):
+        raise ValueError(f"must be a version number or empty (the newest), got {text!r}")
+    return int(text)
+
+
 @dataclass(frozen=True)
 class PipelineSettings:
-    scorer_model: str
-    scorer_version: int | None  # None: the newest version folder that exists
-    thresholds: Thresholds
-    max_record_bytes: int
-    ort: OrtSettings
+    scorer_model: str = parameter("scorer_model", parse=_model_folder)
+    # None: the newest version folder that exists
+    scorer_version: int | None = parameter("scorer_version", None, parse=_version_number)
+    thresholds: Thresholds = settings_of(Thresholds)
+    max_record_bytes: int = max_record_bytes_parameter()
+    ort: OrtSettings = settings_of(OrtSettings)
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]]) -> "PipelineSettings":
-        scorer_model = string_parameter(parameters, "scorer_model").strip()
-        if not scorer_model or "/" in scorer_model or scorer_model.startswith("."):
-            raise ModelConfigError(f"parameter scorer_model must name a model folder, got {scorer_model!r}")
-        raw_version = string_parameter(parameters, "scorer_version").strip()
-        if raw_version and not (raw_version.isdigit() and int(raw_version) > 0):
-            raise ModelConfigError(f"parameter scorer_version must be a version number or empty (the newest), "
-                                   f"got {raw_version!r}")
-        raw_limit = string_parameter(parameters, "max_record_bytes", DEFAULT_MAX_RECORD_BYTES)
-        if not raw_limit.isdigit() or int(raw_limit) <= 0:
-            raise ModelConfigError(f"parameter max_record_bytes must be a positive integer, got {raw_limit!r}")
-        try:
-            thresholds = Thresholds.from_parameters(parameters)
-        except ValueError as err:
-            raise ModelConfigError(str(err)) from None
-        return cls(scorer_model, int(raw_version) if raw_version else None, thresholds, int(raw_limit),
-                   OrtSettings.from_parameters(parameters))
+        return read_parameters(cls, parameters, ModelConfigError)
 
 
 def scorer_path(repository: Path, settings: PipelineSettings) -> Path:
@@ -57,8 +56,7 @@ def scorer_path(repository: Path, settings: PipelineSettings) -> Path:
     folder = Path(repository) / settings.scorer_model
     version = settings.scorer_version
     if version is None:
-        found = sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()) \
-            if folder.is_dir() else []
+        found = version_numbers(folder)
         if not found:
             raise ModelConfigError(f"scorer {settings.scorer_model!r} has no version folder in {repository}")
         version = found[-1]

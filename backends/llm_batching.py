@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from backends.model_parameters import parameter, read_parameters
+
 LENGTH_AWARE = "length_aware"
 FIFO = "fifo"
 POLICIES = (LENGTH_AWARE, FIFO)
@@ -28,10 +30,10 @@ class BatchingSettingsError(ValueError):
 
 @dataclass(frozen=True)
 class BatchingSettings:
-    policy: str = LENGTH_AWARE
-    max_length_ratio: float = 3.0
-    max_group_size: int = 32
-    max_queue_delay_ms: float = 200.0
+    policy: str = parameter("batching_policy", LENGTH_AWARE)
+    max_length_ratio: float = parameter("max_length_ratio", 3.0)
+    max_group_size: int = parameter("max_group_size", 32)
+    max_queue_delay_ms: float = parameter("max_queue_delay_ms", 200.0)
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -45,13 +47,7 @@ class BatchingSettings:
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]]) -> "BatchingSettings":
-        def value(key, default):
-            return parameters.get(key, {}).get("string_value", default)
-        try:
-            return cls(str(value("batching_policy", LENGTH_AWARE)), float(value("max_length_ratio", 3.0)),
-                       int(value("max_group_size", 32)), float(value("max_queue_delay_ms", 200.0)))
-        except ValueError as err:
-            raise BatchingSettingsError(f"batching parameters: {err}") from None
+        return read_parameters(cls, parameters, BatchingSettingsError)
 
 
 @dataclass(frozen=True)

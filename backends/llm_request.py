@@ -12,6 +12,8 @@ from typing import Mapping
 
 import numpy as np
 
+from backends.model_parameters import parameter, positive_integer
+
 
 class GenerationError(ValueError):
     """This request's own fault; answered INVALID_ARG, the other requests are unaffected."""
@@ -23,12 +25,12 @@ class GenerationError(ValueError):
 
 @dataclass(frozen=True)
 class GenerationLimits:
-    max_tokens_limit: int = 512
-    default_max_tokens: int = 64
-    max_prompt_tokens: int = 1024
+    max_tokens_limit: int = parameter("max_tokens_limit", 512, parse=positive_integer)
+    default_max_tokens: int = parameter("default_max_tokens", 64, parse=positive_integer)
+    max_prompt_tokens: int = parameter("max_prompt_tokens", 1024, parse=positive_integer)
     # A cheap bound before tokenization: no tokenizer makes fewer than one token per 16 bytes of text.
     max_prompt_bytes: int = 16 * 1024
-    stream_by_default: bool = True
+    stream_by_default: bool = parameter("stream_by_default", True)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnxruntime as ort
 
-from backends.model_parameters import string_parameter
+from backends.model_parameters import parameter, read_parameters
 
 # Config data types (model_config.proto names) -> numpy dtypes, as the native backend maps them.
 CONFIG_DTYPES = {
@@ -34,26 +34,28 @@ class ModelConfigError(ValueError):
     """The config cannot work with the model file; Triton refuses to load the model with this message."""
 
 
+def _parallel_execution_mode(text: str) -> bool:
+    if text not in ("0", "1"):
+        raise ValueError(f"expected 0 (sequential) or 1 (parallel), got {text!r}")
+    return text == "1"
+
+
 @dataclass(frozen=True)
 class OrtSettings:
-    intra_op_thread_count: int = 0
-    inter_op_thread_count: int = 0
-    parallel_execution: bool = False
+    """The parameter names the native onnxruntime backend reads, so one config serves both."""
+
+    intra_op_thread_count: int = parameter("intra_op_thread_count", 0)
+    inter_op_thread_count: int = parameter("inter_op_thread_count", 0)
+    parallel_execution: bool = parameter("execution_mode", False, parse=_parallel_execution_mode)
+
+    def __post_init__(self):
+        for name in ("intra_op_thread_count", "inter_op_thread_count"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"parameter {name}: must be >= 0, got {getattr(self, name)}")
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]]) -> "OrtSettings":
-        """Read the parameter names the native onnxruntime backend uses, so one config serves both."""
-        def number(key: str, default: int) -> int:
-            raw = string_parameter(parameters, key, default)
-            try:
-                value = int(raw)
-            except ValueError:
-                raise ModelConfigError(f"parameter {key}: expected an integer, got {raw!r}") from None
-            if value < 0:
-                raise ModelConfigError(f"parameter {key}: must be >= 0, got {value}")
-            return value
-        return cls(number("intra_op_thread_count", 0), number("inter_op_thread_count", 0),
-                   number("execution_mode", 0) == 1)
+        return read_parameters(cls, parameters, ModelConfigError)
 
     def session_options(self) -> ort.SessionOptions:
         options = ort.SessionOptions()

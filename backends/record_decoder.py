@@ -17,6 +17,7 @@ import numpy as np
 
 from backends.errors import InvalidInput
 from backends.feature_spec import FeatureSpec
+from backends.model_parameters import parameter, positive_integer
 
 # Bounds on what a record may carry; each is refused with its own error, naming the field. The byte limit comes
 # first and bounds everything else; the others keep what a record leaves behind (routing keys, stream state,
@@ -28,6 +29,19 @@ MAX_FEATURES = 256  # entries of the feature map (the model reads 20)
 JSON_MAX_INT_DIGITS = 4300
 SEQUENCE_ID_MAX = 2 ** 63 - 1  # answers carry it as INT64
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def max_record_bytes_parameter():
+    """The `max_record_bytes` field every model that decodes records declares."""
+    return parameter("max_record_bytes", DEFAULT_MAX_RECORD_BYTES, parse=positive_integer)
+
+
+@dataclass(frozen=True)
+class AdapterSettings:
+    """skill_adapter's parameters: the feature spec beside its model.py, the size limit of one record."""
+
+    feature_spec: str = parameter("feature_spec")
+    max_record_bytes: int = max_record_bytes_parameter()
 
 
 # A serialized SkillRecord starts with the tag of its lowest-numbered non-default field (every protobuf

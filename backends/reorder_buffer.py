@@ -17,6 +17,8 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Generic, Hashable, Mapping, TypeVar
 
+from backends.model_parameters import parameter, read_parameters
+
 T = TypeVar("T")
 
 IN_ORDER, GAP, LATE = "IN_ORDER", "GAP", "LATE"
@@ -31,11 +33,11 @@ class BufferFull(RuntimeError):
 
 @dataclass(frozen=True)
 class ReorderSettings:
-    max_gap: int = 10
-    reorder_timeout_ms: float = 200.0
-    max_buffered: int = 64
-    first_sequence_id: int = 0
-    stream_idle_ms: float = 60_000.0
+    max_gap: int = parameter("max_gap", 10)
+    reorder_timeout_ms: float = parameter("reorder_timeout_ms", 200.0)
+    max_buffered: int = parameter("max_buffered", 64)
+    first_sequence_id: int = parameter("first_sequence_id", 0)
+    stream_idle_ms: float = parameter("stream_idle_ms", 60_000.0)
 
     def __post_init__(self):
         if self.max_gap < 0:
@@ -51,17 +53,7 @@ class ReorderSettings:
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]]) -> "ReorderSettings":
         """Triton config `parameters` (string values); absent keys keep the defaults."""
-        values = {}
-        for name, kind in (("max_gap", int), ("reorder_timeout_ms", float), ("max_buffered", int),
-                           ("first_sequence_id", int), ("stream_idle_ms", float)):
-            if name in parameters:
-                raw = parameters[name].get("string_value", "")
-                try:
-                    values[name] = kind(raw)
-                except ValueError:
-                    raise ValueError(f"parameter {name}: expected {'an integer' if kind is int else 'a number'}, "
-                                     f"got {raw!r}") from None
-        return cls(**values)
+        return read_parameters(cls, parameters)
 
 
 @dataclass(frozen=True)

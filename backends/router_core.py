@@ -13,8 +13,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from backends.circuit_breaker import CircuitBreaker
+from backends.circuit_breaker import BreakerSettings, CircuitBreaker
 from backends.errors import NotServing, ServingError
+from backends.model_parameters import parameter, settings_of
+from backends.record_decoder import max_record_bytes_parameter
 from backends.routing_policy import RoutingSettings, Target, route
 
 NOT_SERVING_MEMORY_SECONDS = 0.5
@@ -24,6 +26,26 @@ VERSION_LISTING_SECONDS = 0.5
 
 # Raises a ServingError: NotServing when that version is not loaded (published but not loaded yet, or retired).
 Scorer = Callable[[Target, np.ndarray, np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class RouterModelSettings:
+    """risk_router's parameters: where records go (routing, breaker), how they are read, where drift is watched."""
+
+    feature_spec: str = parameter("feature_spec")
+    max_record_bytes: int = max_record_bytes_parameter()
+    decision_model: str = parameter("decision_model", "risk_decision")
+    drift_reference: str = parameter("drift_reference", "drift_reference.json")
+    drift_sample_rate: float = parameter("drift_sample_rate", 0.1)
+    drift_publish_seconds: float = parameter("drift_publish_seconds", 5.0)
+    routing: RoutingSettings = settings_of(RoutingSettings)
+    breaker: BreakerSettings = settings_of(BreakerSettings)
+
+    def __post_init__(self):
+        if not 0.0 <= self.drift_sample_rate <= 1.0:
+            raise ValueError(f"parameter drift_sample_rate: must be within 0..1, got {self.drift_sample_rate}")
+        if self.drift_publish_seconds <= 0:
+            raise ValueError(f"parameter drift_publish_seconds: must be positive, got {self.drift_publish_seconds}")
 
 
 @dataclass

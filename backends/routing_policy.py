@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from backends.errors import InvalidInput
-from backends.model_parameters import string_parameter
+from backends.model_parameters import parameter, read_parameters
 
 BUCKETS = 10_000
 # A `route` request parameter longer than this is refused before it is looked at.
@@ -43,11 +43,11 @@ class Target:
 
 @dataclass(frozen=True)
 class RoutingSettings:
-    primary: Target
-    candidate: Target | None = None
-    canary_percent: float = 0.0
-    shadow_percent: float = 0.0
-    fallback: Target | None = None
+    primary: Target = parameter("primary", parse=Target.parse)
+    candidate: Target | None = parameter("candidate", None, parse=Target.parse)
+    canary_percent: float = parameter("canary_percent", 0.0)
+    shadow_percent: float = parameter("shadow_percent", 0.0)
+    fallback: Target | None = parameter("fallback", None, parse=Target.parse)
 
     def __post_init__(self):
         for name in ("canary_percent", "shadow_percent"):
@@ -61,21 +61,7 @@ class RoutingSettings:
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]]) -> "RoutingSettings":
-        def text(key: str) -> str:
-            return string_parameter(parameters, key).strip()
-
-        def percent(key: str) -> float:
-            raw = text(key) or "0"
-            try:
-                return float(raw)
-            except ValueError:
-                raise ValueError(f"parameter {key}: expected a number, got {raw!r}") from None
-
-        if not text("primary"):
-            raise ValueError("parameter primary is required")
-        return cls(Target.parse(text("primary")), Target.parse(text("candidate")) if text("candidate") else None,
-                   percent("canary_percent"), percent("shadow_percent"),
-                   Target.parse(text("fallback")) if text("fallback") else None)
+        return read_parameters(cls, parameters)
 
     @property
     def models(self) -> frozenset[str]:

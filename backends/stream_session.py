@@ -27,12 +27,23 @@ from typing import Callable, Generic, Hashable, Sequence, TypeVar
 
 from backends.batch_scoring import ScoreBatch, Scored, score_isolating_bad_records
 from backends.errors import InternalError, InvalidInput, ServingError, Unavailable
-from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, RecordError, parse_record, stream_position
+from backends.model_parameters import parameter, settings_of
+from backends.record_decoder import (DEFAULT_MAX_RECORD_BYTES, RecordError, max_record_bytes_parameter, parse_record,
+                                     stream_position)
 from backends.reorder_buffer import GAP, IN_ORDER, BufferFull, Emission, ReorderSettings, StreamTable
 
 T = TypeVar("T")
 
 OK, LATE, DUPLICATE = "OK", "LATE", "DUPLICATE"
+
+
+@dataclass(frozen=True)
+class StreamModelSettings:
+    """risk_stream's parameters: the model that scores, the reordering, the size limit of one record."""
+
+    scoring_model: str = parameter("scoring_model", "risk_pipeline")
+    max_record_bytes: int = max_record_bytes_parameter()
+    reorder: ReorderSettings = settings_of(ReorderSettings)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,16 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from backends.decision_policy import Thresholds
+from backends.explainer_settings import ExplainerSettings
+from backends.fused_pipeline import PipelineSettings
+from backends.llm_batching import BatchingSettings
+from backends.llm_engine import EngineSettings
+from backends.llm_request import GenerationLimits
+from backends.model_parameters import read_parameters, unknown_parameters
+from backends.ort_runner import OrtSettings
+from backends.record_decoder import AdapterSettings
+from backends.router_core import RouterModelSettings
+from backends.stream_session import StreamModelSettings
 from tools.version_store import version_numbers
 
 ONNX_TO_CONFIG = {
@@ -229,6 +239,39 @@ def _model_file_check(config: mc.ModelConfig):
     return None
 
 
+# The settings each python model of this repository reads its `parameters` into (see backends/model_parameters.py).
+PYTHON_MODEL_SETTINGS = {
+    "skill_adapter": (AdapterSettings,), "risk_decision": (Thresholds,), "risk_pipeline": (PipelineSettings,),
+    "risk_router": (RouterModelSettings,), "risk_stream": (StreamModelSettings,),
+    "llm": (EngineSettings, BatchingSettings, GenerationLimits), "risk_explainer": (ExplainerSettings,),
+}
+
+
+def check_parameters(name: str, config: mc.ModelConfig) -> list[str]:
+    """Every parameter a python model's config sets is one its settings read, and each value parses: a typo would
+    otherwise keep a default silently, and a bad value would only show when Triton refuses the model. ONNX models
+    are checked for the values our ONNX Runtime backend reads (the native backend takes more keys)."""
+    parameters = {key: {"string_value": value.string_value} for key, value in config.parameters.items()}
+    if _is_onnx(config):
+        classes, strict = (OrtSettings,), False
+    elif config.backend == "python" and name in PYTHON_MODEL_SETTINGS:
+        classes, strict = PYTHON_MODEL_SETTINGS[name], True
+    else:
+        return []
+    problems = []
+    if strict:
+        unknown = set(parameters)
+        for cls in classes:
+            unknown &= set(unknown_parameters(cls, parameters))
+        problems += [f"{name}: parameter {key} is not one the model reads" for key in sorted(unknown)]
+    for cls in classes:
+        try:
+            read_parameters(cls, parameters)
+        except ValueError as err:
+            problems.append(f"{name}: {err}")
+    return problems
+
+
 def check_repositories(repositories: Iterable[Path]) -> list[str]:
     """Every problem found, as one line each; an empty list means every config fits what it serves."""
     configs, dirs, problems = {}, {}, []
@@ -248,6 +291,7 @@ def check_repositories(repositories: Iterable[Path]) -> list[str]:
     for name, config in configs.items():
         model_dir = dirs[name]
         found = versions(model_dir)
+        problems += check_parameters(name, config)
         if config.platform == "ensemble":
             problems += _check_ensemble(config, configs)
         elif (check := _model_file_check(config)) is not None:

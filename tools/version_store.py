@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from backends.repository_layout import version_numbers  # noqa: F401 - part of this module's interface
+
 LOCK_TIMEOUT_SECONDS = 300.0
 
 
@@ -46,14 +48,6 @@ def durable_rename(source: Path, target: Path) -> None:
     fsync_dir(Path(target).parent)
     if Path(source).parent != Path(target).parent:
         fsync_dir(Path(source).parent)
-
-
-def version_numbers(folder: Path) -> list[int]:
-    """The numbered version folders of a model folder, oldest first; none when the folder does not exist."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
 
 
 @dataclass(frozen=True)

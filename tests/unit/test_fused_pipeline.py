@@ -27,12 +27,12 @@ def test_settings_read_the_scorer_the_thresholds_and_the_engine_threads_from_par
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("scorer_model", "", "scorer_model must name a model folder"),
-    ("scorer_model", "../elsewhere", "scorer_model must name a model folder"),
-    ("scorer_version", "latest", "scorer_version must be a version number or empty"),
-    ("scorer_version", "0", "scorer_version must be a version number or empty"),
-    ("scorer_version", "-1", "scorer_version must be a version number or empty"),
-    ("max_record_bytes", "0", "max_record_bytes must be a positive integer"),
+    ("scorer_model", "", "parameter scorer_model is required"),
+    ("scorer_model", "../elsewhere", "scorer_model: must name a model folder"),
+    ("scorer_version", "latest", "scorer_version: must be a version number or empty"),
+    ("scorer_version", "0", "scorer_version: must be a version number or empty"),
+    ("scorer_version", "-1", "scorer_version: must be a version number or empty"),
+    ("max_record_bytes", "0", "max_record_bytes: must be a positive integer"),
     ("review_threshold", "0.9", "thresholds must satisfy"),
     ("decline_threshold", "high", "expected a number"),
 ])

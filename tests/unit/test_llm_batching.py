@@ -95,7 +95,7 @@ def test_drain_returns_everyone_oldest_first():
     ({"batching_policy": {"string_value": "random"}}, "batching_policy"),
     ({"max_length_ratio": {"string_value": "0.5"}}, "max_length_ratio"),
     ({"max_group_size": {"string_value": "0"}}, "max_group_size"),
-    ({"max_queue_delay_ms": {"string_value": "soon"}}, "batching parameters"),
+    ({"max_queue_delay_ms": {"string_value": "soon"}}, "max_queue_delay_ms: expected a number"),
 ])
 def test_bad_batching_parameters_refuse_to_load(parameters, message):
     with pytest.raises(BatchingSettingsError, match=message):

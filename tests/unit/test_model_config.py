@@ -73,3 +73,22 @@ def test_decision_thresholds_must_agree_between_the_models_that_decide(repositor
     edit(repositories[0] / "risk_decision" / "config.pbtxt", 'string_value: "0.6"', 'string_value: "0.7"')
     assert ("the decision thresholds differ between models: risk_decision review 0.3 decline 0.7, "
             "risk_pipeline review 0.3 decline 0.6") in check_repositories(repositories)
+
+
+@pytest.mark.parametrize("model, old, new, problem", [
+    ("risk_router", '"breaker_open_seconds"', '"breaker_open_secs"',
+     "risk_router: parameter breaker_open_secs is not one the model reads"),
+    ("risk_router", 'string_value: "0.1" } }', 'string_value: "a tenth" } }',
+     "risk_router: parameter breaker_max_error_rate: expected a number, got 'a tenth'"),
+    ("risk_stream", 'string_value: "200"', 'string_value: "-5"', "risk_stream: reorder_timeout_ms must be positive, got -5.0"),
+    ("risk_pipeline", '"max_record_bytes"\n  value: { string_value: "65536" }',
+     '"max_record_bytes"\n  value: { string_value: "64k" }',
+     "risk_pipeline: parameter max_record_bytes: expected an integer, got '64k'"),
+])
+def test_parameters_a_model_does_not_read_or_cannot_parse_are_reported(repositories, model, old, new, problem):
+    edit(repositories[0] / model / "config.pbtxt", old, new)
+    assert problem in check_repositories(repositories)
+
+
+def test_the_language_model_configs_read_every_parameter_they_set():
+    assert check_repositories([ROOT / "model_repository_llm"]) == []

@@ -8,42 +8,40 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from backends import fault_points
-from backends.circuit_breaker import BreakerSettings, CircuitBreaker
+from backends.circuit_breaker import CircuitBreaker
 from backends.errors import InternalError, InvalidInput, ServingError, from_triton_code, of_kind, triton_error
 from backends.drift import SCORE_FEATURE, DriftMonitor, Reference
 from backends.feature_spec import FeatureSpec
-from backends.model_parameters import string_parameter
-from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, RecordDecoder, request_error
-from backends.router_core import Router
+from backends.model_parameters import read_parameters
+from backends.record_decoder import RecordDecoder, request_error
+from backends.router_core import Router, RouterModelSettings
 from backends.router_metrics import DriftMetrics, RouterMetrics
-from backends.routing_policy import RoutingSettings
 
 BLS_MAX_ROWS = 256
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = json.loads(args["model_config"]).get("parameters", {})
+        settings = read_parameters(RouterModelSettings, json.loads(args["model_config"]).get("parameters", {}))
         here = Path(args["model_repository"])
         self._repository = here.parent
-        spec = FeatureSpec.from_file(here / args["model_version"] / string_parameter(params, "feature_spec"))
-        self._decoder = RecordDecoder(spec, int(string_parameter(params, "max_record_bytes", DEFAULT_MAX_RECORD_BYTES)))
-        self._decision_model = string_parameter(params, "decision_model", "risk_decision")
-        breaker = CircuitBreaker(BreakerSettings.from_parameters(params))
-        self._router = Router(RoutingSettings.from_parameters(params), breaker, self._score, self._versions)
+        spec = FeatureSpec.from_file(here / args["model_version"] / settings.feature_spec)
+        self._decoder = RecordDecoder(spec, settings.max_record_bytes)
+        self._decision_model = settings.decision_model
+        self._router = Router(settings.routing, CircuitBreaker(settings.breaker), self._score, self._versions)
         self._metrics = RouterMetrics(pb_utils.MetricFamily)
-        self._drift = self._drift_monitor(here / args["model_version"], params, spec)
+        self._drift = self._drift_monitor(here / args["model_version"], settings, spec)
         self._drift_published_at = -float("inf")  # the first sampled batch sets the gauges
-        self._drift_publish_seconds = float(string_parameter(params, "drift_publish_seconds", 5))
+        self._drift_publish_seconds = settings.drift_publish_seconds
 
-    def _drift_monitor(self, version_dir, params, spec):
+    def _drift_monitor(self, version_dir, settings, spec):
         """Drift is watched only where the training reference was built (`make` writes it beside this file)."""
-        reference = version_dir / string_parameter(params, "drift_reference", "drift_reference.json")
+        reference = version_dir / settings.drift_reference
         if not reference.is_file():
             pb_utils.Logger.log_warn(f"risk_router: no drift reference at {reference}; feature drift is not watched")
             return None
         monitor = DriftMonitor(Reference.from_json(reference.read_text()), tuple(f.name for f in spec.categorical),
-                               spec.numeric, float(string_parameter(params, "drift_sample_rate", 0.1)))
+                               spec.numeric, settings.drift_sample_rate)
         self._drift_metrics = DriftMetrics(pb_utils.MetricFamily, (*spec.names, SCORE_FEATURE))
         return monitor
 

@@ -16,10 +16,8 @@ import triton_python_backend_utils as pb_utils
 from backends import fault_points
 from backends.batch_scoring import retrying
 from backends.errors import InternalError, InvalidInput, from_triton_code, triton_error
-from backends.model_parameters import string_parameter
-from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES
-from backends.reorder_buffer import ReorderSettings
-from backends.stream_session import Arrival, StreamSession
+from backends.model_parameters import read_parameters
+from backends.stream_session import Arrival, StreamModelSettings, StreamSession
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # Checked at least this often for idle streams, even when no record waits.
@@ -46,12 +44,10 @@ class TritonPythonModel:
         if not pb_utils.using_decoupled_model_transaction_policy(config):
             raise ValueError("risk_stream answers records when their turn comes: its config must set "
                              "model_transaction_policy { decoupled: true }")
-        parameters = config.get("parameters", {})
-        self._scoring_model = string_parameter(parameters, "scoring_model", "risk_pipeline")
-        self._session = StreamSession(
-            ReorderSettings.from_parameters(parameters), retrying(self._score), self._deliver,
-            int(string_parameter(parameters, "max_record_bytes", DEFAULT_MAX_RECORD_BYTES)),
-            log=pb_utils.Logger.log_error)
+        settings = read_parameters(StreamModelSettings, config.get("parameters", {}))
+        self._scoring_model = settings.scoring_model
+        self._session = StreamSession(settings.reorder, retrying(self._score), self._deliver,
+                                      settings.max_record_bytes, log=pb_utils.Logger.log_error)
         self._wake = threading.Event()
         self._stopping = threading.Event()
         labels = {"model": args["model_name"], "version": args["model_version"]}

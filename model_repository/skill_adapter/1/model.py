@@ -8,17 +8,17 @@ import triton_python_backend_utils as pb_utils
 from backends import fault_points
 from backends.errors import InternalError, InvalidInput, triton_error
 from backends.feature_spec import FeatureSpec
-from backends.model_parameters import string_parameter
-from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, RecordDecoder, request_error
+from backends.model_parameters import read_parameters
+from backends.record_decoder import AdapterSettings, RecordDecoder, request_error
 
 
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        params = config.get("parameters", {})
-        spec_path = Path(args["model_repository"]) / args["model_version"] / string_parameter(params, "feature_spec")
+        settings = read_parameters(AdapterSettings, config.get("parameters", {}))
+        spec_path = Path(args["model_repository"]) / args["model_version"] / settings.feature_spec
         spec = FeatureSpec.from_file(spec_path)
-        self._decoder = RecordDecoder(spec, int(string_parameter(params, "max_record_bytes", DEFAULT_MAX_RECORD_BYTES)))
+        self._decoder = RecordDecoder(spec, settings.max_record_bytes)
         outputs = {o["name"]: o["dims"] for o in config["output"]}
         expected = {"categorical": [len(spec.categorical)], "numeric": [len(spec.numeric)]}
         for name, dims in expected.items():

@@ -21,17 +21,10 @@ from backends.llm_batching import BatchingSettings
 from backends.llm_engine import Completion, EngineSettings, Job, LlmEngine
 from backends.llm_metrics import ITL_BUCKETS, TTFT_BUCKETS, StreamTiming, TokenRate
 from backends.llm_request import GenerationError, GenerationLimits, check_prompt_tokens, parse_generation
+from backends.model_parameters import read_parameters
 
 INPUTS = ("text_input", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream")
 METRICS_PERIOD_S = 1.0
-
-
-def _limits(parameters) -> GenerationLimits:
-    def value(key, default):
-        return parameters.get(key, {}).get("string_value", default)
-    return GenerationLimits(int(value("max_tokens_limit", 512)), int(value("default_max_tokens", 64)),
-                            int(value("max_prompt_tokens", 1024)),
-                            stream_by_default=str(value("stream_by_default", "true")).lower() == "true")
 
 
 def _text(text: str):
@@ -45,7 +38,7 @@ class TritonPythonModel:
             raise ValueError("llm streams tokens: its config must set model_transaction_policy { decoupled: true }")
         parameters = config.get("parameters", {})
         model_dir = Path(args["model_repository"])
-        self._limits = _limits(parameters)
+        self._limits = read_parameters(GenerationLimits, parameters)
         self._engine = LlmEngine(EngineSettings.from_parameters(parameters, model_dir),
                                  BatchingSettings.from_parameters(parameters))
         labels = {"model": args["model_name"], "version": args["model_version"]}

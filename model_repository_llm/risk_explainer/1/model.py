@@ -19,10 +19,11 @@ import triton_python_backend_utils as pb_utils
 from backends.decoupled_sender import StreamSender
 from backends.degrade_policy import DEGRADE_REASONS, LLM, LLM_ERROR, TTFT_TIMEOUT, DegradePolicy
 from backends.explanation_text import explanation_prompt, template_explanation
-from backends.model_parameters import string_parameter
+from backends.explainer_settings import ExplainerSettings
+from backends.model_parameters import read_parameters
 from backends.reason_codes import LinearReasons
-from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, RecordDecoder, RecordError, parse_record
-from tools.version_store import version_numbers
+from backends.record_decoder import RecordDecoder, RecordError, parse_record
+from backends.repository_layout import version_numbers
 
 _END = object()
 
@@ -42,21 +43,18 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(config):
             raise ValueError("risk_explainer streams its explanation: set model_transaction_policy { decoupled: true }")
-        parameters = config.get("parameters", {})
+        settings = read_parameters(ExplainerSettings, config.get("parameters", {}))
         here = Path(args["model_repository"])
-        reason_dir = (here / string_parameter(parameters, "reason_model_dir")).resolve()
+        reason_dir = (here / settings.reason_model_dir).resolve()
         versions = [v for v in version_numbers(reason_dir) if (reason_dir / str(v) / "model.onnx").is_file()]
         if not versions:
             raise ValueError(f"reason_model_dir: no version with a model.onnx under {reason_dir}")
-        self._reasons = LinearReasons(reason_dir / str(versions[-1]) / "model.onnx",
-                                      int(string_parameter(parameters, "top_reasons", 3)))
-        self._decoder = RecordDecoder(self._reasons.spec,
-                                      int(string_parameter(parameters, "max_record_bytes", DEFAULT_MAX_RECORD_BYTES)))
-        self._scoring_model = string_parameter(parameters, "scoring_model", "risk_pipeline")
-        self._llm_model = string_parameter(parameters, "llm_model", "llm")
-        self._max_tokens = int(string_parameter(parameters, "max_tokens", 48))
-        self._policy = DegradePolicy(float(string_parameter(parameters, "degrade_ttft_s", 1.0)),
-                                     float(string_parameter(parameters, "probe_interval_s", 5.0)))
+        self._reasons = LinearReasons(reason_dir / str(versions[-1]) / "model.onnx", settings.top_reasons)
+        self._decoder = RecordDecoder(self._reasons.spec, settings.max_record_bytes)
+        self._scoring_model = settings.scoring_model
+        self._llm_model = settings.llm_model
+        self._max_tokens = settings.max_tokens
+        self._policy = DegradePolicy(settings.degrade_ttft_s, settings.probe_interval_s)
         labels = {"model": args["model_name"], "version": args["model_version"]}
         family = pb_utils.MetricFamily
         # The families must outlive their metrics.
@@ -70,8 +68,7 @@ class TritonPythonModel:
         self._outbox = queue.SimpleQueue()
         self._outbox_thread = threading.Thread(target=self._outbox_loop, name="explainer-outbox", daemon=True)
         self._outbox_thread.start()
-        self._workers = ThreadPoolExecutor(int(string_parameter(parameters, "workers", 4)),
-                                           thread_name_prefix="explainer")
+        self._workers = ThreadPoolExecutor(settings.workers, thread_name_prefix="explainer")
 
     def execute(self, requests):
         for request in requests:
