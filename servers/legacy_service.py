@@ -1,6 +1,6 @@
 """`s2t legacy serve`: the legacy Skill service as it ran before the migration.
 
-TensorFlow loads the SavedModel and serves `skill.Skill/Score` (clients/proto/skill.proto) itself: the caller streams
+TensorFlow loads the SavedModel and serves `skill.Skill/Score` (wire/skill.proto) itself: the caller streams
 its records, the service scores them in fixed-size windows (one call of the serving signature per window) on a pool
 of 8 threads, and answers once when the caller closes its side. It is the reference a cutover compares against and
 the "before" of the before/after table, so its settings are the legacy platform's, not tuned ones.
@@ -19,8 +19,8 @@ import numpy as np
 
 from backends.decision_policy import Thresholds, decide
 from backends.record_decoder import RecordError, parse_record
-from clients.legacy_gateway import windows
-from clients.proto import skill_pb2, skill_pb2_grpc
+from servers.legacy_gateway import windows
+from wire import skill_pb2, skill_pb2_grpc
 
 LEGACY_WINDOW_SIZE = 128
 LEGACY_THREADS = 8

@@ -625,8 +625,8 @@ def release(out_dir, repositories, pin_dir) -> None:
               help="Prometheus metrics (s2t_cutover_*) on this port; 0: none")
 def gateway(port, triton_url, model, window_size, workers, call_timeout_s, max_records, mirror, answer_from,
             diff_report, diff_report_interval_s, mirror_timeout_s, tolerance, metrics_port) -> None:
-    """Serve the legacy Skill gRPC service (clients/proto/skill.proto), forwarding to Triton, until SIGINT/SIGTERM."""
-    from clients.legacy_gateway import CallLimits, serve as serve_gateway
+    """Serve the legacy Skill gRPC service (wire/skill.proto), forwarding to Triton, until SIGINT/SIGTERM."""
+    from servers.legacy_gateway import CallLimits, serve as serve_gateway
     if (answer_from != "triton" or diff_report) and not mirror:
         raise click.UsageError("--answer-from and --diff-report need --mirror HOST:PORT")
     answer = dual_run = None

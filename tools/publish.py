@@ -19,8 +19,9 @@ from tools import live_control, model_config, parity
 from tools.convert import ConversionError, read_spec
 from tools.version_store import VersionStore, durable_rename
 
-ADAPTER = "skill_adapter"
-ADAPTER_SPEC = Path("1") / "feature_spec.json"
+# The models that decode records with a feature spec of their own, which a new scorer must match.
+SPEC_READERS = ("skill_adapter", "risk_router")
+SPEC_FILE = Path("1") / "feature_spec.json"
 RECORD_NAME = "publish.json"
 
 
@@ -74,10 +75,11 @@ def _check_adapter_spec(model_dir: Path, model: onnx.ModelProto) -> None:
         spec = read_spec(model)
     except ConversionError as err:
         raise PublishError(str(err)) from None
-    adapter_spec = model_dir.parent / ADAPTER / ADAPTER_SPEC
-    if adapter_spec.exists() and FeatureSpec.from_file(adapter_spec) != spec:
-        raise PublishError(f"the artifact's feature spec (vocabularies, feature order) differs from {adapter_spec}, "
-                           "which the adapter decodes with; publish a matching adapter first")
+    for reader in SPEC_READERS:
+        reader_spec = model_dir.parent / reader / SPEC_FILE
+        if reader_spec.exists() and FeatureSpec.from_file(reader_spec) != spec:
+            raise PublishError(f"the artifact's feature spec (vocabularies, feature order) differs from {reader_spec}, "
+                               f"which {reader} decodes with; publish a matching {reader} first")
 
 
 def _validate_engine(model_dir: Path, config, engine: Path, gate: ParityGate | None,

@@ -15,7 +15,7 @@ import re
 import shutil
 from pathlib import Path
 
-PROJECT_PACKAGES = ("backends", "clients", "tools")
+PROJECT_PACKAGES = ("backends", "clients", "servers", "tools", "wire")
 # The container entry point (tools/keeper.py) runs from the release too.
 ENTRY_MODULES = ("tools.keeper",)
 ID_PATTERN = re.compile(r"sha256-[0-9a-f]{16}")

@@ -338,7 +338,7 @@ def test_locust_starts_only_on_demand_aimed_at_triton_with_the_repository_locust
     locustfile = Path(command[command.index("-f") + 1])
     mount = next(b for b in _binds(locust) if locustfile.is_relative_to(b["target"]))
     assert (Path(mount["source"]) / locustfile.relative_to(mount["target"])) == ROOT / "clients" / "locustfile.py"
-    assert (ROOT / "clients" / "locustfile.py").is_file(), "clients/locustfile.py (the benchmark's) is missing"
+    assert (ROOT / "clients" / "locustfile.py").is_file(), "tools/bench/locustfile.py (the benchmark's) is missing"
 
 
 TLS_FLAGS = ["--grpc-use-ssl=true", "--grpc-server-cert=/run/secrets/triton_grpc_cert",

@@ -7,7 +7,7 @@ import time
 import grpc
 import pytest
 
-from clients.proto import skill_pb2, skill_pb2_grpc
+from wire import skill_pb2, skill_pb2_grpc
 from tests.conftest import free_port
 from tests.integration.skill_services import S2T, running, skill_records
 

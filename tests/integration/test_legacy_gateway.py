@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from backends.decision_policy import decide
-from clients.legacy_gateway import serve
+from servers.legacy_gateway import serve
 from clients.legacy_record import to_protobuf
-from clients.proto import skill_pb2, skill_pb2_grpc
+from wire import skill_pb2, skill_pb2_grpc
 from tests.conftest import free_port
 from tools import parity
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from backends.decision_policy import decide
-from clients.proto import skill_pb2, skill_pb2_grpc
+from wire import skill_pb2, skill_pb2_grpc
 from tests.conftest import SAVED_MODEL, free_port
 from tests.integration.skill_services import skill_records, start, stop
 from tools import parity

@@ -4,8 +4,8 @@ import threading
 import grpc
 import pytest
 
-from clients.legacy_gateway import CallRefused
-from clients.proto import skill_pb2
+from servers.legacy_gateway import CallRefused
+from wire import skill_pb2
 from servers.dual_run import MAX_IDS_KEPT, DiffTally, DualRun, write_json_atomically
 
 OK, BAD = skill_pb2.OK, skill_pb2.INVALID_RECORD

@@ -7,7 +7,7 @@ import pytest
 from backends.example_record import as_example
 from backends.record_decoder import RecordDecoder, RecordError, parse_record
 from clients.legacy_record import to_protobuf
-from clients.proto import skill_pb2
+from wire import skill_pb2
 
 
 def tf_example(features: dict) -> bytes:

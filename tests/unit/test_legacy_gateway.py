@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from backends.errors import INTERNAL, INVALID, UNAVAILABLE, of_kind
-from clients.legacy_gateway import (CallLimits, CallRefused, SkillGateway, check_window_size, error_kind,
+from servers.legacy_gateway import (CallLimits, CallRefused, SkillGateway, check_window_size, error_kind,
                                     records_within, windows)
 from clients.legacy_record import to_protobuf
-from clients.proto import skill_pb2
+from wire import skill_pb2
 
 
 class Aborted(Exception):

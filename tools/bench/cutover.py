@@ -25,7 +25,7 @@ import numpy as np
 import psutil
 
 from clients.legacy_record import to_protobuf
-from clients.proto import skill_pb2, skill_pb2_grpc
+from wire import skill_pb2, skill_pb2_grpc
 from tools import german_credit, service_process
 from tools.bench import process_tree
 from tools.triton_server import TritonServer, free_port

@@ -2,7 +2,7 @@
 
 Headless and bounded, with a pass/fail rule on the error rate:
 
-    locust -f clients/locustfile.py --headless -u 8 -r 8 --run-time 30s --host http://localhost:8000 \
+    locust -f tools/bench/locustfile.py --headless -u 8 -r 8 --run-time 30s --host http://localhost:8000 \
         HttpRecordUser GrpcRecordUser
 
 Environment: S2T_GRPC_URL (gRPC HOST:PORT, default localhost:8001), S2T_DATA (German Credit CSV),

@@ -1,4 +1,4 @@
-"""`s2t gateway`: the legacy Skill service (clients/proto/skill.proto) in front of Triton.
+"""`s2t gateway`: the legacy Skill service (wire/skill.proto) in front of Triton.
 
 Legacy callers stream `SkillRecord`s and get one `SkillBatchResult` when they close their side, as they always
 did. The gateway keeps the legacy fixed-size windows: every `window_size` records (and the rest at the end) are
@@ -20,7 +20,7 @@ import numpy as np
 
 from backends.batch_scoring import retrying, score_isolating_bad_records
 from backends.errors import INTERNAL, INVALID, UNAVAILABLE, of_kind
-from clients.proto import skill_pb2, skill_pb2_grpc
+from wire import skill_pb2, skill_pb2_grpc
 
 DEFAULT_WINDOW_SIZE = 32
 DEFAULT_CONCURRENT_CALLS = 8
