@@ -31,6 +31,8 @@ LITE_ONNX := artifacts/onnx/risk_scorer_lite.onnx
 ADAPTER_SPEC := model_repository/skill_adapter/1/feature_spec.json
 # risk_router decodes records too; each model reads its own copy, never another model's folder.
 ROUTER_SPEC := model_repository/risk_router/1/feature_spec.json
+# risk_explainer's reason codes come from the linear fallback scorer's weights: its own copy of them.
+EXPLAINER_REASONS := model_repository_llm/risk_explainer/1/reason_model.onnx
 DRIFT_REFERENCE := model_repository/risk_router/1/drift_reference.json
 PROTO_PY := wire/skill_pb2.py wire/skill_pb2_grpc.py wire/tf_example_pb2.py
 
@@ -132,13 +134,16 @@ define publish_if_new
 	fi
 endef
 
-models: $(ADAPTER_SPEC) $(ROUTER_SPEC) $(DRIFT_REFERENCE) $(LITE_ONNX)
+$(EXPLAINER_REASONS): $(LITE_ONNX)
+	cp $(LITE_ONNX) $@.tmp && mv $@.tmp $@
+
+models: $(ADAPTER_SPEC) $(ROUTER_SPEC) $(DRIFT_REFERENCE) $(LITE_ONNX) $(EXPLAINER_REASONS)
 	$(call publish_if_new,risk_scorer,$(SCORER_ONNX),$(SAVED_MODEL))
 	$(call publish_if_new,risk_scorer_lite,$(LITE_ONNX),$(LITE_SAVED_MODEL))
 	$(S2T) check-config
 
 clean:
-	rm -rf artifacts model_repository/risk_scorer/[0-9]* model_repository/risk_scorer_lite/[0-9]* $(ADAPTER_SPEC) $(ROUTER_SPEC) $(DRIFT_REFERENCE) .model_repository.s2t
+	rm -rf artifacts model_repository/risk_scorer/[0-9]* model_repository/risk_scorer_lite/[0-9]* $(ADAPTER_SPEC) $(ROUTER_SPEC) $(EXPLAINER_REASONS) $(DRIFT_REFERENCE) .model_repository.s2t
 	rm -rf model_repository_gpu/*/[0-9]* .model_repository_gpu.s2t
 
 # ---- The GPU path (TensorRT, ONNX Runtime CUDA EP; README "TensorRT"). Not part of `make test`: it needs a GPU.

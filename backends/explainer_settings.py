@@ -9,7 +9,7 @@ from backends.record_decoder import max_record_bytes_parameter
 
 @dataclass(frozen=True)
 class ExplainerSettings:
-    reason_model_dir: str = parameter("reason_model_dir")  # relative to the explainer's model folder
+    reason_model: str = parameter("reason_model", "reason_model.onnx")  # relative to the version folder
     top_reasons: int = parameter("top_reasons", 3, parse=positive_integer)
     max_record_bytes: int = max_record_bytes_parameter()
     scoring_model: str = parameter("scoring_model", "risk_pipeline")

@@ -118,13 +118,17 @@ def check_onnx_against_config(config: mc.ModelConfig, onnx_path: Path) -> list[s
     return problems
 
 
+def engine_report_path(engine_path: Path) -> Path:
+    """The build report `s2t build-trt` writes beside an engine: what it was built for, readable without a GPU."""
+    return Path(engine_path).with_name(Path(engine_path).name + ".json")
+
+
 def check_engine_against_config(config: mc.ModelConfig, plan: Path) -> list[str]:
     """A TensorRT engine against its config, from the build report beside it (`s2t build-trt` writes it).
 
     The engine itself can only be opened by TensorRT on a GPU; the report says what it was built for.
     """
-    from tools.tensorrt_engine import report_path as build_report_path
-    report_path = build_report_path(plan)
+    report_path = engine_report_path(plan)
     if not report_path.is_file():
         return [f"{config.name}: {plan} has no build report {report_path.name} (which TensorRT, GPU and batch "
                 "profile built it is unknown)"]

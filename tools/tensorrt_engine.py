@@ -21,6 +21,9 @@ from pathlib import Path
 
 import onnx
 
+from tools import model_config
+from tools.model_config import engine_report_path as report_path  # noqa: F401 - part of this module's interface
+
 # nvcr.io/nvidia/tritonserver:24.10-py3 (Triton 2.51.0) links TensorRT 10.5.0.18 (the NGC framework support
 # matrix, release 24.10); PyPI's tensorrt-cu12==10.5.0 is that release. Its ONNX Runtime is 1.19.2, the
 # onnxruntime-gpu the CUDA execution provider comparison uses.
@@ -88,7 +91,6 @@ def profile_for_config(config_dir: Path | None, max_batch: int | None = None, op
     """
     config = None
     if config_dir is not None and (Path(config_dir) / "config.pbtxt").is_file():
-        from tools import model_config
         config = model_config.load(Path(config_dir))
     if max_batch is None:
         if config is None or config.max_batch_size < 1:
@@ -220,10 +222,6 @@ def build_engine(onnx_path: Path, engine_path: Path, precision: str, profile: Ba
               "engine_bytes": len(plan)}
     _write_atomically(report_path(engine_path), (json.dumps(report, indent=2) + "\n").encode())
     return report
-
-
-def report_path(engine_path: Path) -> Path:
-    return Path(engine_path).with_name(Path(engine_path).name + ".json")
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

@@ -27,7 +27,6 @@ def _llm_repository_for_tests(dest: Path) -> Path:
     import re
     import shutil
     shutil.copytree(LLM_REPOSITORY, dest, ignore=shutil.ignore_patterns("__pycache__"))
-    reason_dir = str((LLM_REPOSITORY / "risk_explainer").resolve() / "../../model_repository/risk_scorer_lite")
 
     def explainer(name: str, threshold_s: str) -> None:
         config = dest / name / "config.pbtxt"
@@ -35,7 +34,6 @@ def _llm_repository_for_tests(dest: Path) -> Path:
             shutil.copytree(dest / "risk_explainer", dest / name)
         text = config.read_text().replace('name: "risk_explainer"', f'name: "{name}"')
         text = re.sub(r'(key: "degrade_ttft_s"\s*value: \{ string_value: )"[^"]*"', rf'\1"{threshold_s}"', text)
-        text = re.sub(r'(key: "reason_model_dir"\s*value: \{ string_value: )"[^"]*"', rf'\1"{reason_dir}"', text)
         config.write_text(text)
     explainer("risk_explainer", "60")
     explainer("risk_explainer_light", "0.000001")

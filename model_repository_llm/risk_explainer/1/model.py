@@ -23,7 +23,6 @@ from backends.explainer_settings import ExplainerSettings
 from backends.model_parameters import read_parameters
 from backends.reason_codes import LinearReasons
 from backends.record_decoder import RecordDecoder, RecordError, parse_record
-from backends.repository_layout import version_numbers
 
 _END = object()
 
@@ -44,12 +43,10 @@ class TritonPythonModel:
         if not pb_utils.using_decoupled_model_transaction_policy(config):
             raise ValueError("risk_explainer streams its explanation: set model_transaction_policy { decoupled: true }")
         settings = read_parameters(ExplainerSettings, config.get("parameters", {}))
-        here = Path(args["model_repository"])
-        reason_dir = (here / settings.reason_model_dir).resolve()
-        versions = [v for v in version_numbers(reason_dir) if (reason_dir / str(v) / "model.onnx").is_file()]
-        if not versions:
-            raise ValueError(f"reason_model_dir: no version with a model.onnx under {reason_dir}")
-        self._reasons = LinearReasons(reason_dir / str(versions[-1]) / "model.onnx", settings.top_reasons)
+        reason_model = Path(args["model_repository"]) / args["model_version"] / settings.reason_model
+        if not reason_model.is_file():
+            raise ValueError(f"reason_model: no ONNX file at {reason_model} (`make models` writes it)")
+        self._reasons = LinearReasons(reason_model, settings.top_reasons)
         self._decoder = RecordDecoder(self._reasons.spec, settings.max_record_bytes)
         self._scoring_model = settings.scoring_model
         self._llm_model = settings.llm_model

@@ -1,0 +1,92 @@
+"""The layers of docs/architecture.md, enforced: what each folder may import (imports inside functions count), no
+import cycle between the project's modules, and no model that reads another model's folder."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# layer -> the layers it may import from (its own included).
+ALLOWED = {
+    "wire": {"wire"},
+    "backends": {"backends", "wire"},
+    "models": {"backends", "wire"},
+    "clients": {"clients", "wire"},
+    "servers": {"servers", "clients", "backends", "wire"},
+    "tools": {"tools", "servers", "clients", "backends", "wire"},
+}
+PROJECT_PACKAGES = {"wire", "backends", "clients", "servers", "tools"}
+
+
+def layer(path: Path) -> str | None:
+    top = path.relative_to(ROOT).parts[0]
+    if top.startswith("model_repository") or top == "ensembles":
+        return "models"
+    return top if top in PROJECT_PACKAGES else None
+
+
+def project_sources() -> list[Path]:
+    return sorted(p for p in ROOT.rglob("*.py")
+                  if layer(p) is not None and "__pycache__" not in p.parts and not p.name.endswith("_pb2.py")
+                  and not p.name.endswith("_pb2_grpc.py"))
+
+
+def imported_modules(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in found if name.split(".")[0] in PROJECT_PACKAGES}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_every_import_follows_an_allowed_edge():
+    crossings = []
+    for path in project_sources():
+        for module in imported_modules(path):
+            target = module.split(".")[0]
+            if target not in ALLOWED[layer(path)]:
+                crossings.append(f"{path.relative_to(ROOT)} ({layer(path)}) imports {module} ({target})")
+    assert crossings == []
+
+
+def test_the_project_modules_import_each_other_without_a_cycle():
+    modules = {module_name(p): p for p in project_sources() if layer(p) != "models"}
+    graph = {name: {m for m in imported_modules(path) if m in modules and m != name} for name, path in modules.items()}
+    cycles, state = [], {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = "open"
+        for target in sorted(graph[name]):
+            if state.get(target) == "open":
+                cycles.append(trail[trail.index(target):] + [target])
+            elif target not in state:
+                visit(target, trail + [target])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []
+
+
+def test_no_model_config_points_into_another_models_folder():
+    outside = re.compile(r'string_value:\s*"(\.\./[^"]*)"')
+    found = [f"{config.relative_to(ROOT)}: {match}"
+             for config in sorted(ROOT.glob("model_repository*/*/config.pbtxt"))
+             for match in outside.findall(config.read_text())]
+    assert found == []
+
+
+def test_the_checks_see_every_layer():
+    seen = {layer(p) for p in project_sources()}
+    assert seen == set(ALLOWED)
