@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from concurrent import futures
@@ -22,6 +21,7 @@ from typing import Callable, Sequence
 
 import grpc
 
+from backends.atomic_files import write_atomically
 from servers.legacy_gateway import CallRefused
 from wire import skill_pb2, skill_pb2_grpc
 
@@ -189,10 +189,7 @@ class CutoverMetrics:
 
 
 def write_json_atomically(path: Path, content: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    staged.write_text(json.dumps(content, indent=2) + "\n")
-    os.replace(staged, path)
+    write_atomically(path, json.dumps(content, indent=2) + "\n")
 
 
 class DualRun:

@@ -110,15 +110,13 @@ def spec(onnx_model: Path, out: Path) -> None:
     """Write the feature spec (feature order, vocabularies) of a converted model, for the adapter."""
     import onnx
 
+    from backends.atomic_files import write_atomically
     from tools.convert import ConversionError, read_spec
     try:
         feature_spec = read_spec(onnx.load(str(onnx_model), load_external_data=False))
     except ConversionError as err:
         raise click.ClickException(str(err)) from None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
-    partial.write_text(feature_spec.to_json() + "\n")
-    partial.replace(out)
+    write_atomically(out, feature_spec.to_json() + "\n")
     click.echo(out)
 
 

@@ -6,12 +6,12 @@ old config or the new one, never a half-written one.
 """
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 from tools import model_config
-from tools.version_store import VersionStore, durable_rename
+from backends.atomic_files import write_atomically
+from tools.version_store import VersionStore
 
 
 class ConfigEditError(Exception):
@@ -44,10 +44,4 @@ def replace_config(store: VersionStore, path: Path, text: str) -> None:
         model_config.load_text(text, str(path))
     except ValueError as err:
         raise ConfigEditError(str(err)) from None
-    store.staging.mkdir(parents=True, exist_ok=True)
-    staged = store.staging / f"{path.parent.name}-config.pbtxt.{os.getpid()}"
-    with open(staged, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    durable_rename(staged, path)
+    write_atomically(path, text, staging_dir=store.staging)

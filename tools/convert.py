@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from backends.atomic_files import write_atomically
 from backends.feature_spec import (CATEGORICAL_INPUT, METADATA_KEY, NUMERIC_INPUT, PROBABILITY_OUTPUT,
                                    CategoricalFeature, FeatureSpec)
 
@@ -175,9 +176,5 @@ def convert(saved_model: Path, output: Path, opset: int = MIN_OPSET) -> FeatureS
     if opset < MIN_OPSET:
         raise ConversionError(f"opset {opset} is below {MIN_OPSET}, the lowest this project serves")
     model, spec = shape_for_serving(run_tf2onnx(Path(saved_model), opset))
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    partial = output.with_name(output.name + ".partial")
-    onnx.save(model, str(partial))
-    partial.replace(output)
+    write_atomically(Path(output), model.SerializeToString())
     return spec

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from backends.atomic_files import write_atomically
 from backends.drift import Reference
 from backends.record_decoder import encode_columns
 from tools.canary_analysis import parse_metrics, scrape
@@ -28,10 +29,7 @@ def build_reference(data_csv: Path, onnx_model: Path, out: Path) -> Reference:
     session = ort.InferenceSession(str(onnx_model), providers=["CPUExecutionProvider"])
     scores = session.run(["probability"], {"categorical": categorical, "numeric": numeric})[0]
     reference = Reference.build(spec, categorical, numeric, np.asarray(scores))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
-    partial.write_text(reference.to_json() + "\n")
-    partial.replace(out)
+    write_atomically(out, reference.to_json() + "\n")
     return reference
 
 

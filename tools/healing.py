@@ -6,12 +6,12 @@ Standard library only: the same code runs under `s2t serve` and inside the NGC c
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from backends.atomic_files import write_atomically
 
 # Triton's failure reasons that say the model itself failed (REJECTED is a full queue, CANCELED the caller).
 MODEL_FAILURE_REASONS = frozenset({"BACKEND", "OTHER"})
@@ -157,22 +157,6 @@ class HealPolicy:
 
     def attempts(self, model: str) -> int:
         return self._models.get(model, _Attempts()).count
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Readers see the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from a reader running as another user
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # How many past events supervisor.json keeps.

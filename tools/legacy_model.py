@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from backends.atomic_files import durable_rename
 from tools import german_credit
 
 SEED = 20261129
@@ -121,5 +122,5 @@ def build(csv_path: Path, out_dir: Path, lite: bool = False) -> TrainingReport:
     (staging / "training_report.json").write_text(json.dumps(asdict(report), indent=2) + "\n")
     if out_dir.exists():
         shutil.rmtree(out_dir)
-    staging.rename(out_dir)
+    durable_rename(staging, out_dir)
     return report

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -10,6 +11,7 @@ from typing import Mapping
 
 import numpy as np
 
+from backends.atomic_files import write_atomically
 from backends.decision_policy import Thresholds, decide
 from backends.record_decoder import encode_columns
 from tools import german_credit
@@ -235,14 +237,12 @@ def reference_scores(saved_model: Path, data_csv: Path, data: german_credit.Data
     if cached.exists():
         return np.load(cached)
     scores = legacy_scores(saved_model, data.columns)
-    partial = cached.with_name(cached.name + ".partial.npy")
     try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        np.save(partial, scores)
-        partial.replace(cached)
+        buffer = io.BytesIO()
+        np.save(buffer, scores)
+        write_atomically(cached, buffer.getvalue())
     except OSError:
-        # A cache that cannot be written (a full disk) costs the next publish time, never this one its answer.
-        partial.unlink(missing_ok=True)
+        pass  # a cache that cannot be written (a full disk) costs the next publish time, never this one its answer
     return scores
 
 

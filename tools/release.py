@@ -15,6 +15,8 @@ import re
 import shutil
 from pathlib import Path
 
+from backends.atomic_files import durable_rename
+
 PROJECT_PACKAGES = ("backends", "clients", "servers", "tools", "wire")
 # The container entry point (tools/keeper.py) runs from the release too.
 ENTRY_MODULES = ("tools.keeper",)
@@ -98,7 +100,7 @@ def build(root: Path, repositories: list[Path], out: Path) -> str:
     for name, source in layout.items():
         (staging / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, staging / name)
-    staging.rename(target)
+    durable_rename(staging, target)
     return release_id
 
 

@@ -17,7 +17,6 @@ live server runs the change (explicit mode: it asks for the loads through the re
 from __future__ import annotations
 
 import json
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -27,7 +26,8 @@ from typing import Iterable, Iterator
 from backends.routing_policy import Target
 from tools import canary as canary_config
 from tools import live_control, model_config, primary
-from tools.version_store import VersionStore, durable_rename
+from backends.atomic_files import write_atomically
+from tools.version_store import VersionStore
 
 # Without a server to ask, how long a version that was routed to stays loaded after the step that stopped it:
 # a poll (1 s) plus the reload of the router's stub and of the pipeline (2-4 s measured here), with margin.
@@ -117,13 +117,7 @@ class Rollout:
                             {v: 0.0 for v in older[:-1]})
 
     def save(self, state: RolloutState) -> None:
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.state_file.with_suffix(f".json.{os.getpid()}")
-        with open(partial, "w") as f:
-            f.write(state.to_json())
-            f.flush()
-            os.fsync(f.fileno())
-        durable_rename(partial, self.state_file)
+        write_atomically(self.state_file, state.to_json())
 
     # ---- the steps' common parts ----
     @contextmanager

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import onnx
 
+from backends.atomic_files import write_atomically
 from tools import model_config
 from tools.model_config import engine_report_path as report_path  # noqa: F401 - part of this module's interface
 
@@ -211,25 +212,17 @@ def build_engine(onnx_path: Path, engine_path: Path, precision: str, profile: Ba
         raise EngineBuildError("TensorRT could not build the engine (see its log above)")
     seconds = time.perf_counter() - started
     plan = bytes(serialized)
-    _write_atomically(engine_path, plan)
+    write_atomically(engine_path, plan)
     if timing_cache:
-        _write_atomically(timing_cache, bytes(config.get_timing_cache().serialize()))
+        write_atomically(timing_cache, bytes(config.get_timing_cache().serialize()))
     report = {"engine": str(engine_path), "onnx": str(Path(onnx_path).resolve()),
               "onnx_sha256": hashlib.sha256(Path(onnx_path).read_bytes()).hexdigest(),
               "tensorrt": trt.__version__, "serving_image": SERVING_IMAGE, "gpu": gpu, "precision": precision,
               "profile": asdict(profile), "shapes": {k: [list(s) for s in v] for k, v in shapes.items()},
               "timing_cache": str(timing_cache) if timing_cache else None, "build_seconds": round(seconds, 2),
               "engine_bytes": len(plan)}
-    _write_atomically(report_path(engine_path), (json.dumps(report, indent=2) + "\n").encode())
+    write_atomically(report_path(engine_path), (json.dumps(report, indent=2) + "\n").encode())
     return report
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + f".partial.{os.getpid()}")
-    partial.write_bytes(data)
-    partial.replace(path)
 
 
 def engine_precision(engine_path: Path) -> str:

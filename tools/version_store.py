@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from backends.atomic_files import durable_rename
 from backends.repository_layout import version_numbers  # noqa: F401 - part of this module's interface
 
 LOCK_TIMEOUT_SECONDS = 300.0
@@ -26,28 +27,6 @@ LOCK_TIMEOUT_SECONDS = 300.0
 
 class ControlLockTimeout(Exception):
     """Another command that changes what is served held the lock for too long."""
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename into (or out of) `path` durable: the directory entry itself must reach the disk."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def durable_rename(source: Path, target: Path) -> None:
-    """One rename, then fsync of the moved folder (or file) and of both parents, so a crash keeps either side."""
-    os.rename(source, target)
-    fd = os.open(target, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    fsync_dir(Path(target).parent)
-    if Path(source).parent != Path(target).parent:
-        fsync_dir(Path(source).parent)
 
 
 @dataclass(frozen=True)

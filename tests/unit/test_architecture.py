@@ -90,3 +90,12 @@ def test_no_model_config_points_into_another_models_folder():
 def test_the_checks_see_every_layer():
     seen = {layer(p) for p in project_sources()}
     assert seen == set(ALLOWED)
+
+
+def test_files_for_other_readers_are_written_one_way_only():
+    """backends/atomic_files.py is the one place that stages and renames; a second copy would drift from it."""
+    staged_write = re.compile(r"os\.replace\(|os\.rename\(|\.rename\(|\.replace\((?:out|dest|path|target|output|cached)\)")
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for path in project_sources() if path != ROOT / "backends" / "atomic_files.py"
+             for number, line in enumerate(path.read_text().splitlines(), 1) if staged_write.search(line)]
+    assert found == []
