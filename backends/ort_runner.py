@@ -14,6 +14,7 @@ import numpy as np
 import onnxruntime as ort
 
 from backends.model_parameters import parameter, read_parameters
+from backends.request_rows import RequestRows
 
 # Config data types (model_config.proto names) -> numpy dtypes, as the native backend maps them.
 CONFIG_DTYPES = {
@@ -115,14 +116,12 @@ class OrtRunner:
         """Outputs for each request, or the exception that request alone caused."""
         if len(requests) == 1 or not self.batched:
             return [self._guarded(r) for r in requests]
-        counts = [len(r[self.inputs[0].name]) for r in requests]
+        rows = RequestRows.of([r[self.inputs[0].name] for r in requests])
         try:
-            merged = {s.name: np.concatenate([r[s.name] for r in requests]) for s in self.inputs}
-            outputs = self.run_one(merged)
+            outputs = self.run_one({s.name: rows.join([r[s.name] for r in requests]) for s in self.inputs})
         except Exception:  # noqa: BLE001 - find the faulty request(s) below
             return [self._guarded(r) for r in requests]
-        bounds = np.cumsum(counts)[:-1]
-        per_output = [np.split(out, bounds) for out in outputs]
+        per_output = [rows.split(out) for out in outputs]
         return [[parts[i] for parts in per_output] for i in range(len(requests))]
 
     def _guarded(self, arrays: Mapping[str, np.ndarray]) -> list[np.ndarray] | Exception:

@@ -2,12 +2,12 @@
 import json
 import traceback
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from backends import fault_points
 from backends.decision_policy import Thresholds, decide
 from backends.errors import InternalError, triton_error
+from backends.request_rows import RequestRows
 
 
 class TritonPythonModel:
@@ -18,12 +18,12 @@ class TritonPythonModel:
         try:
             fault_points.check("risk_decision.execute")
             probabilities = [pb_utils.get_input_tensor_by_name(r, "probability").as_numpy() for r in requests]
-            decisions = decide(np.concatenate(probabilities), self._thresholds)
+            rows = RequestRows.of(probabilities)
+            decisions = decide(rows.join(probabilities), self._thresholds)
         except Exception:  # noqa: BLE001 - log it, fail these requests, keep serving
             pb_utils.Logger.log_error(traceback.format_exc())
             # A new TritonError for every response: Triton 2.51 crashes when responses share one.
             return [pb_utils.InferenceResponse(error=triton_error(InternalError("risk_decision: internal error"),
                                                                   pb_utils.TritonError)) for _ in requests]
-        bounds = np.cumsum([len(p) for p in probabilities])[:-1]
         return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("decision", d)])
-                for d in np.split(decisions, bounds)]
+                for d in rows.split(decisions)]

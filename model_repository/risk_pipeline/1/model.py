@@ -9,6 +9,7 @@ from backends import fault_points
 from backends.errors import InternalError, InvalidInput, triton_error
 from backends.fused_pipeline import FusedPipeline, PipelineSettings, scorer_path
 from backends.record_decoder import request_error
+from backends.request_rows import RequestRows
 
 
 class TritonPythonModel:
@@ -22,8 +23,9 @@ class TritonPythonModel:
     def execute(self, requests):
         try:
             fault_points.check("risk_pipeline.execute")
-            payloads = [pb_utils.get_input_tensor_by_name(r, "payload").as_numpy() for r in requests]
-            scored = self._pipeline.score([p for batch in payloads for p in batch.ravel()])
+            payloads = [pb_utils.get_input_tensor_by_name(r, "payload").as_numpy().ravel() for r in requests]
+            rows = RequestRows.of(payloads)
+            scored = self._pipeline.score(rows.join(payloads))
         except Exception:  # noqa: BLE001 - log it, fail these requests, keep serving
             pb_utils.Logger.log_error(traceback.format_exc())
             return [_error(InternalError("risk_pipeline: internal error")) for _ in requests]
@@ -32,16 +34,14 @@ class TritonPythonModel:
         response, tensor = pb_utils.InferenceResponse, pb_utils.Tensor
         probability, decision, errors = scored.probability, scored.decision, scored.errors
         any_error = any(errors)
-        responses, start = [], 0
-        for batch in payloads:
-            stop = start + len(batch)
-            message = any_error and request_error(errors[start:stop])
+        responses = []
+        for part in rows.slices:
+            message = any_error and request_error(errors[part])
             if message:
                 responses.append(_error(InvalidInput(message)))
             else:
-                responses.append(response(output_tensors=[tensor("probability", probability[start:stop]),
-                                                          tensor("decision", decision[start:stop])]))
-            start = stop
+                responses.append(response(output_tensors=[tensor("probability", probability[part]),
+                                                          tensor("decision", decision[part])]))
         return responses
 
 

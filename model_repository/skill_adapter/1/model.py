@@ -10,6 +10,7 @@ from backends.errors import InternalError, InvalidInput, triton_error
 from backends.feature_spec import FeatureSpec
 from backends.model_parameters import read_parameters
 from backends.record_decoder import AdapterSettings, RecordDecoder, request_error
+from backends.request_rows import RequestRows
 
 
 class TritonPythonModel:
@@ -30,22 +31,21 @@ class TritonPythonModel:
         try:
             fault_points.check("skill_adapter.execute")
             payloads = [pb_utils.get_input_tensor_by_name(r, "payload").as_numpy().ravel() for r in requests]
-            decoded = self._decoder.decode([p for batch in payloads for p in batch])
+            rows = RequestRows.of(payloads)
+            decoded = self._decoder.decode(rows.join(payloads))
         except Exception:  # noqa: BLE001 - log it, fail these requests, keep serving
             pb_utils.Logger.log_error(traceback.format_exc())
             return [_error(InternalError("skill_adapter: internal error")) for _ in requests]
-        responses, start = [], 0
-        for batch in payloads:
-            stop = start + len(batch)
-            message = request_error(decoded.errors[start:stop])
+        responses = []
+        for part in rows.slices:
+            message = request_error(decoded.errors[part])
             if message:
                 responses.append(_error(InvalidInput(message)))
             else:
                 responses.append(pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor("categorical", decoded.categorical[start:stop]),
-                    pb_utils.Tensor("numeric", decoded.numeric[start:stop]),
+                    pb_utils.Tensor("categorical", decoded.categorical[part]),
+                    pb_utils.Tensor("numeric", decoded.numeric[part]),
                 ]))
-            start = stop
         return responses
 
 
