@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import threading
 import types
 from pathlib import Path
 from typing import Callable
@@ -60,18 +61,47 @@ class InferenceResponse:
         return next(t.as_numpy() for t in self._outputs if t.name() == name)
 
 
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+
+class ResponseSender:
+    """What a decoupled model sends for one request: (response or None, flags), in order."""
+
+    def __init__(self):
+        self.sent: list[tuple[InferenceResponse | None, int]] = []
+        self.done = threading.Event()
+
+    def send(self, response=None, flags: int = 0):
+        if self.done.is_set():
+            raise RuntimeError("a response was sent after the final one")
+        self.sent.append((response, flags))
+        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self.done.set()
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
 class InferenceRequest:
-    """A client's request (inputs, JSON parameters) or, built by a model, a BLS request that `exec` sends to
-    `Backend.bls[model_name]`."""
+    """A client's request (inputs, JSON parameters, a sequence's correlation id) or, built by a model, a BLS request
+    that `exec` sends to `InferenceRequest.bls[model_name]`."""
 
     bls: dict[str, Callable[["InferenceRequest"], InferenceResponse]] = {}
 
     def __init__(self, inputs=(), parameters: dict | str | None = None, model_name: str = "", model_version: int = -1,
-                 requested_output_names=()):
+                 requested_output_names=(), correlation_id: int | str = 0):
         self._inputs = list(inputs)
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
         self.model_name, self.model_version = model_name, model_version
         self.requested_output_names = list(requested_output_names)
+        self._correlation_id = correlation_id
+        self.sender = ResponseSender()
+
+    def correlation_id(self):
+        return self._correlation_id
+
+    def get_response_sender(self) -> ResponseSender:
+        return self.sender
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -140,6 +170,7 @@ def backend_utils() -> types.ModuleType:
     InferenceRequest.bls, Logger.lines, MetricFamily.families = {}, [], {}
     for cls in (TritonError, Tensor, InferenceRequest, InferenceResponse, Logger, MetricFamily):
         setattr(module, cls.__name__, cls)
+    module.TRITONSERVER_RESPONSE_COMPLETE_FINAL = TRITONSERVER_RESPONSE_COMPLETE_FINAL
     return module
 
 
@@ -169,8 +200,9 @@ def initialize(model_class, model_dir: Path, version: str = "1", config: dict | 
     return model
 
 
-def request(parameters: dict | None = None, **inputs) -> InferenceRequest:
-    return InferenceRequest([Tensor(name, value) for name, value in inputs.items()], parameters)
+def request(parameters: dict | None = None, correlation_id: int | str = 0, **inputs) -> InferenceRequest:
+    return InferenceRequest([Tensor(name, value) for name, value in inputs.items()], parameters,
+                            correlation_id=correlation_id)
 
 
 def payloads(*records) -> np.ndarray:

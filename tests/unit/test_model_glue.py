@@ -132,3 +132,73 @@ def test_risk_router_refuses_a_route_to_a_model_it_does_not_serve(pb_utils, buil
                                 request(payload=payloads(RECORD))])
     assert responses[0].error().code() == TritonError.INVALID_ARG and "route" in responses[0].error().message()
     assert not responses[1].has_error()
+
+
+def pipeline_of(probability: float):
+    def answer(bls):
+        rows = len(bls.inputs()[0].as_numpy())
+        return backend.InferenceResponse([backend.Tensor("probability", np.full((rows, 1), probability, np.float32)),
+                                          backend.Tensor("decision", np.full((rows, 1), b"REVIEW", dtype=object))])
+    return answer
+
+
+def stream_record(stream_id: int, sequence_id: int) -> np.ndarray:
+    return payloads({**RECORD, "stream_id": str(stream_id), "sequence_id": sequence_id})
+
+
+def answered(req) -> list[tuple[bytes, int, float, bool]]:
+    assert req.sender.done.wait(5), "no final response"
+    out = []
+    for response, flags in req.sender.sent:
+        assert not response.has_error(), response.error().message()
+        out.append((response.output("status")[0, 0], int(response.output("sequence_id")[0, 0]),
+                    float(response.output("probability")[0, 0]), bool(flags & 1)))
+    return out
+
+
+@pytest.fixture
+def stream(pb_utils, built_artifacts):
+    pb_utils.InferenceRequest.bls["risk_pipeline"] = pipeline_of(0.5)
+    glue = model(pb_utils, "risk_stream")
+    yield glue
+    glue.finalize()
+
+
+def test_risk_stream_answers_each_record_in_sequence_order_once(pb_utils, stream):
+    ahead = request(correlation_id=7, payload=stream_record(7, 1))
+    first = request(correlation_id=7, payload=stream_record(7, 0), START=np.array([[True]]))
+    assert stream.execute([ahead]) is None and stream.execute([first]) is None
+    assert answered(first) == [(b"OK", 0, 0.5, True)]
+    assert answered(ahead) == [(b"OK", 1, 0.5, True)]
+
+
+def test_risk_stream_answers_late_and_duplicate_records_with_their_status_not_ok(pb_utils, stream):
+    stream.execute([request(correlation_id=8, payload=stream_record(8, 0), START=np.array([[True]]))])
+    again = request(correlation_id=8, payload=stream_record(8, 0))
+    stream.execute([again])
+    assert [status for status, *_ in answered(again)] == [b"DUPLICATE"]
+
+
+def test_risk_stream_fails_a_request_of_two_records_alone(pb_utils, stream):
+    two = request(correlation_id=9, payload=np.concatenate([stream_record(9, 0), stream_record(9, 1)]))
+    good = request(correlation_id=10, payload=stream_record(10, 0), START=np.array([[True]]))
+    stream.execute([two, good])
+    assert two.sender.done.wait(5) and good.sender.done.wait(5)
+    (error_response, flags), = two.sender.sent
+    assert flags == 1 and error_response.error().code() == TritonError.INVALID_ARG
+    assert "a stream request carries one record, got 2" in error_response.error().message()
+    assert answered(good) == [(b"OK", 0, 0.5, True)]
+
+
+def test_risk_stream_answers_every_request_internal_when_scoring_breaks(pb_utils, stream):
+    def broken(bls):
+        raise RuntimeError("stub lost")
+
+    pb_utils.InferenceRequest.bls["risk_pipeline"] = broken
+    requests = [request(correlation_id=stream_id, payload=stream_record(stream_id, 0), START=np.array([[True]]))
+                for stream_id in (11, 12, 13)]
+    stream.execute(requests)
+    for req in requests:
+        assert req.sender.done.wait(5)
+        (response, flags), = req.sender.sent
+        assert flags == 1 and response.error().code() in (TritonError.INTERNAL, TritonError.UNAVAILABLE)
