@@ -9,7 +9,10 @@ Empty bins get a small floor so that a bin seen on one side only counts as a lar
 from __future__ import annotations
 
 import json
+import time
+import traceback
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -121,3 +124,26 @@ class DriftMonitor:
         out.update({name: psi(self.reference.numeric[name], counts) for name, counts in self._numeric.items()})
         out[SCORE_FEATURE] = psi(self.reference.score, self._score)
         return out
+
+
+class DriftWatch:
+    """A monitor fed with every scored batch, publishing its PSI at most every `publish_seconds`. Monitoring never
+    fails an answer: the first error is logged and watching stops."""
+
+    def __init__(self, monitor: DriftMonitor, publish: Callable[[dict[str, float]], None], publish_seconds: float,
+                 log: Callable[[str], None], clock: Callable[[], float] = time.monotonic):
+        self.monitor, self._publish, self._every, self._log, self._clock = monitor, publish, publish_seconds, log, clock
+        self._published_at = -float("inf")  # the first sampled batch sets the gauges
+
+    def __call__(self, categorical: np.ndarray, numeric: np.ndarray, probability: np.ndarray) -> None:
+        if self.monitor is None or not len(probability):
+            return
+        try:
+            self.monitor.observe(categorical, numeric, probability)
+            now = self._clock()
+            if now - self._published_at >= self._every:
+                self._published_at = now
+                self._publish(self.monitor.psi())
+        except Exception:  # noqa: BLE001 - see the class docstring
+            self._log("drift monitoring stopped:\n" + traceback.format_exc())
+            self.monitor = None

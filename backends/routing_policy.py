@@ -6,6 +6,7 @@ lands on the same model, and raising the canary share only moves new buckets ove
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -131,3 +132,11 @@ def route_override(settings: RoutingSettings, override: object) -> Target:
         raise InvalidInput(f"route: {target.model!r} is not served here "
                            f"(primary, candidate, or one of {', '.join(sorted(settings.models))})")
     return target
+
+
+def route_parameter(parameters_json: str | None) -> object:
+    """The `route` request parameter as the client sent it (any JSON type, None when absent); `route` checks it."""
+    try:
+        return json.loads(parameters_json or "{}").get("route")
+    except (ValueError, AttributeError):
+        return None

@@ -38,7 +38,7 @@ def test_psi_is_symmetric_and_never_negative(a, b):
 
 # --- live records against the training data -------------------------------------------------------------------
 
-from backends.drift import SCORE_FEATURE, DriftMonitor, Reference  # noqa: E402
+from backends.drift import SCORE_FEATURE, DriftMonitor, DriftWatch, Reference  # noqa: E402
 from backends.feature_spec import CategoricalFeature, FeatureSpec  # noqa: E402
 
 SPEC = FeatureSpec((CategoricalFeature("purpose", {"car": 1, "tv": 2}, 0),), ("amount",))
@@ -91,3 +91,31 @@ def test_an_unknown_category_index_and_a_nan_score_are_counted_safely():
     watched = monitor()
     watched.observe(np.array([[99]], np.int64), np.array([[3000.0]], np.float32), np.array([[np.nan]], np.float32))
     assert watched.sampled == 1 and np.isnan(watched.psi()[SCORE_FEATURE])
+
+
+class _Monitor:
+    def __init__(self, fail_after=None):
+        self.batches, self.fail_after = 0, fail_after
+
+    def observe(self, categorical, numeric, probability):
+        self.batches += 1
+        if self.fail_after is not None and self.batches > self.fail_after:
+            raise RuntimeError("bad bins")
+
+    def psi(self):
+        return {"score": float(self.batches)}
+
+
+def test_drift_watch_publishes_at_most_every_interval_and_stops_on_its_first_error():
+    now, published, logged = [0.0], [], []
+    monitor = _Monitor(fail_after=3)
+    watch = DriftWatch(monitor, published.append, 5.0, logged.append, clock=lambda: now[0])
+    rows = np.zeros((2, 1))
+    for t in (0.0, 1.0, 6.0):
+        now[0] = t
+        watch(rows, rows, rows)
+    assert published == [{"score": 1.0}, {"score": 3.0}]
+    watch(rows, rows, rows)  # fails: logged, then no more watching
+    watch(rows, rows, rows)
+    assert monitor.batches == 4 and len(logged) == 1 and "bad bins" in logged[0]
+    watch(rows, rows, np.zeros((0, 1)))

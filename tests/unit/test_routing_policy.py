@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from backends.errors import INVALID, InvalidInput
-from backends.routing_policy import BUCKETS, MAX_ROUTE_CHARS, RoutingSettings, Target, bucket, route
+from backends.routing_policy import (BUCKETS, MAX_ROUTE_CHARS, RoutingSettings, Target, bucket, route,
+                                     route_parameter)
 from tests.conftest import ROOT
 
 PRIMARY, CANDIDATE = Target("risk_scorer", 1), Target("risk_scorer", 2)
@@ -137,3 +138,9 @@ def test_buckets_are_the_same_in_another_process_with_another_hash_seed():
 def test_a_request_id_with_a_lone_surrogate_or_raw_bytes_still_gets_a_sticky_bucket(key):
     assert route(settings(canary_percent=50), key) == route(settings(canary_percent=50), key)
     assert 0 <= bucket(key) < BUCKETS
+
+
+@pytest.mark.parametrize("text, expected", [(None, None), ("", None), ("{}", None), ('{"route": "risk_scorer:2"}',
+                                            "risk_scorer:2"), ('{"route": 7}', 7), ("not json", None), ("[1]", None)])
+def test_the_route_parameter_is_read_as_sent_and_absent_when_unreadable(text, expected):
+    assert route_parameter(text) == expected
