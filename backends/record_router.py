@@ -1,5 +1,5 @@
-"""risk_router's whole batch without Triton: decode each request's records, route and score the valid rows (router_core),
-decide the scored ones, and give each request either its rows' answers or one error.
+"""risk_router's whole batch without Triton: decode each request's records, route and score the valid rows
+(router_core), decide the scored ones, and give each request either its rows' answers or one error.
 
 A request is answered as a whole: a record that cannot be decoded fails its request (INVALID_ARG, the field named);
 otherwise a row that could not be scored fails its request with the caller's own mistake first (a bad route), else

@@ -48,8 +48,8 @@ class StreamModelSettings:
 
 @dataclass(frozen=True)
 class Arrival(Generic[T]):
-    """One request: `token` is what the model answers it through (its response sender). `error` is set by the
-    model when the request cannot carry a record (not exactly one payload)."""
+    """One request: `token` is what the model answers it through (its response sender). `error` is set when the
+    request cannot carry a record (not exactly one payload)."""
 
     token: T
     stream: Hashable
@@ -57,6 +57,13 @@ class Arrival(Generic[T]):
     end: bool = False
     payload: bytes | None = None
     error: ServingError | None = None
+
+    @classmethod
+    def of_request(cls, token: T, stream: Hashable, start: bool, end: bool, payloads: Sequence) -> "Arrival[T]":
+        if len(payloads) != 1:
+            return cls(token, stream, start, end, error=InvalidInput(
+                f"payload: a stream request carries one record, got {len(payloads)}"))
+        return cls(token, stream, start, end, payload=payloads[0])
 
 
 @dataclass(frozen=True)
