@@ -9,7 +9,10 @@ or an error met after a partial answer must not send a second final response). T
 """
 from __future__ import annotations
 
+import queue
 import threading
+import traceback
+from typing import Callable
 
 
 class StreamSender:
@@ -49,3 +52,30 @@ class StreamSender:
             self._sender.send(self._pb.InferenceResponse(error=self._pb.TritonError(message, code)),
                               flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return True
+
+
+class Outbox:
+    """The one thread that talks to Triton for a decoupled model: responses and metric updates are queued as tasks
+    and run in order. Triton 2.51's python backend aborts the server (boost::interprocess::lock_exception) when
+    several threads send decoupled responses at once."""
+
+    def __init__(self, log: Callable[[str], None], name: str):
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._log = log
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, task: Callable[[], object]) -> None:
+        self._tasks.put(task)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Runs what is queued, then stops."""
+        self._tasks.put(None)
+        self._thread.join(timeout=timeout)
+
+    def _loop(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            try:
+                task()
+            except Exception:  # noqa: BLE001 - one failed send must not stop the others
+                self._log(traceback.format_exc())

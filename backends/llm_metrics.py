@@ -1,8 +1,10 @@
 """Timing of token streams: time to first token, inter-token latency, and tokens per second over a window."""
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 # Seconds. TTFT spans a short prompt on an idle engine (~0.05 s) to long prompts queued behind others (~10 s).
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -61,3 +63,52 @@ class TtftEstimate:
 
     def observe(self, seconds: float) -> None:
         self.value = seconds if self.value is None else (1 - self.weight) * self.value + self.weight * seconds
+
+
+OUTCOMES = ("completed", "cancelled", "invalid", "failed")
+
+
+class LlmMetrics:
+    """`s2t_llm_*` for one model instance; `metric_family` is Triton's pb_utils.MetricFamily (handed in, so this
+    module imports nothing from Triton). Updated from the model's outbox thread only."""
+
+    def __init__(self, metric_family, labels: dict[str, str], clock: Callable[[], float] = time.monotonic):
+        family = metric_family
+        # The families must outlive their metrics (Triton refuses updates once a family is collected).
+        self._families = {
+            "tokens": family("s2t_llm_tokens_total", "tokens generated", family.COUNTER),
+            "requests": family("s2t_llm_requests_total", "generation requests by outcome", family.COUNTER),
+            "rate": family("s2t_llm_tokens_per_second", "tokens generated per second, last 10 s", family.GAUGE),
+            "queue": family("s2t_llm_queue_depth", "requests waiting for a slot", family.GAUGE),
+            "active": family("s2t_llm_active_slots", "requests generating", family.GAUGE),
+            "ttft": family("s2t_llm_time_to_first_token_seconds", "from arrival to the first token",
+                           family.HISTOGRAM),
+            "itl": family("s2t_llm_inter_token_latency_seconds", "between two tokens of one stream",
+                          family.HISTOGRAM),
+        }
+        self._tokens = self._families["tokens"].Metric(labels=labels)
+        self._requests = {outcome: self._families["requests"].Metric(labels={**labels, "outcome": outcome})
+                          for outcome in OUTCOMES}
+        self._rate_gauge = self._families["rate"].Metric(labels=labels)
+        self._queue_gauge = self._families["queue"].Metric(labels=labels)
+        self._active_gauge = self._families["active"].Metric(labels=labels)
+        self._ttft = self._families["ttft"].Metric(labels=labels, buckets=list(TTFT_BUCKETS))
+        self._itl = self._families["itl"].Metric(labels=labels, buckets=list(ITL_BUCKETS))
+        self._rate, self._clock = TokenRate(), clock
+
+    def token(self, timing: StreamTiming, now: float) -> None:
+        ttft, itl = timing.token(now)
+        if ttft is not None:
+            self._ttft.observe(ttft)
+        if itl is not None:
+            self._itl.observe(itl)
+        self._tokens.increment(1)
+        self._rate.add(now)
+
+    def request(self, outcome: str) -> None:
+        self._requests[outcome].increment(1)
+
+    def engine(self, queue_depth: int, active: int) -> None:
+        self._rate_gauge.set(self._rate.rate(self._clock()))
+        self._queue_gauge.set(queue_depth)
+        self._active_gauge.set(active)

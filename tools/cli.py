@@ -60,6 +60,14 @@ def stop_grpc_service(server, grace_s: float = GRPC_STOP_GRACE_S) -> None:
         click.echo("stopped: gRPC did not confirm its shutdown; exiting anyway", err=True)
 
 
+def exit_after_shutdown() -> None:
+    """The service has stopped and said so: leave now. The interpreter's own exit joins every gRPC worker thread,
+    and one still inside a cancelled call would hold a stopped service up past its grace period."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 @legacy.command("serve")
 @click.option("--port", type=int, envvar="LEGACY_PORT", default=50052, show_default=True,
               help="where legacy Skill callers connect")
@@ -86,6 +94,7 @@ def legacy_serve(port: int, saved_model: Path, window_size: int, decision_config
     sys.stdout.flush()
     stop.wait()
     stop_grpc_service(server)
+    exit_after_shutdown()
 
 
 @main.command()
@@ -656,6 +665,7 @@ def gateway(port, triton_url, model, window_size, workers, call_timeout_s, max_r
         click.echo(f"dual-run: {report['compared']} compared, max |diff| {report['max_abs_diff']:.3g}, "
                    f"{report['decision_flips']['count']} decision flips, {report['mirror_failures']} mirror "
                    f"failures", err=True)
+    exit_after_shutdown()
 
 
 @main.command()

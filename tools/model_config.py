@@ -15,7 +15,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from backends.decision_policy import Thresholds
-from backends.explainer_settings import ExplainerSettings
+from backends.explainer import ExplainerSettings
 from backends.fused_pipeline import PipelineSettings
 from backends.llm_batching import BatchingSettings
 from backends.llm_engine import EngineSettings

@@ -1,0 +1,162 @@
+"""risk_explainer's work on one request, without Triton: decode the record, score it, give its reason codes, then
+stream the language model's words, or the template when backends/degrade_policy.py says the model is too slow.
+
+The scoring model and the language model are callables (BLS in the model), the response sender is a StreamSender
+and every send goes through the outbox. `tensor(name, array)` is pb_utils.Tensor; `codes` holds Triton's
+INVALID_ARG and INTERNAL codes. Nothing here imports Triton.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+from backends.decoupled_sender import Outbox, StreamSender
+from backends.degrade_policy import DEGRADE_REASONS, EXPECTED_TTFT, LLM, LLM_ERROR, TTFT_TIMEOUT, DegradePolicy
+from backends.explanation_text import explanation_prompt, template_explanation
+from backends.model_parameters import parameter, positive_integer
+from backends.reason_codes import LinearReasons
+from backends.record_decoder import RecordDecoder, RecordError, max_record_bytes_parameter, parse_record
+
+SOURCES = ("llm", "template", "error")
+_END = object()
+
+
+@dataclass(frozen=True)
+class ExplainerSettings:
+    reason_model: str = parameter("reason_model", "reason_model.onnx")  # relative to the version folder
+    top_reasons: int = parameter("top_reasons", 3, parse=positive_integer)
+    max_record_bytes: int = max_record_bytes_parameter()
+    scoring_model: str = parameter("scoring_model", "risk_pipeline")
+    llm_model: str = parameter("llm_model", "llm")
+    max_tokens: int = parameter("max_tokens", 48, parse=positive_integer)
+    degrade_ttft_s: float = parameter("degrade_ttft_s", 1.0)
+    probe_interval_s: float = parameter("probe_interval_s", 5.0)
+    workers: int = parameter("workers", 4, parse=positive_integer)
+
+
+@dataclass(frozen=True)
+class TritonCodes:
+    invalid: object
+    internal: object
+
+
+class RequestFailed(Exception):
+    def __init__(self, message: str, code):
+        super().__init__(message)
+        self.code = code
+
+
+class ExplainerMetrics:
+    """`s2t_explainer_requests_total{source}` and `s2t_explainer_degraded_total{reason}`."""
+
+    def __init__(self, metric_family, labels: dict[str, str]):
+        # The families must outlive their metrics.
+        self._families = [metric_family("s2t_explainer_requests_total", "explanations by source",
+                                        metric_family.COUNTER),
+                          metric_family("s2t_explainer_degraded_total", "explanations answered by the template "
+                                        "instead of the language model, by reason", metric_family.COUNTER)]
+        self.answered = {source: self._families[0].Metric(labels={**labels, "source": source}) for source in SOURCES}
+        self.degraded = {reason: self._families[1].Metric(labels={**labels, "reason": reason})
+                         for reason in DEGRADE_REASONS}
+
+
+class Explainer:
+    def __init__(self, settings: ExplainerSettings, reasons: LinearReasons,
+                 score: Callable[[bytes], tuple[float, str]], llm_tokens: Callable[[str], Iterator[str]],
+                 outbox: Outbox, metrics: ExplainerMetrics, tensor: Callable, codes: TritonCodes,
+                 log_warn: Callable[[str], None], log_error: Callable[[str], None]):
+        """`score(payload)` -> (probability, decision), raising RequestFailed; `llm_tokens(prompt)` yields the
+        language model's text pieces, raising on its failure."""
+        self.settings, self.reasons, self.score, self.llm_tokens = settings, reasons, score, llm_tokens
+        self.decoder = RecordDecoder(reasons.spec, settings.max_record_bytes)
+        self.policy = DegradePolicy(settings.degrade_ttft_s, settings.probe_interval_s)
+        self.outbox, self.metrics, self.tensor, self.codes = outbox, metrics, tensor, codes
+        self.log_warn, self.log_error = log_warn, log_error
+
+    def _array(self, name, value, dtype=object):
+        return self.tensor(name, np.array(value, dtype=dtype))
+
+    def handle(self, payloads: np.ndarray, sender: StreamSender) -> None:
+        """Answer one request completely (on a worker thread); its final response always goes out."""
+        post = self.outbox.put
+        try:
+            self._explain(payloads, sender)
+        except RequestFailed as err:
+            # Bound now: `err` is unset once the except block ends, before the outbox runs the task.
+            post(lambda message=str(err), code=err.code: (sender.fail(message, code),
+                                                          self.metrics.answered["error"].increment(1)))
+        except Exception:  # noqa: BLE001 - log it; the client gets a plain message and its final answer
+            self.log_error(traceback.format_exc())
+            post(lambda: (sender.fail("risk_explainer: internal error", self.codes.internal),
+                          self.metrics.answered["error"].increment(1)))
+
+    def _explain(self, payloads: np.ndarray, sender: StreamSender) -> None:
+        post = self.outbox.put
+        if len(payloads) != 1:
+            raise RequestFailed(f"payload: one record per request, got {len(payloads)}", self.codes.invalid)
+        try:
+            record = parse_record(payloads[0], self.decoder.max_record_bytes)
+        except RecordError as err:
+            raise RequestFailed(str(err), self.codes.invalid) from None
+        decoded = self.decoder.decode([payloads[0]])
+        if decoded.errors[0] is not None:
+            raise RequestFailed(str(decoded.errors[0]), self.codes.invalid)
+        probability, decision = self.score(payloads[0])
+        reasons = self.reasons.explain(decoded.categorical, decoded.numeric)[0].reasons
+        head = [self._array("reasons", [r.code().encode() for r in reasons]),
+                self._array("probability", [probability], np.float32), self._array("decision", [decision.encode()]),
+                self._array("text_output", [b""])]
+        post(lambda: sender.send(head))
+        if self.policy.route(time.monotonic()) == LLM:
+            prompt = explanation_prompt(decision, probability, reasons, record.features)
+            if self._stream_llm(prompt, sender):
+                return
+        else:
+            post(lambda: self.metrics.degraded[EXPECTED_TTFT].increment(1))
+        text = template_explanation(decision, probability, reasons, record.features)
+        final = [self._array("text_output", [text.encode()]), self._array("source", [b"template"])]
+        post(lambda: (sender.finish(final), self.metrics.answered["template"].increment(1)))
+
+    def _stream_llm(self, prompt: str, sender: StreamSender) -> bool:
+        """Stream the model's words; False (nothing sent) when it fails or misses the first-token deadline."""
+        post, model = self.outbox.put, self.settings.llm_model
+        tokens: queue.SimpleQueue = queue.SimpleQueue()
+        started = time.monotonic()
+
+        def pump():
+            try:
+                for text in self.llm_tokens(prompt):
+                    tokens.put(text)
+            except Exception as err:  # noqa: BLE001 - handed to the waiting request, which degrades
+                tokens.put(err)
+            finally:
+                tokens.put(_END)
+
+        threading.Thread(target=pump, name="explainer-llm", daemon=True).start()
+        try:
+            first = tokens.get(timeout=self.policy.threshold_s)
+        except queue.Empty:
+            # The stream goes on in the background and is dropped (Triton 2.51's BLS cannot cancel it).
+            self.policy.timed_out(time.monotonic() - started)
+            post(lambda: self.metrics.degraded[TTFT_TIMEOUT].increment(1))
+            return False
+        if first is _END or isinstance(first, Exception):
+            self.log_warn(f"risk_explainer: {model} failed: {first}")
+            post(lambda: self.metrics.degraded[LLM_ERROR].increment(1))
+            return False
+        self.policy.first_token(time.monotonic() - started)
+        text = first
+        while text is not _END:
+            if isinstance(text, Exception):
+                self.log_warn(f"risk_explainer: {model} failed mid-stream: {text}")
+                break
+            post(lambda t=text: sender.send([self._array("text_output", [t.encode()])]))
+            text = tokens.get()
+        post(lambda: (sender.finish([self._array("source", [b"llm"])]), self.metrics.answered["llm"].increment(1)))
+        return True
