@@ -189,7 +189,7 @@ def parity(saved_model, onnx_model, data_csv, url, model, protocol, atol, report
                                 protocol=protocol, thresholds=thresholds, fp16_emulation=fp16_emulation,
                                 engines=tuple(engines), fp16_atol=fp16_atol,
                                 url_atol=fp16_atol if url_precision == "fp16" else None)
-    except EngineBuildError as err:
+    except (EngineBuildError, ValueError) as err:
         raise click.ClickException(str(err)) from None
     click.echo(result.table())
     if report:
