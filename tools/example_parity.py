@@ -107,7 +107,7 @@ def legacy_outcomes(saved_model: Path, input_name: str, examples: Sequence[bytes
 
     try:
         return score(examples) if examples else []
-    except tf.errors.InvalidArgumentError:
+    except (tf.errors.InvalidArgumentError, UnicodeDecodeError):
         pass
     outcomes: list[Outcome] = []
     for example in examples:
@@ -115,16 +115,19 @@ def legacy_outcomes(saved_model: Path, input_name: str, examples: Sequence[bytes
             outcomes.append(score([example])[0])
         except tf.errors.InvalidArgumentError as err:
             outcomes.append(tensorflow_reason(err.message))
+        except UnicodeDecodeError:
+            # TensorFlow quotes the record's bytes in its message and fails to decode them.
+            outcomes.append("refused (TensorFlow's message quotes bytes that are not UTF-8)")
     return outcomes
 
 
 def tensorflow_reason(message: str) -> str:
     """The line of a TensorFlow error that says what is wrong with the input, without the node trace."""
     lines = [line.strip() for line in message.splitlines() if line.strip()]
-    useful = [line for line in lines if not line.startswith(("Graph execution error", "Detected at node", "[[", "File "))
-              and not line.startswith("Op:")]
+    useful = [line for line in lines
+              if not line.startswith(("Graph execution error", "Detected at node", "<stack traces", "[["))]
     reason = (useful or lines or ["refused"])[-1]
-    reason = reason.split("\t [[")[0].split(" [[")[0].strip()
+    reason = reason.split(" [[")[0].strip()
     return reason[:MAX_REASON_CHARS]
 
 
@@ -181,8 +184,8 @@ def compare_outcomes(candidate: str, reference: Sequence[Outcome], outcomes: Seq
                      rows: Sequence[int], atol: float, thresholds: Thresholds | None = None) -> Comparison:
     """`compare` over the rows some side scored (a refusal is NaN there, so it counts over tolerance), reported
     with the CSV's row numbers; rows that both sides refused agree and are left out."""
-    kept = [i for i, (ref, got) in enumerate(zip(reference, outcomes)) if not (isinstance(ref, str) and
-                                                                              isinstance(got, str))]
+    kept = [i for i, (ref, got) in enumerate(zip(reference, outcomes))
+            if not (isinstance(ref, str) and isinstance(got, str))]
     as_numbers = [np.array([math.nan if isinstance(side[i], str) else side[i] for i in kept], dtype=np.float64)
                   for side in (reference, outcomes)]
     result = compare(candidate, *as_numbers, atol, thresholds)

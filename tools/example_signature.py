@@ -67,7 +67,8 @@ def dense_features(node: onnx.NodeProto, initializers: Mapping[str, np.ndarray],
     for offset, key in enumerate(keys):
         default_name = node.input[_FIRST_DEFAULT + offset]
         default = _constant(node, _FIRST_DEFAULT + offset, initializers)
-        elem_type = TensorProto.STRING if default.dtype.kind in "OSU" else helper.np_dtype_to_tensor_dtype(default.dtype)
+        is_text = default.dtype.kind in "OSU"
+        elem_type = TensorProto.STRING if is_text else helper.np_dtype_to_tensor_dtype(default.dtype)
         if elem_type not in _LIFTED_TYPES:
             raise SignatureError(f"feature {key!r} is parsed as {TensorProto.DataType.Name(elem_type)}; a record "
                                  "carries float32 numbers and strings")
