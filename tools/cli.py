@@ -176,6 +176,7 @@ def parity(saved_model, onnx_model, data_csv, url, model, protocol, atol, report
     """Legacy SavedModel vs ONNX Runtime (vs engines, vs the live model) on every row; exit 0 iff all within tolerance.
 
     Decisions (APPROVE/REVIEW/DECLINE, with risk_decision's thresholds) are compared too: rows that change are listed.
+    A model converted from a tf.Example signature is given one Example per CSV row (columns named as its features).
     """
     from tools import parity as run_parity
     from tools.model_config import decision_thresholds
