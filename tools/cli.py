@@ -101,6 +101,9 @@ def convert(saved_model: Path, output: Path, opset: int) -> None:
         raise click.ClickException(str(err)) from None
     click.echo(f"{output}: {len(spec.categorical)} categorical + {len(spec.numeric)} numeric features, "
                f"opset {opset}, onnx.checker passed")
+    if spec.defaults:
+        click.echo("tf.Example parsing lifted into the feature spec; parse defaults: "
+                   + ", ".join(f"{name}={value!r}" for name, value in sorted(spec.defaults.items())))
 
 
 @main.command()

@@ -79,7 +79,8 @@ def serialize_example(features: Mapping[str, str | float]) -> bytes:
 def examples_from_csv(path: Path, spec: FeatureSpec) -> list[ExampleRow]:
     with open(path, newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
-        absent = [n for n in spec.names if n not in (reader.fieldnames or [])]
+        # A feature with a parse default may be left out of the data altogether; one without may not.
+        absent = [n for n in spec.names if n not in (reader.fieldnames or []) and n not in spec.defaults]
         if absent:
             raise ValueError(f"{path} has no column for features {', '.join(absent)}")
         rows = []
@@ -224,6 +225,8 @@ def run(saved_model: Path, onnx_path: Path, data_csv: Path, atol: float = 1e-5, 
     examples = [r.example for r in sent]
     numbers = [r.number for r in sent]
     reference = legacy_outcomes(Path(saved_model), input_name, examples)
+    if not any(isinstance(score, float) for score in reference):
+        raise ValueError(f"the SavedModel scored none of the {len(rows)} rows of {data_csv}: nothing to compare")
     sides = {"legacy": reference, f"onnxruntime {Path(onnx_path).name}": onnx_outcomes(Path(onnx_path), spec, examples)}
     if url:
         sides[f"triton {model or 'risk_pipeline'} ({protocol})"] = live_outcomes(url, model or "risk_pipeline",

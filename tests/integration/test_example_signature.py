@@ -79,6 +79,7 @@ def example_model(tmp_path_factory):
     done = subprocess.run([str(S2T), "convert", str(saved_model), str(converted)], capture_output=True, text=True,
                           env=TF_QUIET, timeout=300)
     assert done.returncode == 0, done.stderr
+    assert "parse defaults: age=30.0, purpose='other'" in done.stdout
     return {"saved_model": saved_model, "onnx": converted, "tmp": tmp}
 
 
@@ -147,6 +148,15 @@ def test_s2t_parity_on_a_csv_gives_a_bad_row_its_own_line_and_compares_the_rest(
                               "required but could not be found.")
     assert refused.endswith("; onnxruntime example_scorer.onnx: features.amount: missing")
     assert "row 5: not sent (column amount: 'lots' is not a number)" in done.stdout
+
+
+def test_s2t_parity_refuses_a_csv_of_which_the_saved_model_scores_no_row(example_model):
+    data = write_csv(example_model["tmp"] / "all_refused.csv", [{"age": "30", "purpose": "car"}] * 3)
+    done = subprocess.run([str(S2T), "parity", "--saved-model", str(example_model["saved_model"]), "--onnx",
+                           str(example_model["onnx"]), "--data", str(data)],
+                          capture_output=True, text=True, env=TF_QUIET, timeout=300)
+    assert done.returncode != 0
+    assert "scored none of the 3 rows" in done.stderr
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from backends.example_record import as_example
@@ -196,3 +198,25 @@ def test_each_row_not_built_or_refused_gets_one_line_naming_each_sides_reason():
     lines = example_parity.row_error_lines(rows, {"legacy": [0.5, "required"], "triton": [0.5, "features.a: missing"]})
     assert lines == ["row 1: not sent (column amount: 'x' is not a number)",
                      "row 2: refused by legacy: required; triton: features.a: missing"]
+
+
+@given(st.dictionaries(st.text(min_size=1, max_size=20),
+                       st.one_of(st.text(max_size=30), st.floats(width=32, allow_nan=False, allow_infinity=False)),
+                       min_size=1, max_size=8))
+def test_any_built_example_decodes_to_the_same_features(features):
+    assert as_example(example_parity.serialize_example(features)).features == features
+
+
+def test_a_feature_with_a_parse_default_may_have_no_column(tmp_path):
+    data = tmp_path / "data.csv"
+    data.write_text("amount,purpose\n12,car\n")
+    rows = example_parity.examples_from_csv(data, SPEC)
+    assert as_example(rows[0].example).features == {"amount": 12.0, "purpose": "car"}
+    data.write_text("age,purpose\n12,car\n")
+    with pytest.raises(ValueError, match="no column for features amount"):
+        example_parity.examples_from_csv(data, SPEC)
+
+
+def test_a_legacy_parse_example_op_is_refused_with_the_way_to_export_it():
+    from tools.convert import _way_out
+    assert "tf.io.parse_example (ParseExampleV2)" in _way_out("ParseExample")
