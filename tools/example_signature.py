@@ -26,7 +26,7 @@ EXAMPLE_INPUT_KEY = "skill2triton.tf_example_input"
 BATCH_DIM = "batch"
 # ParseExampleV2(serialized, names, sparse_keys, dense_keys, ragged_keys, dense_defaults...)
 _SERIALIZED, _SPARSE_KEYS, _DENSE_KEYS, _RAGGED_KEYS, _FIRST_DEFAULT = 0, 2, 3, 4, 5
-_LIFTED_TYPES = {TensorProto.FLOAT: "float", TensorProto.STRING: "string"}
+_LIFTED_TYPES = frozenset({TensorProto.FLOAT, TensorProto.STRING})
 
 
 class SignatureError(Exception):
@@ -94,18 +94,17 @@ def lift_parse_example(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, .
                              f"takes the serialized Examples ({serialized}) alone")
     initializers = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     features = dense_features(node, initializers, shapes)
-    n_sparse_outputs = 3 * int(helper.get_attribute_value(
-        next((a for a in node.attribute if a.name == "num_sparse"), helper.make_attribute("num_sparse", 0))))
-    renamed = {node.output[n_sparse_outputs + i]: f.key for i, f in enumerate(features)}
+    # With no sparse features (refused above) the dense values are the op's first outputs.
+    renamed = {node.output[i]: f.key for i, f in enumerate(features)}
     taken = {o for n in graph.node for o in n.output} | set(initializers)
     clashes = sorted(set(renamed.values()) & taken)
     if clashes:
         raise SignatureError(f"feature names {', '.join(clashes)} are also tensor names in the graph")
-    for other in graph.node:
-        other.input[:] = [renamed.get(i, i) for i in other.input]
     for output in graph.output:
         if output.name in renamed:
             raise SignatureError(f"the signature returns the parsed feature {renamed[output.name]!r} itself")
+    for other in graph.node:
+        other.input[:] = [renamed.get(i, i) for i in other.input]
     graph.node.remove(node)
     del graph.input[:]
     graph.input.extend(helper.make_tensor_value_info(f.key, f.elem_type, [BATCH_DIM, *f.shape]) for f in features)

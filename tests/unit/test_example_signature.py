@@ -3,7 +3,6 @@ import json
 import math
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from hypothesis import given
