@@ -7,7 +7,7 @@ proves that the split reproduces it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 METADATA_KEY = "skill2triton.feature_spec"
@@ -30,19 +30,25 @@ class CategoricalFeature:
 class FeatureSpec:
     categorical: tuple[CategoricalFeature, ...]
     numeric: tuple[str, ...]
+    # The value a record without the feature takes, for models that had one (a tf.Example parse default); a
+    # feature without a default is required.
+    defaults: dict[str, str | float] = field(default_factory=dict)
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.categorical) + self.numeric
 
     def to_json(self) -> str:
-        return json.dumps({
+        raw = {
             "categorical_input": CATEGORICAL_INPUT,
             "numeric_input": NUMERIC_INPUT,
             "categorical": [{"name": f.name, "vocabulary": f.vocabulary, "default_index": f.default_index}
                             for f in self.categorical],
             "numeric": list(self.numeric),
-        }, indent=1, sort_keys=True)
+        }
+        if self.defaults:
+            raw["defaults"] = self.defaults
+        return json.dumps(raw, indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "FeatureSpec":
@@ -51,6 +57,7 @@ class FeatureSpec:
             tuple(CategoricalFeature(c["name"], {str(k): int(v) for k, v in c["vocabulary"].items()},
                                      int(c["default_index"])) for c in raw["categorical"]),
             tuple(str(n) for n in raw["numeric"]),
+            {str(k): v for k, v in raw.get("defaults", {}).items()},
         )
 
     @classmethod

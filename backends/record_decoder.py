@@ -110,6 +110,8 @@ class RecordDecoder:
         return parse_record(payload, self.max_record_bytes)
 
     def _row(self, features: Mapping[str, object]) -> tuple[list[int], list[float]]:
+        if self.spec.defaults:
+            features = {**self.spec.defaults, **features}
         cats = []
         for feature in self.spec.categorical:
             value = features.get(feature.name)

@@ -110,6 +110,9 @@ def convert(saved_model: Path, output: Path, opset: int) -> None:
         raise click.ClickException(str(err)) from None
     click.echo(f"{output}: {len(spec.categorical)} categorical + {len(spec.numeric)} numeric features, "
                f"opset {opset}, onnx.checker passed")
+    if spec.defaults:
+        click.echo("tf.Example parsing lifted into the feature spec; parse defaults: "
+                   + ", ".join(f"{name}={value!r}" for name, value in sorted(spec.defaults.items())))
 
 
 @main.command()
@@ -183,6 +186,7 @@ def parity(saved_model, onnx_model, data_csv, url, model, protocol, atol, report
     """Legacy SavedModel vs ONNX Runtime (vs engines, vs the live model) on every row; exit 0 iff all within tolerance.
 
     Decisions (APPROVE/REVIEW/DECLINE, with risk_decision's thresholds) are compared too: rows that change are listed.
+    A model converted from a tf.Example signature is given one Example per CSV row (columns named as its features).
     """
     from tools import parity as run_parity
     from tools.model_config import decision_thresholds
@@ -196,7 +200,7 @@ def parity(saved_model, onnx_model, data_csv, url, model, protocol, atol, report
                                 protocol=protocol, thresholds=thresholds, fp16_emulation=fp16_emulation,
                                 engines=tuple(engines), fp16_atol=fp16_atol,
                                 url_atol=fp16_atol if url_precision == "fp16" else None)
-    except EngineBuildError as err:
+    except (EngineBuildError, ValueError) as err:
         raise click.ClickException(str(err)) from None
     click.echo(result.table())
     if report:

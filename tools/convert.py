@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 from backends.atomic_files import write_atomically
 from backends.feature_spec import (CATEGORICAL_INPUT, METADATA_KEY, NUMERIC_INPUT, PROBABILITY_OUTPUT,
                                    CategoricalFeature, FeatureSpec)
+from tools import example_signature
 
 BATCH_DIM = "batch"
 MIN_OPSET = 15
@@ -38,6 +39,8 @@ class ConversionError(Exception):
 
 
 def _way_out(op: str) -> str:
+    if op == "ParseExample":
+        return "export the signature with tf.io.parse_example (ParseExampleV2), whose parsing s2t convert lifts out"
     if op in _CONTRIB_OPS:
         return ("convert with tf2onnx's `--extra_opset ai.onnx.contrib:1` and serve with the onnxruntime-extensions "
                 "custom op library (model config parameter `custom_op_library`)")
@@ -45,7 +48,9 @@ def _way_out(op: str) -> str:
             "with tf2onnx (`--custom-ops`) and provide its kernel as an ONNX Runtime custom op library")
 
 
-def run_tf2onnx(saved_model: Path, opset: int) -> onnx.ModelProto:
+def run_tf2onnx(saved_model: Path, opset: int, lifted_ops: frozenset[str] = frozenset()) -> onnx.ModelProto:
+    """The raw conversion; ops in `lifted_ops` may stay unconverted (tf2onnx keeps them as they are) for the caller
+    to cut out."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "raw.onnx"
         proc = subprocess.run(
@@ -54,7 +59,7 @@ def run_tf2onnx(saved_model: Path, opset: int) -> onnx.ModelProto:
             capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
         )
         log = proc.stdout + proc.stderr
-        unsupported = [(m["op"], m["node"]) for m in _UNSUPPORTED_OP.finditer(log)]
+        unsupported = [(m["op"], m["node"]) for m in _UNSUPPORTED_OP.finditer(log) if m["op"] not in lifted_ops]
         if unsupported:
             details = "; ".join(f"op {op} at node {node}: {_way_out(op)}" for op, node in dict.fromkeys(unsupported))
             raise ConversionError(f"tf2onnx cannot convert {len(set(unsupported))} op(s): {details}")
@@ -156,10 +161,13 @@ def name_output(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def shape_for_serving(raw: onnx.ModelProto) -> tuple[onnx.ModelProto, FeatureSpec]:
+def shape_for_serving(raw: onnx.ModelProto, defaults: dict[str, str | float] | None = None,
+                      metadata: dict[str, str] | None = None) -> tuple[onnx.ModelProto, FeatureSpec]:
     model, spec = pack_inputs(raw)
+    if defaults:
+        spec = FeatureSpec(spec.categorical, spec.numeric, dict(defaults))
     model = name_output(model)
-    helper.set_model_props(model, {METADATA_KEY: spec.to_json()})
+    helper.set_model_props(model, {**(metadata or {}), METADATA_KEY: spec.to_json()})
     model.producer_name = "skill2triton"
     onnx.checker.check_model(model, full_check=True)
     return model, spec
@@ -175,6 +183,11 @@ def read_spec(model: onnx.ModelProto) -> FeatureSpec:
 def convert(saved_model: Path, output: Path, opset: int = MIN_OPSET) -> FeatureSpec:
     if opset < MIN_OPSET:
         raise ConversionError(f"opset {opset} is below {MIN_OPSET}, the lowest this project serves")
-    model, spec = shape_for_serving(run_tf2onnx(Path(saved_model), opset))
+    raw = run_tf2onnx(Path(saved_model), opset, frozenset({example_signature.PARSE_OP}))
+    try:
+        raw, defaults, metadata = example_signature.lift_from_saved_model(raw, Path(saved_model))
+    except example_signature.SignatureError as err:
+        raise ConversionError(f"the tf.Example parsing cannot be lifted out: {err}") from None
+    model, spec = shape_for_serving(raw, defaults, metadata)
     write_atomically(Path(output), model.SerializeToString())
     return spec

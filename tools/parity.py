@@ -55,6 +55,8 @@ class ParityReport:
     # low-precision engine could change the decision while staying within tolerance.
     near_threshold: list[int] | None = None
     near_band: float = FP16_ATOL
+    # One line per row that could not be scored everywhere, with each side's reason (tf.Example data).
+    row_errors: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -83,6 +85,7 @@ class ParityReport:
             lines.append(f"{len(self.near_threshold)} rows lie within {self.near_band:g} of a decision threshold "
                          f"(rows {', '.join(map(str, self.near_threshold[:20]))}"
                          f"{' ...' if len(self.near_threshold) > 20 else ''})")
+        lines.extend(self.row_errors)
         if self.divergence:
             lines.append(f"first diverging node: {self.divergence['node']} ({self.divergence['op']}), "
                          f"max abs {self.divergence['max_abs']:.3g} on tensor {self.divergence['tensor']}")
@@ -254,7 +257,16 @@ def run(saved_model: Path, onnx_path: Path, data_csv: Path, atol: float = 1e-5, 
     """Every candidate against the legacy model; FP16 candidates (emulation, FP16 engines) at `fp16_atol`.
 
     `url_atol` is the live model's tolerance where it serves a low-precision engine (risk_scorer_trt FP16).
+    A model converted from a tf.Example signature is compared on Examples built from the CSV (example_parity).
     """
+    import onnx
+
+    from tools import example_parity
+    if example_parity.example_input(onnx.load(str(onnx_path), load_external_data=False)) is not None:
+        if fp16_emulation or engines:
+            raise ValueError("FP16 emulation and engines are compared on German Credit columns, not on tf.Example data")
+        return example_parity.run(Path(saved_model), Path(onnx_path), Path(data_csv), atol, url, model, protocol,
+                                  thresholds)
     data = german_credit.load(Path(data_csv))
     reference = reference_scores(Path(saved_model), Path(data_csv), data, reference_cache)
     categorical, numeric = packed_inputs(Path(onnx_path), data.columns)
