@@ -21,7 +21,7 @@ import numpy as np
 from backends.decision_policy import Thresholds
 from backends.feature_spec import FeatureSpec
 from backends.record_decoder import RecordDecoder
-from tools.parity import LIVE_BATCH, Comparison, ParityReport, compare
+from tools.parity_report import LIVE_BATCH, Comparison, ParityReport, compare
 
 # A score, or the reason the side refused the row.
 Outcome = float | str
