@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from tools.service_process import S2T  # noqa: F401 - the tests take it from here
 from tools.triton_server import free_port  # noqa: F401 - the tests take it from here
 
 ROOT = Path(__file__).resolve().parent.parent

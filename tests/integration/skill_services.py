@@ -9,7 +9,6 @@ import pytest
 
 from clients.legacy_record import to_protobuf
 from tools import service_process
-from tools.service_process import S2T  # noqa: F401 - the tests take it from here
 
 
 def skill_records(german_credit_data, rows, prefix="legacy"):

@@ -2,7 +2,7 @@
 import json
 import subprocess
 
-from tests.integration.skill_services import S2T
+from tests.conftest import S2T
 
 
 def test_cutover_bench_measures_legacy_gateway_and_triton_with_no_failed_call(built_artifacts, tmp_path):

@@ -3,7 +3,6 @@ the router degrades to risk_scorer_lite; measured against a primary made slow on
 import json
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,12 +12,11 @@ import pytest
 import tritonclient.grpc as grpc
 from onnx import helper, numpy_helper
 
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
+from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, S2T, free_port
 from tools.config_edit import set_string_parameter
 from tools.publish import ParityGate, publish
 from tools.triton_server import TritonServer
 
-S2T = Path(sys.executable).parent / "s2t"
 # The limits under test, written into the router's config as an operator would (the shipped ones: 1 s over 5 s).
 MAX_P99_MS, WINDOW_SECONDS = 100, 3
 

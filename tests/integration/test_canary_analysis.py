@@ -4,22 +4,19 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpc
 
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
+from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, S2T, free_port
 from tests.integration.test_staged_rollout import SHIFT, shifted_model
 from tools.live_control import ADMIN_KEY_ENV
 from tools.triton_server import TritonServer
 from tools.version_store import VersionStore
 
 KEY = "analysis-key"
-S2T = Path(sys.executable).parent / "s2t"
 
 
 @pytest.fixture(scope="module")

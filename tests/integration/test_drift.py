@@ -3,18 +3,15 @@ PSI over 0.2 for that feature in s2t_feature_psi (and `s2t drift`), the untouche
 import json
 import shutil
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpc
 
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
+from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, S2T, free_port
 from tools.config_edit import set_string_parameter
 from tools.triton_server import TritonServer
 
-S2T = Path(sys.executable).parent / "s2t"
 PUBLISH_SECONDS = 1
 
 

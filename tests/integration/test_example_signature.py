@@ -5,7 +5,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -13,13 +12,12 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.conftest import MODEL_REPOSITORY, free_port
+from tests.conftest import MODEL_REPOSITORY, S2T, free_port
 from tools import example_parity
 from tools.convert import read_spec
 from tools.example_signature import EXAMPLE_INPUT_KEY
 from tools.triton_server import TritonServer
 
-S2T = Path(sys.executable).parent / "s2t"
 TF_QUIET = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 PURPOSES = ["car", "education", "furniture"]
 OUT_OF_VOCABULARY = 3

@@ -8,8 +8,8 @@ import grpc
 import pytest
 
 from wire import skill_pb2, skill_pb2_grpc
-from tests.conftest import free_port
-from tests.integration.skill_services import S2T, running, skill_records
+from tests.conftest import S2T, free_port
+from tests.integration.skill_services import running, skill_records
 
 CALL_TIMEOUT_S = 4
 

@@ -5,19 +5,17 @@ import hashlib
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from backends.routing_policy import Target
-from tests.conftest import DATA_CSV, GPU_REPOSITORY, MODEL_REPOSITORY, ROOT, SAVED_MODEL, SCORER_ONNX, has_gpu
+from tests.conftest import DATA_CSV, GPU_REPOSITORY, MODEL_REPOSITORY, ROOT, S2T, SAVED_MODEL, SCORER_ONNX, has_gpu
 from tools import model_config, tensorrt_engine
 from tools.canary import CanaryError, set_split
 from tools.model_config import mc
 from tools.publish import ParityGate, PublishError, publish
 
-S2T = Path(sys.executable).parent / "s2t"
 
 GPU_MODELS = ("risk_scorer_trt", "risk_scorer_cuda")
 

@@ -2,16 +2,14 @@
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
 from tools import legacy_model, parity
+from tests.conftest import S2T
 
-S2T = Path(sys.executable).parent / "s2t"
 TF_QUIET = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 

@@ -1,9 +1,7 @@
 """`s2t gateway`: the unchanged legacy Skill client, through the gateway and Triton, scores as the legacy model did."""
 import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -13,10 +11,9 @@ from backends.decision_policy import decide
 from servers.legacy_gateway import serve
 from clients.legacy_record import to_protobuf
 from wire import skill_pb2, skill_pb2_grpc
-from tests.conftest import free_port
+from tests.conftest import S2T, free_port
 from tools import parity
 
-S2T = Path(sys.executable).parent / "s2t"
 TOLERANCE = 1e-5
 
 

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DATA_CSV, ENSEMBLES, MODEL_REPOSITORY, ROOT, free_port
+from tests.conftest import DATA_CSV, ENSEMBLES, MODEL_REPOSITORY, ROOT, S2T, free_port
 from tools.healing import HealSettings, SupervisorState
 from tools.supervisor import StubSupervisor, stubs_of
 from tools.triton_server import TritonServer
 
-S2T = Path(sys.executable).parent / "s2t"
 
 
 def alive(pid: int) -> bool:

@@ -2,20 +2,17 @@
 import json
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
 
-from tests.conftest import MODEL_REPOSITORY
+from tests.conftest import MODEL_REPOSITORY, S2T
 from tools import model_config
 from tools.publish import ParityGate, PublishError, publish
 from tools.version_store import VersionStore
 
-S2T = Path(sys.executable).parent / "s2t"
 
 
 @pytest.fixture

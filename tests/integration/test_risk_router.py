@@ -4,23 +4,20 @@ import math
 import re
 import shutil
 import subprocess
-import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
+from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, S2T, free_port
 from tools.live_control import admin_headers
 from tools.publish import ParityGate, publish
 from tools.triton_server import TritonServer
 from tools.version_store import VersionStore
 
-S2T = Path(sys.executable).parent / "s2t"
 KEY = "router-key"
 
 

@@ -2,10 +2,8 @@
 import json
 import re
 import subprocess
-import sys
 import threading
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,9 +11,9 @@ import pytest
 from backends.decision_policy import decide
 from clients import stream_client
 from clients.legacy_record import encode
+from tests.conftest import S2T
 
 TOLERANCE = 1e-5
-S2T = Path(sys.executable).parent / "s2t"
 COUNTERS = ("reordered", "duplicate", "late", "gap")
 
 

@@ -3,18 +3,16 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpc
 
 from backends.record_decoder import encode_columns
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
+from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, S2T, free_port
 from tools.live_control import ADMIN_KEY_ENV
 from tools.publish import ParityGate
 from tools.triton_server import TritonServer
@@ -22,7 +20,6 @@ from tools.version_store import VersionStore
 
 KEY = "rollout-key"
 
-S2T = Path(sys.executable).parent / "s2t"
 SWAPS = 5  # publish + rollback each: ten changes in a row
 
 

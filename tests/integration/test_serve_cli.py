@@ -4,7 +4,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -13,9 +12,8 @@ import numpy as np
 import pytest
 import tritonclient.http as http
 
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, S2T, free_port
 
-S2T = Path(sys.executable).parent / "s2t"
 
 
 def children(pid: int) -> set[int]:

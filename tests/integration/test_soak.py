@@ -1,12 +1,9 @@
 """`s2t soak` in a short run: the report names every serving process, counts answers, and computes growth."""
 import json
 import subprocess
-import sys
-from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, S2T
 
-S2T = Path(sys.executable).parent / "s2t"
 
 
 def test_short_soak_reports_rss_of_the_server_and_every_stub_and_no_errors(built_artifacts, tmp_path):

@@ -5,7 +5,6 @@ import math
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,13 +15,12 @@ import pytest
 import tritonclient.grpc as grpc
 from onnx import helper
 
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
+from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, S2T, free_port
 from tools.live_control import ADMIN_KEY_ENV
 from tools.triton_server import TritonServer
 from tools.version_store import VersionStore
 
 KEY = "staged-rollout-key"
-S2T = Path(sys.executable).parent / "s2t"
 SHIFT = 0.05
 
 

@@ -1,13 +1,10 @@
 """`s2t status` against the live server: models, versions with their live state and roles, the breaker."""
 import json
 import subprocess
-import sys
-from pathlib import Path
 
-from tests.conftest import MODEL_REPOSITORY
+from tests.conftest import MODEL_REPOSITORY, S2T
 from tools.version_store import VersionStore
 
-S2T = Path(sys.executable).parent / "s2t"
 
 
 def test_status_json_lists_the_scorer_and_the_pipeline_with_their_live_versions(triton):

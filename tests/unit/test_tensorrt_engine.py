@@ -1,18 +1,15 @@
 """The CPU side of `s2t build-trt`: what may go to TensorRT, the batch profile, and clear refusals without a GPU."""
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tests.conftest import GPU_REPOSITORY, ROOT, SCORER_ONNX, has_gpu
+from tests.conftest import GPU_REPOSITORY, ROOT, S2T, SCORER_ONNX, has_gpu
 from tools import tensorrt_engine
 from tools.tensorrt_engine import BatchProfile, EngineBuildError
 
-S2T = Path(sys.executable).parent / "s2t"
 
 
 def string_lookup_graph() -> onnx.ModelProto:
