@@ -1,10 +1,11 @@
 """HTTP against gRPC on risk_pipeline with the same load generator (perf_analyzer), in alternating rounds.
 
 One point per protocol, measured one after the other, compares two moments of a shared machine more than two
-protocols: on the 2-core machine the gRPC/HTTP ratio of one pair ranged from 0.85x to 1.12x a minute apart. Rounds that alternate the
-protocols, each figure the median round, put the machine's changes on both sides. Each round also splits the CPU a
-request costs between the load generator, tritonserver's own process (its HTTP or gRPC front end, the batcher)
-and the python stubs, which is where a protocol's cost shows when throughput does not.
+protocols: on the 2-core machine the gRPC/HTTP ratio of a single pair of rounds ranged from 0.66x to 1.44x within
+minutes. Rounds that alternate the protocols, each figure the median round, put the machine's changes on both
+sides. Each round also splits the CPU a request costs between the load generator, tritonserver's own process (its
+HTTP or gRPC front end, the batcher) and the python stubs, which is where a protocol's cost shows when throughput
+does not.
 """
 from __future__ import annotations
 
