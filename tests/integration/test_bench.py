@@ -39,6 +39,21 @@ def test_bench_measures_triton_over_both_protocols_and_both_baselines(smoke_run)
     assert {p["what"] for p in results["inprocess"]} == {"onnxruntime", "decode+onnxruntime+decide"}
 
 
+def test_bench_compares_http_and_grpc_in_turns_with_the_cpu_each_side_spends(smoke_run):
+    out, results, _ = smoke_run
+    found = results["protocols"]
+    assert found["model"] == "risk_pipeline" and found["concurrency"] == results["http_triton"]["connections"]
+    for protocol in ("http", "grpc"):
+        for entry in found["rounds"][protocol]:
+            assert entry["requests_per_s"] > 0 and entry["requests"] > 0
+            assert entry["client_cpu_us_per_request"] > 0 and entry["stubs_cpu_us_per_request"] > 0
+            assert entry["front_end_cpu_us_per_request"] > 0
+            assert entry["server_cpu_us_per_request"] == pytest.approx(
+                entry["front_end_cpu_us_per_request"] + entry["stubs_cpu_us_per_request"], abs=0.2)
+    assert results["ratios"]["perf_analyzer_grpc_vs_http_pipeline"] == pytest.approx(found["grpc_vs_http"])
+    assert "### HTTP and gRPC, risk_pipeline" in (out / "results.md").read_text()
+
+
 def test_both_fastapi_apps_give_the_same_answers_as_risk_pipeline(smoke_run):
     _, results, _ = smoke_run
     assert set(results["same_answers"]) == {"baseline", "fastapi-docs"}
@@ -77,7 +92,8 @@ def test_ratios_are_computed_from_the_measured_numbers(smoke_run):
                   if p["model"] == "risk_scorer" and p["protocol"] == "grpc" and p["batch"] == batch)
     engine = next(p for p in results["inprocess"] if p["what"] == "onnxruntime" and p["batch"] == batch)
     assert ratios["grpc_scorer_batch_vs_inprocess"] == pytest.approx(scorer["infer_per_s"] / engine["rows_per_s"])
-    assert len(results["targets"]) == 5 and all(isinstance(t["met"], bool) for t in results["targets"])
+    # HTTP ratio, p99, gRPC against HTTP (the alternating rounds run in every mode), batches, cold start, RSS.
+    assert len(results["targets"]) == 6 and all(isinstance(t["met"], bool) for t in results["targets"])
 
 
 def test_bench_writes_markdown_tables_and_non_empty_plots(smoke_run):

@@ -6,6 +6,7 @@ curl) is the job of a run on a Docker host.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -18,12 +19,14 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
+from tools.runtime_imports import normalised
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 TLS_FILE = ROOT / "docker-compose.tls.yml"
 TRITON_SERVICES = ("triton", "triton-gpu")
 PTH_FILE = ROOT / "deploy" / "skill2triton.pth"
-IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+NGC_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+TRITON_IMAGE_DIR = ROOT / "deploy" / "triton"
 PTH_TARGET = "/usr/local/lib/python3.10/dist-packages/skill2triton.pth"
 PORT_OVERRIDES = {"HTTP_PORT": "18000", "GRPC_PORT": "18001", "METRICS_PORT": "18002", "SUPERVISOR_PORT": "18003"}
 # What the container listens on, whatever the host side is.
@@ -70,7 +73,7 @@ def gpu_config(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def all_profiles_config(tmp_path_factory) -> dict:
-    return compose_config(tmp_path_factory.mktemp("compose"), profiles=("gpu", "load"))
+    return compose_config(tmp_path_factory.mktemp("compose"), profiles=("gpu", "load", "llm"))
 
 
 @pytest.fixture(scope="module")
@@ -134,9 +137,92 @@ def _flag(command: list[str], name: str) -> str:
     return values[0]
 
 
-def test_the_image_is_triton_24_10_the_release_of_the_pinned_tritonclient(config, gpu_config):
-    for name, service in {**_tritons(config), **_tritons(gpu_config)}.items():
-        assert service["image"] == IMAGE, name
+def triton_image_tag() -> str:
+    """24.10 (the NGC release) and a digest of deploy/triton's files: a changed image is a new tag everywhere, so no
+    host or cluster keeps running an old build under the current name."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in TRITON_IMAGE_DIR.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(TRITON_IMAGE_DIR)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return f"24.10-{digest.hexdigest()[:12]}"
+
+
+IMAGE = f"skill2triton-tritonserver:{triton_image_tag()}"
+
+
+def _stages(dockerfile: Path) -> dict[str, tuple[str, str]]:
+    """stage name -> (what it starts FROM, the text of its instructions)."""
+    stages, current = {}, None
+    for line in dockerfile.read_text().splitlines():
+        found = re.fullmatch(r"FROM (\S+) AS (\S+)", line.strip())
+        if found:
+            current = found.group(2)
+            stages[current] = (found.group(1), "")
+        elif current and not line.lstrip().startswith("#"):
+            stages[current] = (stages[current][0], stages[current][1] + line + "\n")
+    return stages
+
+
+def image_pins(dockerfile: Path, target: str) -> dict[str, str]:
+    """distribution -> version that the target stage (and the stages it builds on) installs: pins on its RUN
+    lines and in the requirement files it copies in and installs with -r."""
+    stages = _stages(dockerfile)
+    pins: dict[str, str] = {}
+    while target in stages:
+        base, text = stages[target]
+        for name in re.findall(r"-r \S*/([\w.-]+\.txt)", text):
+            pins |= _pins(re.sub(r"#.*", "", (dockerfile.parent / name).read_text()))
+        pins |= _pins(text)
+        target = base
+    return {normalised(name): version for name, version in pins.items()}
+
+
+def _served_repositories(service: dict) -> list[Path]:
+    mounts = {b["target"]: Path(b["source"]) for b in _binds(service)}
+    return [mounts[arg.split("=", 1)[1]] for arg in service["command"] if arg.startswith("--model-repository=")]
+
+
+def test_the_triton_image_is_ngc_24_10_with_the_models_packages_tagged_by_its_content(all_profiles_config):
+    targets = {"triton": "serving", "triton-gpu": "serving", "triton-llm": "llm"}
+    services = _services(all_profiles_config)
+    assert _stages(TRITON_IMAGE_DIR / "Dockerfile")["serving"][0] == NGC_IMAGE
+    for name, target in targets.items():
+        service = services[name]
+        assert Path(service["build"]["context"]) == TRITON_IMAGE_DIR, name
+        assert service["build"]["target"] == target, name
+        assert service["image"] == IMAGE + ("" if target == "serving" else f"-{target}"), \
+            f"{name}: deploy/triton changed, so its tag must (here and in deploy/kubernetes): {IMAGE}"
+
+
+def test_every_module_the_served_python_models_import_is_installed_by_their_image(all_profiles_config):
+    from tools.runtime_imports import BACKEND_MODULES, distribution_of, model_files, third_party_modules
+
+    services = _services(all_profiles_config)
+    for name in ("triton", "triton-gpu", "triton-llm"):
+        service = services[name]
+        installed = image_pins(TRITON_IMAGE_DIR / "Dockerfile", service["build"]["target"])
+        imported = third_party_modules(ROOT, model_files(_served_repositories(service)))
+        assert {"onnxruntime", "numpy"} <= {m.split(".")[0] for m in imported}, "the scan found nothing"
+        for module, importers in sorted(imported.items()):
+            if module.split(".")[0] in BACKEND_MODULES:
+                continue
+            distribution = distribution_of(module)
+            where = sorted(str(p.relative_to(ROOT)) for p in importers)
+            assert distribution is not None, f"{module} (imported by {where}) is installed nowhere here either"
+            assert distribution in installed, \
+                f"{name}: {module} (from {distribution}, imported by {where}) is not installed by its image"
+
+
+# Where the image's Python 3.10 cannot have constraints.txt's version (resolved for 3.11): why, and what it has.
+PYTHON_310_EXCEPTIONS = {"onnxruntime": "1.23.2"}  # its last release with a cp310 wheel
+
+
+def test_the_image_installs_the_versions_of_constraints_txt_except_where_python_3_10_has_none():
+    constraints = {normalised(name): version for name, version in _pins((ROOT / "constraints.txt").read_text()).items()}
+    pins = image_pins(TRITON_IMAGE_DIR / "Dockerfile", "llm")
+    assert pins["numpy"].startswith("1."), "numpy 2 corrupts the 2.51 python stub's tensors"
+    for name, version in pins.items():
+        expected = PYTHON_310_EXCEPTIONS.get(name, constraints.get(name, version))
+        assert version == expected, f"deploy/triton pins {name}=={version}, expected {expected}"
 
 
 def test_both_repositories_are_on_the_command_line_in_poll_mode(config):
@@ -416,7 +502,8 @@ def test_the_tls_flags_make_triton_serve_grpc_over_tls_only(tls_config, self_sig
 
 
 def test_the_triton_services_run_tritonserver_under_the_keeper_with_its_port_published(all_profiles_config):
-    for name, service in _tritons(all_profiles_config).items():
+    services = _services(all_profiles_config)
+    for name, service in {**_tritons(all_profiles_config), "triton-llm": services["triton-llm"]}.items():
         entrypoint = service["entrypoint"]
         assert entrypoint[0] == "/opt/nvidia/nvidia_entrypoint.sh", "the image's own entrypoint stays first"
         assert entrypoint[1:4] == ["python3", "-m", "tools.keeper"] and entrypoint[-1] == "--", name

@@ -82,10 +82,34 @@ def test_an_overlay_holds_deployment_service_autoscaler_and_disruption_budget_in
     assert {doc["metadata"]["namespace"] for doc in docs} == {"skill2triton"}
 
 
+def _pushed(image: str) -> str:
+    """The image's name and tag without the registry that `images:` in the kustomizations puts in front."""
+    registry, _, name = image.rpartition("/")
+    assert registry, f"{image}: no registry, so it would be pulled from Docker Hub"
+    return name
+
+
+@pytest.mark.parametrize("directory", RENDERED[:3])
+def test_pods_run_the_compose_serving_image_which_installs_what_their_repositories_import(rendered, directory):
+    from tools.runtime_imports import BACKEND_MODULES, distribution_of, model_files, third_party_modules
+
+    from tests.integration.test_docker_compose import TRITON_IMAGE_DIR, image_pins
+    installed = image_pins(TRITON_IMAGE_DIR / "Dockerfile", "serving")
+    for triton in triton_containers(rendered[directory]):
+        assert _pushed(triton["image"]) == IMAGE
+        # A release holds these folders under the names they have here.
+        served = [ROOT / Path(arg.split("=", 1)[1]).name for arg in triton["args"]
+                  if arg.startswith("--model-repository=")]
+        assert served and all(folder.is_dir() for folder in served), served
+        for module in third_party_modules(ROOT, model_files(served)):
+            if module.split(".")[0] not in BACKEND_MODULES:
+                assert distribution_of(module) in installed, f"{directory}: {module} is not in the image"
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_triton_is_the_pinned_image_probed_on_live_and_ready_with_requests_and_limits(rendered, overlay):
     triton = container(one(rendered[overlay], "Deployment"))
-    assert triton["image"] == IMAGE
+    assert _pushed(triton["image"]) == IMAGE
     assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     ports = {p["name"]: p["containerPort"] for p in triton["ports"]}
@@ -191,7 +215,7 @@ def test_the_kserve_variant_carries_a_canary_share_on_its_own_pinned_triton_runt
     assert runtime["apiVersion"] == "serving.kserve.io/v1alpha1"
     assert runtime["metadata"]["name"] == model["runtime"]
     assert "triton" in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
-    assert runtime["spec"]["containers"][0]["image"] == IMAGE
+    assert _pushed(runtime["spec"]["containers"][0]["image"]) == IMAGE
     mounts = {m["name"]: m for m in model["volumeMounts"]}
     volumes = {v["name"]: v for v in predictor["volumes"]}
     pth = one(docs, "ConfigMap")

@@ -96,3 +96,22 @@ def test_grpc_at_concurrency_16_is_held_to_the_http_rate_of_the_same_generator()
     assert ratios["perf_analyzer_grpc_vs_http_pipeline"] == pytest.approx(0.9)
     grpc_target = next(t for t in report.targets(results, ratios) if "gRPC c=16" in t["target"])
     assert grpc_target["met"] is False and grpc_target["measured"] == "0.90x"
+
+
+def test_grpc_against_http_comes_from_the_median_alternating_rounds_when_measured():
+    results = _results(1100.0, 1000.0, 8.0, 4.0)
+    # A single pair of points says 0.9x; the rounds, taken in turns, say otherwise.
+    results["perf_analyzer"] += [{"model": "risk_pipeline", "protocol": protocol, "batch": 1, "concurrency": 16,
+                                  "infer_per_s": rate} for protocol, rate in (("http", 1000.0), ("grpc", 900.0))]
+    results["protocols"] = {"rounds": {"http": [{}] * 3, "grpc": [{}] * 3}, "grpc_vs_http": 1.04}
+    ratios = report.ratios(results)
+    assert ratios["perf_analyzer_grpc_vs_http_pipeline"] == pytest.approx(1.04)
+    grpc_target = next(t for t in report.targets(results, ratios) if "gRPC c=16" in t["target"])
+    assert grpc_target["met"] is True and grpc_target["measured"] == "1.04x (median of 3 alternating rounds)"
+
+
+def test_each_protocol_figure_is_its_own_median_over_the_rounds():
+    from tools.bench import protocols
+    rounds = [{"requests_per_s": r, "client_cpu_us_per_request": c} for r, c in ((900.0, 80.0), (1200.0, 95.0),
+                                                                                  (1000.0, 70.0))]
+    assert protocols.median_of_rounds(rounds) == {"requests_per_s": 1000.0, "client_cpu_us_per_request": 80.0}

@@ -70,8 +70,9 @@ def test_the_profile_follows_the_served_config_max_batch_and_largest_preferred_b
 
 
 def test_engines_are_built_for_the_image_compose_serves_and_the_gpu_venv_installs_that_tensorrt():
-    compose = (ROOT / "docker-compose.yml").read_text()
-    assert f"image: {tensorrt_engine.SERVING_IMAGE}" in compose
+    # Compose builds its Triton services from deploy/triton, whose image starts from the NGC one.
+    assert "context: ./deploy/triton" in (ROOT / "docker-compose.yml").read_text()
+    assert f"FROM {tensorrt_engine.SERVING_IMAGE} AS serving" in (ROOT / "deploy" / "triton" / "Dockerfile").read_text()
     assert f"tensorrt-cu12=={tensorrt_engine.TENSORRT_VERSION}" in (ROOT / "Makefile").read_text()
     assert f"onnxruntime-gpu=={tensorrt_engine.ONNXRUNTIME_GPU_VERSION}" in (ROOT / "Makefile").read_text()
 

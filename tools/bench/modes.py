@@ -24,11 +24,14 @@ class Mode:
     # wrk rounds: Triton and each FastAPI app take turns (http_seconds each per round) while all are up, so a
     # change in the machine's load hits every side alike; each side's figure is its median round.
     http_rounds: int = 1
+    # perf_analyzer HTTP / gRPC rounds on risk_pipeline at http_connections, alternating (tools/bench/protocols.py).
+    protocol_rounds: int = 1
 
 
 MODES = {
     "smoke": Mode("smoke", 100, (4,), (8,), (200,), ("http",), 2, 6, 1, 200, 4, 0.2, 1),
-    "quick": Mode("quick", 600, (1, 16), (1, 256), (1000,), ("http",), 5, 12, 2, 2000, 16, 1.0, 1, http_rounds=2),
+    "quick": Mode("quick", 600, (1, 16), (1, 256), (1000,), ("http",), 5, 12, 2, 2000, 16, 1.0, 1, http_rounds=2,
+                  protocol_rounds=2),
     "full": Mode("full", 1500, (1, 4, 16, 32), (1, 16, 64, 256), (500, 1000, 2000), ("http", "grpc"),
-                 8, 30, 5, 5000, 16, 3.0, 3, http_rounds=5),
+                 8, 30, 5, 5000, 16, 3.0, 3, http_rounds=5, protocol_rounds=5),
 }

