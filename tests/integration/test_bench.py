@@ -113,7 +113,7 @@ def test_bench_writes_markdown_tables_and_non_empty_plots(smoke_run):
 def test_locust_users_score_real_records_over_http_and_grpc_without_failures(triton, tmp_path):
     env = dict(os.environ, S2T_GRPC_URL=triton.grpc_url, S2T_DATA=str(DATA_CSV), S2T_MAX_REQUESTS="2000")
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "locust"), "-f", str(ROOT / "clients" / "locustfile.py"), "--headless",
+        [str(Path(sys.executable).parent / "locust"), "-f", str(ROOT / "tools" / "bench" / "locustfile.py"), "--headless",
          "-u", "4", "-r", "4", "--run-time", "5s", "--host", f"http://{triton.http_url}", "--only-summary",
          "--csv", str(tmp_path / "locust"), "HttpRecordUser", "GrpcRecordUser"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)

@@ -354,7 +354,7 @@ def _pins(text: str) -> dict[str, str]:
 def test_the_locust_image_adds_what_the_locustfile_imports_at_the_project_pins(all_profiles_config):
     import ast
 
-    from tools.release import project_files
+    from tools.release import PROJECT_PACKAGES, project_files
     locust = _services(all_profiles_config)["locust"]
     assert Path(locust["build"]["context"]) == LOCUST_DOCKERFILE.parent
     installed = _pins(LOCUST_DOCKERFILE.read_text())
@@ -362,7 +362,7 @@ def test_the_locust_image_adds_what_the_locustfile_imports_at_the_project_pins(a
     assert installed and all(constraints[name] == version for name, version in installed.items()), installed
     assert _base_image(locust) == f"locustio/locust:{constraints['locust']}"
     # Third-party modules the locustfile and the project modules it imports need, beyond locust's own.
-    locustfile = ROOT / "clients" / "locustfile.py"
+    locustfile = ROOT / "tools" / "bench" / "locustfile.py"
     modules = set()
     for source in [locustfile, *project_files(ROOT, [locustfile])]:
         for node in ast.walk(ast.parse(source.read_text())):
@@ -370,9 +370,8 @@ def test_the_locust_image_adds_what_the_locustfile_imports_at_the_project_pins(a
                 modules |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 modules.add(node.module.split(".")[0])
-    provided = {"locust", "gevent", "grpc", "google", "backends", "clients", "tools", "numpy", "tritonclient",
-                "geventhttpclient"}
-    third_party = {m for m in modules if m not in sys.stdlib_module_names}
+    provided = {"locust", "gevent", "grpc", "google", "numpy", "tritonclient", "geventhttpclient"}
+    third_party = {m for m in modules if m not in sys.stdlib_module_names and m not in PROJECT_PACKAGES}
     assert third_party <= provided, third_party - provided
     assert {"numpy", "tritonclient"} <= set(installed)
 
@@ -423,8 +422,8 @@ def test_locust_starts_only_on_demand_aimed_at_triton_with_the_repository_locust
     assert "--host=http://triton:8000" in command
     locustfile = Path(command[command.index("-f") + 1])
     mount = next(b for b in _binds(locust) if locustfile.is_relative_to(b["target"]))
-    assert (Path(mount["source"]) / locustfile.relative_to(mount["target"])) == ROOT / "clients" / "locustfile.py"
-    assert (ROOT / "clients" / "locustfile.py").is_file(), "tools/bench/locustfile.py (the benchmark's) is missing"
+    assert (Path(mount["source"]) / locustfile.relative_to(mount["target"])) == ROOT / "tools" / "bench" / "locustfile.py"
+    assert (ROOT / "tools" / "bench" / "locustfile.py").is_file(), "tools/bench/locustfile.py is missing"
 
 
 TLS_FLAGS = ["--grpc-use-ssl=true", "--grpc-server-cert=/run/secrets/triton_grpc_cert",
