@@ -2,16 +2,24 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ENSEMBLES, LLM_REPOSITORY, MODEL_REPOSITORY, free_port
-from tools.triton_server import TritonServer
+from tests.conftest import ENSEMBLES, LLM_REPOSITORY, MODEL_REPOSITORY
+from tests.integration.servers import triton_server
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items):
+    """Every test here runs the real tritonserver (or another real service): `-m "not integration"` skips them."""
+    for item in items:
+        if Path(item.path).resolve().is_relative_to(HERE):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")
 def triton(built_artifacts, tmp_path_factory):
     """The real embedded tritonserver on the repository as `make` built it, on free ports."""
     log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
-    server = TritonServer([MODEL_REPOSITORY, ENSEMBLES], free_port(), free_port(), free_port(), log_path=log,
-                          exit_timeout_seconds=10)
+    server = triton_server([MODEL_REPOSITORY, ENSEMBLES], log_path=log, exit_timeout_seconds=10)
     try:
         server.start(timeout=120)
     except Exception:
@@ -45,8 +53,8 @@ def triton_llm(built_artifacts, tmp_path_factory):
     """The server as `s2t serve --llm` runs it: the risk repositories plus (a copy of) model_repository_llm."""
     tmp = tmp_path_factory.mktemp("triton_llm")
     log = tmp / "tritonserver.log"
-    server = TritonServer([MODEL_REPOSITORY, ENSEMBLES, _llm_repository_for_tests(tmp / "model_repository_llm")],
-                          free_port(), free_port(), free_port(), log_path=log, exit_timeout_seconds=10)
+    server = triton_server([MODEL_REPOSITORY, ENSEMBLES, _llm_repository_for_tests(tmp / "model_repository_llm")],
+                           log_path=log, exit_timeout_seconds=10)
     try:
         server.start(timeout=120)
     except Exception:

@@ -9,7 +9,6 @@ import pytest
 
 from tests.conftest import DATA_CSV, ENSEMBLES, MODEL_REPOSITORY, ROOT
 
-pytestmark = pytest.mark.integration
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

@@ -1,7 +1,6 @@
 """Business protection: when risk_router's primary answers slower than its limit (p99 over the breaker's window),
 the router degrades to risk_scorer_lite; measured against a primary made slow on purpose."""
 import json
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -12,10 +11,10 @@ import pytest
 import tritonclient.grpc as grpc
 from onnx import helper, numpy_helper
 
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, S2T, free_port
+from tests.conftest import S2T
 from tools.config_edit import set_string_parameter
 from tools.publish import ParityGate, publish
-from tools.triton_server import TritonServer
+from tests.integration.servers import repository_copies, triton_server
 
 # The limits under test, written into the router's config as an operator would (the shipped ones: 1 s over 5 s).
 MAX_P99_MS, WINDOW_SECONDS = 100, 3
@@ -49,9 +48,7 @@ def slow_model(source: Path, out: Path, size: int, rounds: int) -> Path:
 @pytest.fixture
 def slow_primary(built_artifacts, tmp_path):
     """A private repository whose primary is the slow model (parity-gated: it scores exactly like the legacy)."""
-    repo, ensembles = tmp_path / "model_repository", tmp_path / "ensembles"
-    shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ENSEMBLES, ensembles, ignore=shutil.ignore_patterns("__pycache__"))
+    repo, ensembles = repository_copies(tmp_path)
     router = repo / "risk_router" / "config.pbtxt"
     text = router.read_text()
     for key, value in (("breaker_max_p99_ms", str(MAX_P99_MS)), ("breaker_window_seconds", str(WINDOW_SECONDS)),
@@ -60,7 +57,7 @@ def slow_primary(built_artifacts, tmp_path):
     router.write_text(text)
     slow = slow_model(built_artifacts["onnx"], tmp_path / "slow.onnx", 1000, 16)
     version = publish("risk_scorer", slow, repo, ParityGate(built_artifacts["saved_model"], built_artifacts["data"]))
-    server = TritonServer([repo, ensembles], free_port(), free_port(), free_port(), exit_timeout_seconds=5,
+    server = triton_server([repo, ensembles], exit_timeout_seconds=5,
                           log_path=tmp_path / "triton.log")
     with server:
         yield server, repo, version

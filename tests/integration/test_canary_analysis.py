@@ -2,7 +2,6 @@
 are shifted by +0.05 is rolled back at its first step with the reason."""
 import json
 import os
-import shutil
 import subprocess
 import threading
 
@@ -10,11 +9,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpc
 
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, S2T, free_port
+from tests.conftest import S2T
 from tests.integration.test_staged_rollout import SHIFT, shifted_model
 from tools.live_control import ADMIN_KEY_ENV
-from tools.triton_server import TritonServer
 from tools.version_store import VersionStore
+from tests.integration.servers import repository_copies, triton_server
 
 KEY = "analysis-key"
 
@@ -22,11 +21,9 @@ KEY = "analysis-key"
 @pytest.fixture(scope="module")
 def live(built_artifacts, tmp_path_factory):
     root = tmp_path_factory.mktemp("analysis")
-    repo, ensembles = root / "model_repository", root / "ensembles"
-    shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ENSEMBLES, ensembles, ignore=shutil.ignore_patterns("__pycache__"))
-    server = TritonServer([repo, ensembles], free_port(), free_port(), free_port(), model_control_mode="explicit",
-                          admin_key=KEY, exit_timeout_seconds=5, log_path=root / "triton.log")
+    repo, ensembles = repository_copies(root)
+    server = triton_server([repo, ensembles], model_control_mode="explicit",
+                          admin_key=KEY, log_path=root / "triton.log")
     with server:
         yield server, repo
 

@@ -7,16 +7,16 @@ import tritonclient.grpc as grpc
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
+from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
 from tools.live_control import admin_headers
-from tools.triton_server import TritonServer
+from tests.integration.servers import triton_server
 
 KEY = "test-admin-key"
 
 
 @pytest.fixture(scope="module")
 def explicit_server(built_artifacts, tmp_path_factory):
-    server = TritonServer([MODEL_REPOSITORY, ENSEMBLES], free_port(), free_port(), free_port(),
+    server = triton_server([MODEL_REPOSITORY, ENSEMBLES],
                           model_control_mode="explicit", admin_key=KEY, exit_timeout_seconds=5,
                           log_path=tmp_path_factory.mktemp("explicit") / "triton.log")
     with server:

@@ -20,6 +20,7 @@ import yaml
 
 from tests.conftest import ROOT
 from tools.runtime_imports import normalised
+from tests.integration.servers import triton_server
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 TLS_FILE = ROOT / "docker-compose.tls.yml"
@@ -479,15 +480,13 @@ def test_the_tls_flags_make_triton_serve_grpc_over_tls_only(tls_config, self_sig
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    from tests.conftest import free_port
-    from tools.triton_server import TritonServer
 
     command = _services(tls_config)["triton"]["command"]
     flags = [arg for arg in command if arg.startswith("--grpc-")]
     for secret, path in self_signed.items():
         flags = [arg.replace(secret, str(path)) for arg in flags]
     (tmp_path / "empty").mkdir()
-    server = TritonServer([tmp_path / "empty"], free_port(), free_port(), free_port(), extra_args=flags,
+    server = triton_server([tmp_path / "empty"], extra_args=flags,
                           log_path=tmp_path / "triton.log", exit_timeout_seconds=2)
     with server:
         secure = grpcclient.InferenceServerClient(server.grpc_url, ssl=True,

@@ -8,9 +8,9 @@ import time
 import numpy as np
 import tritonclient.grpc as grpc
 
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, S2T, free_port
+from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, S2T
 from tools.config_edit import set_string_parameter
-from tools.triton_server import TritonServer
+from tests.integration.servers import triton_server
 
 PUBLISH_SECONDS = 1
 
@@ -42,7 +42,7 @@ def test_a_drifted_feature_shows_psi_over_the_alert_level_and_the_others_do_not(
     drifted = [{"request_id": f"d-{i}", "features": {**rows[i % len(rows)],
                                                       "credit_amount": rows[i % len(rows)]["credit_amount"] * 5}}
                for i in range(3000)]
-    server = TritonServer([repo, ENSEMBLES], free_port(), free_port(), free_port(), exit_timeout_seconds=5,
+    server = triton_server([repo, ENSEMBLES], exit_timeout_seconds=5,
                           log_path=tmp_path / "triton.log")
     with server:
         client = grpc.InferenceServerClient(server.grpc_url)

@@ -19,8 +19,8 @@ from tritonclient.utils import InferenceServerException
 
 from backends.fault_points import ENVIRONMENT_VARIABLE
 from clients import stream_client
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
-from tools.triton_server import TritonServer
+from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
+from tests.integration.servers import triton_server
 
 CONCURRENCY = 30
 ROUNDS = 4
@@ -157,8 +157,8 @@ def faulty_server(built_artifacts, tmp_path_factory):
     shutil.copytree(MODEL_REPOSITORY, repository, ignore=shutil.ignore_patterns("__pycache__"))
     for config in repository.glob("*/config.pbtxt"):
         config.write_text(re.sub(r"\nmodel_warmup \[.*?\n\]\n", "\n", config.read_text(), flags=re.S))
-    server = TritonServer([repository, ENSEMBLES], free_port(), free_port(), free_port(),
-                          log_path=root / "tritonserver.log", exit_timeout_seconds=5)
+    server = triton_server([repository, ENSEMBLES],
+                          log_path=root / "tritonserver.log")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(ENVIRONMENT_VARIABLE, ",".join(f"{p}=0.33" for p in FAULT_POINTS))
         server.start(timeout=120)

@@ -12,11 +12,11 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.conftest import MODEL_REPOSITORY, S2T, free_port
+from tests.conftest import MODEL_REPOSITORY, S2T
 from tools import example_parity
 from tools.convert import read_spec
 from tools.example_signature import EXAMPLE_INPUT_KEY
-from tools.triton_server import TritonServer
+from tests.integration.servers import triton_server
 
 TF_QUIET = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 PURPOSES = ["car", "education", "furniture"]
@@ -176,7 +176,7 @@ def example_triton(example_model, tmp_path_factory):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "1"
     log = tmp / "tritonserver.log"
-    server = TritonServer([repository], free_port(), free_port(), free_port(), log_path=log, exit_timeout_seconds=10)
+    server = triton_server([repository], log_path=log, exit_timeout_seconds=10)
     try:
         server.start(timeout=120)
     except Exception:

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpc
 
-from tests.conftest import MODEL_REPOSITORY, free_port
-from tools.triton_server import ServerError, TritonServer
+from tests.conftest import MODEL_REPOSITORY
+from tools.triton_server import ServerError
+from tests.integration.servers import triton_server
 
 PIPELINE_MODELS = ("risk_pipeline", "risk_scorer")
 
@@ -59,7 +60,7 @@ def test_rewriting_scorer_version_switches_the_scorer_live_without_a_failed_requ
     payloads = [json.dumps({"features": r}).encode() for r in rows.records()]
     expected = {v: reference(repo / "risk_scorer" / str(v) / "model.onnx", feature_spec, rows) for v in (1, 2)}
     assert np.max(np.abs(expected[1] - expected[2])) > 1e-3, "the two versions must be told apart"
-    server = TritonServer([repo], free_port(), free_port(), free_port(), exit_timeout_seconds=5,
+    server = triton_server([repo], exit_timeout_seconds=5,
                           log_path=tmp_path / "triton.log")
     with server:
         client = grpc.InferenceServerClient(server.grpc_url)
@@ -102,6 +103,6 @@ def test_a_scorer_version_that_does_not_exist_is_refused_with_its_path(built_art
     repo = pipeline_repository(tmp_path, "9")
     log = tmp_path / "triton.log"
     with pytest.raises(ServerError):
-        TritonServer([repo], free_port(), free_port(), free_port(), exit_timeout_seconds=5, log_path=log).start(60)
+        triton_server([repo], log_path=log).start(60)
     assert f"scorer 'risk_scorer' version 9: {repo.resolve()}/risk_scorer/9/model.onnx does not exist" \
         in log.read_text()

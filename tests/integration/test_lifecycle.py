@@ -19,6 +19,7 @@ from tests.conftest import DATA_CSV, ENSEMBLES, MODEL_REPOSITORY, ROOT, S2T, fre
 from tools.healing import HealSettings, SupervisorState
 from tools.supervisor import StubSupervisor, stubs_of
 from tools.triton_server import TritonServer
+from tests.integration.servers import triton_server
 
 
 
@@ -171,8 +172,8 @@ def kill_stub(server: TritonServer, model: str) -> int:
 
 def test_poll_mode_on_a_read_only_repository_gives_the_model_up_at_once(read_only_repository, tmp_path):
     """No touch can reload it there: waiting would only prolong the failures, so the supervisor escalates."""
-    server = TritonServer([read_only_repository, ENSEMBLES], free_port(), free_port(), free_port(),
-                          log_path=tmp_path / "triton.log", exit_timeout_seconds=5)
+    server = triton_server([read_only_repository, ENSEMBLES],
+                          log_path=tmp_path / "triton.log")
     given_up = []
     with server:
         state = SupervisorState(path=tmp_path / "supervisor.json")
@@ -191,7 +192,7 @@ def test_poll_mode_on_a_read_only_repository_gives_the_model_up_at_once(read_onl
 
 
 def test_a_reload_the_server_refuses_is_retried_with_growing_delays_then_given_up(built_artifacts, tmp_path):
-    server = TritonServer([copy_repository(tmp_path), ENSEMBLES], free_port(), free_port(), free_port(),
+    server = triton_server([copy_repository(tmp_path), ENSEMBLES],
                           model_control_mode="explicit", admin_key="the-key", log_path=tmp_path / "triton.log",
                           exit_timeout_seconds=5)
     given_up = []
@@ -244,10 +245,10 @@ def test_serve_replaces_the_server_when_a_model_cannot_be_reloaded_in_it(read_on
 def test_explicit_mode_heals_a_killed_stub_on_a_read_only_repository(read_only_repository, tmp_path):
     import tritonclient.http as http
     key = "lifecycle-key"
-    server = TritonServer([read_only_repository, ENSEMBLES], free_port(), free_port(), free_port(),
+    server = triton_server([read_only_repository, ENSEMBLES],
                           model_control_mode="explicit", admin_key=key, supervise=True,
                           supervisor_state=SupervisorState(path=tmp_path / "supervisor.json"),
-                          log_path=tmp_path / "triton.log", exit_timeout_seconds=5)
+                          log_path=tmp_path / "triton.log")
     with server:
         victim = kill_stub(server, "skill_adapter")
         assert wait_until(lambda: server.supervisor.heals, 10)
@@ -272,7 +273,7 @@ def test_the_admin_key_is_on_no_command_line_and_in_no_stub_environment(built_ar
     from tritonclient.utils import InferenceServerException
     key = "k3y-" + os.urandom(8).hex()
     monkeypatch.setenv("S2T_ADMIN_KEY", key)
-    server = TritonServer([copy_repository(tmp_path), ENSEMBLES], free_port(), free_port(), free_port(),
+    server = triton_server([copy_repository(tmp_path), ENSEMBLES],
                           model_control_mode="explicit", admin_key=key, log_path=tmp_path / "triton.log",
                           exit_timeout_seconds=5)
     with server:
@@ -373,10 +374,10 @@ def wedge_server(tmp_path: Path, healthy_requests: int, fail_every: int) -> Trit
     flag = tmp_path / "first_instance"
     flag.touch()
     (repo / "wedge" / "config.pbtxt").write_text(WEDGE_CONFIG % (healthy_requests, fail_every, flag))
-    return TritonServer([repo], free_port(), free_port(), free_port(), model_control_mode="explicit",
+    return triton_server([repo], model_control_mode="explicit",
                         admin_key="wedge-key", supervise=True,
                         supervisor_state=SupervisorState(path=tmp_path / "supervisor.json"),
-                        log_path=tmp_path / "triton.log", exit_timeout_seconds=5)
+                        log_path=tmp_path / "triton.log")
 
 
 def drive(server: TritonServer, seconds: float, rate: float = 50.0) -> list[tuple[float, bool]]:
@@ -434,7 +435,7 @@ def test_an_instance_failing_under_10_percent_is_left_alone(built_artifacts, tmp
 
 
 def test_a_stub_that_died_before_supervision_started_is_found_and_reloaded(built_artifacts, tmp_path):
-    server = TritonServer([copy_repository(tmp_path), ENSEMBLES], free_port(), free_port(), free_port(),
+    server = triton_server([copy_repository(tmp_path), ENSEMBLES],
                           model_control_mode="explicit", admin_key="early-key", log_path=tmp_path / "triton.log",
                           exit_timeout_seconds=5)
     with server:

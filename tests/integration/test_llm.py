@@ -10,12 +10,10 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pytest
 
 from clients.llm_client import generate_stream
 from tests.conftest import ROOT, free_port
 
-pytestmark = pytest.mark.integration
 
 PROMPT = "What is credit risk? Answer in one sentence."
 

@@ -11,7 +11,6 @@ import yaml
 from clients.llm_client import generate_stream
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.integration
 
 PROMETHEUS = ROOT / "deploy" / "prometheus"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "llm.json"

@@ -19,11 +19,11 @@ import yaml
 
 from backends.routing_policy import Target
 from clients import stream_client
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT, free_port
+from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT
 from tests.integration.test_docker_compose import compose_config
 from tools import canary
-from tools.triton_server import TritonServer
 from tools.version_store import VersionStore
+from tests.integration.servers import triton_server
 
 PROMETHEUS = ROOT / "deploy" / "prometheus"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "skill2triton.json"
@@ -146,8 +146,8 @@ def exported(built_artifacts, german_credit_data, tmp_path_factory) -> dict[str,
     lite = VersionStore(repo).served("risk_scorer_lite")[-1]
     canary.set_split(repo, Target("risk_scorer_lite", lite), shadow_percent=100)
     rows = german_credit_data.records()
-    server = TritonServer([repo, ENSEMBLES], free_port(), free_port(), free_port(), extra_args=metrics_flags,
-                          log_path=root / "triton.log", exit_timeout_seconds=5)
+    server = triton_server([repo, ENSEMBLES], extra_args=metrics_flags,
+                          log_path=root / "triton.log")
     with server:
         client = http.InferenceServerClient(server.http_url)
         payloads = np.array([[json.dumps({"request_id": f"o-{i}", "features": rows[i]}).encode()]

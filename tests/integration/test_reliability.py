@@ -14,11 +14,11 @@ import pytest
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
+from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
 from tools.publish import PublishError, publish
 from tools.supervisor import stubs_of
-from tools.triton_server import TritonServer
 from tools.version_store import VersionStore
+from tests.integration.servers import triton_server
 
 KEY = "reliability-key"
 
@@ -34,9 +34,9 @@ def payload_input(records):
 def supervised(request, built_artifacts, tmp_path):
     repo = tmp_path / "model_repository"
     shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
-    server = TritonServer([repo, ENSEMBLES], free_port(), free_port(), free_port(), model_control_mode=request.param,
+    server = triton_server([repo, ENSEMBLES], model_control_mode=request.param,
                           admin_key=KEY if request.param == "explicit" else None, supervise=True,
-                          log_path=tmp_path / "triton.log", exit_timeout_seconds=5)
+                          log_path=tmp_path / "triton.log")
     with server:
         yield server
 
@@ -109,7 +109,7 @@ def test_a_publish_on_a_full_disk_is_refused_and_the_served_version_keeps_servin
     repo = small_disk / "model_repository"
     shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
     before = VersionStore(repo).served("risk_scorer")
-    server = TritonServer([repo, ENSEMBLES], free_port(), free_port(), free_port(), log_path=tmp_path / "triton.log",
+    server = triton_server([repo, ENSEMBLES], log_path=tmp_path / "triton.log",
                           exit_timeout_seconds=5)
     with server:
         filler = small_disk / "filler"

@@ -12,7 +12,6 @@ from backends.record_decoder import RecordDecoder, parse_record
 from clients.llm_client import generate_stream
 from tests.conftest import MODEL_REPOSITORY, ROOT
 
-pytestmark = pytest.mark.integration
 
 RECORD = json.loads((ROOT / "clients" / "examples" / "record.json").read_text())
 

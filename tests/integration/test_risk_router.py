@@ -12,11 +12,11 @@ import pytest
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, S2T, free_port
+from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, S2T
 from tools.live_control import admin_headers
 from tools.publish import ParityGate, publish
-from tools.triton_server import TritonServer
 from tools.version_store import VersionStore
+from tests.integration.servers import triton_server
 
 KEY = "router-key"
 
@@ -81,7 +81,7 @@ def canary_server(built_artifacts, tmp_path_factory):
     shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
     publish("risk_scorer", built_artifacts["onnx"], repo, ParityGate(built_artifacts["saved_model"],
                                                                     built_artifacts["data"]))
-    server = TritonServer([repo, ENSEMBLES], free_port(), free_port(), free_port(), log_path=root / "triton.log",
+    server = triton_server([repo, ENSEMBLES], log_path=root / "triton.log",
                           exit_timeout_seconds=5)
     with server:
         yield server, repo
@@ -147,8 +147,8 @@ def breaker_server(built_artifacts, tmp_path):
         text, count = re.subn(r'(key: "' + key + r'" value: \{ string_value: ")[^"]*', r"\g<1>" + value, text)
         assert count == 1, key
     config.write_text(text)
-    server = TritonServer([repo, ENSEMBLES], free_port(), free_port(), free_port(), model_control_mode="explicit",
-                          admin_key=KEY, log_path=tmp_path / "triton.log", exit_timeout_seconds=5)
+    server = triton_server([repo, ENSEMBLES], model_control_mode="explicit",
+                          admin_key=KEY, log_path=tmp_path / "triton.log")
     with server:
         yield server
 

@@ -1,7 +1,6 @@
 """Publishes and rollbacks on a live server under constant load: no failed request, the ensemble always ready."""
 import json
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -12,11 +11,11 @@ import pytest
 import tritonclient.grpc as grpc
 
 from backends.record_decoder import encode_columns
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, S2T, free_port
+from tests.conftest import S2T
 from tools.live_control import ADMIN_KEY_ENV
 from tools.publish import ParityGate
-from tools.triton_server import TritonServer
 from tools.version_store import VersionStore
+from tests.integration.servers import repository_copies, triton_server
 
 KEY = "rollout-key"
 
@@ -27,10 +26,8 @@ SWAPS = 5  # publish + rollback each: ten changes in a row
 def live(request, built_artifacts, tmp_path):
     """A server on private copies of the repositories, so that versions can come and go (and the pipeline's
     primary with them)."""
-    repo, ensembles = tmp_path / "model_repository", tmp_path / "ensembles"
-    shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ENSEMBLES, ensembles, ignore=shutil.ignore_patterns("__pycache__"))
-    server = TritonServer([repo, ensembles], free_port(), free_port(), free_port(), model_control_mode=request.param,
+    repo, ensembles = repository_copies(tmp_path)
+    server = triton_server([repo, ensembles], model_control_mode=request.param,
                           admin_key=KEY if request.param == "explicit" else None, exit_timeout_seconds=5,
                           log_path=tmp_path / "triton.log")
     with server:

@@ -3,7 +3,6 @@ risk_pipeline: the candidate gets no primary traffic until promoted, the canary 
 import json
 import math
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -15,10 +14,10 @@ import pytest
 import tritonclient.grpc as grpc
 from onnx import helper
 
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, S2T, free_port
+from tests.conftest import S2T
 from tools.live_control import ADMIN_KEY_ENV
-from tools.triton_server import TritonServer
 from tools.version_store import VersionStore
+from tests.integration.servers import repository_copies, triton_server
 
 KEY = "staged-rollout-key"
 SHIFT = 0.05
@@ -48,12 +47,10 @@ def shifted(built_artifacts, tmp_path_factory):
 @pytest.fixture(params=["explicit", "poll"])
 def live(request, built_artifacts, tmp_path):
     """A server on private copies of both repositories: rollout steps rewrite the router's and the pipeline's configs."""
-    repo, ensembles = tmp_path / "model_repository", tmp_path / "ensembles"
-    shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ENSEMBLES, ensembles, ignore=shutil.ignore_patterns("__pycache__"))
+    repo, ensembles = repository_copies(tmp_path)
     explicit = request.param == "explicit"
-    server = TritonServer([repo, ensembles], free_port(), free_port(), free_port(), model_control_mode=request.param,
-                          admin_key=KEY if explicit else None, exit_timeout_seconds=5, log_path=tmp_path / "triton.log")
+    server = triton_server([repo, ensembles], model_control_mode=request.param,
+                          admin_key=KEY if explicit else None, log_path=tmp_path / "triton.log")
     with server:
         yield server, repo
 

@@ -1,0 +1,24 @@
+"""The one way the integration tests start a tritonserver of their own: on free ports, logging where the test
+says, stopped within seconds. The session's shared servers (conftest.py) come from here too."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
+from tools.triton_server import TritonServer
+
+
+def triton_server(repositories, log_path: Path, **options) -> TritonServer:
+    """Not started: `with` it (start, then stop), or call start()/stop(). `options` are TritonServer's."""
+    options.setdefault("exit_timeout_seconds", 5)
+    return TritonServer(list(repositories), free_port(), free_port(), free_port(), log_path=log_path, **options)
+
+
+def repository_copies(root: Path) -> tuple[Path, Path]:
+    """Writable copies of model_repository and ensembles under `root`, for tests that publish, roll out or edit
+    configs."""
+    repo, ensembles = root / "model_repository", root / "ensembles"
+    shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ENSEMBLES, ensembles, ignore=shutil.ignore_patterns("__pycache__"))
+    return repo, ensembles
