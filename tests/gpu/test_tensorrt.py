@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import DATA_CSV, ROOT, SAVED_MODEL, SCORER_ONNX
-from tools import german_credit, model_config, parity, tensorrt_engine
-from tools.publish import ParityGate, publish
-from tools.tensorrt_engine import BatchProfile
+from tools.gate import model_config, parity
+from tools.models import german_credit, tensorrt_engine
+from tools.control.publish import ParityGate, publish
+from tools.models.tensorrt_engine import BatchProfile
 
 pytestmark = pytest.mark.gpu  # tests/gpu/conftest.py skips them, naming what is missing, where they cannot run
 PROFILE = BatchProfile(1, 64, 256)

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
-from tools.triton_server import TritonServer
+from tools.serve.triton_server import TritonServer
 
 
 def triton_server(repositories, log_path: Path, **options) -> TritonServer:

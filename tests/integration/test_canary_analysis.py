@@ -11,8 +11,8 @@ import tritonclient.grpc as grpc
 
 from tests.conftest import S2T
 from tests.integration.test_staged_rollout import SHIFT, shifted_model
-from tools.live_control import ADMIN_KEY_ENV
-from tools.version_store import VersionStore
+from tools.control.live_control import ADMIN_KEY_ENV
+from tools.control.version_store import VersionStore
 from tests.integration.servers import repository_copies, triton_server
 
 KEY = "analysis-key"

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tools.runtime_imports import normalised
+from tools.gate.runtime_imports import normalised
 from tests.integration.servers import triton_server
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -195,7 +195,7 @@ def test_the_triton_image_is_ngc_24_10_with_the_models_packages_tagged_by_its_co
 
 
 def test_every_module_the_served_python_models_import_is_installed_by_their_image(all_profiles_config):
-    from tools.runtime_imports import BACKEND_MODULES, distribution_of, model_files, third_party_modules
+    from tools.gate.runtime_imports import BACKEND_MODULES, distribution_of, model_files, third_party_modules
 
     services = _services(all_profiles_config)
     for name in ("triton", "triton-gpu", "triton-llm"):
@@ -355,7 +355,7 @@ def _pins(text: str) -> dict[str, str]:
 def test_the_locust_image_adds_what_the_locustfile_imports_at_the_project_pins(all_profiles_config):
     import ast
 
-    from tools.release import PROJECT_PACKAGES, project_files
+    from tools.control.release import PROJECT_PACKAGES, project_files
     locust = _services(all_profiles_config)["locust"]
     assert Path(locust["build"]["context"]) == LOCUST_DOCKERFILE.parent
     installed = _pins(LOCUST_DOCKERFILE.read_text())
@@ -504,8 +504,8 @@ def test_the_triton_services_run_tritonserver_under_the_keeper_with_its_port_pub
     for name, service in {**_tritons(all_profiles_config), "triton-llm": services["triton-llm"]}.items():
         entrypoint = service["entrypoint"]
         assert entrypoint[0] == "/opt/nvidia/nvidia_entrypoint.sh", "the image's own entrypoint stays first"
-        assert entrypoint[1:4] == ["python3", "-m", "tools.keeper"] and entrypoint[-1] == "--", name
-        assert (ROOT / "tools" / "keeper.py").is_file()
+        assert entrypoint[1:4] == ["python3", "-m", "tools.serve.keeper"] and entrypoint[-1] == "--", name
+        assert (ROOT / "tools" / "serve" / "keeper.py").is_file()
         assert _host_ports(service)[8003] == 8003, name
     prometheus = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     job = next(j for j in prometheus["scrape_configs"] if j["job_name"] == "s2t-supervisor")
@@ -515,7 +515,7 @@ def test_the_triton_services_run_tritonserver_under_the_keeper_with_its_port_pub
 def _embedded(service: dict, repositories: dict[str, Path], backend_dir: Path, ports: dict[str, int]) -> list[str]:
     """The service's entrypoint and command as this machine can run them: the wheel's tritonserver for the image's,
     local folders for the mounts, free ports; nothing else changed."""
-    from tools.triton_server import TRITON_DIR
+    from tools.serve.triton_server import TRITON_DIR
     keeper = [sys.executable if arg == "python3" else arg for arg in service["entrypoint"][1:]]
     keeper = [f"--supervisor-port={ports['supervisor']}" if a.startswith("--supervisor-port") else a for a in keeper]
     command = []
@@ -537,8 +537,8 @@ def test_the_compose_command_heals_a_dead_stub_and_leaves_no_stub_when_the_serve
     import urllib.request
 
     from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
-    from tools.supervisor import stubs_of
-    from tools.triton_server import assemble_backend_dir, server_env
+    from tools.serve.supervisor import stubs_of
+    from tools.serve.triton_server import assemble_backend_dir, server_env
 
     repo = tmp_path / "models" / "model_repository"
     shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))

@@ -11,10 +11,11 @@ import pytest
 
 from backends.routing_policy import Target
 from tests.conftest import DATA_CSV, GPU_REPOSITORY, MODEL_REPOSITORY, ROOT, S2T, SAVED_MODEL, SCORER_ONNX, has_gpu
-from tools import model_config, tensorrt_engine
-from tools.canary import CanaryError, set_split
-from tools.model_config import mc
-from tools.publish import ParityGate, PublishError, publish
+from tools.gate import model_config
+from tools.models import tensorrt_engine
+from tools.control.canary import CanaryError, set_split
+from tools.gate.model_config import mc
+from tools.control.publish import ParityGate, PublishError, publish
 
 
 GPU_MODELS = ("risk_scorer_trt", "risk_scorer_cuda")

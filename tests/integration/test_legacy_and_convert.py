@@ -7,7 +7,9 @@ import numpy as np
 import onnx
 import pytest
 
-from tools import legacy_model, parity
+from tools.gate import parity
+
+from tools.models import legacy_model
 from tests.conftest import S2T
 
 TF_QUIET = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}

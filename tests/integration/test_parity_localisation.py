@@ -7,8 +7,9 @@ from onnx import numpy_helper
 from tests.conftest import DATA_CSV as DATA
 from tests.conftest import SAVED_MODEL
 from tests.conftest import SCORER_ONNX as SCORER
-from tools import german_credit, parity
-from tools.divergence import first_divergence
+from tools.gate import parity
+from tools.models import german_credit
+from tools.gate.divergence import first_divergence
 
 ATOL = 1e-5
 

@@ -9,9 +9,9 @@ import pytest
 from onnx import numpy_helper
 
 from tests.conftest import MODEL_REPOSITORY, S2T
-from tools import model_config
-from tools.publish import ParityGate, PublishError, publish
-from tools.version_store import VersionStore
+from tools.gate import model_config
+from tools.control.publish import ParityGate, PublishError, publish
+from tools.control.version_store import VersionStore
 
 
 

@@ -15,9 +15,9 @@ import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
-from tools.publish import PublishError, publish
-from tools.supervisor import stubs_of
-from tools.version_store import VersionStore
+from tools.control.publish import PublishError, publish
+from tools.serve.supervisor import stubs_of
+from tools.control.version_store import VersionStore
 from tests.integration.servers import triton_server
 
 KEY = "reliability-key"

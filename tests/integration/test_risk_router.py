@@ -13,9 +13,9 @@ import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, S2T
-from tools.live_control import admin_headers
-from tools.publish import ParityGate, publish
-from tools.version_store import VersionStore
+from tools.control.live_control import admin_headers
+from tools.control.publish import ParityGate, publish
+from tools.control.version_store import VersionStore
 from tests.integration.servers import triton_server
 
 KEY = "router-key"

@@ -12,9 +12,9 @@ import tritonclient.grpc as grpc
 
 from backends.record_decoder import encode_columns
 from tests.conftest import S2T
-from tools.live_control import ADMIN_KEY_ENV
-from tools.publish import ParityGate
-from tools.version_store import VersionStore
+from tools.control.live_control import ADMIN_KEY_ENV
+from tools.control.publish import ParityGate
+from tools.control.version_store import VersionStore
 from tests.integration.servers import repository_copies, triton_server
 
 KEY = "rollout-key"

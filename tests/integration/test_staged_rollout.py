@@ -15,8 +15,8 @@ import tritonclient.grpc as grpc
 from onnx import helper
 
 from tests.conftest import S2T
-from tools.live_control import ADMIN_KEY_ENV
-from tools.version_store import VersionStore
+from tools.control.live_control import ADMIN_KEY_ENV
+from tools.control.version_store import VersionStore
 from tests.integration.servers import repository_copies, triton_server
 
 KEY = "staged-rollout-key"

@@ -5,7 +5,7 @@ import yaml
 
 from tests.conftest import DATA_CSV, MODEL_REPOSITORY
 from tools.bench import model_analyzer
-from tools.triton_server import TRITON_DIR
+from tools.serve.triton_server import TRITON_DIR
 
 
 def test_model_analyzer_is_pointed_at_the_embedded_server_and_the_pipeline_with_its_scorer(built_artifacts, tmp_path):

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.rollback import RollbackError, rollback
-from tools.version_store import VersionStore
+from tools.control.rollback import RollbackError, rollback
+from tools.control.version_store import VersionStore
 
 
 @pytest.fixture

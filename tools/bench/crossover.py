@@ -20,7 +20,7 @@ import numpy as np
 from backends.feature_spec import NUMERIC_INPUT, PROBABILITY_OUTPUT
 from tools.bench import wrk, workload
 from tools.bench.fastapi_baseline import ROUTE, BaselineServer
-from tools.triton_server import TritonServer, free_port
+from tools.serve.triton_server import TritonServer, free_port
 
 WIDTHS = (0, 256, 1024, 2048)
 DEPTH = 2

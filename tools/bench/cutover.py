@@ -26,9 +26,10 @@ import psutil
 
 from clients.legacy_record import to_protobuf
 from wire import skill_pb2, skill_pb2_grpc
-from tools import german_credit, service_process
+from tools.models import german_credit
+from tools.serve import service_process
 from tools.bench import process_tree
-from tools.triton_server import TritonServer, free_port
+from tools.serve.triton_server import TritonServer, free_port
 
 MB = 2**20
 # The migration this project repeats, as its design document reports it (legacy -> Triton).

@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from tools import tensorrt_engine
+from tools.models import tensorrt_engine
 from tools.bench.inprocess import time_calls
 
 BATCHES = (1, 8, 64, 256)
@@ -239,7 +239,8 @@ def served_points(url: str, categorical: np.ndarray, numeric: np.ndarray, batche
 def run(onnx_path: Path, data_csv: Path, out_dir: Path, seconds: float = 1.0, batches: tuple[int, ...] = BATCHES,
         optima: tuple[int, ...] = OPTIMA, url: str | None = None, log: Callable[[str], None] = print) -> dict:
     """`url`: gRPC HOST:PORT of a Triton serving model_repository_gpu (the compose `gpu` profile)."""
-    from tools import german_credit, parity
+    from tools.gate import parity
+    from tools.models import german_credit
 
     gpu = tensorrt_engine.cuda_device()
     tensorrt_engine.import_tensorrt()

@@ -20,7 +20,7 @@ from typing import Callable
 from clients.llm_client import StreamResult, generate_stream
 from tools.bench import workload, wrk
 from tools.bench.runner import machine
-from tools.triton_server import TritonServer, free_port
+from tools.serve.triton_server import TritonServer, free_port
 
 PROMPTS = ["What is credit risk?", "Name three colours.", "Why do banks ask for collateral?",
            "Explain an interest rate to a child."]

@@ -14,9 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tools import german_credit
+from tools.models import german_credit
 from tools.bench import perf_analyzer
-from tools.triton_server import TRITON_DIR, assemble_backend_dir, server_env
+from tools.serve.triton_server import TRITON_DIR, assemble_backend_dir, server_env
 
 PROFILED = "risk_pipeline"
 COPIED = ("risk_pipeline", "risk_scorer")

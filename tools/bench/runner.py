@@ -21,12 +21,12 @@ import psutil
 
 from backends.feature_spec import FeatureSpec
 from backends.record_decoder import RecordDecoder
-from tools import model_config
+from tools.gate import model_config
 from tools.bench import inprocess, perf_analyzer, process_tree, protocols, report, stub_profile, workload, wrk
 from tools.bench.fastapi_baseline import APPS as BASELINE_APPS, ROUTE as BASELINE_ROUTE, BaselineServer
 from tools.bench.modes import Mode
-from tools.triton_server import TritonServer, free_port
-from tools.version_store import version_numbers
+from tools.serve.triton_server import TritonServer, free_port
+from tools.control.version_store import version_numbers
 
 PIPELINE, SCORER, ADAPTER, DECISION = "risk_pipeline", "risk_scorer", "skill_adapter", "risk_decision"
 TRITON_ROUTE = f"/v2/models/{PIPELINE}/infer"
@@ -252,8 +252,8 @@ class Bench:
 
     def _hot_swap(self, server: TritonServer) -> dict:
         """p99 of risk_pipeline under the same HTTP load while risk_scorer versions are published and rolled back."""
-        from tools.publish import publish
-        from tools.rollout import Rollout, rollback, rollback_plan
+        from tools.control.publish import publish
+        from tools.control.rollout import Rollout, rollback, rollback_plan
         repo = _model_dir(self.repositories, SCORER).parent
         # The copies of the other repositories hold the consumers (risk_pipeline) whose primary moves with each swap.
         consumers = tuple(r for r in self.repositories if r != repo)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from backends.record_decoder import RecordDecoder
-from tools import german_credit
+from tools.models import german_credit
 
 
 @dataclass(frozen=True)

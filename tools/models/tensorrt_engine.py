@@ -22,8 +22,8 @@ from pathlib import Path
 import onnx
 
 from backends.atomic_files import write_atomically
-from tools import model_config
-from tools.model_config import engine_report_path as report_path  # noqa: F401 - part of this module's interface
+from tools.gate import model_config
+from tools.gate.model_config import engine_report_path as report_path  # noqa: F401 - part of this module's interface
 
 # nvcr.io/nvidia/tritonserver:24.10-py3 (Triton 2.51.0) links TensorRT 10.5.0.18 (the NGC framework support
 # matrix, release 24.10); PyPI's tensorrt-cu12==10.5.0 is that release. Its ONNX Runtime is 1.19.2, the
@@ -242,7 +242,7 @@ def engine_batch_limit(engine_path: Path, default: int = 256) -> int:
 
 def use_wheel_cuda_runtime() -> None:
     """Polygraphy finds libcudart through LD_LIBRARY_PATH, read when it first needs it: add the wheels' dirs."""
-    from tools.gpu_libraries import ld_library_path
+    from tools.models.gpu_libraries import ld_library_path
     os.environ["LD_LIBRARY_PATH"] = ld_library_path()
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from backends.atomic_files import durable_rename
-from tools import german_credit
+from tools.models import german_credit
 
 SEED = 20261129
 HOLDOUT_FRACTION = 0.2

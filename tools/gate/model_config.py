@@ -25,7 +25,7 @@ from backends.ort_runner import OrtSettings
 from backends.record_decoder import AdapterSettings
 from backends.router_core import RouterModelSettings
 from backends.stream_session import StreamModelSettings
-from tools.version_store import version_numbers
+from tools.control.version_store import version_numbers
 
 ONNX_TO_CONFIG = {
     1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16", 6: "TYPE_INT32",

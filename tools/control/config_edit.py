@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tools import model_config
+from tools.gate import model_config
 from backends.atomic_files import write_atomically
-from tools.version_store import VersionStore
+from tools.control.version_store import VersionStore
 
 
 class ConfigEditError(Exception):

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from backends.record_decoder import encode_columns
-from tools.german_credit import Dataset
+from tools.models.german_credit import Dataset
 
 # Rows on each side of the worst row: a small batch catches batch-dependent bugs a single row would hide.
 NEIGHBOURS = 2
@@ -27,7 +27,7 @@ def first_divergence(saved_model: Path, onnx_path: Path, data: Dataset, row: int
     """
     import onnx
 
-    from tools.convert import read_spec
+    from tools.models.convert import read_spec
 
     rows = np.arange(max(0, row - NEIGHBOURS), min(len(data), row + NEIGHBOURS + 1))
     columns = data.take(rows).columns

@@ -13,8 +13,8 @@ import numpy as np
 from backends.atomic_files import write_atomically
 from backends.decision_policy import Thresholds
 from backends.record_decoder import encode_columns
-from tools import german_credit
-from tools.parity_report import (FP16_ATOL, LIVE_BATCH, REL_FLOOR, Comparison, ParityReport,  # noqa: F401
+from tools.models import german_credit
+from tools.gate.parity_report import (FP16_ATOL, LIVE_BATCH, REL_FLOOR, Comparison, ParityReport,  # noqa: F401
                                  compare)
 
 DECISION_CONFIG = Path("model_repository/risk_pipeline/config.pbtxt")
@@ -51,7 +51,7 @@ def packed_inputs(onnx_path: Path, columns: Mapping[str, np.ndarray]) -> tuple[n
     """The columns as the scorer takes them (vocabulary indices, numbers), with the ONNX model's feature spec."""
     import onnx
 
-    from tools.convert import read_spec
+    from tools.models.convert import read_spec
     return encode_columns(read_spec(onnx.load(str(onnx_path), load_external_data=False)), columns)
 
 
@@ -94,7 +94,7 @@ def live_scores(url: str, model: str, onnx_path: Path, data: german_credit.Datas
     """Score through the live server: JSON records if the model takes `payload`, packed tensors otherwise."""
     import onnx
 
-    from tools.convert import read_spec
+    from tools.models.convert import read_spec
     if protocol == "grpc":
         import tritonclient.grpc as client
     else:
@@ -173,7 +173,7 @@ def run(saved_model: Path, onnx_path: Path, data_csv: Path, atol: float = 1e-5, 
     """
     import onnx
 
-    from tools import example_parity
+    from tools.gate import example_parity
     if example_parity.example_input(onnx.load(str(onnx_path), load_external_data=False)) is not None:
         if fp16_emulation or engines:
             raise ValueError("FP16 emulation and engines are compared on German Credit columns, not on tf.Example data")
@@ -188,7 +188,7 @@ def run(saved_model: Path, onnx_path: Path, data_csv: Path, atol: float = 1e-5, 
         comparisons.append(compare("onnxruntime float16 (CPU emulation)", reference,
                                    fp16_emulation_scores(Path(onnx_path), categorical, numeric), fp16_atol, thresholds))
     if engines:
-        from tools import tensorrt_engine
+        from tools.models import tensorrt_engine
         for engine in engines:
             precision = tensorrt_engine.engine_precision(engine)
             comparisons.append(compare(f"tensorrt {Path(engine).name} ({precision})", reference,
@@ -200,7 +200,7 @@ def run(saved_model: Path, onnx_path: Path, data_csv: Path, atol: float = 1e-5, 
                                    url_atol or atol, thresholds))
     divergence = None
     if localise and not comparisons[0].passed:
-        from tools.divergence import first_divergence
+        from tools.gate.divergence import first_divergence
         divergence = first_divergence(Path(saved_model), Path(onnx_path), data, comparisons[0].worst_row, atol)
     near = near_threshold(reference, thresholds, fp16_atol) if thresholds is not None else None
     return ParityReport(str(saved_model), atol, len(data), comparisons, divergence, near, fp16_atol)

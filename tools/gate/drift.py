@@ -10,7 +10,7 @@ import numpy as np
 from backends.atomic_files import write_atomically
 from backends.drift import Reference
 from backends.record_decoder import encode_columns
-from tools.canary_analysis import parse_metrics, scrape
+from tools.gate.canary_analysis import parse_metrics, scrape
 
 PSI_METRIC = "s2t_feature_psi"
 ALERT_PSI = 0.2
@@ -21,8 +21,8 @@ def build_reference(data_csv: Path, onnx_model: Path, out: Path) -> Reference:
     import onnx
     import onnxruntime as ort
 
-    from tools import german_credit
-    from tools.convert import read_spec
+    from tools.models import german_credit
+    from tools.models.convert import read_spec
 
     spec = read_spec(onnx.load(str(onnx_model), load_external_data=False))
     categorical, numeric = encode_columns(spec, german_credit.load(data_csv).columns)

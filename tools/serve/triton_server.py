@@ -23,14 +23,14 @@ from pathlib import Path
 
 import pytriton
 
-from tools.healing import STATE_FILE, SupervisorState
-from tools.hidden_args import HiddenArgumentError
-from tools.keeper import reap_group, spawn
-from tools.live_control import ADMIN_HEADER, admin_headers
-from tools.supervisor import StubSupervisor
-from tools.version_store import VersionStore
+from tools.serve.healing import STATE_FILE, SupervisorState
+from tools.serve.hidden_args import HiddenArgumentError
+from tools.serve.keeper import reap_group, spawn
+from tools.control.live_control import ADMIN_HEADER, admin_headers
+from tools.serve.supervisor import StubSupervisor
+from tools.control.version_store import VersionStore
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PYTRITON_DIR = Path(pytriton.__file__).resolve().parent
 TRITON_DIR = PYTRITON_DIR / "tritonserver"
 TRITON_LIBS = PYTRITON_DIR.parent / "nvidia_pytriton.libs"

@@ -3,7 +3,7 @@
 tf2onnx has no ParseExampleV2, and strings are the expensive part of serving anyway, so the converter cuts the
 graph where the parse op hands its dense features to the rest: each parsed feature becomes a graph input named
 as its tf.Example key, and the numeric graph behind it converts as any other (its StaticHashTable look-ups become
-CategoryMappers, which tools/convert.py lifts into the feature spec). What the parse op did moves to the adapter,
+CategoryMappers, which tools/models/convert.py lifts into the feature spec). What the parse op did moves to the adapter,
 which reads tf.Example records without TensorFlow (backends/example_record.py): the keys become the spec's
 feature names and the parse defaults the spec's defaults. Parity against the SavedModel, on the same serialized
 Examples, proves the split.

@@ -1,9 +1,9 @@
 """Keeping tritonserver and its stubs as one unit: started in their own process group, dying with their keeper,
 reaped together, restarted with backoff; and the container entry point that does the same under Docker or Kubernetes.
 
-    python3 -m tools.keeper [--supervisor-port 8003] [--state-dir DIR] -- tritonserver --model-repository=... ...
+    python3 -m tools.serve.keeper [--supervisor-port 8003] [--state-dir DIR] -- tritonserver --model-repository=... ...
 
-runs the command, supervises its models (tools/supervisor.py), serves the supervisor's counters on
+runs the command, supervises its models (tools/serve/supervisor.py), serves the supervisor's counters on
 `--supervisor-port` (/metrics), forwards SIGTERM/SIGINT (Triton drains), and exits when tritonserver does, after
 reaping every stub: a stub never outlives its server. When a model cannot be healed it stops the server and exits
 non-zero, so that the orchestrator starts a fresh container. Standard library only (the NGC image's Python).
@@ -24,16 +24,16 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools import hidden_args
-from tools.healing import STATE_FILE, SupervisorState
-from tools.version_store import VersionStore
+from tools.serve import hidden_args
+from tools.serve.healing import STATE_FILE, SupervisorState
+from tools.control.version_store import VersionStore
 
 PR_SET_PDEATHSIG = 1
 ADMIN_KEY_ENV = "S2T_ADMIN_KEY"
 # Written in a command (e.g. a Kubernetes manifest, as `$$(S2T_ADMIN_KEY)` so that the kubelet leaves it alone),
 # replaced by the key from the keeper's environment and never shown on a command line.
 ADMIN_KEY_REFERENCE = f"$({ADMIN_KEY_ENV})"
-# Options whose value holds the admin key: kept off the command line (tools/hidden_args.py).
+# Options whose value holds the admin key: kept off the command line (tools/serve/hidden_args.py).
 SECRET_OPTIONS = ("--http-restricted-api=", "--grpc-restricted-protocol=")
 
 
@@ -209,7 +209,7 @@ def exit_code(returncode: int) -> int:
 
 def run(command: list[str], supervisor_port: int | None, state_dir: Path | None, startup_seconds: float,
         log=lambda message: print(message, file=sys.stderr, flush=True)) -> int:
-    from tools.supervisor import StubSupervisor
+    from tools.serve.supervisor import StubSupervisor
 
     repositories = [arg.split("=", 1)[1] for arg in command if arg.startswith("--model-repository=")]
     state_path = (state_dir or (VersionStore(Path(repositories[0])).control if repositories else None))
@@ -254,7 +254,7 @@ def run(command: list[str], supervisor_port: int | None, state_dir: Path | None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m tools.keeper", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 -m tools.serve.keeper", description=__doc__.split("\n\n")[0])
     parser.add_argument("--supervisor-port", type=int, default=8003,
                         help="port of the supervisor's Prometheus metrics (0: none)")
     parser.add_argument("--state-dir", type=Path,

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Iterable
 
 from backends.routing_policy import Target
-from tools import model_config
-from tools.config_edit import replace_config, set_step_version, set_string_parameter
-from tools.version_store import VersionStore
+from tools.gate import model_config
+from tools.control.config_edit import replace_config, set_step_version, set_string_parameter
+from tools.control.version_store import VersionStore
 
 ROUTER_KIND, PIPELINE_KIND, ENSEMBLE_KIND = "router", "pipeline", "ensemble"
 # What risk_router's split looks like with no candidate.

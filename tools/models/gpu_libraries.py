@@ -1,4 +1,4 @@
-"""`python -m tools.gpu_libraries`: LD_LIBRARY_PATH for the CUDA libraries that PyPI's nvidia-* wheels install.
+"""`python -m tools.models.gpu_libraries`: LD_LIBRARY_PATH for the CUDA libraries that PyPI's nvidia-* wheels install.
 
 onnxruntime-gpu 1.19.2 loads cuBLAS, cuDNN, cuFFT and cuRAND by name and ships none of them; TensorRT and
 Polygraphy need libcudart. The wheels put each under site-packages/nvidia/<name>/lib, in .venv and .venv-gpu.

@@ -1,7 +1,7 @@
 """Staged rollouts of a scorer: stage a candidate, canary it, promote it, roll it back.
 
 A model whose version policy loads every version folder (`version_policy: { all: {} }`) has an explicit
-primary: the version every consumer (tools/primary.py) serves. A rollout step moves version folders and
+primary: the version every consumer (tools/control/primary.py) serves. A rollout step moves version folders and
 rewrites consumer configs; which folders the repository holds is what Triton loads:
 
 - primary: what every path serves;
@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from backends.routing_policy import Target
-from tools import canary as canary_config
-from tools import live_control, model_config, primary
+from tools.control import canary as canary_config
+from tools.control import live_control, primary
+from tools.gate import model_config
 from backends.atomic_files import write_atomically
-from tools.version_store import VersionStore
+from tools.control.version_store import VersionStore
 
 # Without a server to ask, how long a version that was routed to stays loaded after the step that stopped it:
 # a poll (1 s) plus the reload of the router's stub and of the pipeline (2-4 s measured here), with margin.

@@ -18,8 +18,8 @@ from pathlib import Path
 from backends.atomic_files import durable_rename
 
 PROJECT_PACKAGES = ("backends", "clients", "servers", "tools", "wire")
-# The container entry point (tools/keeper.py) runs from the release too.
-ENTRY_MODULES = ("tools.keeper",)
+# The container entry point (tools/serve/keeper.py) runs from the release too.
+ENTRY_MODULES = ("tools.serve.keeper",)
 ID_PATTERN = re.compile(r"sha256-[0-9a-f]{16}")
 # Where manifests name a release: `releases/<id>` in these files under deploy/kubernetes.
 PINNED_FILES = ("base/kustomization.yaml", "kserve/inferenceservice.yaml", "kserve/inferenceservice-grpc.yaml")

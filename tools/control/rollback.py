@@ -1,6 +1,6 @@
 """Serve an earlier version of a model whose newest folder is its primary (a `latest` version policy, such as
 risk_scorer_lite): retire the newer version folders (or restore a retired one) in one rename each. Models with an
-explicit primary (`version_policy: { all: {} }`) roll back through tools/rollout.py instead.
+explicit primary (`version_policy: { all: {} }`) roll back through tools/control/rollout.py instead.
 
 With `latest { num_versions: 2 }` the previous version stays loaded, so rolling back to it needs no model load: Triton only stops routing to the retired version, which is why it is visible within
 about a poll interval instead of the 2-4 s a cold load takes.
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.version_store import VersionStore
+from tools.control.version_store import VersionStore
 
 
 class RollbackError(Exception):
@@ -49,12 +49,12 @@ def rollback(model: str, repository: Path, to: int | None = None) -> Rollback:
     store = VersionStore(Path(repository))
     if not (store.model_dir(model) / "config.pbtxt").is_file():
         raise RollbackError(f"{store.model_dir(model)} has no config.pbtxt")
-    from tools.model_config import load
-    from tools.rollout import loads_every_folder
+    from tools.gate.model_config import load
+    from tools.control.rollout import loads_every_folder
     if loads_every_folder(load(store.model_dir(model))):
         # Retiring the newer folders would pull a version out from under the consumers that serve it.
         raise RollbackError(f"{model} has an explicit primary (version_policy all): roll it back with "
-                            "tools.rollout (`s2t rollback`), which moves the consumers first")
+                            "tools.control.rollout (`s2t rollback`), which moves the consumers first")
     with store.lock():
         current, target = plan(store, model, to)
         restored = [] if target in store.served(model) else [target]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tools.healing import (ErrorRateSettings, ErrorRateWatch, HealPolicy, HealSettings, SupervisorState,
+from tools.serve.healing import (ErrorRateSettings, ErrorRateWatch, HealPolicy, HealSettings, SupervisorState,
                            parse_request_counters)
 
 STUB_BINARY = "triton_python_backend_stub"

@@ -15,9 +15,10 @@ from pathlib import Path
 import onnx
 
 from backends.feature_spec import FeatureSpec
-from tools import live_control, model_config, parity
-from tools.convert import ConversionError, read_spec
-from tools.version_store import VersionStore, durable_rename
+from tools.control import live_control
+from tools.gate import model_config, parity
+from tools.models.convert import ConversionError, read_spec
+from tools.control.version_store import VersionStore, durable_rename
 
 # The models that decode records with a feature spec of their own, which a new scorer must match.
 SPEC_READERS = ("skill_adapter", "risk_router")
@@ -85,7 +86,7 @@ def _check_adapter_spec(model_dir: Path, model: onnx.ModelProto) -> None:
 def _validate_engine(model_dir: Path, config, engine: Path, gate: ParityGate | None,
                      reference_cache: Path | None) -> dict:
     """A TensorRT engine: its build report fits the config, its ONNX source is the one named, parity on the GPU."""
-    from tools import tensorrt_engine
+    from tools.models import tensorrt_engine
     report_path = tensorrt_engine.report_path(engine)
     if not report_path.is_file():
         raise PublishError(f"{engine}: no build report {report_path.name} beside it; build with `s2t build-trt`")
@@ -121,7 +122,7 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
 
     Plain: the new version becomes the primary at once (every consumer serves it). `stage`: it is loaded as the
     candidate and gets no primary traffic until `promote`."""
-    from tools.rollout import Rollout, RolloutError, default_consumer_repositories
+    from tools.control.rollout import Rollout, RolloutError, default_consumer_repositories
     repository, artifact = Path(repository), Path(artifact)
     if consumer_repositories is None:
         consumer_repositories = default_consumer_repositories(repository)
@@ -190,7 +191,7 @@ def _place(store: VersionStore, model: str, config, artifact: Path, version: int
         filename = model_config.model_filename(config)
         shutil.copyfile(artifact, staging / filename)
         if config.platform == "tensorrt_plan":
-            from tools.tensorrt_engine import report_path
+            from tools.models.tensorrt_engine import report_path
             shutil.copyfile(report_path(artifact), report_path(staging / filename))
         (staging / RECORD_NAME).write_text(json.dumps(record, indent=2) + "\n")
         _fsync_tree(staging)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from backends.routing_policy import RoutingSettings, Target
-from tools import model_config
-from tools.config_edit import ConfigEditError, replace_config, set_string_parameter
-from tools.primary import ConfigChange
-from tools.version_store import VersionStore
+from tools.gate import model_config
+from tools.control.config_edit import ConfigEditError, replace_config, set_string_parameter
+from tools.control.primary import ConfigChange
+from tools.control.version_store import VersionStore
 
 ROUTER = "risk_router"
 

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Iterable
 
 from backends.routing_policy import RoutingSettings
-from tools import model_config, primary
-from tools.live_control import admin_headers
-from tools.rollout import Rollout, default_consumer_repositories, loads_every_folder
-from tools.version_store import VersionStore
+from tools.control import primary
+from tools.gate import model_config
+from tools.control.live_control import admin_headers
+from tools.control.rollout import Rollout, default_consumer_repositories, loads_every_folder
+from tools.control.version_store import VersionStore
 
 SUPERVISOR_FILE = "supervisor.json"
 ROUTER = "risk_router"

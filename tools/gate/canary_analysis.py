@@ -22,7 +22,7 @@ from typing import Callable
 
 from backends.drift import psi
 from backends.router_metrics import SCORE_BUCKETS
-from tools.rollout import Rollout, canary, promote, rollback, rollback_plan
+from tools.control.rollout import Rollout, canary, promote, rollback, rollback_plan
 
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+([^\s]+)$')
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')

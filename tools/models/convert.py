@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 from backends.atomic_files import write_atomically
 from backends.feature_spec import (CATEGORICAL_INPUT, METADATA_KEY, NUMERIC_INPUT, PROBABILITY_OUTPUT,
                                    CategoricalFeature, FeatureSpec)
-from tools import example_signature
+from tools.models import example_signature
 
 BATCH_DIM = "batch"
 MIN_OPSET = 15

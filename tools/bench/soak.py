@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from tools import german_credit
+from tools.models import german_credit
 from tools.bench.process_tree import process_rss
-from tools.supervisor import stubs_of
+from tools.serve.supervisor import stubs_of
 
 
 def serving_rss(server_pid: int) -> dict[str, int]:

@@ -21,7 +21,7 @@ import numpy as np
 from backends.decision_policy import Thresholds
 from backends.feature_spec import FeatureSpec
 from backends.record_decoder import RecordDecoder
-from tools.parity_report import LIVE_BATCH, Comparison, ParityReport, compare
+from tools.gate.parity_report import LIVE_BATCH, Comparison, ParityReport, compare
 
 # A score, or the reason the side refused the row.
 Outcome = float | str
@@ -42,7 +42,7 @@ class ExampleRow:
 def example_input(onnx_model) -> str | None:
     """The name of the SavedModel input that takes serialized Examples; None for a model converted from any other
     signature."""
-    from tools.example_signature import EXAMPLE_INPUT_KEY
+    from tools.models.example_signature import EXAMPLE_INPUT_KEY
     return {p.key: p.value for p in onnx_model.metadata_props}.get(EXAMPLE_INPUT_KEY)
 
 
@@ -215,7 +215,7 @@ def run(saved_model: Path, onnx_path: Path, data_csv: Path, atol: float = 1e-5, 
         model: str | None = None, protocol: str = "http", thresholds: Thresholds | None = None) -> ParityReport:
     import onnx
 
-    from tools.convert import read_spec
+    from tools.models.convert import read_spec
     converted = onnx.load(str(onnx_path), load_external_data=False)
     spec, input_name = read_spec(converted), example_input(converted)
     if input_name is None:

@@ -1,0 +1,1 @@
+"""Releasing and control: publishing versions, staged rollouts, the primary, rollbacks, release bundles, status."""
