@@ -20,7 +20,7 @@ import yaml
 from backends.routing_policy import Target
 from clients import stream_client
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT
-from tests.integration.test_docker_compose import compose_config
+from tests.deploy.compose import compose_config
 from tools.control import canary
 from tools.control.version_store import VersionStore
 from tests.integration.servers import triton_server

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.integration.test_docker_compose import IMAGE
+from tests.deploy.compose import IMAGE, TRITON_IMAGE_DIR, image_pins
 
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 OVERLAYS = ("overlays/cpu", "overlays/gpu")
@@ -93,7 +93,6 @@ def _pushed(image: str) -> str:
 def test_pods_run_the_compose_serving_image_which_installs_what_their_repositories_import(rendered, directory):
     from tools.gate.runtime_imports import BACKEND_MODULES, distribution_of, model_files, third_party_modules
 
-    from tests.integration.test_docker_compose import TRITON_IMAGE_DIR, image_pins
     installed = image_pins(TRITON_IMAGE_DIR / "Dockerfile", "serving")
     for triton in triton_containers(rendered[directory]):
         assert _pushed(triton["image"]) == IMAGE

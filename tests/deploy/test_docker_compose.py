@@ -6,7 +6,6 @@ curl) is the job of a run on a Docker host.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -19,47 +18,19 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
+from tests.deploy.compose import (COMPOSE_FILE, IMAGE, TRITON_IMAGE_DIR, compose_config, dockerfile_stages, image_pins,
+                                  pinned_versions)
 from tools.gate.runtime_imports import normalised
 from tests.integration.servers import triton_server
 
-COMPOSE_FILE = ROOT / "docker-compose.yml"
 TLS_FILE = ROOT / "docker-compose.tls.yml"
 TRITON_SERVICES = ("triton", "triton-gpu")
 PTH_FILE = ROOT / "deploy" / "skill2triton.pth"
 NGC_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
-TRITON_IMAGE_DIR = ROOT / "deploy" / "triton"
 PTH_TARGET = "/usr/local/lib/python3.10/dist-packages/skill2triton.pth"
 PORT_OVERRIDES = {"HTTP_PORT": "18000", "GRPC_PORT": "18001", "METRICS_PORT": "18002", "SUPERVISOR_PORT": "18003"}
 # What the container listens on, whatever the host side is.
 CONTAINER_PORTS = {"HTTP_PORT": 8000, "GRPC_PORT": 8001, "METRICS_PORT": 8002, "SUPERVISOR_PORT": 8003}
-
-
-def _docker_compose() -> str:
-    exe = shutil.which("docker-compose")
-    if exe is None:
-        pytest.fail("docker-compose is not installed; `make system` installs it (Debian package docker-compose)")
-    return exe
-
-
-def compose_config(tmp_path: Path, *, env: dict[str, str] | None = None, profiles: tuple[str, ...] = (),
-                   files: tuple[Path, ...] = (COMPOSE_FILE,)) -> dict:
-    """The resolved files, in a clean environment (no COMPOSE_* or port variables leaking in) and with an empty
-    env file, so that a developer's `.env` cannot change the outcome."""
-    exe = _docker_compose()
-    env_file = tmp_path / "empty.env"
-    env_file.write_text("")
-    clean_env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8", **(env or {})}
-    cmd = [exe, "--project-directory", str(ROOT), "--env-file", str(env_file)]
-    for file in files:
-        cmd += ["-f", str(file)]
-    for profile in profiles:
-        cmd += ["--profile", profile]
-    result = subprocess.run(cmd + ["config"], capture_output=True, text=True, env=clean_env, cwd=tmp_path,
-                            timeout=60)
-    assert result.returncode == 0, f"docker-compose config failed:\n{result.stderr}"
-    # Warnings (unset variables, deprecated keys) go to stderr: the file should not need any.
-    assert result.stderr.strip() == "", f"docker-compose config warned:\n{result.stderr}"
-    return yaml.safe_load(result.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -138,45 +109,6 @@ def _flag(command: list[str], name: str) -> str:
     return values[0]
 
 
-def triton_image_tag() -> str:
-    """24.10 (the NGC release) and a digest of deploy/triton's files: a changed image is a new tag everywhere, so no
-    host or cluster keeps running an old build under the current name."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in TRITON_IMAGE_DIR.rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(TRITON_IMAGE_DIR)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return f"24.10-{digest.hexdigest()[:12]}"
-
-
-IMAGE = f"skill2triton-tritonserver:{triton_image_tag()}"
-
-
-def _stages(dockerfile: Path) -> dict[str, tuple[str, str]]:
-    """stage name -> (what it starts FROM, the text of its instructions)."""
-    stages, current = {}, None
-    for line in dockerfile.read_text().splitlines():
-        found = re.fullmatch(r"FROM (\S+) AS (\S+)", line.strip())
-        if found:
-            current = found.group(2)
-            stages[current] = (found.group(1), "")
-        elif current and not line.lstrip().startswith("#"):
-            stages[current] = (stages[current][0], stages[current][1] + line + "\n")
-    return stages
-
-
-def image_pins(dockerfile: Path, target: str) -> dict[str, str]:
-    """distribution -> version that the target stage (and the stages it builds on) installs: pins on its RUN
-    lines and in the requirement files it copies in and installs with -r."""
-    stages = _stages(dockerfile)
-    pins: dict[str, str] = {}
-    while target in stages:
-        base, text = stages[target]
-        for name in re.findall(r"-r \S*/([\w.-]+\.txt)", text):
-            pins |= _pins(re.sub(r"#.*", "", (dockerfile.parent / name).read_text()))
-        pins |= _pins(text)
-        target = base
-    return {normalised(name): version for name, version in pins.items()}
-
-
 def _served_repositories(service: dict) -> list[Path]:
     mounts = {b["target"]: Path(b["source"]) for b in _binds(service)}
     return [mounts[arg.split("=", 1)[1]] for arg in service["command"] if arg.startswith("--model-repository=")]
@@ -185,7 +117,7 @@ def _served_repositories(service: dict) -> list[Path]:
 def test_the_triton_image_is_ngc_24_10_with_the_models_packages_tagged_by_its_content(all_profiles_config):
     targets = {"triton": "serving", "triton-gpu": "serving", "triton-llm": "llm"}
     services = _services(all_profiles_config)
-    assert _stages(TRITON_IMAGE_DIR / "Dockerfile")["serving"][0] == NGC_IMAGE
+    assert dockerfile_stages(TRITON_IMAGE_DIR / "Dockerfile")["serving"][0] == NGC_IMAGE
     for name, target in targets.items():
         service = services[name]
         assert Path(service["build"]["context"]) == TRITON_IMAGE_DIR, name
@@ -218,7 +150,7 @@ PYTHON_310_EXCEPTIONS = {"onnxruntime": "1.23.2"}  # its last release with a cp3
 
 
 def test_the_image_installs_the_versions_of_constraints_txt_except_where_python_3_10_has_none():
-    constraints = {normalised(name): version for name, version in _pins((ROOT / "constraints.txt").read_text()).items()}
+    constraints = {normalised(name): version for name, version in pinned_versions((ROOT / "constraints.txt").read_text()).items()}
     pins = image_pins(TRITON_IMAGE_DIR / "Dockerfile", "llm")
     assert pins["numpy"].startswith("1."), "numpy 2 corrupts the 2.51 python stub's tensors"
     for name, version in pins.items():
@@ -347,19 +279,14 @@ def test_prometheus_grafana_and_locust_images_are_pinned_to_a_release(all_profil
         assert re.fullmatch(r"v?\d+\.\d+\.\d+", tag), f"{name}: {tag!r} is not a release tag"
 
 
-def _pins(text: str) -> dict[str, str]:
-    return {re.sub(r"\[.*\]", "", name).lower(): version
-            for name, version in re.findall(r"([A-Za-z0-9_.\-]+(?:\[[a-z,]+\])?)==([0-9][^\s\"]*)", text)}
-
-
 def test_the_locust_image_adds_what_the_locustfile_imports_at_the_project_pins(all_profiles_config):
     import ast
 
     from tools.control.release import PROJECT_PACKAGES, project_files
     locust = _services(all_profiles_config)["locust"]
     assert Path(locust["build"]["context"]) == LOCUST_DOCKERFILE.parent
-    installed = _pins(LOCUST_DOCKERFILE.read_text())
-    constraints = _pins((ROOT / "constraints.txt").read_text())
+    installed = pinned_versions(LOCUST_DOCKERFILE.read_text())
+    constraints = pinned_versions((ROOT / "constraints.txt").read_text())
     assert installed and all(constraints[name] == version for name, version in installed.items()), installed
     assert _base_image(locust) == f"locustio/locust:{constraints['locust']}"
     # Third-party modules the locustfile and the project modules it imports need, beyond locust's own.
