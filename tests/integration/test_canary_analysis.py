@@ -10,7 +10,7 @@ import pytest
 import tritonclient.grpc as grpc
 
 from tests.conftest import S2T
-from tests.integration.test_staged_rollout import SHIFT, shifted_model
+from tests.samples import SHIFT, shifted_model
 from tools.control.live_control import ADMIN_KEY_ENV
 from tools.control.version_store import VersionStore
 from tests.integration.servers import repository_copies, triton_server

@@ -7,7 +7,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from clients.legacy_record import to_protobuf
-from tests.unit.test_example_record import tf_example
+from tests.samples import tf_example
 
 TOLERANCE = 1e-5
 

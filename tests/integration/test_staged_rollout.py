@@ -6,37 +6,19 @@ import os
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 import tritonclient.grpc as grpc
-from onnx import helper
 
 from tests.conftest import S2T
+from tests.integration.servers import repository_copies, triton_server
+from tests.samples import SHIFT, shifted_model
 from tools.control.live_control import ADMIN_KEY_ENV
 from tools.control.version_store import VersionStore
-from tests.integration.servers import repository_copies, triton_server
 
 KEY = "staged-rollout-key"
-SHIFT = 0.05
 
-
-def shifted_model(source: Path, out: Path, shift: float) -> Path:
-    """The same model with `shift` added to its probability (clipped to [0, 1]): a candidate that scores differently."""
-    model = onnx.load(str(source))
-    graph = model.graph
-    producer = next(n for n in graph.node if "probability" in n.output)
-    producer.output[list(producer.output).index("probability")] = "probability_unshifted"
-    graph.initializer.extend([helper.make_tensor("shift", onnx.TensorProto.FLOAT, [], [shift]),
-                              helper.make_tensor("zero", onnx.TensorProto.FLOAT, [], [0.0]),
-                              helper.make_tensor("one", onnx.TensorProto.FLOAT, [], [1.0])])
-    graph.node.extend([helper.make_node("Add", ["probability_unshifted", "shift"], ["probability_shifted"]),
-                       helper.make_node("Clip", ["probability_shifted", "zero", "one"], ["probability"])])
-    onnx.checker.check_model(model, full_check=True)
-    onnx.save(model, str(out))
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -7,20 +7,8 @@ import pytest
 from backends.example_record import as_example
 from backends.record_decoder import RecordDecoder, RecordError, parse_record
 from clients.legacy_record import to_protobuf
+from tests.samples import tf_example
 from wire import skill_pb2
-
-
-def tf_example(features: dict) -> bytes:
-    import tensorflow as tf
-    feature = {}
-    for name, value in features.items():
-        if isinstance(value, str):
-            feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
-        elif isinstance(value, int):
-            feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
-        else:
-            feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
 def test_german_credit_as_tf_examples_decodes_exactly_as_the_json_records(feature_spec, german_credit_data):

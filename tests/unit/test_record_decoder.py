@@ -6,16 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.feature_spec import CategoricalFeature, FeatureSpec
+from tests.samples import SPEC, VALID
 from backends.record_decoder import (MAX_FEATURES, MAX_ID_CHARS, RecordDecoder, RecordError, encode_columns, parse_record,
                                      request_error, stream_position)
 
-SPEC = FeatureSpec(
-    categorical=(CategoricalFeature("housing", {"own": 1, "rent": 2, "for free": 3}, 0),
-                 CategoricalFeature("telephone", {"none": 1, "yes": 2}, 0)),
-    numeric=("age_in_years", "credit_amount"),
-)
-VALID = {"housing": "rent", "telephone": "yes", "age_in_years": 35, "credit_amount": 1234.5}
 
 
 def record(features=VALID, **extra) -> bytes:

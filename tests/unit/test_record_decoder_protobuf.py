@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from backends.record_decoder import RecordDecoder, RecordError
 from clients.legacy_record import encode, feature_value, to_protobuf
 from wire import skill_pb2
-from tests.unit.test_record_decoder import SPEC, VALID
+from tests.samples import SPEC, VALID
 
 
 def both_forms(features, **envelope):
