@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 from pathlib import Path
 
 import click
+
+from tools.serve.shutdown import exit_after_shutdown, stop_grpc_service, stop_on_signals
 
 DEFAULT_DATA = Path("artifacts/data/germancredit.csv")
 DEFAULT_SAVED_MODEL = Path("artifacts/legacy/risk_model")
@@ -49,25 +50,6 @@ def legacy_build(out: Path, data_csv: Path, lite: bool) -> None:
     click.echo(f"SavedModel at {out}")
 
 
-GRPC_STOP_GRACE_S = 10.0
-
-
-def stop_grpc_service(server, grace_s: float = GRPC_STOP_GRACE_S) -> None:
-    """Calls in flight get `grace_s` to finish, then are cancelled. The wait is bounded: gRPC's shutdown event can
-    stay unset after a call whose bytes did not parse, and the process must exit on SIGTERM all the same."""
-    click.echo("stopping: finishing calls in flight", err=True)
-    if not server.stop(grace=grace_s).wait(timeout=grace_s + 5):
-        click.echo("stopped: gRPC did not confirm its shutdown; exiting anyway", err=True)
-
-
-def exit_after_shutdown() -> None:
-    """The service has stopped and said so: leave now. The interpreter's own exit joins every gRPC worker thread,
-    and one still inside a cancelled call would hold a stopped service up past its grace period."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
 @legacy.command("serve")
 @click.option("--port", type=int, envvar="LEGACY_PORT", default=50052, show_default=True,
               help="where legacy Skill callers connect")
@@ -82,9 +64,7 @@ def legacy_serve(port: int, saved_model: Path, window_size: int, decision_config
     """Serve skill.Skill/Score with TensorFlow, as the legacy service did, until SIGINT/SIGTERM."""
     from servers.legacy_service import LEGACY_THREADS, serve as serve_legacy
     from tools.gate.model_config import decision_thresholds
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     try:
         server = serve_legacy(port, saved_model, decision_thresholds(decision_config), window_size)
     except (OSError, ValueError) as err:
@@ -93,7 +73,7 @@ def legacy_serve(port: int, saved_model: Path, window_size: int, decision_config
                f"{window_size}, {LEGACY_THREADS} threads)")
     sys.stdout.flush()
     stop.wait()
-    stop_grpc_service(server)
+    stop_grpc_service(server, lambda line: click.echo(line, err=True))
     exit_after_shutdown()
 
 
@@ -562,9 +542,7 @@ def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mod
                           exit_timeout_seconds=exit_timeout, admin_key=admin_key, rate_limit_slots=rate_limit,
                           supervise=True, supervisor_state=state, on_give_up=lambda model: replace.set(),
                           extra_args=["--metrics-config=summary_latencies=true"])
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     try:
         server.start()
     except ServerError as err:
@@ -656,14 +634,12 @@ def gateway(port, triton_url, model, window_size, workers, call_timeout_s, max_r
                                mirror=dual_run)
     except (OSError, ValueError, RuntimeError) as err:
         raise click.ClickException(str(err)) from None
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     dual = f"; dual-run with {mirror}, answers from {answer_from}" if mirror else ""
     click.echo(f"ready: legacy Skill service on port {port} -> {model} at {triton_url} "
                f"(windows of {window_size}{dual})", err=True)
     stop.wait()
-    stop_grpc_service(server)
+    stop_grpc_service(server, lambda line: click.echo(line, err=True))
     if dual_run is not None:
         report = dual_run.close()
         click.echo(f"dual-run: {report['compared']} compared, max |diff| {report['max_abs_diff']:.3g}, "
