@@ -10,10 +10,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wire.names import CATEGORICAL, NUMERIC, PROBABILITY
+
 METADATA_KEY = "skill2triton.feature_spec"
-CATEGORICAL_INPUT = "categorical"
-NUMERIC_INPUT = "numeric"
-PROBABILITY_OUTPUT = "probability"
+CATEGORICAL_INPUT, NUMERIC_INPUT, PROBABILITY_OUTPUT = CATEGORICAL, NUMERIC, PROBABILITY
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from wire.names import DECISION, PAYLOAD, PROBABILITY
 
 MODEL = "risk_pipeline"
 
@@ -30,14 +31,14 @@ def score(records: Sequence[dict], url: str = "localhost:8000", protocol: str = 
     else:
         import tritonclient.http as client
     payload = np.array([json.dumps(r).encode() for r in records], dtype=object).reshape(-1, 1)
-    tensor = client.InferInput("payload", list(payload.shape), "BYTES")
+    tensor = client.InferInput(PAYLOAD, list(payload.shape), "BYTES")
     tensor.set_data_from_numpy(payload)
     triton = client.InferenceServerClient(url)
     try:
         result = triton.infer(MODEL, [tensor])
     finally:
         triton.close()
-    probability, decision = result.as_numpy("probability").ravel(), result.as_numpy("decision").ravel()
+    probability, decision = result.as_numpy(PROBABILITY).ravel(), result.as_numpy(DECISION).ravel()
     return [Score(r.get("request_id"), float(p), d.decode()) for r, p, d in zip(records, probability, decision)]
 
 

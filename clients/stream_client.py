@@ -17,6 +17,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from clients.legacy_record import encode
+from wire.names import DECISION, PAYLOAD, PROBABILITY
 
 MODEL = "risk_stream"
 
@@ -149,7 +150,7 @@ def run_stream(url: str, stream: str, records: Sequence[Mapping], order: Sequenc
             else:
                 payload = encode({**records[sequence_id], "request_id": f"{stream}/{place}", "stream_id": stream,
                                   "sequence_id": sequence_id}, form)
-            tensor = grpcclient.InferInput("payload", [1, 1], "BYTES")
+            tensor = grpcclient.InferInput(PAYLOAD, [1, 1], "BYTES")
             tensor.set_data_from_numpy(np.array([[payload]], dtype=object))
             sent_at[str(place)] = time.perf_counter()
             client.async_stream_infer(model, [tensor], request_id=str(place), sequence_id=stream,
@@ -183,8 +184,8 @@ def _record(result: StreamResult, received: float, answer, error, sent_at: Mappi
         return
     sequence_id = int(answer.as_numpy("sequence_id").ravel()[0])
     kind, last = parse_status(status.ravel()[0].decode(), sequence_id)
-    result.answers.append(Answer(kind, sequence_id, last, float(answer.as_numpy("probability").ravel()[0]),
-                                 answer.as_numpy("decision").ravel()[0].decode(),
+    result.answers.append(Answer(kind, sequence_id, last, float(answer.as_numpy(PROBABILITY).ravel()[0]),
+                                 answer.as_numpy(DECISION).ravel()[0].decode(),
                                  received - sent_at.get(response.id, received)))
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from backends.batch_scoring import retrying, score_isolating_bad_records
 from backends.errors import INTERNAL, INVALID, UNAVAILABLE, of_kind
 from wire import skill_pb2, skill_pb2_grpc
+from wire.names import DECISION, PAYLOAD, PROBABILITY
 
 DEFAULT_WINDOW_SIZE = 32
 DEFAULT_CONCURRENT_CALLS = 8
@@ -147,13 +148,13 @@ class TritonScorer:
         client = getattr(self._local, "client", None)
         if client is None:
             client = self._local.client = self._grpcclient.InferenceServerClient(self.url)
-        tensor = self._grpcclient.InferInput("payload", [len(payloads), 1], "BYTES")
+        tensor = self._grpcclient.InferInput(PAYLOAD, [len(payloads), 1], "BYTES")
         tensor.set_data_from_numpy(np.array(payloads, dtype=object).reshape(-1, 1))
         try:
             result = client.infer(self.model, [tensor], client_timeout=self.timeout_s)
         except InferenceServerException as err:
             raise of_kind(error_kind(err.status()), err.message() or str(err)) from None
-        return result.as_numpy("probability"), result.as_numpy("decision")
+        return result.as_numpy(PROBABILITY), result.as_numpy(DECISION)
 
 
     def max_batch_size(self) -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from tools.serve.shutdown import exit_after_shutdown, stop_grpc_service, stop_on_signals
+from wire.names import PIPELINE
 
 DEFAULT_DATA = Path("artifacts/data/germancredit.csv")
 DEFAULT_SAVED_MODEL = Path("artifacts/legacy/risk_model")
@@ -147,7 +148,7 @@ def build_trt(onnx_model, out, precision, config_dir, max_batch_size, opt_batch_
 @click.option("--onnx", "onnx_model", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True)
 @click.option("--data", "data_csv", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True)
 @click.option("--url", help="HOST:PORT of a live Triton server (HTTP, or gRPC with --protocol grpc)")
-@click.option("--model", default="risk_pipeline", show_default=True)
+@click.option("--model", default=PIPELINE, show_default=True)
 @click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", show_default=True)
 @click.option("--atol", type=float, default=1e-5, show_default=True)
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path))
@@ -591,7 +592,7 @@ def release(out_dir, repositories, pin_dir) -> None:
               help="where legacy Skill callers connect")
 @click.option("--triton-url", envvar="S2T_GRPC_URL", default="localhost:8001", show_default=True,
               help="HOST:PORT of Triton's gRPC endpoint")
-@click.option("--model", default="risk_pipeline", show_default=True)
+@click.option("--model", default=PIPELINE, show_default=True)
 @click.option("--window-size", type=int, default=32, show_default=True,
               help="records scored together, as the legacy did; at most the model's max_batch_size")
 @click.option("--workers", type=int, default=8, show_default=True,

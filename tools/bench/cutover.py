@@ -30,6 +30,7 @@ from tools.models import german_credit
 from tools.serve import service_process
 from tools.bench import process_tree
 from tools.serve.triton_server import TritonServer, free_port
+from wire.names import PAYLOAD
 
 MB = 2**20
 # The migration this project repeats, as its design document reports it (legacy -> Triton).
@@ -154,7 +155,7 @@ def triton_caller(grpc_url: str) -> Callable[[], Callable[[list], None]]:
         client = grpcclient.InferenceServerClient(grpc_url)
 
         def call(batch):
-            tensor = grpcclient.InferInput("payload", [len(batch), 1], "BYTES")
+            tensor = grpcclient.InferInput(PAYLOAD, [len(batch), 1], "BYTES")
             tensor.set_data_from_numpy(np.array([r.SerializeToString() for r in batch], dtype=object).reshape(-1, 1))
             client.infer("risk_pipeline", [tensor], client_timeout=60)
         return call

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import gevent
 from locust import FastHttpUser, User, events, task
+from wire.names import DECISION, PAYLOAD
 
 MODEL = "risk_pipeline"
 DATA = Path(os.environ.get("S2T_DATA", "artifacts/data/germancredit.csv"))
@@ -96,12 +97,12 @@ class GrpcRecordUser(User):
 
     @task
     def score(self):
-        payload = self._grpcclient.InferInput("payload", [1, 1], "BYTES")
+        payload = self._grpcclient.InferInput(PAYLOAD, [1, 1], "BYTES")
         payload.set_data_from_numpy(self._np.array([[next(self._payloads)]], dtype=object))
         started, error, size = time.perf_counter(), None, 0
         try:
             result = self._client.infer(MODEL, [payload], client_timeout=30)
-            size = result.as_numpy("decision").size
+            size = result.as_numpy(DECISION).size
         except Exception as err:  # noqa: BLE001 - every failure is a failed request in the report
             error = err
         self.environment.events.request.fire(

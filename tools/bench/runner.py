@@ -27,8 +27,8 @@ from tools.bench.fastapi_baseline import APPS as BASELINE_APPS, ROUTE as BASELIN
 from tools.bench.modes import Mode
 from tools.serve.triton_server import TritonServer, free_port
 from tools.control.version_store import version_numbers
+from wire.names import ADAPTER, DECISION, DECISION_MODEL, PAYLOAD, PIPELINE, PROBABILITY, SCORER
 
-PIPELINE, SCORER, ADAPTER, DECISION = "risk_pipeline", "risk_scorer", "skill_adapter", "risk_decision"
 TRITON_ROUTE = f"/v2/models/{PIPELINE}/infer"
 CHECKED_RECORDS = 50
 
@@ -108,7 +108,7 @@ class Bench:
         self.decoder = RecordDecoder(FeatureSpec.from_file(self.spec_path))
         self.categorical, self.numeric = workload.pack(self.decoder, self.payloads)
         self.scorer_onnx = _newest_onnx(_model_dir(self.repositories, SCORER))
-        self.decision_dir = _model_dir(self.repositories, DECISION)
+        self.decision_dir = _model_dir(self.repositories, DECISION_MODEL)
         self.inputs = {PIPELINE: self.tmp / "pipeline.json", SCORER: self.tmp / "scorer.json"}
         self.inputs[PIPELINE].write_text(json.dumps(workload.perf_input_pipeline(self.payloads)))
         self.inputs[SCORER].write_text(json.dumps(workload.perf_input_scorer(self.categorical, self.numeric)))
@@ -321,11 +321,11 @@ def _compare_answers(server: TritonServer, baseline: BaselineServer, payloads: l
     import tritonclient.http as http
     client = http.InferenceServerClient(server.http_url)
     try:
-        inp = http.InferInput("payload", [len(payloads), 1], "BYTES")
+        inp = http.InferInput(PAYLOAD, [len(payloads), 1], "BYTES")
         inp.set_data_from_numpy(np.array([[p] for p in payloads], dtype=object))
         result = client.infer(PIPELINE, [inp])
-        triton_p = result.as_numpy("probability").ravel()
-        triton_d = [d.decode() for d in result.as_numpy("decision").ravel()]
+        triton_p = result.as_numpy(PROBABILITY).ravel()
+        triton_d = [d.decode() for d in result.as_numpy(DECISION).ravel()]
     finally:
         client.close()
     base_p, base_d = [], []

@@ -18,6 +18,7 @@ import psutil
 from tools.models import german_credit
 from tools.bench.process_tree import process_rss
 from tools.serve.supervisor import stubs_of
+from wire.names import PAYLOAD
 
 
 def serving_rss(server_pid: int) -> dict[str, int]:
@@ -88,7 +89,7 @@ def soak(server_pid: int, grpc_url: str, data_csv: Path, seconds: float, rate: f
             if now >= next_sample:
                 report.samples.append({"at": round(now - started, 1), "rss": serving_rss(server_pid)})
                 next_sample += sample_every
-            tensor = grpc.InferInput("payload", [1, 1], "BYTES")
+            tensor = grpc.InferInput(PAYLOAD, [1, 1], "BYTES")
             tensor.set_data_from_numpy(np.array([[records[report.sent % len(records)]]], dtype=object))
             client.async_infer("risk_pipeline", [tensor], done)
             report.sent += 1

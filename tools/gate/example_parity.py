@@ -22,6 +22,7 @@ from backends.decision_policy import Thresholds
 from backends.feature_spec import FeatureSpec
 from backends.record_decoder import RecordDecoder
 from tools.gate.parity_report import LIVE_BATCH, Comparison, ParityReport, compare
+from wire.names import PAYLOAD, PROBABILITY
 
 # A score, or the reason the side refused the row.
 Outcome = float | str
@@ -157,10 +158,10 @@ def live_outcomes(url: str, model: str, examples: Sequence[bytes], protocol: str
     triton = client.InferenceServerClient(url)
 
     def score(batch: Sequence[bytes]) -> list[float]:
-        payload = client.InferInput("payload", [len(batch), 1], "BYTES")
+        payload = client.InferInput(PAYLOAD, [len(batch), 1], "BYTES")
         payload.set_data_from_numpy(np.array(list(batch), dtype=object).reshape(-1, 1))
         # No output filter: Triton 2.51 ensembles fail a request that asks for a subset of their outputs.
-        return triton.infer(model, [payload]).as_numpy("probability").ravel().astype(float).tolist()
+        return triton.infer(model, [payload]).as_numpy(PROBABILITY).ravel().astype(float).tolist()
 
     outcomes: list[Outcome] = []
     try:

@@ -16,6 +16,7 @@ from backends.record_decoder import encode_columns
 from tools.models import german_credit
 from tools.gate.parity_report import (FP16_ATOL, LIVE_BATCH, REL_FLOOR, Comparison, ParityReport,  # noqa: F401
                                  compare)
+from wire.names import PROBABILITY
 
 DECISION_CONFIG = Path("model_repository/risk_pipeline/config.pbtxt")
 
@@ -124,7 +125,7 @@ def live_scores(url: str, model: str, onnx_path: Path, data: german_credit.Datas
             # No output filter: Triton 2.51 ensembles fail a request that asks for a subset of their outputs
             # ("unexpected deadlock", triton-inference-server/server#7482).
             result = triton.infer(model, inputs)
-            scores.append(result.as_numpy("probability").ravel())
+            scores.append(result.as_numpy(PROBABILITY).ravel())
         return np.concatenate(scores)
     finally:
         triton.close()

@@ -8,6 +8,7 @@ from backends import fault_points
 from backends.decision_policy import Thresholds, decide
 from backends.errors import InternalError, triton_error
 from backends.request_rows import RequestRows
+from wire.names import DECISION, PROBABILITY
 
 
 class TritonPythonModel:
@@ -17,7 +18,7 @@ class TritonPythonModel:
     def execute(self, requests):
         try:
             fault_points.check("risk_decision.execute")
-            probabilities = [pb_utils.get_input_tensor_by_name(r, "probability").as_numpy() for r in requests]
+            probabilities = [pb_utils.get_input_tensor_by_name(r, PROBABILITY).as_numpy() for r in requests]
             rows = RequestRows.of(probabilities)
             decisions = decide(rows.join(probabilities), self._thresholds)
         except Exception:  # noqa: BLE001 - log it, fail these requests, keep serving
@@ -25,5 +26,5 @@ class TritonPythonModel:
             # A new TritonError for every response: Triton 2.51 crashes when responses share one.
             return [pb_utils.InferenceResponse(error=triton_error(InternalError("risk_decision: internal error"),
                                                                   pb_utils.TritonError)) for _ in requests]
-        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("decision", d)])
+        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(DECISION, d)])
                 for d in rows.split(decisions)]

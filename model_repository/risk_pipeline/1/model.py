@@ -10,6 +10,7 @@ from backends.errors import InternalError, InvalidInput, triton_error
 from backends.fused_pipeline import FusedPipeline, PipelineSettings, scorer_path
 from backends.record_decoder import request_error
 from backends.request_rows import RequestRows
+from wire.names import PAYLOAD
 
 
 class TritonPythonModel:
@@ -23,7 +24,7 @@ class TritonPythonModel:
     def execute(self, requests):
         try:
             fault_points.check("risk_pipeline.execute")
-            payloads = [pb_utils.get_input_tensor_by_name(r, "payload").as_numpy().ravel() for r in requests]
+            payloads = [pb_utils.get_input_tensor_by_name(r, PAYLOAD).as_numpy().ravel() for r in requests]
             rows = RequestRows.of(payloads)
             scored = self._pipeline.score(rows.join(payloads))
         except Exception:  # noqa: BLE001 - log it, fail these requests, keep serving

@@ -18,6 +18,7 @@ from backends.router_core import Router, RouterModelSettings
 from backends.repository_layout import version_numbers
 from backends.router_metrics import DriftMetrics, RouterMetrics
 from backends.routing_policy import route_parameter
+from wire.names import CATEGORICAL, DECISION, NUMERIC, PAYLOAD, PROBABILITY, SERVED_BY
 
 BLS_MAX_ROWS = 256
 
@@ -31,7 +32,7 @@ class TritonPythonModel:
         self._router = Router(settings.routing, CircuitBreaker(settings.breaker), self._score, self._versions)
         self._records = RecordRouter(
             RecordDecoder(spec, settings.max_record_bytes), self._router,
-            lambda p: self._infer(settings.decision_model, -1, [pb_utils.Tensor("probability", p)], "decision"),
+            lambda p: self._infer(settings.decision_model, -1, [pb_utils.Tensor(PROBABILITY, p)], "decision"),
             settings.decision_model, self._drift_watch(here / args["model_version"], settings, spec))
         self._metrics = RouterMetrics(pb_utils.MetricFamily)
 
@@ -66,8 +67,8 @@ class TritonPythonModel:
 
     def _score(self, target, categorical, numeric):
         return np.concatenate([self._infer(target.model, target.version, [
-            pb_utils.Tensor("categorical", categorical[i:i + BLS_MAX_ROWS]),
-            pb_utils.Tensor("numeric", numeric[i:i + BLS_MAX_ROWS])], "probability")
+            pb_utils.Tensor(CATEGORICAL, categorical[i:i + BLS_MAX_ROWS]),
+            pb_utils.Tensor(NUMERIC, numeric[i:i + BLS_MAX_ROWS])], "probability")
             for i in range(0, len(numeric), BLS_MAX_ROWS)])
 
     def execute(self, requests):
@@ -80,12 +81,12 @@ class TritonPythonModel:
 
     def _execute(self, requests):
         answers, batch = self._records.answer(
-            [pb_utils.get_input_tensor_by_name(r, "payload").as_numpy().ravel() for r in requests],
+            [pb_utils.get_input_tensor_by_name(r, PAYLOAD).as_numpy().ravel() for r in requests],
             [route_parameter(r.parameters()) for r in requests])
         self._metrics.observe(batch, self._router.breaker.state)
         return [_error(a.error) if a.error is not None else pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("probability", a.probability), pb_utils.Tensor("decision", a.decision),
-            pb_utils.Tensor("served_by", a.served_by)]) for a in answers]
+            pb_utils.Tensor(PROBABILITY, a.probability), pb_utils.Tensor(DECISION, a.decision),
+            pb_utils.Tensor(SERVED_BY, a.served_by)]) for a in answers]
 
 
 def _error(err):

@@ -13,6 +13,7 @@ from backends.errors import InternalError, from_triton_code, triton_error
 from backends.model_parameters import read_parameters
 from backends.stream_session import Arrival, StreamModelSettings, StreamSession
 from backends.stream_upkeep import ExpiryTimer, StreamMetrics
+from wire.names import DECISION, PAYLOAD, PROBABILITY
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -60,12 +61,12 @@ class TritonPythonModel:
     @staticmethod
     def _arrival(request, sender) -> Arrival:
         return Arrival.of_request(sender, str(request.correlation_id()), _flag(request, "START"), _flag(request, "END"),
-                                  pb_utils.get_input_tensor_by_name(request, "payload").as_numpy().ravel())
+                                  pb_utils.get_input_tensor_by_name(request, PAYLOAD).as_numpy().ravel())
 
     def _score(self, payloads):
         request = pb_utils.InferenceRequest(
-            model_name=self._scoring_model, requested_output_names=["probability", "decision"],
-            inputs=[pb_utils.Tensor("payload", np.array(payloads, dtype=object).reshape(-1, 1))])
+            model_name=self._scoring_model, requested_output_names=[PROBABILITY, DECISION],
+            inputs=[pb_utils.Tensor(PAYLOAD, np.array(payloads, dtype=object).reshape(-1, 1))])
         try:
             response = request.exec()
         except Exception:  # noqa: BLE001 - the stub's own failure: log it, answer the records with an error
@@ -74,8 +75,8 @@ class TritonPythonModel:
         if response.has_error():
             error = response.error()
             raise from_triton_code(error.code(), error.message(), pb_utils.TritonError)
-        return (pb_utils.get_output_tensor_by_name(response, "probability").as_numpy(),
-                pb_utils.get_output_tensor_by_name(response, "decision").as_numpy())
+        return (pb_utils.get_output_tensor_by_name(response, PROBABILITY).as_numpy(),
+                pb_utils.get_output_tensor_by_name(response, DECISION).as_numpy())
 
     @staticmethod
     def _deliver(answer):
@@ -83,8 +84,8 @@ class TritonPythonModel:
             answer.token.send(_error(answer.error), flags=FINAL)
             return
         response = pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("probability", np.array([[answer.probability]], dtype=np.float32)),
-            pb_utils.Tensor("decision", np.array([[answer.decision]], dtype=object)),
+            pb_utils.Tensor(PROBABILITY, np.array([[answer.probability]], dtype=np.float32)),
+            pb_utils.Tensor(DECISION, np.array([[answer.decision]], dtype=object)),
             pb_utils.Tensor("sequence_id", np.array([[answer.sequence_id]], dtype=np.int64)),
             pb_utils.Tensor("status", np.array([[answer.status_text.encode()]], dtype=object)),
         ])

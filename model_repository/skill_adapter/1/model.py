@@ -11,6 +11,7 @@ from backends.feature_spec import FeatureSpec
 from backends.model_parameters import read_parameters
 from backends.record_decoder import AdapterSettings, RecordDecoder, request_error
 from backends.request_rows import RequestRows
+from wire.names import CATEGORICAL, NUMERIC, PAYLOAD
 
 
 class TritonPythonModel:
@@ -30,7 +31,7 @@ class TritonPythonModel:
     def execute(self, requests):
         try:
             fault_points.check("skill_adapter.execute")
-            payloads = [pb_utils.get_input_tensor_by_name(r, "payload").as_numpy().ravel() for r in requests]
+            payloads = [pb_utils.get_input_tensor_by_name(r, PAYLOAD).as_numpy().ravel() for r in requests]
             rows = RequestRows.of(payloads)
             decoded = self._decoder.decode(rows.join(payloads))
         except Exception:  # noqa: BLE001 - log it, fail these requests, keep serving
@@ -43,8 +44,8 @@ class TritonPythonModel:
                 responses.append(_error(InvalidInput(message)))
             else:
                 responses.append(pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor("categorical", decoded.categorical[part]),
-                    pb_utils.Tensor("numeric", decoded.numeric[part]),
+                    pb_utils.Tensor(CATEGORICAL, decoded.categorical[part]),
+                    pb_utils.Tensor(NUMERIC, decoded.numeric[part]),
                 ]))
         return responses
 

@@ -15,6 +15,7 @@ from backends.decoupled_sender import Outbox, StreamSender
 from backends.explainer import Explainer, ExplainerMetrics, ExplainerSettings, RequestFailed, TritonCodes
 from backends.model_parameters import read_parameters
 from backends.reason_codes import LinearReasons
+from wire.names import DECISION, PAYLOAD, PROBABILITY
 
 
 class TritonPythonModel:
@@ -39,7 +40,7 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             sender = StreamSender(request.get_response_sender(), pb_utils)
-            payloads = pb_utils.get_input_tensor_by_name(request, "payload").as_numpy().ravel()
+            payloads = pb_utils.get_input_tensor_by_name(request, PAYLOAD).as_numpy().ravel()
             self._workers.submit(self._explainer.handle, payloads, sender)
         return None
 
@@ -50,12 +51,12 @@ class TritonPythonModel:
     def _score(self, payload: bytes) -> tuple[float, str]:
         model = self._settings.scoring_model
         response = pb_utils.InferenceRequest(
-            model_name=model, requested_output_names=["probability", "decision"],
-            inputs=[pb_utils.Tensor("payload", np.array([[payload]], dtype=object))]).exec()
+            model_name=model, requested_output_names=[PROBABILITY, DECISION],
+            inputs=[pb_utils.Tensor(PAYLOAD, np.array([[payload]], dtype=object))]).exec()
         if response.has_error():
             raise RequestFailed(f"{model}: {response.error().message()}", response.error().code())
-        probability = float(pb_utils.get_output_tensor_by_name(response, "probability").as_numpy().ravel()[0])
-        decision = pb_utils.get_output_tensor_by_name(response, "decision").as_numpy().ravel()[0]
+        probability = float(pb_utils.get_output_tensor_by_name(response, PROBABILITY).as_numpy().ravel()[0])
+        decision = pb_utils.get_output_tensor_by_name(response, DECISION).as_numpy().ravel()[0]
         return probability, decision.decode() if isinstance(decision, bytes) else str(decision)
 
     def _llm_tokens(self, prompt: str):
