@@ -4,7 +4,8 @@ Shell and Python blocks run against the test server, with the addresses `make se
 (localhost:8000/8001/8002) replaced by the server's. A block that is not meant to run here says so on the line
 before it: `<!-- readme-test: skip (why) -->` (it sets up the machine, needs Docker, or runs for minutes) or
 `<!-- readme-test: parse-only (why) -->` (it changes what is served or needs the reader's own files): each `s2t`
-line of such a block is parsed by the CLI itself, every option and argument checked, without running it.
+line of such a block is parsed by the CLI itself, every option and argument checked, without running it. The `s2t`
+lines of the shell blocks in docs/ are parsed the same way.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from tests.conftest import ROOT
 from tools.cli import main
 
 README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
 MARKER = re.compile(r"<!-- readme-test: (skip|parse-only) \((.+)\) -->")
 COMMAND_LANGUAGES = {"sh", "python"}
 MAKE_SERVE_ADDRESSES = {"http": "localhost:8000", "grpc": "localhost:8001", "metrics": "localhost:8002"}
@@ -94,17 +96,30 @@ def parse(args: list[str]) -> None:
 
 @pytest.mark.parametrize("block", PARSE_ONLY, ids=str)
 def test_every_s2t_line_of_a_parse_only_block_parses(block):
-    lines = [c for c in commands(block)]
+    lines = commands(block)
     assert lines and all(c[0] == "s2t" for c in lines), f"{block}: parse-only blocks hold s2t commands only"
-    for line in lines:
+    parse_s2t_lines(block, str(block))
+
+
+def parse_s2t_lines(block: Block, where: str) -> None:
+    for line in commands(block):
+        if Path(line[0]).name != "s2t":
+            continue
         try:
             parse(line[1:])
         except click.BadParameter as err:
             # The reader's own files (a SavedModel, a CSV) are not in the repository: that is the one thing
-            # these blocks may lack.
-            assert "does not exist" in err.format_message(), f"{block}: {shlex.join(line)}: {err.format_message()}"
+            # these lines may lack.
+            assert "does not exist" in err.format_message(), f"{where}: {shlex.join(line)}: {err.format_message()}"
         except click.UsageError as err:
-            pytest.fail(f"{block}: {shlex.join(line)}: {err.format_message()}")
+            pytest.fail(f"{where}: {shlex.join(line)}: {err.format_message()}")
+
+
+@pytest.mark.parametrize("document", DOCS, ids=lambda path: path.name)
+def test_every_s2t_line_in_the_docs_parses(document):
+    for block in blocks(document.read_text()):
+        if block.language == "sh":
+            parse_s2t_lines(block, f"{document.name}:{block.line}")
 
 
 def test_parse_catches_an_unknown_option_and_a_missing_argument():
