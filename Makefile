@@ -146,7 +146,7 @@ clean:
 	rm -rf artifacts model_repository/risk_scorer/[0-9]* model_repository/risk_scorer_lite/[0-9]* $(ADAPTER_SPEC) $(ROUTER_SPEC) $(EXPLAINER_REASONS) $(DRIFT_REFERENCE) .model_repository.s2t
 	rm -rf model_repository_gpu/*/[0-9]* .model_repository_gpu.s2t
 
-# ---- The GPU path (TensorRT, ONNX Runtime CUDA EP; README "TensorRT"). Not part of `make test`: it needs a GPU.
+# ---- The GPU path (TensorRT, ONNX Runtime CUDA EP; docs/tensorrt.md). Not part of `make test`: it needs a GPU.
 # .venv-gpu layers the GPU wheels over .venv: its own site-packages come first, so onnxruntime-gpu (ONNX Runtime
 # with the CUDA and CPU providers, the 24.10 image's 1.19.2) shadows the CPU wheel, and everything else
 # (Polygraphy included) is .venv's.

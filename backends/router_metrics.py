@@ -1,7 +1,12 @@
 """risk_router's Prometheus metrics, through the MetricFamily class Triton's python backend provides.
 
-The class is passed in, so this module has no Triton import. Shadow differences are exported as a histogram
-built from counters (`_bucket{le=…}`, `_sum`, `_count`), which Prometheus' histogram_quantile reads as usual.
+The class is passed in, so this module has no Triton import. Every series about a scorer names it with two labels,
+`model` and `version` (empty where a target names no version), so queries can group by either.
+
+Shadow differences are a Triton histogram (`MetricFamily.HISTOGRAM`, one observation per mirrored record: the
+shadow is a sample). Scores and call durations, observed for every record, are histograms built from counters
+(`_bucket{le=…}` only), counted here and handed to Triton once a second: one observation is one message from the
+stub to the server, and one per record would cost the router more than its scoring call.
 """
 from __future__ import annotations
 
@@ -21,66 +26,66 @@ CALL_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 FLUSH_SECONDS = 1.0
 
 
+def target_labels(target: str) -> dict[str, str]:
+    """`risk_scorer:3` -> {"model": "risk_scorer", "version": "3"}; a target without a version gets version ""."""
+    model, _, version = target.partition(":")
+    return {"model": model, "version": version}
+
+
 class RouterMetrics:
     def __init__(self, metric_family, clock: Callable[[], float] = time.monotonic):
         counter, gauge = metric_family.COUNTER, metric_family.GAUGE
-        self._rows = metric_family(name="s2t_router_rows_total", description="Records answered, by model:version",
+        self._rows = metric_family(name="s2t_router_rows_total", description="Records answered, by model and version",
                                    kind=counter)
         self._fallback = metric_family(name="s2t_router_fallback_rows_total", kind=counter,
                                        description="Records the fallback answered for the primary")
         self._breaker = metric_family(name="s2t_router_breaker_state", kind=gauge,
                                       description="1 for the breaker's current state (closed, open, half_open)")
-        self._shadow_bucket = metric_family(name="s2t_router_shadow_abs_diff_bucket", kind=counter,
-                                            description="Mirrored records with |candidate - primary| <= le")
-        self._shadow_sum = metric_family(name="s2t_router_shadow_abs_diff_sum", kind=counter,
-                                         description="Sum of |candidate - primary| over mirrored records")
-        self._shadow_count = metric_family(name="s2t_router_shadow_abs_diff_count", kind=counter,
-                                           description="Mirrored records compared")
+        self._shadow = metric_family(name="s2t_router_shadow_abs_diff", kind=metric_family.HISTOGRAM,
+                                     description="|candidate - primary| per mirrored record, by the candidate's "
+                                                 "model and version")
         self._score_bucket = metric_family(name="s2t_router_score_bucket", kind=counter,
-                                           description="Records answered with probability <= le, by model:version")
+                                           description="Records answered with probability <= le, by model and version")
         self._call_bucket = metric_family(name="s2t_router_call_seconds_bucket", kind=counter,
-                                          description="Scoring calls that took <= le seconds, by model:version")
+                                          description="Scoring calls that took <= le seconds, by model and version")
         self._failed = metric_family(name="s2t_router_failed_rows_total", kind=counter,
-                                     description="Records whose scoring call failed, by the target routed to")
+                                     description="Records whose scoring call failed, by the model and version routed to")
         self._metrics: dict[tuple, object] = {}
         self._pending: dict[tuple, int] = defaultdict(int)
         self._clock, self._flushed_at = clock, clock()
         self._fallback_metric = self._fallback.Metric(labels={})
         self._states = {state: self._breaker.Metric(labels={"state": state}) for state in (CLOSED, OPEN, HALF_OPEN)}
 
-    def _metric(self, family, **labels):
+    def _metric(self, family, buckets=None, **labels):
         key = (id(family), tuple(sorted(labels.items())))
         if key not in self._metrics:
-            self._metrics[key] = family.Metric(labels=labels)
+            self._metrics[key] = (family.Metric(labels=labels) if buckets is None
+                                  else family.Metric(labels=labels, buckets=list(buckets)))
         return self._metrics[key]
 
     def observe(self, answer: BatchAnswer, breaker_state: str) -> None:
         served, counts = np.unique([s for s in answer.served_by if s], return_counts=True)
         for name, count in zip(served, counts):
-            self._metric(self._rows, served_by=str(name)).increment(int(count))
+            self._metric(self._rows, **target_labels(str(name))).increment(int(count))
         if answer.fallback_rows:
             self._fallback_metric.increment(answer.fallback_rows)
         for state, metric in self._states.items():
             metric.set(1.0 if state == breaker_state else 0.0)
         for name, count in zip(served, counts):
             scores = answer.probability.ravel()[[s == name for s in answer.served_by]]
-            self._histogram(self._score_bucket, SCORE_BUCKETS, scores, served_by=str(name))
+            self._histogram(self._score_bucket, SCORE_BUCKETS, scores, **target_labels(str(name)))
         for name, seconds in answer.call_seconds.items():
-            self._histogram(self._call_bucket, CALL_SECONDS_BUCKETS, np.asarray(seconds), served_by=name)
+            self._histogram(self._call_bucket, CALL_SECONDS_BUCKETS, np.asarray(seconds), **target_labels(name))
         for target, rows in answer.failed_rows.items():
-            self._metric(self._failed, target=target).increment(rows)
+            self._metric(self._failed, **target_labels(target)).increment(rows)
         self._flush_if_due()
         for candidate, diffs in answer.shadow_differences.items():
-            for le in SHADOW_BUCKETS:
-                self._metric(self._shadow_bucket, candidate=candidate, le=f"{le:g}").increment(
-                    int(np.count_nonzero(diffs <= le)))
-            self._metric(self._shadow_bucket, candidate=candidate, le="+Inf").increment(len(diffs))
-            self._metric(self._shadow_sum, candidate=candidate).increment(float(np.sum(diffs)))
-            self._metric(self._shadow_count, candidate=candidate).increment(len(diffs))
+            metric = self._metric(self._shadow, buckets=SHADOW_BUCKETS, **target_labels(candidate))
+            for diff in diffs.ravel():
+                metric.observe(float(diff))
 
     def _histogram(self, family, buckets, values: np.ndarray, **labels) -> None:
-        """Counted here and handed to Triton at most every FLUSH_SECONDS: each increment is a message to the
-        server, and a dozen per batch would cost the router more than its scoring call."""
+        """Counted here and handed to Triton at most every FLUSH_SECONDS (see the module's docstring)."""
         for le in buckets:
             self._pending[(family, (("le", f"{le:g}"), *sorted(labels.items())))] += int(np.count_nonzero(values <= le))
         self._pending[(family, (("le", "+Inf"), *sorted(labels.items())))] += len(values)

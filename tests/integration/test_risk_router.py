@@ -13,10 +13,11 @@ import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, S2T
+from tests.integration.servers import triton_server
 from tools.control.live_control import admin_headers
 from tools.control.publish import ParityGate, publish
 from tools.control.version_store import VersionStore
-from tests.integration.servers import triton_server
+from tools.gate.canary_analysis import parse_metrics
 
 KEY = "router-key"
 
@@ -45,6 +46,12 @@ def metrics(server) -> str:
         return resp.read().decode()
 
 
+def labelled(text: str, name: str, **labels) -> list[tuple[dict[str, str], float]]:
+    """The samples of `name` that carry these labels, with all their labels and values."""
+    return [(dict(found), value) for (sample, found), value in parse_metrics(text).items()
+            if sample == name and labels.items() <= found]
+
+
 def newest(model):
     return VersionStore(MODEL_REPOSITORY).served(model)[-1]
 
@@ -55,7 +62,8 @@ def test_router_answers_like_the_pipeline_and_names_the_newest_version(triton, h
     assert routed["probability"] == pipeline["probability"]
     assert routed["decision"] == pipeline["decision"]
     assert set(routed["served_by"]) == {f"risk_scorer:{newest('risk_scorer')}".encode()}
-    assert f's2t_router_rows_total{{served_by="risk_scorer:{newest("risk_scorer")}"}}' in metrics(triton)
+    rows = labelled(metrics(triton), "s2t_router_rows_total", model="risk_scorer", version=str(newest("risk_scorer")))
+    assert rows and rows[0][1] >= 300
 
 
 def test_route_parameter_colours_a_request(http_client, german_credit_data):
@@ -128,12 +136,13 @@ def test_shadow_mirrors_without_changing_an_answer(canary_server, german_credit_
         canary(server, repo, "risk_scorer", "--off")
     assert during == before
     assert set(during["served_by"]) == {f"risk_scorer:{versions[-1]}".encode()}
-    text = metrics(server)
-    count = re.search(r's2t_router_shadow_abs_diff_count\{candidate="risk_scorer:\d+"\} (\d+)', text)
-    assert count and 350 < int(count.group(1)) < 650
+    text, candidate = metrics(server), {"model": "risk_scorer", "version": str(versions[-2])}
+    assert "# TYPE s2t_router_shadow_abs_diff histogram" in text
+    [(_, count)] = labelled(text, "s2t_router_shadow_abs_diff_count", **candidate)
+    assert 350 < count < 650
     # Both versions are the same conversion: every mirrored difference is in the smallest bucket.
-    assert re.search(r's2t_router_shadow_abs_diff_bucket\{candidate="risk_scorer:\d+",le="1e-07"\} ' + count.group(1),
-                     text)
+    smallest = min(labelled(text, "s2t_router_shadow_abs_diff_bucket", **candidate), key=lambda b: float(b[0]["le"]))
+    assert float(smallest[0]["le"]) == 1e-7 and smallest[1] == count
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ import pytest
 from tools.gate.canary_analysis import Limits, StepFigures, breaches, figures, judgeable, parse_duration, parse_metrics
 
 PRIMARY, CANDIDATE = "risk_scorer:1", "risk_scorer:2"
+CANDIDATE_LABELS = 'model="risk_scorer",version="2"'
 
 
 def scores(served_by, counts):
@@ -10,7 +11,8 @@ def scores(served_by, counts):
     lines, total = [], 0
     for i, count in enumerate(counts, start=1):
         total += count
-        lines.append(f's2t_router_score_bucket{{served_by="{served_by}",le="{i / 10:g}"}} {total}')
+        model, version = served_by.split(":")
+        lines.append(f's2t_router_score_bucket{{model="{model}",version="{version}",le="{i / 10:g}"}} {total}')
     return lines
 
 
@@ -19,28 +21,29 @@ def metrics(*lines):
 
 
 def test_metrics_text_is_read_by_name_and_labels():
-    parsed = metrics('s2t_router_failed_rows_total{target="risk_scorer:2"} 3', "plain_total 7")
-    assert parsed[("s2t_router_failed_rows_total", frozenset({("target", "risk_scorer:2")}))] == 3.0
+    parsed = metrics(f's2t_router_failed_rows_total{{{CANDIDATE_LABELS}}} 3', "plain_total 7")
+    labels = frozenset({("model", "risk_scorer"), ("version", "2")})
+    assert parsed[("s2t_router_failed_rows_total", labels)] == 3.0
     assert parsed[("plain_total", frozenset())] == 7.0
 
 
 def test_canary_figures_are_the_deltas_over_the_interval():
     before = metrics(*scores(PRIMARY, [10] * 10), *scores(CANDIDATE, [1] * 10))
     after = metrics(*scores(PRIMARY, [20] * 10), *scores(CANDIDATE, [2] * 10),
-                    f's2t_router_failed_rows_total{{target="{CANDIDATE}"}} 2',
-                    f's2t_router_call_seconds_bucket{{served_by="{CANDIDATE}",le="0.01"}} 98',
-                    f's2t_router_call_seconds_bucket{{served_by="{CANDIDATE}",le="0.05"}} 100',
-                    f's2t_router_call_seconds_bucket{{served_by="{CANDIDATE}",le="+Inf"}} 100')
+                    f's2t_router_failed_rows_total{{{CANDIDATE_LABELS}}} 2',
+                    f's2t_router_call_seconds_bucket{{{CANDIDATE_LABELS},le="0.01"}} 98',
+                    f's2t_router_call_seconds_bucket{{{CANDIDATE_LABELS},le="0.05"}} 100',
+                    f's2t_router_call_seconds_bucket{{{CANDIDATE_LABELS},le="+Inf"}} 100')
     step = figures(before, after, "canary", 10, PRIMARY, CANDIDATE)
     assert (step.candidate_rows, step.primary_rows, step.failed_rows) == (10, 100, 2)
     assert step.p99_seconds == 0.05 and step.psi == pytest.approx(0.0)
 
 
 def test_shadow_figures_are_the_mean_difference_on_mirrored_records():
-    before = metrics(f's2t_router_shadow_abs_diff_count{{candidate="{CANDIDATE}"}} 10',
-                     f's2t_router_shadow_abs_diff_sum{{candidate="{CANDIDATE}"}} 0.5')
-    after = metrics(f's2t_router_shadow_abs_diff_count{{candidate="{CANDIDATE}"}} 110',
-                    f's2t_router_shadow_abs_diff_sum{{candidate="{CANDIDATE}"}} 5.5')
+    before = metrics(f's2t_router_shadow_abs_diff_count{{{CANDIDATE_LABELS}}} 10',
+                     f's2t_router_shadow_abs_diff_sum{{{CANDIDATE_LABELS}}} 0.5')
+    after = metrics(f's2t_router_shadow_abs_diff_count{{{CANDIDATE_LABELS}}} 110',
+                    f's2t_router_shadow_abs_diff_sum{{{CANDIDATE_LABELS}}} 5.5')
     step = figures(before, after, "shadow", 10, PRIMARY, CANDIDATE)
     assert step.candidate_rows == 100 and step.shadow_mean_diff == pytest.approx(0.05)
 

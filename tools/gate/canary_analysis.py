@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from backends.drift import psi
-from backends.router_metrics import SCORE_BUCKETS
+from backends.router_metrics import SCORE_BUCKETS, target_labels
 from tools.control.rollout import Rollout, canary, promote, rollback, rollback_plan
 
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+([^\s]+)$')
@@ -97,16 +97,17 @@ def _delta(before: Metrics, after: Metrics, name: str, **labels) -> float:
 
 def _score_counts(before: Metrics, after: Metrics, served_by: str) -> list[float]:
     """Records per score bin (not cumulative) over the interval."""
-    cumulative = [_delta(before, after, "s2t_router_score_bucket", served_by=served_by, le=f"{le:g}")
+    cumulative = [_delta(before, after, "s2t_router_score_bucket", **target_labels(served_by), le=f"{le:g}")
                   for le in SCORE_BUCKETS]
     return [c - p for c, p in zip(cumulative, [0.0, *cumulative[:-1]])]
 
 
 def _p99(before: Metrics, after: Metrics, served_by: str) -> float | None:
+    wanted = target_labels(served_by).items()
     buckets = sorted((float(dict(labels)["le"]), after[(name, labels)] - before.get((name, labels), 0.0))
                      for (name, labels) in after if name == "s2t_router_call_seconds_bucket"
-                     and dict(labels).get("served_by") == served_by and dict(labels)["le"] != "+Inf")
-    total = _delta(before, after, "s2t_router_call_seconds_bucket", served_by=served_by, le="+Inf")
+                     and wanted <= labels and dict(labels)["le"] != "+Inf")
+    total = _delta(before, after, "s2t_router_call_seconds_bucket", **target_labels(served_by), le="+Inf")
     if total <= 0:
         return None
     for le, count in buckets:
@@ -118,15 +119,15 @@ def _p99(before: Metrics, after: Metrics, served_by: str) -> float | None:
 def figures(before: Metrics, after: Metrics, phase: str, percent: float, primary: str, candidate: str
             ) -> StepFigures:
     if phase == "shadow":
-        count = _delta(before, after, "s2t_router_shadow_abs_diff_count", candidate=candidate)
-        total = _delta(before, after, "s2t_router_shadow_abs_diff_sum", candidate=candidate)
+        count = _delta(before, after, "s2t_router_shadow_abs_diff_count", **target_labels(candidate))
+        total = _delta(before, after, "s2t_router_shadow_abs_diff_sum", **target_labels(candidate))
         return StepFigures(phase, percent, int(count), 0, shadow_mean_diff=total / count if count > 0 else None)
     candidate_counts = _score_counts(before, after, candidate)
     primary_counts = _score_counts(before, after, primary)
     rows, primary_rows = int(sum(candidate_counts)), int(sum(primary_counts))
     drift = psi(primary_counts, candidate_counts) if min(rows, primary_rows) > 0 else None
     return StepFigures(phase, percent, rows, primary_rows,
-                       int(_delta(before, after, "s2t_router_failed_rows_total", target=candidate)),
+                       int(_delta(before, after, "s2t_router_failed_rows_total", **target_labels(candidate))),
                        _p99(before, after, candidate), drift)
 
 
