@@ -9,13 +9,16 @@ from pathlib import Path
 
 import click
 
+from tools import exit_codes
+from tools.exit_codes import GATE_REFUSED, failure, require_reachable
+
 DEFAULT_DATA = Path("artifacts/data/germancredit.csv")
 DEFAULT_SAVED_MODEL = Path("artifacts/legacy/risk_model")
 DEFAULT_REPOSITORIES = (Path("model_repository"), Path("ensembles"))
 LLM_REPOSITORY = Path("model_repository_llm")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=exit_codes.ExitCodeGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="skill2triton", prog_name="s2t", message="%(prog)s %(version)s")
 def main() -> None:
     """Migrate a legacy TensorFlow risk-scoring service onto Triton Inference Server."""
@@ -184,6 +187,7 @@ def parity(saved_model, onnx_model, data_csv, url, model, protocol, atol, report
         decision_config = run_parity.DECISION_CONFIG
     thresholds = decision_thresholds(decision_config.parent) if decision_config else None
     fp16_atol = fp16_atol or run_parity.FP16_ATOL
+    require_reachable(url, protocol)
     try:
         result = run_parity.run(saved_model, onnx_model, data_csv, atol=atol, url=url, model=model,
                                 protocol=protocol, thresholds=thresholds, fp16_emulation=fp16_emulation,
@@ -195,7 +199,7 @@ def parity(saved_model, onnx_model, data_csv, url, model, protocol, atol, report
     if report:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(result.to_json())
-    sys.exit(0 if result.passed else 1)
+    sys.exit(0 if result.passed else GATE_REFUSED)
 
 
 def _rollout(model: str, repository: Path, consumer_repositories: tuple[Path, ...], url: str | None):
@@ -236,13 +240,16 @@ def publish(model, artifact, repository, consumer_repositories, stage, saved_mod
     # Before TensorFlow starts its thread pools, which inherit it: the parity gate is seconds of full CPU, and
     # on a serving host it must not push interactive requests past their queue timeout.
     os.nice(niceness)
-    from tools.publish import ParityGate, PublishError, publish as run_publish
+    from tools.publish import ArtifactRefused, ParityGate, PublishError, publish as run_publish
+    require_reachable(url)
     consumers = _rollout(model, repository, consumer_repositories, url).consumer_repositories
     try:
         version = run_publish(model, artifact, repository, ParityGate(saved_model, data_csv, atol), stage=stage,
                               consumer_repositories=consumers, url=url)
+    except ArtifactRefused as err:
+        raise exit_codes.GateRefused(str(err)) from None
     except (PublishError, *_live_errors()) as err:
-        raise click.ClickException(str(err)) from None
+        raise failure(err) from None
     if stage:
         click.echo(f"{model}: version {version} staged: loaded, no primary traffic "
                    f"(`s2t canary {model} {version} --percent P`, `s2t promote {model} {version}`)", err=True)
@@ -277,11 +284,12 @@ def _live_errors():
 def promote(model, version, repository, consumer_repositories, url) -> None:
     """VERSION becomes MODEL's primary on every path; the canary is cleared; the old primary stays loaded."""
     from tools.rollout import promote as run_promote
+    require_reachable(url)
     rollout = _rollout(model, repository, consumer_repositories, url)
     try:
         run_promote(rollout, version)
     except _live_errors() as err:
-        raise click.ClickException(str(err)) from None
+        raise failure(err) from None
     _report_timings(rollout)
     click.echo(f"{model}: version {version} is the primary" + (f" at {url}" if url else ""), err=True)
     click.echo(version)
@@ -298,11 +306,12 @@ def rollback(model, to, repository, consumer_repositories, url, yes) -> None:
     """Abort MODEL's canary (candidate retired, primary untouched), or serve the previous (or given) version again.
 
     Prints the version now served."""
+    require_reachable(url)
     rollout = _rollout(model, repository, consumer_repositories, url)
     try:
         managed = rollout.explicit_primary()
     except _live_errors() as err:
-        raise click.ClickException(str(err)) from None
+        raise failure(err) from None
     if not managed:
         return _rollback_newest_folder(model, to, repository, url, yes)
     from tools.rollout import rollback as run_rollback, rollback_plan
@@ -312,7 +321,7 @@ def rollback(model, to, repository, consumer_repositories, url, yes) -> None:
             click.confirm(planned.describe(model) + "?", abort=True)
         done = run_rollback(rollout, planned)  # what the operator confirmed, or nothing
     except _live_errors() as err:
-        raise click.ClickException(str(err)) from None
+        raise failure(err) from None
     _report_timings(rollout)
     click.echo(done.describe(model).replace(": abort", ": aborted").replace(": serve", ": serving"), err=True)
     click.echo(done.target)
@@ -341,7 +350,7 @@ def _confirm_live(url: str | None, model: str, version: int) -> None:
     try:
         elapsed = apply(url, model, version)
     except Exception as err:  # noqa: BLE001 - the repository change stands; say what the server did
-        raise click.ClickException(f"the repository now holds version {version}, but the server at {url}: {err}")
+        raise failure(err, f"the repository now holds version {version}, but the server at {url}: ") from None
     click.echo(f"{url} serves {model} version {version} after {elapsed * 1000:.0f} ms", err=True)
 
 
@@ -384,12 +393,13 @@ def canary(model, version, percent, shadow, off, repository, consumer_repositori
         raise click.UsageError("give either --percent P (with MODEL VERSION) or --off")
     if not off and version is None:
         raise click.UsageError("name the candidate's VERSION")
+    require_reachable(url)
     rollout = _rollout(model, repository, consumer_repositories, url)
     try:
         settings = run_canary(rollout, None if off else version, 0.0 if off or shadow else percent,
                               percent if shadow else 0.0, tuple(candidate_repositories))
     except (CanaryError, *_live_errors()) as err:
-        raise click.ClickException(str(err)) from None
+        raise failure(err) from None
     _report_timings(rollout)
     click.echo(settings.describe())
 
@@ -409,15 +419,16 @@ def _auto_canary(model, version, repository, consumer_repositories, url, steps, 
     if not shares or not all(0 < s <= 100 for s in shares):
         raise click.UsageError("--steps: shares within 0..100, e.g. 10,25,50,100")
     limits = canary_analysis.Limits(max_shadow_diff, max_error_rate, max_p99_ms / 1000, max_psi, min_rows)
+    require_reachable(url)
     rollout = _rollout(model, repository, consumer_repositories, url)
     try:
         outcome = canary_analysis.run(rollout, version, shares, interval_seconds, limits,
                                       metrics_url or default_metrics_url(url), log=lambda line: click.echo(line))
     except (CanaryError, *_live_errors()) as err:
-        raise click.ClickException(str(err)) from None
+        raise failure(err) from None
     click.echo(outcome.line(version))
     if not outcome.promoted:
-        sys.exit(3)
+        sys.exit(GATE_REFUSED)
 
 
 @main.command()
@@ -437,7 +448,7 @@ def status(repository, consumer_repositories, url, metrics_url, history_lines, a
     try:
         report = collect(repository, tuple(consumer_repositories), url, metrics_url, history_lines)
     except _live_errors() as err:
-        raise click.ClickException(str(err)) from None
+        raise failure(err, f"{url}: " if url else "") from None
     click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else table(report))
 
 
@@ -466,7 +477,7 @@ def drift(url, metrics_url, as_json, reference_out, data_csv, onnx_model) -> Non
     try:
         values = feature_drift.live_psi(source)
     except OSError as err:
-        raise click.ClickException(f"cannot read {source}: {err}") from None
+        raise failure(err, f"cannot read {source}: ") from None
     click.echo(json.dumps(values, indent=2, sort_keys=True) if as_json else feature_drift.table(values))
 
 
@@ -491,7 +502,7 @@ def soak(minutes, rate, data_csv, report) -> None:
     click.echo(result.table())
     click.echo(f"report: {report}")
     worst = max(result.growth().values(), default=0.0)
-    sys.exit(0 if not result.errors and worst < 0.05 else 1)
+    sys.exit(0 if not result.errors and worst < 0.05 else GATE_REFUSED)
 
 
 @main.command("check-config")
@@ -503,7 +514,7 @@ def check_config(repositories) -> None:
     for problem in problems:
         click.echo(problem, err=True)
     if problems:
-        sys.exit(1)
+        sys.exit(GATE_REFUSED)
     click.echo("all configs fit their models")
 
 
@@ -572,7 +583,7 @@ def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mod
     code = server.stop()
     if metrics is not None:
         metrics.stop()
-    sys.exit(0 if code in (0, None) else code)
+    sys.exit(0 if code in (0, None) else exit_codes.FAILED)
 
 
 @main.command()
@@ -678,6 +689,7 @@ def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, 
     """Replay German Credit on N streams through risk_stream; print in-order rate, latency and throughput."""
     from clients import stream_client
     from tools import german_credit
+    require_reachable(url, "grpc")
     rows = [{"features": f} for f in german_credit.load(german_credit.fetch_csv(data_csv)).records()]
     replayed = [rows[i % len(rows)] for i in range(records)]
     results, _, seconds = stream_client.replay(url, replayed, streams, shuffle=shuffle, window=window,
@@ -686,9 +698,9 @@ def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, 
     click.echo(summary.table())
     incomplete = [r.stream for r in results if not r.complete]
     if incomplete:
-        raise click.ClickException(f"streams without every answer: {', '.join(incomplete)}")
+        raise exit_codes.GateRefused(f"streams without every answer: {', '.join(incomplete)}")
     if summary.in_order_rate < 1.0 or not summary.exactly_once:
-        sys.exit(1)
+        sys.exit(GATE_REFUSED)
 
 
 @main.command()
@@ -725,6 +737,7 @@ def bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_model) -
     if mode == "gpu":
         from tools.bench import gpu
         from tools.tensorrt_engine import EngineBuildError
+        require_reachable(url, "grpc")
         try:
             gpu.run(onnx_model, data_csv, out_dir / "gpu", url=url, log=lambda line: click.echo(line, err=True))
         except EngineBuildError as err:

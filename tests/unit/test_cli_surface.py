@@ -1,10 +1,24 @@
 import re
+import shutil
+import socket
 import subprocess
+import sys
+import urllib.error
+from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
-from tests.conftest import ROOT
+from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT
+from tools import exit_codes
 from tools.cli import main
+from tools.triton_server import free_port
+
+S2T = Path(sys.executable).parent / "s2t"
+
+
+def s2t(*args: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([str(S2T), *args], cwd=ROOT, capture_output=True, text=True, input=stdin, timeout=timeout)
 
 
 def test_version_prints_one_line_with_the_version_number():
@@ -19,3 +33,88 @@ def test_make_refuses_an_unsupported_python_with_a_clear_message(tmp_path):
     assert result.returncode != 0
     assert "needs Python 3.11 or 3.12" in result.stderr
     assert not (tmp_path / "venv").exists()
+
+
+def test_exit_codes_are_distinct_and_each_documented_in_docs_cli():
+    codes = [exit_codes.OK, exit_codes.FAILED, exit_codes.USAGE, exit_codes.GATE_REFUSED, exit_codes.UNREACHABLE,
+             exit_codes.REJECTED]
+    assert len(set(codes)) == len(codes) and set(codes) == set(exit_codes.MEANINGS)
+    doc = (ROOT / "docs" / "cli.md").read_text()
+    for code, meaning in exit_codes.MEANINGS.items():
+        assert f"| {code} | {meaning} |" in doc
+
+
+@pytest.mark.parametrize("args", [
+    ["publish"],
+    ["canary", "risk_scorer", "--percent", "10", "--off"],
+    ["status", "--no-such-option"],
+    ["parity", "--saved-model", "no/such/dir", "--onnx", "x.onnx", "--data", "x.csv"],
+], ids=["missing-arguments", "excluding-options", "unknown-option", "missing-path"])
+def test_a_usage_error_exits_with_the_usage_code(args):
+    done = s2t(*args)
+    assert done.returncode == exit_codes.USAGE, done.stderr
+    assert "Usage:" in done.stderr or "Error:" in done.stderr
+
+
+def _unreachable_commands(repository: Path, url: str) -> list[list[str]]:
+    grpc = url
+    return [
+        ["status", "--url", url, "--repository", str(repository)],
+        ["publish", "risk_scorer", "artifacts/onnx/risk_scorer.onnx", "--repository", str(repository),
+         "--url", url],
+        ["promote", "risk_scorer", "2", "--repository", str(repository), "--url", url],
+        ["rollback", "risk_scorer", "--yes", "--repository", str(repository), "--url", url],
+        ["canary", "risk_scorer", "2", "--percent", "10", "--repository", str(repository), "--url", url],
+        ["canary", "risk_scorer", "2", "--auto", "--repository", str(repository), "--url", url],
+        ["drift", "--url", url],
+        ["stream", "--url", grpc, "--records", "10"],
+    ]
+
+
+def test_every_command_that_talks_to_a_server_exits_unreachable_and_changes_nothing_when_none_listens(tmp_path):
+    repository = tmp_path / "model_repository"
+    shutil.copytree(MODEL_REPOSITORY, repository)
+    shutil.copytree(ENSEMBLES, tmp_path / "ensembles")
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    url = f"localhost:{free_port()}"  # nothing listens there
+    for args in _unreachable_commands(repository, url):
+        done = s2t(*args)
+        assert done.returncode == exit_codes.UNREACHABLE, (args, done.stderr)
+        assert "unreachable" in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+
+
+def test_check_config_problems_exit_with_the_gate_refused_code(tmp_path):
+    repository = tmp_path / "model_repository"
+    shutil.copytree(MODEL_REPOSITORY / "risk_decision", repository / "risk_decision")
+    config = repository / "risk_decision" / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "risk_decision"', 'name: "not_risk_decision"'))
+    done = s2t("check-config", "--model-repository", str(repository))
+    assert done.returncode == exit_codes.GATE_REFUSED, done.stdout + done.stderr
+    assert "not_risk_decision" in done.stderr
+
+
+def test_a_failed_command_exits_with_the_failure_code_and_no_traceback(tmp_path):
+    done = s2t("rollback", "risk_scorer", "--yes", "--repository", str(tmp_path))
+    assert done.returncode == exit_codes.FAILED, done.stderr
+    assert done.stderr.startswith("Error:") and "Traceback" not in done.stderr
+
+
+def _triton_error(status: str, message: str):
+    from tritonclient.utils import InferenceServerException
+    return InferenceServerException(message, status=status)
+
+
+@pytest.mark.parametrize("err, unreachable", [
+    (ConnectionRefusedError(111, "Connection refused"), True),
+    (socket.gaierror(-2, "Name or service not known"), True),
+    (urllib.error.URLError(ConnectionRefusedError(111, "refused")), True),
+    (urllib.error.HTTPError("http://x/metrics", 404, "Not Found", {}, None), False),
+    (_triton_error("StatusCode.UNAVAILABLE", "failed to connect to all addresses"), True),
+    (_triton_error("StatusCode.UNAVAILABLE", "risk_scorer is not serving: circuit open"), False),
+    (_triton_error("400", "features.duration_in_month: missing"), False),
+    (FileNotFoundError(2, "No such file"), False),
+], ids=["refused", "unknown-host", "urlopen-refused", "http-404", "grpc-no-connection", "grpc-model-unavailable",
+        "invalid-record", "missing-file"])
+def test_only_errors_where_nothing_answered_count_as_unreachable(err, unreachable):
+    assert exit_codes.is_unreachable(err) is unreachable
