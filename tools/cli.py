@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from tools import exit_codes
+from tools.cli_options import AliasedOption, grpc_url_option, http_url_option, repositories_option
 from tools.exit_codes import GATE_REFUSED, failure, require_reachable
 
 DEFAULT_DATA = Path("artifacts/data/germancredit.csv")
@@ -159,9 +160,11 @@ def build_trt(onnx_model, out, precision, config_dir, max_batch_size, opt_batch_
 @click.option("--saved-model", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True)
 @click.option("--onnx", "onnx_model", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True)
 @click.option("--data", "data_csv", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True)
-@click.option("--url", help="HOST:PORT of a live Triton server (HTTP, or gRPC with --protocol grpc)")
+@click.option("--http-url", metavar="HOST:PORT", help="also score the live model on this Triton, over HTTP")
+@click.option("--grpc-url", metavar="HOST:PORT", help="also score the live model on this Triton, over gRPC")
+@click.option("--url", "old_url", hidden=True)
+@click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", hidden=True)
 @click.option("--model", default="risk_pipeline", show_default=True)
-@click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", show_default=True)
 @click.option("--atol", type=float, default=1e-5, show_default=True)
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--decision-config", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -172,10 +175,11 @@ def build_trt(onnx_model, out, precision, config_dir, max_batch_size, opt_batch_
 @click.option("--engine", "engines", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="also score this TensorRT engine in-process (GPU; repeatable)")
 @click.option("--fp16-atol", type=float, default=None, help="tolerance of FP16 candidates [default: 1e-3]")
-@click.option("--url-precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+@click.option("--live-precision", "url_precision", cls=AliasedOption, hidden_aliases=("--url-precision",),
+              type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="the precision the live model computes in (fp16: a TensorRT FP16 engine, gated at --fp16-atol)")
-def parity(saved_model, onnx_model, data_csv, url, model, protocol, atol, report, decision_config, fp16_emulation,
-           engines, fp16_atol, url_precision) -> None:
+def parity(saved_model, onnx_model, data_csv, http_url, grpc_url, old_url, protocol, model, atol, report,
+           decision_config, fp16_emulation, engines, fp16_atol, url_precision) -> None:
     """Legacy SavedModel vs ONNX Runtime (vs engines, vs the live model) on every row; exit 0 iff all within tolerance.
 
     Decisions (APPROVE/REVIEW/DECLINE, with risk_decision's thresholds) are compared too: rows that change are listed.
@@ -187,6 +191,7 @@ def parity(saved_model, onnx_model, data_csv, url, model, protocol, atol, report
         decision_config = run_parity.DECISION_CONFIG
     thresholds = decision_thresholds(decision_config.parent) if decision_config else None
     fp16_atol = fp16_atol or run_parity.FP16_ATOL
+    url, protocol = server_address(http_url, grpc_url, old_url, protocol)
     require_reachable(url, protocol)
     try:
         result = run_parity.run(saved_model, onnx_model, data_csv, atol=atol, url=url, model=model,
@@ -202,6 +207,15 @@ def parity(saved_model, onnx_model, data_csv, url, model, protocol, atol, report
     sys.exit(0 if result.passed else GATE_REFUSED)
 
 
+def server_address(http_url: str | None, grpc_url: str | None, old_url: str | None = None,
+                   old_protocol: str = "http") -> tuple[str | None, str]:
+    """(url, protocol) from --http-url / --grpc-url, or the older --url with --protocol."""
+    given = [(u, p) for u, p in ((http_url, "http"), (grpc_url, "grpc"), (old_url, old_protocol)) if u]
+    if len(given) > 1:
+        raise click.UsageError("give one server: --http-url or --grpc-url")
+    return given[0] if given else (None, "http")
+
+
 def _rollout(model: str, repository: Path, consumer_repositories: tuple[Path, ...], url: str | None):
     from tools.rollout import Rollout, default_consumer_repositories
     return Rollout(model, repository, tuple(consumer_repositories) or default_consumer_repositories(repository), url)
@@ -212,9 +226,8 @@ _repository_option = click.option("--repository", type=click.Path(file_okay=Fals
 _consumers_option = click.option(
     "--consumer-repository", "consumer_repositories", multiple=True, type=click.Path(file_okay=False, path_type=Path),
     help="repositories whose models serve MODEL's primary (risk_pipeline) [default: ./ensembles beside --repository]")
-_url_option = click.option("--url", envvar="S2T_URL",
-                           help="HOST:PORT (HTTP) of the live server: wait until it runs the change "
-                                "(explicit mode: load it, with S2T_ADMIN_KEY)")
+_url_option = http_url_option("Triton's HTTP endpoint: wait until it runs the change (explicit mode: load it, "
+                              "with S2T_ADMIN_KEY)")
 
 
 @main.command()
@@ -370,7 +383,7 @@ def _confirm_live(url: str | None, model: str, version: int) -> None:
                                            "candidate stays within the limits; promote at the end, roll back on a breach")
 @click.option("--steps", default="10,25,50,100", show_default=True, help="--auto: canary shares, in percent")
 @click.option("--interval", default="60s", show_default=True, help="--auto: how long each step is watched")
-@click.option("--metrics-url", help="--auto: risk_router's metrics [default: the --url host, port + 2]")
+@click.option("--metrics-url", help="--auto: risk_router's metrics [default: the --http-url host, port + 2]")
 @click.option("--max-shadow-diff", type=float, default=0.01, show_default=True,
               help="--auto: mean |candidate - primary| on mirrored records")
 @click.option("--max-error-rate", type=float, default=0.01, show_default=True)
@@ -410,7 +423,7 @@ def _auto_canary(model, version, repository, consumer_repositories, url, steps, 
     from tools.canary import CanaryError
     from tools.status import default_metrics_url
     if version is None or not url:
-        raise click.UsageError("--auto needs MODEL VERSION and --url")
+        raise click.UsageError("--auto needs MODEL VERSION and --http-url")
     try:
         shares = sorted(float(s) for s in steps.split(","))
         interval_seconds = canary_analysis.parse_duration(interval)
@@ -434,8 +447,8 @@ def _auto_canary(model, version, repository, consumer_repositories, url, steps, 
 @main.command()
 @_repository_option
 @_consumers_option
-@click.option("--url", envvar="S2T_URL", help="HOST:PORT (HTTP) of the live server: add what it has loaded")
-@click.option("--metrics-url", help="risk_router's breaker state from here [default: the --url host, port + 2]")
+@http_url_option("Triton's HTTP endpoint: add what it has loaded")
+@click.option("--metrics-url", help="risk_router's breaker state from here [default: the --http-url host, port + 2]")
 @click.option("--history", "history_lines", type=click.IntRange(0), default=5, show_default=True,
               help="last history lines shown")
 @click.option("--json", "as_json", is_flag=True, help="one JSON document, for scripts")
@@ -453,8 +466,8 @@ def status(repository, consumer_repositories, url, metrics_url, history_lines, a
 
 
 @main.command()
-@click.option("--url", envvar="S2T_URL", help="HOST:PORT (HTTP) of the live server; metrics on its port + 2")
-@click.option("--metrics-url", help="where risk_router's metrics are [default: the --url host, port + 2]")
+@http_url_option("Triton's HTTP endpoint; its metrics are read on port + 2")
+@click.option("--metrics-url", help="where risk_router's metrics are [default: the --http-url host, port + 2]")
 @click.option("--json", "as_json", is_flag=True, help="{feature: PSI}, for scripts")
 @click.option("--build-reference", "reference_out", type=click.Path(dir_okay=False, path_type=Path),
               help="instead: write the training data's distributions (the reference risk_router compares with)")
@@ -473,7 +486,7 @@ def drift(url, metrics_url, as_json, reference_out, data_csv, onnx_model) -> Non
         return
     source = metrics_url or default_metrics_url(url)
     if not source:
-        raise click.UsageError("give --url (or --metrics-url)")
+        raise click.UsageError("give --http-url (or --metrics-url)")
     try:
         values = feature_drift.live_psi(source)
     except OSError as err:
@@ -506,7 +519,7 @@ def soak(minutes, rate, data_csv, report) -> None:
 
 
 @main.command("check-config")
-@click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path))
+@repositories_option()
 def check_config(repositories) -> None:
     """Check every config against its model file or python model, and every ensemble's wiring."""
     from tools.model_config import check_repositories
@@ -525,7 +538,7 @@ def check_config(repositories) -> None:
 @click.option("--supervisor-port", type=int, envvar="SUPERVISOR_PORT", default=8003, show_default=True,
               help="Prometheus metrics of the supervisor (reloads, server restarts); 0: none")
 @click.option("--model-control-mode", type=click.Choice(["poll", "explicit"]), default="poll", show_default=True)
-@click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path))
+@repositories_option()
 @click.option("--exit-timeout", type=int, default=30, show_default=True,
               help="seconds Triton waits for in-flight requests on SIGINT/SIGTERM")
 @click.option("--rate-limit", "rate_limit", type=int, envvar="S2T_RATE_LIMIT",
@@ -589,8 +602,7 @@ def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mod
 @main.command()
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("build/releases"),
               show_default=True, help="the release goes to OUT/<id>/")
-@click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path),
-              help="repositories in the release (default ./model_repository and ./ensembles)")
+@repositories_option("a repository in the release (repeatable) [default: ./model_repository and ./ensembles]")
 @click.option("--pin", "pin_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="also write the id into the manifests under this folder (e.g. deploy/kubernetes)")
 def release(out_dir, repositories, pin_dir) -> None:
@@ -611,8 +623,8 @@ def release(out_dir, repositories, pin_dir) -> None:
 @main.command()
 @click.option("--port", type=int, envvar="GATEWAY_PORT", default=50051, show_default=True,
               help="where legacy Skill callers connect")
-@click.option("--triton-url", envvar="S2T_GRPC_URL", default="localhost:8001", show_default=True,
-              help="HOST:PORT of Triton's gRPC endpoint")
+@grpc_url_option("Triton's gRPC endpoint", name="triton_url", aliases=("--triton-url",), default="localhost:8001",
+                 show_default=True)
 @click.option("--model", default="risk_pipeline", show_default=True)
 @click.option("--window-size", type=int, default=32, show_default=True,
               help="records scored together, as the legacy did; at most the model's max_batch_size")
@@ -672,8 +684,7 @@ def gateway(port, triton_url, model, window_size, workers, call_timeout_s, max_r
 
 
 @main.command()
-@click.option("--url", envvar="S2T_GRPC_URL", default="localhost:8001", show_default=True,
-              help="HOST:PORT of Triton's gRPC endpoint")
+@grpc_url_option("Triton's gRPC endpoint", default="localhost:8001", show_default=True)
 @click.option("--streams", type=int, default=16, show_default=True)
 @click.option("--records", type=int, default=1000, show_default=True, help="German Credit rows replayed (cycled)")
 @click.option("--shuffle", type=float, default=0.1, show_default=True, help="fraction of records sent late")
@@ -715,13 +726,13 @@ def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, 
                    "llm: tokens/s, TTFT, ITL, length-aware vs FIFO, risk_pipeline beside LLM streams")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
               show_default=True)
-@click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path),
-              help="repositories to measure (copied first); default ./model_repository and ./ensembles")
+@repositories_option("a repository to measure, copied first (repeatable) [default: ./model_repository and "
+                     "./ensembles]")
 @click.option("--data", "data_csv", type=click.Path(exists=True, path_type=Path), default=DEFAULT_DATA,
               show_default=True)
 @click.option("--onnx", "onnx_model", type=click.Path(path_type=Path), default=Path("artifacts/onnx/risk_scorer.onnx"),
               show_default=True, help="gpu mode: the model the engines are built from")
-@click.option("--url", help="gpu mode: gRPC HOST:PORT of a Triton serving model_repository_gpu (perf_analyzer)")
+@grpc_url_option("gpu mode: Triton serving model_repository_gpu, measured with perf_analyzer", envvar=None)
 @click.option("--saved-model", type=click.Path(path_type=Path), default=DEFAULT_SAVED_MODEL, show_default=True,
               help="cutover mode: the legacy service's model")
 def bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_model) -> None:

@@ -17,7 +17,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def smoke_run(built_artifacts, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     proc = subprocess.run([str(Path(sys.executable).parent / "s2t"), "bench", "--mode", "smoke", "--out", str(out),
-                           "--model-repository", str(MODEL_REPOSITORY), "--model-repository", str(ENSEMBLES),
+                           "--repository", str(MODEL_REPOSITORY), "--repository", str(ENSEMBLES),
                            "--data", str(DATA_CSV)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return out, json.loads((out / "results.json").read_text()), proc.stdout

@@ -66,7 +66,7 @@ class RouterTraffic:
 
 def auto(server, repo, artifacts, artifact):
     env = {**os.environ, ADMIN_KEY_ENV: KEY}
-    common = ["--repository", str(repo), "--url", server.http_url]
+    common = ["--repository", str(repo), "--http-url", server.http_url]
     staged = subprocess.run([str(S2T), "publish", "risk_scorer", str(artifact), "--stage", *common, "--saved-model",
                              str(artifacts["saved_model"]), "--data", str(artifacts["data"]), "--atol", "0.1"],
                             capture_output=True, text=True, timeout=300, env=env)

@@ -64,7 +64,7 @@ def s2t(server, repo, *args, artifacts=None, lines=True):
     extra = []
     if artifacts is not None:
         extra = ["--saved-model", str(artifacts["saved_model"]), "--data", str(artifacts["data"]), "--atol", "0.1"]
-    done = subprocess.run([str(S2T), *args, "--repository", str(repo), "--url", server.http_url, *extra],
+    done = subprocess.run([str(S2T), *args, "--repository", str(repo), "--http-url", server.http_url, *extra],
                           capture_output=True, text=True, timeout=300, env={**os.environ, ADMIN_KEY_ENV: KEY})
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().splitlines()[-1] if lines else done.stdout

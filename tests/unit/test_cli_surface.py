@@ -1,3 +1,4 @@
+import os
 import re
 import shutil
 import socket
@@ -6,6 +7,7 @@ import sys
 import urllib.error
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -59,15 +61,15 @@ def test_a_usage_error_exits_with_the_usage_code(args):
 def _unreachable_commands(repository: Path, url: str) -> list[list[str]]:
     grpc = url
     return [
-        ["status", "--url", url, "--repository", str(repository)],
+        ["status", "--http-url", url, "--repository", str(repository)],
         ["publish", "risk_scorer", "artifacts/onnx/risk_scorer.onnx", "--repository", str(repository),
-         "--url", url],
-        ["promote", "risk_scorer", "2", "--repository", str(repository), "--url", url],
-        ["rollback", "risk_scorer", "--yes", "--repository", str(repository), "--url", url],
-        ["canary", "risk_scorer", "2", "--percent", "10", "--repository", str(repository), "--url", url],
-        ["canary", "risk_scorer", "2", "--auto", "--repository", str(repository), "--url", url],
-        ["drift", "--url", url],
-        ["stream", "--url", grpc, "--records", "10"],
+         "--http-url", url],
+        ["promote", "risk_scorer", "2", "--repository", str(repository), "--http-url", url],
+        ["rollback", "risk_scorer", "--yes", "--repository", str(repository), "--http-url", url],
+        ["canary", "risk_scorer", "2", "--percent", "10", "--repository", str(repository), "--http-url", url],
+        ["canary", "risk_scorer", "2", "--auto", "--repository", str(repository), "--http-url", url],
+        ["drift", "--http-url", url],
+        ["stream", "--grpc-url", grpc, "--records", "10"],
     ]
 
 
@@ -89,7 +91,7 @@ def test_check_config_problems_exit_with_the_gate_refused_code(tmp_path):
     shutil.copytree(MODEL_REPOSITORY / "risk_decision", repository / "risk_decision")
     config = repository / "risk_decision" / "config.pbtxt"
     config.write_text(config.read_text().replace('name: "risk_decision"', 'name: "not_risk_decision"'))
-    done = s2t("check-config", "--model-repository", str(repository))
+    done = s2t("check-config", "--repository", str(repository))
     assert done.returncode == exit_codes.GATE_REFUSED, done.stdout + done.stderr
     assert "not_risk_decision" in done.stderr
 
@@ -118,3 +120,42 @@ def _triton_error(status: str, message: str):
         "invalid-record", "missing-file"])
 def test_only_errors_where_nothing_answered_count_as_unreachable(err, unreachable):
     assert exit_codes.is_unreachable(err) is unreachable
+
+
+def _commands(group: click.Group = main, prefix: tuple[str, ...] = ()):
+    for name, command in group.commands.items():
+        yield prefix + (name,), command
+        if isinstance(command, click.Group):
+            yield from _commands(command, prefix + (name,))
+
+
+def _shown_names(command: click.Command) -> set[str]:
+    ctx = click.Context(command)
+    return {name for param in command.params if isinstance(param, click.Option) and not param.hidden
+            for name in param.get_help_record(ctx)[0].replace(",", " ").split() if name.startswith("--")}
+
+
+def test_server_addresses_and_repositories_have_one_spelling_in_every_help():
+    shown = set().union(*(_shown_names(command) for _, command in _commands()))
+    assert not shown & {"--url", "--triton-url", "--model-repository", "--url-precision", "--protocol"}
+    assert {"--http-url", "--grpc-url", "--repository"} <= shown
+    for path, command in _commands():
+        for name in _shown_names(command):
+            if name.endswith("-url"):
+                assert name in {"--http-url", "--grpc-url", "--metrics-url"}, (path, name)
+
+
+@pytest.mark.parametrize("spelling", [["--http-url", "{url}"], ["--url", "{url}"], []], ids=["new", "old", "env"])
+def test_old_spellings_and_the_environment_still_reach_the_same_option(spelling):
+    url = f"localhost:{free_port()}"
+    env = {"S2T_HTTP_URL": url} if not spelling else {}
+    done = subprocess.run([str(S2T), "status", *[s.format(url=url) for s in spelling]], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+    assert done.returncode == exit_codes.UNREACHABLE and url in done.stderr, done.stderr
+
+
+def test_parity_refuses_two_servers_at_once():
+    done = s2t("parity", "--saved-model", "artifacts/legacy/risk_model", "--onnx", "artifacts/onnx/risk_scorer.onnx",
+               "--data", "artifacts/data/germancredit.csv", "--http-url", "a:1", "--grpc-url", "b:2")
+    assert done.returncode == exit_codes.USAGE and "--http-url or --grpc-url" in done.stderr
+
