@@ -1,6 +1,7 @@
 """`s2t`: the skill2triton command line."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 import click
 
 from tools import exit_codes
-from tools.cli_options import AliasedOption, grpc_url_option, http_url_option, repositories_option
+from tools.cli_options import AliasedOption, emit, grpc_url_option, http_url_option, json_option, repositories_option
 from tools.exit_codes import GATE_REFUSED, failure, require_reachable
 
 DEFAULT_DATA = Path("artifacts/data/germancredit.csv")
@@ -178,8 +179,9 @@ def build_trt(onnx_model, out, precision, config_dir, max_batch_size, opt_batch_
 @click.option("--live-precision", "url_precision", cls=AliasedOption, hidden_aliases=("--url-precision",),
               type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="the precision the live model computes in (fp16: a TensorRT FP16 engine, gated at --fp16-atol)")
+@json_option
 def parity(saved_model, onnx_model, data_csv, http_url, grpc_url, old_url, protocol, model, atol, report,
-           decision_config, fp16_emulation, engines, fp16_atol, url_precision) -> None:
+           decision_config, fp16_emulation, engines, fp16_atol, url_precision, as_json) -> None:
     """Legacy SavedModel vs ONNX Runtime (vs engines, vs the live model) on every row; exit 0 iff all within tolerance.
 
     Decisions (APPROVE/REVIEW/DECLINE, with risk_decision's thresholds) are compared too: rows that change are listed.
@@ -200,10 +202,10 @@ def parity(saved_model, onnx_model, data_csv, http_url, grpc_url, old_url, proto
                                 url_atol=fp16_atol if url_precision == "fp16" else None)
     except EngineBuildError as err:
         raise click.ClickException(str(err)) from None
-    click.echo(result.table())
     if report:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(result.to_json())
+    emit(as_json, json.loads(result.to_json()), result.table())
     sys.exit(0 if result.passed else GATE_REFUSED)
 
 
@@ -244,8 +246,9 @@ _url_option = http_url_option("Triton's HTTP endpoint: wait until it runs the ch
 @_url_option
 @click.option("--nice", "niceness", type=click.IntRange(0, 19), default=10, show_default=True,
               help="CPU niceness of the validation: serving on the same host keeps its cores")
+@json_option
 def publish(model, artifact, repository, consumer_repositories, stage, saved_model, data_csv, atol, url,
-            niceness) -> None:
+            niceness, as_json) -> None:
     """Validate ARTIFACT, gate it on parity, and move it in as MODEL's next version; prints the version.
 
     Without --stage the new version becomes the primary at once; with --stage it waits for `s2t canary` / `promote`.
@@ -269,7 +272,7 @@ def publish(model, artifact, repository, consumer_repositories, stage, saved_mod
     else:
         click.echo(f"{model}: version {version} rolled out at once: it is the primary on every path "
                    "(use --stage for a canary first)", err=True)
-    click.echo(version)
+    emit(as_json, {"model": model, "version": version, "staged": stage}, str(version))
 
 
 def _report_timings(rollout) -> None:
@@ -277,6 +280,10 @@ def _report_timings(rollout) -> None:
         click.echo(f"{rollout.url}: in force after {rollout.timings['in force'] * 1000:.0f} ms ("
                    + ", ".join(f"{name} {seconds * 1000:.0f} ms" for name, seconds in rollout.timings.items()
                                if name != "in force") + ")", err=True)
+
+
+def _timings_ms(rollout) -> dict[str, float]:
+    return {name: round(seconds * 1000, 1) for name, seconds in rollout.timings.items()}
 
 
 def _live_errors():
@@ -294,7 +301,8 @@ def _live_errors():
 @_repository_option
 @_consumers_option
 @_url_option
-def promote(model, version, repository, consumer_repositories, url) -> None:
+@json_option
+def promote(model, version, repository, consumer_repositories, url, as_json) -> None:
     """VERSION becomes MODEL's primary on every path; the canary is cleared; the old primary stays loaded."""
     from tools.rollout import promote as run_promote
     require_reachable(url)
@@ -305,7 +313,7 @@ def promote(model, version, repository, consumer_repositories, url) -> None:
         raise failure(err) from None
     _report_timings(rollout)
     click.echo(f"{model}: version {version} is the primary" + (f" at {url}" if url else ""), err=True)
-    click.echo(version)
+    emit(as_json, {"model": model, "primary": version, "timings_ms": _timings_ms(rollout)}, str(version))
 
 
 @main.command()
@@ -315,7 +323,8 @@ def promote(model, version, repository, consumer_repositories, url) -> None:
 @_consumers_option
 @_url_option
 @click.option("--yes", "-y", is_flag=True, help="do not ask for confirmation")
-def rollback(model, to, repository, consumer_repositories, url, yes) -> None:
+@json_option
+def rollback(model, to, repository, consumer_repositories, url, yes, as_json) -> None:
     """Abort MODEL's canary (candidate retired, primary untouched), or serve the previous (or given) version again.
 
     Prints the version now served."""
@@ -326,7 +335,7 @@ def rollback(model, to, repository, consumer_repositories, url, yes) -> None:
     except _live_errors() as err:
         raise failure(err) from None
     if not managed:
-        return _rollback_newest_folder(model, to, repository, url, yes)
+        return _rollback_newest_folder(model, to, repository, url, yes, as_json)
     from tools.rollout import rollback as run_rollback, rollback_plan
     try:
         planned = rollback_plan(rollout, to)
@@ -337,10 +346,12 @@ def rollback(model, to, repository, consumer_repositories, url, yes) -> None:
         raise failure(err) from None
     _report_timings(rollout)
     click.echo(done.describe(model).replace(": abort", ": aborted").replace(": serve", ": serving"), err=True)
-    click.echo(done.target)
+    emit(as_json, {"model": model, "action": done.action, "serving": done.target, "previous": done.primary,
+                   "retired": [done.retiring] if done.retiring is not None else [],
+                   "timings_ms": _timings_ms(rollout)}, str(done.target))
 
 
-def _rollback_newest_folder(model, to, repository, url, yes) -> None:
+def _rollback_newest_folder(model, to, repository, url, yes, as_json) -> None:
     from tools.rollback import RollbackError, plan, rollback as run_rollback
     from tools.version_store import VersionStore
     try:
@@ -353,7 +364,8 @@ def _rollback_newest_folder(model, to, repository, url, yes) -> None:
     click.echo(f"{model}: version {result.previous} -> {result.serving}"
                + (f", retired {', '.join(map(str, result.retired))}" if result.retired else ""), err=True)
     _confirm_live(url, model, result.serving)
-    click.echo(result.serving)
+    emit(as_json, {"model": model, "action": "revert", "serving": result.serving, "previous": result.previous,
+                   "retired": list(result.retired)}, str(result.serving))
 
 
 def _confirm_live(url: str | None, model: str, version: int) -> None:
@@ -392,16 +404,17 @@ def _confirm_live(url: str | None, model: str, version: int) -> None:
               help="--auto: PSI of the candidate's scores against the primary's")
 @click.option("--min-rows", type=click.IntRange(1), default=30, show_default=True,
               help="--auto: candidate records a step needs before it is judged")
+@json_option
 def canary(model, version, percent, shadow, off, repository, consumer_repositories, candidate_repositories,
            url, auto, steps, interval, metrics_url, max_shadow_diff, max_error_rate, max_p99_ms, max_psi,
-           min_rows) -> None:
+           min_rows, as_json) -> None:
     """risk_router sends PERCENT% of records to MODEL VERSION (or mirrors them), the rest to the primary; prints the
     split in force. With --auto: prints each step's figures, then `promoted N` or `rolled back (why)`."""
     from tools.canary import CanaryError
     from tools.rollout import canary as run_canary
     if auto:
         return _auto_canary(model, version, repository, consumer_repositories, url, steps, interval, metrics_url,
-                            max_shadow_diff, max_error_rate, max_p99_ms, max_psi, min_rows)
+                            max_shadow_diff, max_error_rate, max_p99_ms, max_psi, min_rows, as_json)
     if off == (percent is not None):
         raise click.UsageError("give either --percent P (with MODEL VERSION) or --off")
     if not off and version is None:
@@ -414,11 +427,16 @@ def canary(model, version, percent, shadow, off, repository, consumer_repositori
     except (CanaryError, *_live_errors()) as err:
         raise failure(err) from None
     _report_timings(rollout)
-    click.echo(settings.describe())
+    emit(as_json, {"model": model, "primary": str(settings.primary),
+                   "candidate": str(settings.candidate) if settings.candidate else None,
+                   "canary_percent": settings.canary_percent, "shadow_percent": settings.shadow_percent,
+                   "split": settings.describe(), "timings_ms": _timings_ms(rollout)}, settings.describe())
 
 
 def _auto_canary(model, version, repository, consumer_repositories, url, steps, interval, metrics_url,
-                 max_shadow_diff, max_error_rate, max_p99_ms, max_psi, min_rows) -> None:
+                 max_shadow_diff, max_error_rate, max_p99_ms, max_psi, min_rows, as_json) -> None:
+    from dataclasses import asdict
+
     from tools import canary_analysis
     from tools.canary import CanaryError
     from tools.status import default_metrics_url
@@ -436,10 +454,13 @@ def _auto_canary(model, version, repository, consumer_repositories, url, steps, 
     rollout = _rollout(model, repository, consumer_repositories, url)
     try:
         outcome = canary_analysis.run(rollout, version, shares, interval_seconds, limits,
-                                      metrics_url or default_metrics_url(url), log=lambda line: click.echo(line))
+                                      metrics_url or default_metrics_url(url),
+                                      log=lambda line: click.echo(line, err=as_json))
     except (CanaryError, *_live_errors()) as err:
         raise failure(err) from None
-    click.echo(outcome.line(version))
+    emit(as_json, {"model": model, "version": version, "promoted": outcome.promoted,
+                   "reason": outcome.reason, "steps": [asdict(step) for step in outcome.steps]},
+         outcome.line(version))
     if not outcome.promoted:
         sys.exit(GATE_REFUSED)
 
@@ -451,12 +472,10 @@ def _auto_canary(model, version, repository, consumer_repositories, url, steps, 
 @click.option("--metrics-url", help="risk_router's breaker state from here [default: the --http-url host, port + 2]")
 @click.option("--history", "history_lines", type=click.IntRange(0), default=5, show_default=True,
               help="last history lines shown")
-@click.option("--json", "as_json", is_flag=True, help="one JSON document, for scripts")
+@json_option
 def status(repository, consumer_repositories, url, metrics_url, history_lines, as_json) -> None:
     """Models, versions and their roles (primary, previous, candidate), the split, the breaker, supervisor restarts,
     the last history lines."""
-    import json
-
     from tools.status import collect, table
     try:
         report = collect(repository, tuple(consumer_repositories), url, metrics_url, history_lines)
@@ -476,8 +495,6 @@ def status(repository, consumer_repositories, url, metrics_url, history_lines, a
               show_default=True, help="--build-reference: the model whose training scores are the score reference")
 def drift(url, metrics_url, as_json, reference_out, data_csv, onnx_model) -> None:
     """PSI per feature and of the score, live records against the training data (over 0.2: drift)."""
-    import json
-
     from tools import drift as feature_drift
     from tools.status import default_metrics_url
     if reference_out:
@@ -735,58 +752,64 @@ def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, 
 @grpc_url_option("gpu mode: Triton serving model_repository_gpu, measured with perf_analyzer", envvar=None)
 @click.option("--saved-model", type=click.Path(path_type=Path), default=DEFAULT_SAVED_MODEL, show_default=True,
               help="cutover mode: the legacy service's model")
-def bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_model) -> None:
+@json_option
+def bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_model, as_json) -> None:
     """Triton (perf_analyzer, wrk) side by side with FastAPI + ONNX Runtime and in-process ONNX Runtime."""
+    document, text = _run_bench(mode, out_dir, list(repositories or DEFAULT_REPOSITORIES), data_csv, onnx_model, url,
+                                saved_model, log=lambda line: click.echo(line, err=True))
+    emit(as_json, {"mode": mode, **document}, text)
+
+
+def _run_bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_model, log) -> tuple[dict, str]:
+    """(the mode's results as one JSON document, the text shown to people)."""
     if mode.startswith("cutover"):
         from tools.bench import cutover
         plan = cutover.PLANS["smoke" if mode == "cutover-smoke" else "cutover"]
-        cutover.run(plan, out_dir / mode, list(repositories or DEFAULT_REPOSITORIES), data_csv, saved_model,
-                    log=lambda line: click.echo(line, err=True))
-        click.echo((out_dir / mode / "results.md").read_text())
-        click.echo(f"results: {out_dir / mode / 'results.md'}")
-        return
+        cutover.run(plan, out_dir / mode, repositories, data_csv, saved_model, log=log)
+        return _bench_files(out_dir / mode / "results.json", out_dir / mode / "results.md"), \
+            (out_dir / mode / "results.md").read_text() + f"\nresults: {out_dir / mode / 'results.md'}"
     if mode == "gpu":
         from tools.bench import gpu
         from tools.tensorrt_engine import EngineBuildError
         require_reachable(url, "grpc")
         try:
-            gpu.run(onnx_model, data_csv, out_dir / "gpu", url=url, log=lambda line: click.echo(line, err=True))
+            gpu.run(onnx_model, data_csv, out_dir / "gpu", url=url, log=log)
         except EngineBuildError as err:
             raise click.ClickException(str(err)) from None
-        click.echo(f"results: {out_dir / 'gpu' / 'results.md'}")
-        return
+        return _bench_files(out_dir / "gpu" / "results.json", out_dir / "gpu" / "results.md"), \
+            f"results: {out_dir / 'gpu' / 'results.md'}"
+    pipeline_repository = next((r for r in repositories if (Path(r) / "risk_pipeline").is_dir()),
+                               Path("model_repository"))
     if mode == "crossover":
         from tools.bench import crossover
-        repository = next((r for r in repositories if (Path(r) / "risk_pipeline").is_dir()), Path("model_repository"))
-        results = crossover.run(out_dir, repository, onnx_model, data_csv, log=lambda line: click.echo(line, err=True))
-        for p in results["points"]:
-            click.echo(f"width {p['width']}: {p['ratio']:.2f}x (Triton {p['triton']['throughput']:.0f}, "
-                       f"FastAPI {p['fastapi']['throughput']:.0f} req/s)")
-        click.echo(f"results: {out_dir / 'crossover.json'}, {out_dir / 'crossover.png'}")
-        return
+        results = crossover.run(out_dir, pipeline_repository, onnx_model, data_csv, log=log)
+        lines = [f"width {p['width']}: {p['ratio']:.2f}x (Triton {p['triton']['throughput']:.0f}, "
+                 f"FastAPI {p['fastapi']['throughput']:.0f} req/s)" for p in results["points"]]
+        return {**results, "results": str(out_dir / "crossover.json")}, \
+            "\n".join(lines + [f"results: {out_dir / 'crossover.json'}, {out_dir / 'crossover.png'}"])
     if mode == "model-analyzer":
         from tools.bench import model_analyzer
-        repository = next((r for r in repositories if (Path(r) / "risk_pipeline").is_dir()), Path("model_repository"))
         try:
-            metrics = model_analyzer.run(out_dir, repository, data_csv, log=lambda line: click.echo(line, err=True))
+            metrics = model_analyzer.run(out_dir, pipeline_repository, data_csv, log=log)
         except RuntimeError as err:
             raise click.ClickException(str(err)) from None
-        click.echo(metrics.read_text())
-        click.echo(f"results: {metrics} (reports beside it)")
-        return
+        return {"results": str(metrics)}, metrics.read_text() + f"\nresults: {metrics} (reports beside it)"
     if mode == "llm":
         from tools.bench import llm
-        llm.run(out_dir / "llm", list(repositories or DEFAULT_REPOSITORIES), LLM_REPOSITORY, data_csv,
-                log=lambda line: click.echo(line, err=True))
-        click.echo(f"results: {out_dir / 'llm' / 'results.md'}")
-        return
+        llm.run(out_dir / "llm", repositories, LLM_REPOSITORY, data_csv, log=log)
+        return _bench_files(out_dir / "llm" / "results.json", out_dir / "llm" / "results.md"), \
+            f"results: {out_dir / 'llm' / 'results.md'}"
     from tools.bench.modes import MODES
     from tools.bench.runner import Bench
-    results = Bench(MODES[mode], out_dir, list(repositories or DEFAULT_REPOSITORIES), data_csv,
-                    log=lambda line: click.echo(line, err=True)).run()
-    for target in results["targets"]:
-        click.echo(f"{'met   ' if target['met'] else 'MISSED'}  {target['target']}: {target['measured']}")
-    click.echo(f"results: {out_dir / 'results.md'}")
+    results = Bench(MODES[mode], out_dir, repositories, data_csv, log=log).run()
+    lines = [f"{'met   ' if target['met'] else 'MISSED'}  {target['target']}: {target['measured']}"
+             for target in results["targets"]]
+    summary = out_dir / "results.md"
+    return {**results, "results": str(summary)}, "\n".join(lines + [f"results: {summary}"])
+
+
+def _bench_files(results_json: Path, results_md: Path) -> dict:
+    return {**json.loads(results_json.read_text()), "results": str(results_md)}
 
 
 if __name__ == "__main__":  # `python -m tools.cli`: the GPU venv (.venv-gpu) has no s2t script of its own
