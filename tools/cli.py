@@ -512,6 +512,42 @@ def drift(url, metrics_url, as_json, reference_out, data_csv, onnx_model) -> Non
 
 
 @main.command()
+@click.argument("record", type=click.File("rb"), metavar="RECORD.json|-")
+@http_url_option("Triton's HTTP endpoint [default: localhost:8000]")
+@click.option("--grpc-url", metavar="HOST:PORT", help="score over gRPC at this Triton endpoint instead of HTTP")
+@click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", hidden=True)
+@click.option("--model", default="risk_pipeline", show_default=True,
+              help="the model that scores it: any with risk_pipeline's inputs and outputs (risk_router)")
+@click.option("--timeout-s", type=float, default=60.0, show_default=True, help="longest the answer is waited for")
+def score(record, url, grpc_url, protocol, model, timeout_s) -> None:
+    """Score one legacy record (a JSON file, or - for stdin); prints {request_id, probability, decision} as JSON.
+
+    The record goes to the server as it is, so an invalid one gets the server's own error, naming the field."""
+    from tritonclient.utils import InferenceServerException
+
+    from clients.risk_client import score_payload
+    payload = record.read().strip()
+    try:
+        request_id = json.loads(payload).get("request_id")
+    except (ValueError, AttributeError):
+        request_id = None  # the server says what is wrong with it
+    if grpc_url or protocol == "grpc":
+        url, protocol = grpc_url or url or "localhost:8001", "grpc"
+    else:
+        url, protocol = url or "localhost:8000", "http"
+    require_reachable(url, protocol)
+    try:
+        probability, decision = score_payload(payload, url, protocol, model, timeout_s)
+    except InferenceServerException as err:
+        if exit_codes.is_unreachable(err) or not exit_codes.is_invalid_input(err):
+            raise failure(err, f"{model} at {url}: ") from None
+        click.echo(json.dumps({"request_id": request_id, "error": err.message()}, sort_keys=True))
+        raise exit_codes.RecordRejected(err.message()) from None
+    click.echo(json.dumps({"request_id": request_id, "probability": probability, "decision": decision},
+                          sort_keys=True))
+
+
+@main.command()
 @click.option("--minutes", type=float, default=10.0, show_default=True)
 @click.option("--rate", type=float, default=100.0, show_default=True, help="records per second (open loop)")
 @click.option("--data", "data_csv", type=click.Path(exists=True, path_type=Path), default=DEFAULT_DATA,

@@ -63,6 +63,13 @@ def is_unreachable(err: BaseException) -> bool:
     return False
 
 
+def is_invalid_input(err: BaseException) -> bool:
+    """True where the server judged the request itself invalid (HTTP 400, gRPC INVALID_ARGUMENT)."""
+    from tritonclient.utils import InferenceServerException
+
+    return isinstance(err, InferenceServerException) and err.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+
+
 def failure(err: BaseException, context: str = "") -> click.ClickException:
     """The click error that exits with the code `err` deserves; `context` says what was being done."""
     message = f"{context}{err}" if str(err) else f"{context}{type(err).__name__}"
