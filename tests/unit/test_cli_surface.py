@@ -159,3 +159,18 @@ def test_parity_refuses_two_servers_at_once():
                "--data", "artifacts/data/germancredit.csv", "--http-url", "a:1", "--grpc-url", "b:2")
     assert done.returncode == exit_codes.USAGE and "--http-url or --grpc-url" in done.stderr
 
+
+def test_every_command_has_a_docstring_and_every_option_and_argument_has_help():
+    missing = []
+    for path, command in _commands():
+        name = " ".join(path)
+        if not (command.help or "").strip():
+            missing.append(f"{name}: no docstring")
+        for param in command.params:
+            if getattr(param, "hidden", False):
+                continue
+            if isinstance(param, click.Option) and not (param.help or "").strip():
+                missing.append(f"{name} {param.opts[0]}: no help")
+            if isinstance(param, click.Argument) and param.name.upper() not in (command.help or ""):
+                missing.append(f"{name} {param.human_readable_name}: not described in the docstring")
+    assert not missing, "\n".join(missing)
