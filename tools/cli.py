@@ -12,6 +12,7 @@ import click
 
 from tools import exit_codes
 from tools.cli_options import AliasedOption, emit, grpc_url_option, http_url_option, json_option, repositories_option
+from tools.cli_progress import step
 from tools.exit_codes import GATE_REFUSED, failure, require_reachable
 
 DEFAULT_DATA = Path("artifacts/data/germancredit.csv")
@@ -106,7 +107,8 @@ def convert(saved_model: Path, output: Path, opset: int) -> None:
     """SAVED_MODEL -> OUTPUT, an ONNX file (tf2onnx): inputs `categorical` and `numeric`, output `probability`."""
     from tools.convert import ConversionError, convert as run_convert
     try:
-        spec = run_convert(saved_model, output, opset)
+        with step(f"converting {saved_model} with tf2onnx (opset {opset})"):
+            spec = run_convert(saved_model, output, opset)
     except ConversionError as err:
         raise click.ClickException(str(err)) from None
     click.echo(f"{output}: {len(spec.categorical)} categorical + {len(spec.numeric)} numeric features, "
@@ -210,10 +212,11 @@ def parity(saved_model, onnx_model, data_csv, http_url, grpc_url, old_url, proto
     url, protocol = server_address(http_url, grpc_url, old_url, protocol)
     require_reachable(url, protocol)
     try:
-        result = run_parity.run(saved_model, onnx_model, data_csv, atol=atol, url=url, model=model,
-                                protocol=protocol, thresholds=thresholds, fp16_emulation=fp16_emulation,
-                                engines=tuple(engines), fp16_atol=fp16_atol,
-                                url_atol=fp16_atol if url_precision == "fp16" else None)
+        with step(f"scoring every row of {data_csv}: legacy, ONNX Runtime" + (f", {model} at {url}" if url else "")):
+            result = run_parity.run(saved_model, onnx_model, data_csv, atol=atol, url=url, model=model,
+                                    protocol=protocol, thresholds=thresholds, fp16_emulation=fp16_emulation,
+                                    engines=tuple(engines), fp16_atol=fp16_atol,
+                                    url_atol=fp16_atol if url_precision == "fp16" else None)
     except EngineBuildError as err:
         raise click.ClickException(str(err)) from None
     if report:
@@ -277,8 +280,9 @@ def publish(model, artifact, repository, consumer_repositories, stage, saved_mod
     require_reachable(url)
     consumers = _rollout(model, repository, consumer_repositories, url).consumer_repositories
     try:
-        version = run_publish(model, artifact, repository, ParityGate(saved_model, data_csv, atol), stage=stage,
-                              consumer_repositories=consumers, url=url)
+        with step(f"{model}: validating {artifact}, parity gate against {saved_model} on {data_csv}, moving it in"):
+            version = run_publish(model, artifact, repository, ParityGate(saved_model, data_csv, atol), stage=stage,
+                                  consumer_repositories=consumers, url=url)
     except ArtifactRefused as err:
         raise exit_codes.GateRefused(str(err)) from None
     except (PublishError, *_live_errors()) as err:
