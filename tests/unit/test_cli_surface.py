@@ -174,3 +174,21 @@ def test_every_command_has_a_docstring_and_every_option_and_argument_has_help():
             if isinstance(param, click.Argument) and param.name.upper() not in (command.help or ""):
                 missing.append(f"{name} {param.human_readable_name}: not described in the docstring")
     assert not missing, "\n".join(missing)
+
+
+@pytest.mark.parametrize("given, expected", [
+    ((None, None, None, "http"), (None, "http")),
+    (("h:1", None, None, "http"), ("h:1", "http")),
+    ((None, "g:2", None, "http"), ("g:2", "grpc")),
+    ((None, None, "o:3", "grpc"), ("o:3", "grpc")),
+    ((None, None, "o:3", "http"), ("o:3", "http")),
+], ids=["none", "http", "grpc", "old-url-grpc", "old-url-http"])
+def test_server_address_reads_the_new_and_the_old_spellings(given, expected):
+    from tools.cli import server_address
+    assert server_address(*given) == expected
+
+
+def test_server_address_refuses_two_servers():
+    from tools.cli import server_address
+    with pytest.raises(click.UsageError):
+        server_address("h:1", None, "o:3", "grpc")
