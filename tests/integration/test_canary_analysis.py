@@ -10,10 +10,11 @@ import pytest
 import tritonclient.grpc as grpc
 
 from tests.conftest import S2T
+from tests.integration.servers import repository_copies, triton_server
 from tests.samples import SHIFT, shifted_model
 from tools.control.live_control import ADMIN_KEY_ENV
 from tools.control.version_store import VersionStore
-from tests.integration.servers import repository_copies, triton_server
+from tools.exit_codes import GATE_REFUSED
 
 KEY = "analysis-key"
 
@@ -58,9 +59,9 @@ class RouterTraffic:
         client.close()
 
 
-def auto(server, repo, artifacts, artifact):
+def auto(server, repo, artifacts, artifact, *extra):
     env = {**os.environ, ADMIN_KEY_ENV: KEY}
-    common = ["--repository", str(repo), "--url", server.http_url]
+    common = ["--repository", str(repo), "--http-url", server.http_url]
     staged = subprocess.run([str(S2T), "publish", "risk_scorer", str(artifact), "--stage", *common, "--saved-model",
                              str(artifacts["saved_model"]), "--data", str(artifacts["data"]), "--atol", "0.1"],
                             capture_output=True, text=True, timeout=300, env=env)
@@ -68,7 +69,7 @@ def auto(server, repo, artifacts, artifact):
     version = int(staged.stdout.split()[-1])
     done = subprocess.run([str(S2T), "canary", "risk_scorer", str(version), "--auto", "--steps", "10,50,100",
                            "--interval", "3s", *common, "--metrics-url",
-                           f"http://localhost:{server.metrics_port}/metrics"],
+                           f"http://localhost:{server.metrics_port}/metrics", *extra],
                           capture_output=True, text=True, timeout=300, env=env)
     return version, done
 
@@ -79,10 +80,13 @@ def test_auto_canary_rolls_back_a_candidate_whose_scores_are_shifted(live, built
     primary = VersionStore(repo).served("risk_scorer")[-1]
     shifted = shifted_model(built_artifacts["onnx"], tmp_path / "shifted.onnx", SHIFT)
     with RouterTraffic(server.grpc_url, german_credit_data.records()) as traffic:
-        version, done = auto(server, repo, built_artifacts, shifted)
-    assert done.returncode == 3, done.stderr
-    last = done.stdout.strip().splitlines()[-1]
-    assert last.startswith("rolled back (shadow 10%: shadow mean |candidate - primary| 0.0"), done.stdout
+        version, done = auto(server, repo, built_artifacts, shifted, "--json")
+    assert done.returncode == GATE_REFUSED, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("rolled back (shadow 10%: shadow mean |candidate - primary| 0.0"), done.stderr
+    outcome = json.loads(done.stdout)
+    assert (outcome["version"], outcome["promoted"], outcome["steps"][0]["phase"]) == (version, False, "shadow")
+    assert last == f"rolled back ({outcome['reason']})"
     assert traffic.failures == []
     assert version in VersionStore(repo).retired("risk_scorer") or version not in VersionStore(repo).served("risk_scorer")
     history = VersionStore(repo).history("risk_scorer")

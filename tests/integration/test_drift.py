@@ -24,7 +24,7 @@ def send(client, records):
 
 
 def drift(server):
-    done = subprocess.run([str(S2T), "drift", "--json", "--url", server.http_url, "--metrics-url",
+    done = subprocess.run([str(S2T), "drift", "--json", "--http-url", server.http_url, "--metrics-url",
                            f"http://localhost:{server.metrics_port}/metrics"], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr

@@ -22,7 +22,7 @@ def legacy_args(port):
 
 
 def gateway_args(port, triton, legacy_port, report, *extra):
-    return ["gateway", "--port", str(port), "--triton-url", triton.grpc_url, "--mirror", f"localhost:{legacy_port}",
+    return ["gateway", "--port", str(port), "--grpc-url", triton.grpc_url, "--mirror", f"localhost:{legacy_port}",
             "--diff-report", str(report), "--diff-report-interval-s", "0.5", *extra]
 
 

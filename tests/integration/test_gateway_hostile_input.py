@@ -75,7 +75,7 @@ def mutations(categorical: list[str], numeric: list[str]):
 @pytest.fixture(scope="module")
 def gateway_port(triton):
     port = free_port()
-    with running(["gateway", "--port", str(port), "--triton-url", triton.grpc_url, "--window-size", "32"],
+    with running(["gateway", "--port", str(port), "--grpc-url", triton.grpc_url, "--window-size", "32"],
                  "ready") as process:
         yield port
         assert process.poll() is None, "the gateway died under hostile input"

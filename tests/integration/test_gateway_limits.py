@@ -17,7 +17,7 @@ CALL_TIMEOUT_S = 4
 @pytest.fixture(scope="module")
 def gateway_port(triton):
     port = free_port()
-    with running(["gateway", "--port", str(port), "--triton-url", triton.grpc_url, "--window-size", "32",
+    with running(["gateway", "--port", str(port), "--grpc-url", triton.grpc_url, "--window-size", "32",
                   "--call-timeout-s", str(CALL_TIMEOUT_S)], "ready"):
         yield port
 
@@ -82,7 +82,7 @@ def test_a_reply_over_what_a_grpc_client_accepts_is_refused_with_the_reason(gate
 def test_a_window_over_the_pipelines_max_batch_size_is_refused_at_start(triton, grpc_client):
     max_batch_size = grpc_client.get_model_config("risk_pipeline", as_json=True)["config"]["max_batch_size"]
     import subprocess
-    run = subprocess.run([str(S2T), "gateway", "--port", str(free_port()), "--triton-url", triton.grpc_url,
+    run = subprocess.run([str(S2T), "gateway", "--port", str(free_port()), "--grpc-url", triton.grpc_url,
                           "--window-size", str(int(max_batch_size) + 1)], capture_output=True, text=True, timeout=60)
     assert run.returncode != 0
     assert f"over risk_pipeline's max_batch_size ({max_batch_size})" in run.stderr
@@ -91,7 +91,7 @@ def test_a_window_over_the_pipelines_max_batch_size_is_refused_at_start(triton, 
 
 def test_a_gateway_that_got_bytes_that_do_not_parse_still_serves_and_stops_on_sigterm(triton, german_credit_data):
     port = free_port()
-    with running(["gateway", "--port", str(port), "--triton-url", triton.grpc_url, "--workers", "2"],
+    with running(["gateway", "--port", str(port), "--grpc-url", triton.grpc_url, "--workers", "2"],
                  "ready") as gateway:
         with grpc.insecure_channel(f"localhost:{port}") as channel:
             raw = channel.stream_unary("/skill.Skill/Score", request_serializer=None,

@@ -1,6 +1,7 @@
 """The legacy model honours the contract; `s2t convert` gives the served names or a clear refusal."""
 import json
 import os
+import re
 import subprocess
 
 import numpy as np
@@ -59,6 +60,7 @@ def test_convert_command_gives_the_served_tensor_names(built_artifacts, tmp_path
         == [("categorical", ["batch", 13]), ("numeric", ["batch", 7])]
     assert [o.name for o in model.graph.output] == ["probability"]
     assert {o.domain: o.version for o in model.opset_import}[""] == 17
+    assert re.search(r"converting .* with tf2onnx \(opset 17\): \d+\.\d s", done.stderr), done.stderr
 
 
 def test_unconvertible_op_is_named_with_its_node_and_a_way_out(tmp_path):

@@ -32,7 +32,7 @@ def wait_for_port(port: int, process: subprocess.Popen, timeout: float = 60.0) -
 @pytest.fixture(scope="module")
 def gateway_port(triton):
     port = free_port()
-    process = subprocess.Popen([str(S2T), "gateway", "--port", str(port), "--triton-url", triton.grpc_url,
+    process = subprocess.Popen([str(S2T), "gateway", "--port", str(port), "--grpc-url", triton.grpc_url,
                                 "--window-size", "32"], stderr=subprocess.PIPE, text=True)
     try:
         wait_for_port(port, process)

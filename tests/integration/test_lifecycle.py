@@ -80,8 +80,8 @@ def serve(built_artifacts, tmp_path):
     env = {**os.environ, **{k: str(v) for k, v in ports.items()}}
     log_path = tmp_path / "serve.log"
     log = open(log_path, "wb")
-    process = subprocess.Popen([str(S2T), "serve", "--exit-timeout", "5", "--model-repository", str(repo),
-                                "--model-repository", str(ENSEMBLES)], cwd=ROOT, env=env, stdout=log,
+    process = subprocess.Popen([str(S2T), "serve", "--exit-timeout", "5", "--repository", str(repo),
+                                "--repository", str(ENSEMBLES)], cwd=ROOT, env=env, stdout=log,
                                stderr=subprocess.STDOUT)
     if not wait_until(lambda: ready(ports["HTTP_PORT"]) or process.poll() is not None, 120, 0.3) \
             or process.poll() is not None:
@@ -222,8 +222,8 @@ def test_serve_replaces_the_server_when_a_model_cannot_be_reloaded_in_it(read_on
     env = {**os.environ, **{k: str(v) for k, v in ports.items()}}
     log_path = tmp_path / "serve.log"
     with open(log_path, "wb") as log:
-        process = subprocess.Popen([str(S2T), "serve", "--exit-timeout", "5", "--model-repository",
-                                    str(read_only_repository), "--model-repository", str(ENSEMBLES)], cwd=ROOT,
+        process = subprocess.Popen([str(S2T), "serve", "--exit-timeout", "5", "--repository",
+                                    str(read_only_repository), "--repository", str(ENSEMBLES)], cwd=ROOT,
                                    env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             assert wait_until(lambda: ready(ports["HTTP_PORT"]), 120, 0.3), log_path.read_text()[-3000:]

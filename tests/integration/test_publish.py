@@ -1,5 +1,6 @@
 """`s2t publish`: only a valid artifact that passes the parity gate becomes a version, and atomically."""
 import json
+import re
 import shutil
 import subprocess
 
@@ -91,3 +92,4 @@ def test_publish_command_prints_the_new_version_last(repository, built_artifacts
                            str(built_artifacts["data"])], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == str(versions(repository)[-1])
+    assert re.search(r"risk_scorer: validating .* parity gate .*: \d+\.\d s", done.stderr), done.stderr

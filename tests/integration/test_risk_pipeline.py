@@ -63,12 +63,13 @@ def test_parity_command_checks_the_live_model_and_writes_a_report(triton, built_
     url = triton.http_url if protocol == "http" else triton.grpc_url
     done = subprocess.run([str(Path(sys.executable).parent / "s2t"), "parity", "--saved-model",
                            str(built_artifacts["saved_model"]), "--onnx", str(built_artifacts["onnx"]), "--data",
-                           str(built_artifacts["data"]), "--url", url, "--model", model, "--protocol", protocol,
-                           "--report", str(report)], capture_output=True, text=True, timeout=300)
+                           str(built_artifacts["data"]), f"--{protocol}-url", url, "--model", model,
+                           "--report", str(report), "--json"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(report.read_text())
+    assert json.loads(done.stdout) == result and "parity against" in done.stderr
     assert result["passed"] and result["rows"] == 1000
     assert [c["candidate"] for c in result["comparisons"]] == ["onnxruntime risk_scorer.onnx",
                                                                f"triton {model} ({protocol})"]
     assert all(c["rows_over_tolerance"] == 0 and c["max_abs"] <= TOLERANCE for c in result["comparisons"])
-    assert "PASS" in done.stdout
+    assert "PASS" in done.stderr

@@ -96,7 +96,7 @@ def canary_server(built_artifacts, tmp_path_factory):
 
 
 def canary(server, repo, *args):
-    done = subprocess.run([str(S2T), "canary", *args, "--repository", str(repo), "--url", server.http_url],
+    done = subprocess.run([str(S2T), "canary", *args, "--repository", str(repo), "--http-url", server.http_url],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().splitlines()[-1]

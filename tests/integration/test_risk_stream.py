@@ -127,7 +127,7 @@ def test_reorder_metrics_appear_on_the_metrics_port_after_traffic(triton, record
 
 
 def test_stream_command_reports_in_order_rate_latency_and_throughput(triton):
-    out = subprocess.run([str(S2T), "stream", "--url", triton.grpc_url, "--streams", "16",
+    out = subprocess.run([str(S2T), "stream", "--grpc-url", triton.grpc_url, "--streams", "16",
                           "--records", "320", "--duplicate", "0.05", "--form", "protobuf"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr + out.stdout

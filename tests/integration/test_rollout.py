@@ -111,7 +111,7 @@ def test_ten_publishes_and_rollbacks_under_load_fail_no_request(live, built_arti
             # As an operator would: the CLI, which validates at low CPU priority, then waits for the server.
             published = subprocess.run(
                 [str(S2T), "publish", "risk_scorer", str(built_artifacts["onnx"]), "--repository", str(repo),
-                 "--saved-model", str(gate.saved_model), "--data", str(gate.data_csv), "--url", server.http_url],
+                 "--saved-model", str(gate.saved_model), "--data", str(gate.data_csv), "--http-url", server.http_url],
                 capture_output=True, text=True, timeout=300, env={**os.environ, ADMIN_KEY_ENV: KEY})
             assert published.returncode == 0, published.stderr
             version = int(published.stdout.split()[-1])
@@ -122,7 +122,7 @@ def test_ten_publishes_and_rollbacks_under_load_fail_no_request(live, built_arti
             assert client.is_model_ready("risk_scorer", str(previous))
             swap_started = time.monotonic()
             rolled_back = subprocess.run(
-                [str(S2T), "rollback", "risk_scorer", "--yes", "--repository", str(repo), "--url", server.http_url],
+                [str(S2T), "rollback", "risk_scorer", "--yes", "--repository", str(repo), "--http-url", server.http_url],
                 capture_output=True, text=True, timeout=120, env={**os.environ, ADMIN_KEY_ENV: KEY})
             assert rolled_back.returncode == 0, rolled_back.stderr
             rollback_seconds.append(time.monotonic() - swap_started)

@@ -3,6 +3,7 @@ import json
 import subprocess
 
 from tests.conftest import ROOT, S2T
+from tools.exit_codes import GATE_REFUSED
 
 
 
@@ -20,4 +21,5 @@ def test_short_soak_reports_rss_of_the_server_and_every_stub_and_no_errors(built
     assert set(result["growth"]) == processes and all(isinstance(g, float) for g in result["growth"].values())
     # 15 s cannot tell warm-up from a leak, so either verdict may come; the exit code must be the one it states.
     assert "total" in done.stdout
-    assert done.returncode == (1 if max(result["growth"].values()) >= 0.05 else 0), done.stdout + done.stderr
+    grew = max(result["growth"].values()) >= 0.05
+    assert done.returncode == (GATE_REFUSED if grew else 0), done.stdout + done.stderr

@@ -41,10 +41,15 @@ def s2t(server, repo, *args, artifacts=None, lines=True):
     extra = []
     if artifacts is not None:
         extra = ["--saved-model", str(artifacts["saved_model"]), "--data", str(artifacts["data"]), "--atol", "0.1"]
-    done = subprocess.run([str(S2T), *args, "--repository", str(repo), "--url", server.http_url, *extra],
+    done = subprocess.run([str(S2T), *args, "--repository", str(repo), "--http-url", server.http_url, *extra],
                           capture_output=True, text=True, timeout=300, env={**os.environ, ADMIN_KEY_ENV: KEY})
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().splitlines()[-1] if lines else done.stdout
+
+
+def s2t_json(server, repo, *args, artifacts=None) -> dict:
+    """The command's --json document: stdout holds it alone, the words for people go to stderr."""
+    return json.loads(s2t(server, repo, *args, "--json", artifacts=artifacts, lines=False))
 
 
 def payloads(data, count, prefix):
@@ -147,17 +152,24 @@ def test_rollback_aborts_a_canary_and_after_a_promotion_serves_the_previous_vers
     old, client = f"risk_scorer:{primary}", grpc.InferenceServerClient(server.grpc_url)
     probe = payloads(german_credit_data, 300, "probe")
     with Load(server.grpc_url, payloads(german_credit_data, 50, "load")) as load:
-        staged = int(s2t(server, repo, "publish", "risk_scorer", str(shifted), "--stage", artifacts=built_artifacts))
-        s2t(server, repo, "canary", "risk_scorer", str(staged), "--percent", "50")
+        published = s2t_json(server, repo, "publish", "risk_scorer", str(shifted), "--stage", artifacts=built_artifacts)
+        assert published == {"model": "risk_scorer", "version": published["version"], "staged": True}
+        staged = published["version"]
+        split = s2t_json(server, repo, "canary", "risk_scorer", str(staged), "--percent", "50")
+        assert (split["primary"], split["candidate"], split["canary_percent"], split["shadow_percent"]) == \
+            (old, f"risk_scorer:{staged}", 50.0, 0.0)
         assert f"risk_scorer:{staged}" in infer(client, "risk_router", probe)["served_by"]
-        assert s2t(server, repo, "rollback", "risk_scorer", "--yes") == str(primary)
+        aborted = s2t_json(server, repo, "rollback", "risk_scorer", "--yes")
+        assert (aborted["action"], aborted["serving"], aborted["previous"], aborted["retired"]) == \
+            ("abort", primary, primary, [staged])
         assert set(infer(client, "risk_router", probe)["served_by"]) == {old}
         assert staged in VersionStore(repo).retired("risk_scorer"), "the aborted candidate is retired"
 
         again = int(s2t(server, repo, "publish", "risk_scorer", str(shifted), "--stage", artifacts=built_artifacts))
-        s2t(server, repo, "promote", "risk_scorer", str(again))
+        assert s2t_json(server, repo, "promote", "risk_scorer", str(again))["primary"] == again
         assert set(infer(client, "risk_router", probe)["served_by"]) == {f"risk_scorer:{again}"}
-        assert s2t(server, repo, "rollback", "risk_scorer", "--yes") == str(primary)
+        reverted = s2t_json(server, repo, "rollback", "risk_scorer", "--yes")
+        assert (reverted["action"], reverted["serving"], reverted["previous"]) == ("revert", primary, again)
         assert set(infer(client, "risk_router", probe)["served_by"]) == {old}
         time.sleep(0.5)
     client.close()

@@ -8,7 +8,7 @@ from tools.control.version_store import VersionStore
 
 
 def test_status_json_lists_the_scorer_and_the_pipeline_with_their_live_versions(triton):
-    done = subprocess.run([str(S2T), "status", "--json", "--url", triton.http_url, "--repository",
+    done = subprocess.run([str(S2T), "status", "--json", "--http-url", triton.http_url, "--repository",
                            str(MODEL_REPOSITORY), "--metrics-url", f"http://localhost:{triton.metrics_port}/metrics"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

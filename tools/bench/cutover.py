@@ -207,7 +207,7 @@ def run(plan: CutoverPlan, out_dir: Path, repositories: list[Path], data_csv: Pa
     triton_cold = time.perf_counter() - began
     try:
         gateway_port = free_port()
-        gateway, gateway_cold = _timed_start(["gateway", "--port", str(gateway_port), "--triton-url", triton.grpc_url,
+        gateway, gateway_cold = _timed_start(["gateway", "--port", str(gateway_port), "--grpc-url", triton.grpc_url,
                                               "--window-size", str(size),
                                               # Above the callers: a caller's next call can arrive before its
                                               # previous one is counted done, and would be refused at the cap.

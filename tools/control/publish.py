@@ -30,6 +30,10 @@ class PublishError(Exception):
     """The artifact was refused; the served version is untouched."""
 
 
+class ArtifactRefused(PublishError):
+    """A check the artifact must pass said no: not a valid model, not fitting the config, parity over tolerance."""
+
+
 @dataclass(frozen=True)
 class ParityGate:
     saved_model: Path
@@ -55,16 +59,16 @@ def validate(model_dir: Path, config, artifact: Path, gate: ParityGate | None,
         model = onnx.load(str(artifact))
         onnx.checker.check_model(model, full_check=True)
     except Exception as err:  # noqa: BLE001 - any load or check failure refuses the artifact
-        raise PublishError(f"{artifact}: not a valid ONNX model ({str(err).strip().splitlines()[0]})") from None
+        raise ArtifactRefused(f"{artifact}: not a valid ONNX model ({str(err).strip().splitlines()[0]})") from None
     problems = model_config.check_onnx_against_config(config, artifact)
     if problems:
-        raise PublishError("the artifact does not fit the model's config: " + "; ".join(problems))
+        raise ArtifactRefused("the artifact does not fit the model's config: " + "; ".join(problems))
     _check_adapter_spec(model_dir, model)
     figures = {}
     if gate is not None:
         report = parity.run(gate.saved_model, artifact, gate.data_csv, atol=gate.atol, reference_cache=reference_cache)
         if not report.passed:
-            raise PublishError("parity gate failed:\n" + report.table())
+            raise ArtifactRefused("parity gate failed:\n" + report.table())
         comparison = report.comparisons[0]
         figures = {"rows": comparison.rows, "max_abs": comparison.max_abs, "max_rel": comparison.max_rel,
                    "atol": gate.atol, "reference": str(gate.saved_model)}
@@ -79,8 +83,8 @@ def _check_adapter_spec(model_dir: Path, model: onnx.ModelProto) -> None:
     for reader in SPEC_READERS:
         reader_spec = model_dir.parent / reader / SPEC_FILE
         if reader_spec.exists() and FeatureSpec.from_file(reader_spec) != spec:
-            raise PublishError(f"the artifact's feature spec (vocabularies, feature order) differs from {reader_spec}, "
-                               f"which {reader} decodes with; publish a matching {reader} first")
+            raise ArtifactRefused(f"the artifact's feature spec (vocabularies, feature order) differs from {reader_spec}, "
+                                  f"which {reader} decodes with; publish a matching {reader} first")
 
 
 def _validate_engine(model_dir: Path, config, engine: Path, gate: ParityGate | None,
@@ -92,7 +96,7 @@ def _validate_engine(model_dir: Path, config, engine: Path, gate: ParityGate | N
         raise PublishError(f"{engine}: no build report {report_path.name} beside it; build with `s2t build-trt`")
     problems = model_config.check_engine_against_config(config, engine)
     if problems:
-        raise PublishError("the engine does not fit the model's config: " + "; ".join(problems))
+        raise ArtifactRefused("the engine does not fit the model's config: " + "; ".join(problems))
     report = json.loads(report_path.read_text())
     source = Path(report["onnx"])
     if not source.is_file() or hashlib.sha256(source.read_bytes()).hexdigest() != report["onnx_sha256"]:
@@ -109,7 +113,7 @@ def _validate_engine(model_dir: Path, config, engine: Path, gate: ParityGate | N
             raise PublishError(f"the parity gate needs the engine's GPU: {err}") from None
         comparison = result.comparisons[-1]
         if not comparison.passed:
-            raise PublishError("parity gate failed:\n" + result.table())
+            raise ArtifactRefused("parity gate failed:\n" + result.table())
         figures.update({"rows": comparison.rows, "max_abs": comparison.max_abs, "max_rel": comparison.max_rel,
                         "atol": comparison.atol, "reference": str(gate.saved_model)})
     return figures

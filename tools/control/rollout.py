@@ -8,7 +8,7 @@ rewrites consumer configs; which folders the repository holds is what Triton loa
 - previous: the primary before, still loaded, so a rollback after a promotion loads nothing;
 - candidate: a staged version, loaded and reachable as MODEL:N (route override, shadow, canary), never primary;
 - draining: versions nothing should route to any more; their folders are retired once the consumers that
-  used them have surely been reloaded (at once after `--url` confirmed it, otherwise by a later command).
+  used them have surely been reloaded (at once after `--http-url` confirmed it, otherwise by a later command).
 
 Every step holds the control lock, records its history line before it acts (a failure to write the history
 stops the command before it changes anything) and writes the state file last. With `url` it waits until the

@@ -170,7 +170,7 @@ def scrape(metrics_url: str) -> Metrics:
 def run(rollout: Rollout, version: int, steps: list[float], interval_seconds: float, limits: Limits,
         metrics_url: str, log: Callable[[str], None] = print) -> Outcome:
     if not rollout.url:
-        raise ValueError("the analysis reads the live server: give --url")
+        raise ValueError("the analysis reads the live server: give --http-url")
     primary_version = rollout.state().primary
     primary_name, candidate_name = f"{rollout.model}:{primary_version}", f"{rollout.model}:{version}"
     phases = [("shadow", steps[0])] + [("canary", p) for p in steps if p < 100]
