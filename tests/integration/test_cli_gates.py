@@ -2,15 +2,12 @@
 import json
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT
-from tests.integration.test_staged_rollout import shifted_model
+from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT, S2T
+from tests.samples import shifted_model
 from tools.exit_codes import GATE_REFUSED
 from tools.control.version_store import VersionStore
 
-S2T = Path(sys.executable).parent / "s2t"
 
 
 def test_parity_over_tolerance_exits_gate_refused_with_its_report(built_artifacts):

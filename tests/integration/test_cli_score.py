@@ -2,16 +2,13 @@
 per-field error and its own exit code, also when many are scored at once."""
 import json
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, S2T
 from tools import exit_codes
 
-S2T = Path(sys.executable).parent / "s2t"
 RECORD = json.loads((ROOT / "clients" / "examples" / "record.json").read_text())
 
 

@@ -3,7 +3,6 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import urllib.error
 from pathlib import Path
 
@@ -11,12 +10,11 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT
+from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT, S2T
 from tools import exit_codes
 from tools.cli import main
 from tools.serve.triton_server import free_port
 
-S2T = Path(sys.executable).parent / "s2t"
 
 
 def s2t(*args: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
