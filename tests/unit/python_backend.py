@@ -109,8 +109,12 @@ class InferenceRequest:
     def parameters(self) -> str:
         return self._parameters
 
-    def exec(self) -> InferenceResponse:
+    def exec(self, decoupled: bool = False):
+        """The model's answer; with `decoupled`, an iterator of its responses (the stand-in returns one)."""
         return InferenceRequest.bls[self.model_name](self)
+
+    def is_cancelled(self) -> bool:
+        return False
 
 
 class Logger:

@@ -202,3 +202,20 @@ def test_risk_stream_answers_every_request_internal_when_scoring_breaks(pb_utils
         assert req.sender.done.wait(5)
         (response, flags), = req.sender.sent
         assert flags == 1 and response.error().code() in (TritonError.INTERNAL, TritonError.UNAVAILABLE)
+
+
+def test_the_onnxruntime_backend_runs_each_request_and_fails_a_misshapen_one_alone(pb_utils, built_artifacts):
+    adapter = model(pb_utils, "skill_adapter")
+    packed = adapter.execute([request(payload=payloads(RECORD, RECORD))])[0]
+    categorical, numeric = packed.output("categorical"), packed.output("numeric")
+    folder = MODEL_REPOSITORY / "risk_scorer"
+    scorer = backend.initialize(backend.load_model(MODEL_REPOSITORY.parent / "backends" / "onnxruntime" / "model.py",
+                                                   pb_utils), folder)
+    responses = scorer.execute([request(categorical=categorical, numeric=numeric),
+                                request(categorical=categorical, numeric=numeric[:, :3]),
+                                request(categorical=categorical[:1], numeric=numeric[:1])])
+    assert [r.has_error() for r in responses] == [False, True, False]
+    assert responses[0].output("probability").shape == (2, 1)
+    assert responses[2].output("probability")[0, 0] == pytest.approx(responses[0].output("probability")[0, 0])
+    assert responses[1].error().code() == TritonError.INVALID_ARG
+    assert responses[1].error().message().startswith("onnxruntime: ")
