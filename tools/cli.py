@@ -13,7 +13,7 @@ from tools import exit_codes
 from tools.cli_options import AliasedOption, emit, grpc_url_option, http_url_option, json_option, repositories_option
 from tools.cli_progress import step
 from tools.exit_codes import GATE_REFUSED, failure, require_reachable
-from tools.serve.shutdown import exit_after_shutdown, stop_grpc_service, stop_on_signals
+from tools.serve.shutdown import exit_after_shutdown, stop_grpc_service, stop_on_signals, wait_for_stop
 
 DEFAULT_DATA = Path("artifacts/data/germancredit.csv")
 DEFAULT_SAVED_MODEL = Path("artifacts/legacy/risk_model")
@@ -81,7 +81,7 @@ def legacy_serve(port: int, saved_model: Path, window_size: int, decision_config
     click.echo(f"listening: legacy Skill service on port {port} (TensorFlow, {saved_model}, windows of "
                f"{window_size}, {LEGACY_THREADS} threads)")
     sys.stdout.flush()
-    stop.wait()
+    wait_for_stop(stop)
     stop_grpc_service(server, lambda line: click.echo(line, err=True))
     exit_after_shutdown()
 
@@ -745,7 +745,7 @@ def gateway(port, triton_url, model, window_size, workers, call_timeout_s, max_r
     dual = f"; dual-run with {mirror}, answers from {answer_from}" if mirror else ""
     click.echo(f"ready: legacy Skill service on port {port} -> {model} at {triton_url} "
                f"(windows of {window_size}{dual})", err=True)
-    stop.wait()
+    wait_for_stop(stop)
     stop_grpc_service(server, lambda line: click.echo(line, err=True))
     if dual_run is not None:
         report = dual_run.close()

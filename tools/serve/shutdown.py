@@ -19,6 +19,14 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
+def wait_for_stop(stop: threading.Event, poll_s: float = 0.5) -> None:
+    """Returns once `stop` is set. Waits in slices: a signal the kernel delivers to another thread (gRPC's, ONNX
+    Runtime's, TensorFlow's) only runs its Python handler when the main thread runs again, and a wait without a
+    timeout would never let it."""
+    while not stop.wait(poll_s):
+        pass
+
+
 def stop_grpc_service(server, say: Callable[[str], None], grace_s: float = GRPC_STOP_GRACE_S) -> None:
     """Calls in flight get `grace_s` to finish, then are cancelled. The wait is bounded: gRPC's shutdown event can
     stay unset after a call whose bytes did not parse, and the process must exit on SIGTERM all the same."""
