@@ -2,9 +2,10 @@
 import cycle between the project's modules, and no model that reads another model's folder."""
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
+
+from tools.control.release import PROJECT_PACKAGES, imported_project_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,7 +18,6 @@ ALLOWED = {
     "servers": {"servers", "clients", "backends", "wire"},
     "tools": {"tools", "servers", "clients", "backends", "wire"},
 }
-PROJECT_PACKAGES = {"wire", "backends", "clients", "servers", "tools"}
 
 
 def layer(path: Path) -> str | None:
@@ -34,14 +34,8 @@ def project_sources() -> list[Path]:
 
 
 def imported_modules(path: Path) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module)
-            found |= {f"{node.module}.{alias.name}" for alias in node.names}
-    return {name for name in found if name.split(".")[0] in PROJECT_PACKAGES}
+    required, maybe = imported_project_modules(path)
+    return required | maybe
 
 
 def module_name(path: Path) -> str:

@@ -38,7 +38,7 @@ def _module_file(root: Path, module: str) -> Path | None:
     return None
 
 
-def _imported_modules(source: Path) -> tuple[set[str], set[str]]:
+def imported_project_modules(source: Path) -> tuple[set[str], set[str]]:
     """(modules that must exist, names that may be modules) of the project that a file imports, at any depth
     (imports inside functions count: that is how the protobuf code is reached)."""
     required, maybe = set(), set()
@@ -57,7 +57,7 @@ def project_files(root: Path, starts: list[Path]) -> set[Path]:
     todo, files = list(starts), set()
     while todo:
         source = todo.pop()
-        required, maybe = _imported_modules(source)
+        required, maybe = imported_project_modules(source)
         for module in required | maybe:
             parts = module.split(".")
             for depth in range(1, len(parts) + 1):
