@@ -46,7 +46,7 @@ class RecordRouter:
         flat = rows.join(payloads)
         decoded = self.decoder.decode(flat)
         valid = [i for i, e in enumerate(decoded.errors) if e is None]
-        owner = np.repeat(np.arange(len(payloads)), [len(p) for p in payloads])
+        owner = rows.owners()
         keys = [decoded.request_ids[i] or flat[i] for i in valid]
         batch = self.router.answer(decoded.categorical[valid], decoded.numeric[valid], keys,
                                    [overrides[owner[i]] for i in valid])

@@ -22,8 +22,13 @@ class RequestRows:
     def of(cls, arrays: Sequence[np.ndarray]) -> "RequestRows":
         return cls([len(a) for a in arrays])
 
-    def join(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+    @staticmethod
+    def join(arrays: Sequence[np.ndarray]) -> np.ndarray:
         return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+    def owners(self) -> np.ndarray:
+        """The request each row of the joined batch belongs to."""
+        return np.repeat(np.arange(len(self.slices)), [s.stop - s.start for s in self.slices])
 
     def split(self, joined: Sequence) -> list:
         """Each request's part of `joined` (views, for arrays)."""

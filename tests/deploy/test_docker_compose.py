@@ -414,7 +414,7 @@ def test_the_tls_flags_make_triton_serve_grpc_over_tls_only(tls_config, self_sig
         flags = [arg.replace(secret, str(path)) for arg in flags]
     (tmp_path / "empty").mkdir()
     server = triton_server([tmp_path / "empty"], extra_args=flags,
-                          log_path=tmp_path / "triton.log", exit_timeout_seconds=2)
+                           log_path=tmp_path / "triton.log", exit_timeout_seconds=2)
     with server:
         secure = grpcclient.InferenceServerClient(server.grpc_url, ssl=True,
                                                   root_certificates=str(self_signed["/run/secrets/triton_grpc_cert"]))

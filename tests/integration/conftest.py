@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ENSEMBLES, LLM_REPOSITORY, MODEL_REPOSITORY
-from tests.integration.servers import triton_server
+from tests.integration.servers import serving, triton_server
 
 HERE = Path(__file__).resolve().parent
 
@@ -20,13 +20,8 @@ def triton(built_artifacts, tmp_path_factory):
     """The real embedded tritonserver on the repository as `make` built it, on free ports."""
     log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
     server = triton_server([MODEL_REPOSITORY, ENSEMBLES], log_path=log, exit_timeout_seconds=10)
-    try:
-        server.start(timeout=120)
-    except Exception:
-        print(Path(log).read_text()[-5000:] if Path(log).exists() else "no log")
-        raise
-    yield server
-    server.stop()
+    with serving(server):
+        yield server
 
 
 def _llm_repository_for_tests(dest: Path) -> Path:
@@ -55,13 +50,8 @@ def triton_llm(built_artifacts, tmp_path_factory):
     log = tmp / "tritonserver.log"
     server = triton_server([MODEL_REPOSITORY, ENSEMBLES, _llm_repository_for_tests(tmp / "model_repository_llm")],
                            log_path=log, exit_timeout_seconds=10)
-    try:
-        server.start(timeout=120)
-    except Exception:
-        print(Path(log).read_text()[-5000:] if Path(log).exists() else "no log")
-        raise
-    yield server
-    server.stop()
+    with serving(server):
+        yield server
 
 
 @pytest.fixture

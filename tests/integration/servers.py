@@ -3,6 +3,7 @@ says, stopped within seconds. The session's shared servers (conftest.py) come fr
 from __future__ import annotations
 
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
@@ -13,6 +14,21 @@ def triton_server(repositories, log_path: Path, **options) -> TritonServer:
     """Not started: `with` it (start, then stop), or call start()/stop(). `options` are TritonServer's."""
     options.setdefault("exit_timeout_seconds", 5)
     return TritonServer(list(repositories), free_port(), free_port(), free_port(), log_path=log_path, **options)
+
+
+@contextmanager
+def serving(server: TritonServer, timeout: float = 120):
+    """`server` started (its log's tail printed when it fails to), stopped at the end."""
+    try:
+        server.start(timeout=timeout)
+    except Exception:
+        log = Path(server.log_path) if server.log_path else None
+        print(log.read_text()[-5000:] if log and log.exists() else "no log")
+        raise
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def repository_copies(root: Path) -> tuple[Path, Path]:

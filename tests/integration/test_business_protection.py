@@ -57,8 +57,8 @@ def slow_primary(built_artifacts, tmp_path):
     router.write_text(text)
     slow = slow_model(built_artifacts["onnx"], tmp_path / "slow.onnx", 1000, 16)
     version = publish("risk_scorer", slow, repo, ParityGate(built_artifacts["saved_model"], built_artifacts["data"]))
-    server = triton_server([repo, ensembles], exit_timeout_seconds=5,
-                          log_path=tmp_path / "triton.log")
+    server = triton_server([repo, ensembles],
+                           log_path=tmp_path / "triton.log")
     with server:
         yield server, repo, version
 

@@ -24,7 +24,7 @@ def live(built_artifacts, tmp_path_factory):
     root = tmp_path_factory.mktemp("analysis")
     repo, ensembles = repository_copies(root)
     server = triton_server([repo, ensembles], model_control_mode="explicit",
-                          admin_key=KEY, log_path=root / "triton.log")
+                           admin_key=KEY, log_path=root / "triton.log")
     with server:
         yield server, repo
 

@@ -17,8 +17,8 @@ KEY = "test-admin-key"
 @pytest.fixture(scope="module")
 def explicit_server(built_artifacts, tmp_path_factory):
     server = triton_server([MODEL_REPOSITORY, ENSEMBLES],
-                          model_control_mode="explicit", admin_key=KEY, exit_timeout_seconds=5,
-                          log_path=tmp_path_factory.mktemp("explicit") / "triton.log")
+                           model_control_mode="explicit", admin_key=KEY,
+                           log_path=tmp_path_factory.mktemp("explicit") / "triton.log")
     with server:
         yield server
 

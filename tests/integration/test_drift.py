@@ -42,8 +42,8 @@ def test_a_drifted_feature_shows_psi_over_the_alert_level_and_the_others_do_not(
     drifted = [{"request_id": f"d-{i}", "features": {**rows[i % len(rows)],
                                                       "credit_amount": rows[i % len(rows)]["credit_amount"] * 5}}
                for i in range(3000)]
-    server = triton_server([repo, ENSEMBLES], exit_timeout_seconds=5,
-                          log_path=tmp_path / "triton.log")
+    server = triton_server([repo, ENSEMBLES],
+                           log_path=tmp_path / "triton.log")
     with server:
         client = grpc.InferenceServerClient(server.grpc_url)
         send(client, drifted)

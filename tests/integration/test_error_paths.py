@@ -158,7 +158,7 @@ def faulty_server(built_artifacts, tmp_path_factory):
     for config in repository.glob("*/config.pbtxt"):
         config.write_text(re.sub(r"\nmodel_warmup \[.*?\n\]\n", "\n", config.read_text(), flags=re.S))
     server = triton_server([repository, ENSEMBLES],
-                          log_path=root / "tritonserver.log")
+                           log_path=root / "tritonserver.log")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(ENVIRONMENT_VARIABLE, ",".join(f"{p}=0.33" for p in FAULT_POINTS))
         server.start(timeout=120)

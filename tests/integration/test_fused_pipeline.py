@@ -60,8 +60,8 @@ def test_rewriting_scorer_version_switches_the_scorer_live_without_a_failed_requ
     payloads = [json.dumps({"features": r}).encode() for r in rows.records()]
     expected = {v: reference(repo / "risk_scorer" / str(v) / "model.onnx", feature_spec, rows) for v in (1, 2)}
     assert np.max(np.abs(expected[1] - expected[2])) > 1e-3, "the two versions must be told apart"
-    server = triton_server([repo], exit_timeout_seconds=5,
-                          log_path=tmp_path / "triton.log")
+    server = triton_server([repo],
+                           log_path=tmp_path / "triton.log")
     with server:
         client = grpc.InferenceServerClient(server.grpc_url)
         np.testing.assert_allclose(score(client, payloads), expected[1], atol=1e-6)

@@ -173,7 +173,7 @@ def kill_stub(server: TritonServer, model: str) -> int:
 def test_poll_mode_on_a_read_only_repository_gives_the_model_up_at_once(read_only_repository, tmp_path):
     """No touch can reload it there: waiting would only prolong the failures, so the supervisor escalates."""
     server = triton_server([read_only_repository, ENSEMBLES],
-                          log_path=tmp_path / "triton.log")
+                           log_path=tmp_path / "triton.log")
     given_up = []
     with server:
         state = SupervisorState(path=tmp_path / "supervisor.json")
@@ -193,8 +193,8 @@ def test_poll_mode_on_a_read_only_repository_gives_the_model_up_at_once(read_onl
 
 def test_a_reload_the_server_refuses_is_retried_with_growing_delays_then_given_up(built_artifacts, tmp_path):
     server = triton_server([copy_repository(tmp_path), ENSEMBLES],
-                          model_control_mode="explicit", admin_key="the-key", log_path=tmp_path / "triton.log",
-                          exit_timeout_seconds=5)
+                           model_control_mode="explicit", admin_key="the-key", log_path=tmp_path / "triton.log",
+                           exit_timeout_seconds=5)
     given_up = []
     with server:
         state = SupervisorState(path=tmp_path / "supervisor.json")
@@ -246,9 +246,9 @@ def test_explicit_mode_heals_a_killed_stub_on_a_read_only_repository(read_only_r
     import tritonclient.http as http
     key = "lifecycle-key"
     server = triton_server([read_only_repository, ENSEMBLES],
-                          model_control_mode="explicit", admin_key=key, supervise=True,
-                          supervisor_state=SupervisorState(path=tmp_path / "supervisor.json"),
-                          log_path=tmp_path / "triton.log")
+                           model_control_mode="explicit", admin_key=key, supervise=True,
+                           supervisor_state=SupervisorState(path=tmp_path / "supervisor.json"),
+                           log_path=tmp_path / "triton.log")
     with server:
         victim = kill_stub(server, "skill_adapter")
         assert wait_until(lambda: server.supervisor.heals, 10)
@@ -274,8 +274,8 @@ def test_the_admin_key_is_on_no_command_line_and_in_no_stub_environment(built_ar
     key = "k3y-" + os.urandom(8).hex()
     monkeypatch.setenv("S2T_ADMIN_KEY", key)
     server = triton_server([copy_repository(tmp_path), ENSEMBLES],
-                          model_control_mode="explicit", admin_key=key, log_path=tmp_path / "triton.log",
-                          exit_timeout_seconds=5)
+                           model_control_mode="explicit", admin_key=key, log_path=tmp_path / "triton.log",
+                           exit_timeout_seconds=5)
     with server:
         stubs = stubs_of(server.process.pid)
         assert stubs
@@ -436,8 +436,8 @@ def test_an_instance_failing_under_10_percent_is_left_alone(built_artifacts, tmp
 
 def test_a_stub_that_died_before_supervision_started_is_found_and_reloaded(built_artifacts, tmp_path):
     server = triton_server([copy_repository(tmp_path), ENSEMBLES],
-                          model_control_mode="explicit", admin_key="early-key", log_path=tmp_path / "triton.log",
-                          exit_timeout_seconds=5)
+                           model_control_mode="explicit", admin_key="early-key", log_path=tmp_path / "triton.log",
+                           exit_timeout_seconds=5)
     with server:
         victim = kill_stub(server, "risk_decision")
         time.sleep(0.5)

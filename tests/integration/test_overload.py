@@ -23,8 +23,7 @@ def small_queue_server(built_artifacts, tmp_path_factory):
     text, count = re.subn(r"max_queue_size: 512", "max_queue_size: 2", config.read_text(), count=1)
     assert count == 1, "risk_router's config no longer has the queue cap this test lowers"
     config.write_text(text)
-    server = triton_server([repo, ENSEMBLES], log_path=root / "triton.log",
-                          exit_timeout_seconds=5)
+    server = triton_server([repo, ENSEMBLES], log_path=root / "triton.log")
     with server:
         yield server
 
@@ -84,7 +83,7 @@ def test_bulk_priority_has_its_own_larger_queue(small_queue_server, german_credi
 
 def test_rate_limited_server_serves_the_pipeline_within_its_slots(built_artifacts, german_credit_data, tmp_path):
     server = triton_server([MODEL_REPOSITORY, ENSEMBLES], rate_limit_slots=1,
-                          log_path=tmp_path / "triton.log")
+                           log_path=tmp_path / "triton.log")
     with server:
         records = [json.dumps({"features": r}).encode() for r in german_credit_data.records()[:32]]
         answers = burst(server, np.array(records, dtype=object).reshape(-1, 1), 8, model="risk_pipeline")

@@ -35,8 +35,8 @@ def supervised(request, built_artifacts, tmp_path):
     repo = tmp_path / "model_repository"
     shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
     server = triton_server([repo, ENSEMBLES], model_control_mode=request.param,
-                          admin_key=KEY if request.param == "explicit" else None, supervise=True,
-                          log_path=tmp_path / "triton.log")
+                           admin_key=KEY if request.param == "explicit" else None, supervise=True,
+                           log_path=tmp_path / "triton.log")
     with server:
         yield server
 
@@ -109,8 +109,7 @@ def test_a_publish_on_a_full_disk_is_refused_and_the_served_version_keeps_servin
     repo = small_disk / "model_repository"
     shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
     before = VersionStore(repo).served("risk_scorer")
-    server = triton_server([repo, ENSEMBLES], log_path=tmp_path / "triton.log",
-                          exit_timeout_seconds=5)
+    server = triton_server([repo, ENSEMBLES], log_path=tmp_path / "triton.log")
     with server:
         filler = small_disk / "filler"
         fd = os.open(filler, os.O_WRONLY | os.O_CREAT)

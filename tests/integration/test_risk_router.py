@@ -89,8 +89,7 @@ def canary_server(built_artifacts, tmp_path_factory):
     shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
     publish("risk_scorer", built_artifacts["onnx"], repo, ParityGate(built_artifacts["saved_model"],
                                                                     built_artifacts["data"]))
-    server = triton_server([repo, ENSEMBLES], log_path=root / "triton.log",
-                          exit_timeout_seconds=5)
+    server = triton_server([repo, ENSEMBLES], log_path=root / "triton.log")
     with server:
         yield server, repo
 
@@ -157,7 +156,7 @@ def breaker_server(built_artifacts, tmp_path):
         assert count == 1, key
     config.write_text(text)
     server = triton_server([repo, ENSEMBLES], model_control_mode="explicit",
-                          admin_key=KEY, log_path=tmp_path / "triton.log")
+                           admin_key=KEY, log_path=tmp_path / "triton.log")
     with server:
         yield server
 

@@ -28,8 +28,8 @@ def live(request, built_artifacts, tmp_path):
     primary with them)."""
     repo, ensembles = repository_copies(tmp_path)
     server = triton_server([repo, ensembles], model_control_mode=request.param,
-                          admin_key=KEY if request.param == "explicit" else None, exit_timeout_seconds=5,
-                          log_path=tmp_path / "triton.log")
+                           admin_key=KEY if request.param == "explicit" else None,
+                           log_path=tmp_path / "triton.log")
     with server:
         yield server, repo
 

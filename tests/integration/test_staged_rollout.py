@@ -32,7 +32,7 @@ def live(request, built_artifacts, tmp_path):
     repo, ensembles = repository_copies(tmp_path)
     explicit = request.param == "explicit"
     server = triton_server([repo, ensembles], model_control_mode=request.param,
-                          admin_key=KEY if explicit else None, log_path=tmp_path / "triton.log")
+                           admin_key=KEY if explicit else None, log_path=tmp_path / "triton.log")
     with server:
         yield server, repo
 

@@ -13,6 +13,7 @@ def test_split_gives_each_request_its_own_rows_back_in_order(counts):
     assert rows.total == sum(counts) == len(joined)
     for original, part in zip(arrays, rows.split(joined), strict=True):
         assert np.array_equal(original, part)
+    assert rows.owners().tolist() == [i for i, n in enumerate(counts) for _ in range(n)]
 
 
 @pytest.mark.parametrize("counts, slices", [([1], [(0, 1)]), ([2, 0, 3], [(0, 2), (2, 2), (2, 5)])])
