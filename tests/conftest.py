@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.serve.service_process import S2T  # noqa: F401 - the tests take it from here
-from tools.serve.triton_server import free_port  # noqa: F401 - the tests take it from here
+from s2t.serve.service_process import S2T  # noqa: F401 - the tests take it from here
+from s2t.serve.triton_server import free_port  # noqa: F401 - the tests take it from here
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts"
@@ -18,7 +18,7 @@ LLM_REPOSITORY = ROOT / "model_repository_llm"
 
 def has_gpu() -> bool:
     """A CUDA driver and GPU here (the TensorRT tests then build real engines instead of checking refusals)."""
-    from tools.models.tensorrt_engine import EngineBuildError, cuda_device
+    from s2t.models.tensorrt_engine import EngineBuildError, cuda_device
     try:
         cuda_device()
     except EngineBuildError:
@@ -37,21 +37,21 @@ def built_artifacts():
 
 @pytest.fixture(scope="session")
 def german_credit_data(built_artifacts):
-    from tools.models import german_credit
+    from s2t.models import german_credit
     return german_credit.load(built_artifacts["data"])
 
 
 @pytest.fixture(scope="session")
 def legacy_scores(built_artifacts, german_credit_data):
     """The legacy SavedModel's probability for every German Credit row (TensorFlow runs once per session)."""
-    from tools.gate import parity
+    from s2t.gate import parity
     return parity.legacy_scores(built_artifacts["saved_model"], german_credit_data.columns)
 
 
 @pytest.fixture(scope="session")
 def decision_thresholds():
     """The thresholds risk_pipeline decides with, from its config."""
-    from tools.gate.model_config import decision_thresholds
+    from s2t.gate.model_config import decision_thresholds
     return decision_thresholds(MODEL_REPOSITORY / "risk_pipeline")
 
 
@@ -59,5 +59,5 @@ def decision_thresholds():
 def feature_spec(built_artifacts):
     import onnx
 
-    from tools.models.convert import read_spec
+    from s2t.models.convert import read_spec
     return read_spec(onnx.load(str(built_artifacts["onnx"])))

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tools.gate.runtime_imports import normalised
+from s2t.gate.runtime_imports import normalised
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 

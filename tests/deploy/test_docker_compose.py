@@ -20,7 +20,7 @@ import yaml
 from tests.conftest import ROOT
 from tests.deploy.compose import (COMPOSE_FILE, IMAGE, TRITON_IMAGE_DIR, compose_config, dockerfile_stages, image_pins,
                                   pinned_versions)
-from tools.gate.runtime_imports import normalised
+from s2t.gate.runtime_imports import normalised
 from tests.integration.servers import triton_server
 
 TLS_FILE = ROOT / "docker-compose.tls.yml"
@@ -127,7 +127,7 @@ def test_the_triton_image_is_ngc_24_10_with_the_models_packages_tagged_by_its_co
 
 
 def test_every_module_the_served_python_models_import_is_installed_by_their_image(all_profiles_config):
-    from tools.gate.runtime_imports import BACKEND_MODULES, distribution_of, model_files, third_party_modules
+    from s2t.gate.runtime_imports import BACKEND_MODULES, distribution_of, model_files, third_party_modules
 
     services = _services(all_profiles_config)
     for name in ("triton", "triton-gpu", "triton-llm"):
@@ -282,7 +282,7 @@ def test_prometheus_grafana_and_locust_images_are_pinned_to_a_release(all_profil
 def test_the_locust_image_adds_what_the_locustfile_imports_at_the_project_pins(all_profiles_config):
     import ast
 
-    from tools.control.release import PROJECT_PACKAGES, project_files
+    from s2t.control.release import PROJECT_PACKAGES, project_files
     locust = _services(all_profiles_config)["locust"]
     assert Path(locust["build"]["context"]) == LOCUST_DOCKERFILE.parent
     installed = pinned_versions(LOCUST_DOCKERFILE.read_text())
@@ -290,7 +290,7 @@ def test_the_locust_image_adds_what_the_locustfile_imports_at_the_project_pins(a
     assert installed and all(constraints[name] == version for name, version in installed.items()), installed
     assert _base_image(locust) == f"locustio/locust:{constraints['locust']}"
     # Third-party modules the locustfile and the project modules it imports need, beyond locust's own.
-    locustfile = ROOT / "tools" / "bench" / "locustfile.py"
+    locustfile = ROOT / "s2t" / "bench" / "locustfile.py"
     modules = set()
     for source in [locustfile, *project_files(ROOT, [locustfile])]:
         for node in ast.walk(ast.parse(source.read_text())):
@@ -350,8 +350,8 @@ def test_locust_starts_only_on_demand_aimed_at_triton_with_the_repository_locust
     assert "--host=http://triton:8000" in command
     locustfile = Path(command[command.index("-f") + 1])
     mount = next(b for b in _binds(locust) if locustfile.is_relative_to(b["target"]))
-    assert (Path(mount["source"]) / locustfile.relative_to(mount["target"])) == ROOT / "tools" / "bench" / "locustfile.py"
-    assert (ROOT / "tools" / "bench" / "locustfile.py").is_file(), "tools/bench/locustfile.py is missing"
+    assert (Path(mount["source"]) / locustfile.relative_to(mount["target"])) == ROOT / "s2t" / "bench" / "locustfile.py"
+    assert (ROOT / "s2t" / "bench" / "locustfile.py").is_file(), "s2t/bench/locustfile.py is missing"
 
 
 TLS_FLAGS = ["--grpc-use-ssl=true", "--grpc-server-cert=/run/secrets/triton_grpc_cert",
@@ -431,8 +431,8 @@ def test_the_triton_services_run_tritonserver_under_the_keeper_with_its_port_pub
     for name, service in {**_tritons(all_profiles_config), "triton-llm": services["triton-llm"]}.items():
         entrypoint = service["entrypoint"]
         assert entrypoint[0] == "/opt/nvidia/nvidia_entrypoint.sh", "the image's own entrypoint stays first"
-        assert entrypoint[1:4] == ["python3", "-m", "tools.serve.keeper"] and entrypoint[-1] == "--", name
-        assert (ROOT / "tools" / "serve" / "keeper.py").is_file()
+        assert entrypoint[1:4] == ["python3", "-m", "s2t.serve.keeper"] and entrypoint[-1] == "--", name
+        assert (ROOT / "s2t" / "serve" / "keeper.py").is_file()
         assert _host_ports(service)[8003] == 8003, name
     prometheus = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     job = next(j for j in prometheus["scrape_configs"] if j["job_name"] == "s2t-supervisor")
@@ -442,7 +442,7 @@ def test_the_triton_services_run_tritonserver_under_the_keeper_with_its_port_pub
 def _embedded(service: dict, repositories: dict[str, Path], backend_dir: Path, ports: dict[str, int]) -> list[str]:
     """The service's entrypoint and command as this machine can run them: the wheel's tritonserver for the image's,
     local folders for the mounts, free ports; nothing else changed."""
-    from tools.serve.triton_server import TRITON_DIR
+    from s2t.serve.triton_server import TRITON_DIR
     keeper = [sys.executable if arg == "python3" else arg for arg in service["entrypoint"][1:]]
     keeper = [f"--supervisor-port={ports['supervisor']}" if a.startswith("--supervisor-port") else a for a in keeper]
     command = []
@@ -464,8 +464,8 @@ def test_the_compose_command_heals_a_dead_stub_and_leaves_no_stub_when_the_serve
     import urllib.request
 
     from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
-    from tools.serve.supervisor import stubs_of
-    from tools.serve.triton_server import assemble_backend_dir, server_env
+    from s2t.serve.supervisor import stubs_of
+    from s2t.serve.triton_server import assemble_backend_dir, server_env
 
     repo = tmp_path / "models" / "model_repository"
     shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))

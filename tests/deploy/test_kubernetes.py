@@ -91,7 +91,7 @@ def _pushed(image: str) -> str:
 
 @pytest.mark.parametrize("directory", RENDERED[:3])
 def test_pods_run_the_compose_serving_image_which_installs_what_their_repositories_import(rendered, directory):
-    from tools.gate.runtime_imports import BACKEND_MODULES, distribution_of, model_files, third_party_modules
+    from s2t.gate.runtime_imports import BACKEND_MODULES, distribution_of, model_files, third_party_modules
 
     installed = image_pins(TRITON_IMAGE_DIR / "Dockerfile", "serving")
     for triton in triton_containers(rendered[directory]):
@@ -150,7 +150,7 @@ def test_explicit_mode_takes_the_admin_key_from_a_secret_that_is_not_committed(r
     assert "--http-restricted-api=model-repository:admin-key=$$(S2T_ADMIN_KEY)" in args
     assert "--grpc-restricted-protocol=model-repository:admin-key=$$(S2T_ADMIN_KEY)" in args
     # The kubelet unescapes `$$(` to `$(` and leaves it: the keeper replaces it, off the command line.
-    from tools.serve.keeper import ADMIN_KEY_REFERENCE
+    from s2t.serve.keeper import ADMIN_KEY_REFERENCE
     assert ADMIN_KEY_REFERENCE == "$(S2T_ADMIN_KEY)"
     env = {e["name"]: e for e in triton["env"]}
     ref = env["S2T_ADMIN_KEY"]["valueFrom"]["secretKeyRef"]
@@ -232,7 +232,7 @@ def test_nothing_under_deploy_kubernetes_holds_a_secret_value():
                 assert "secretGenerator" not in doc, path
 
 
-KEEPER = ["/opt/nvidia/nvidia_entrypoint.sh", "python3", "-m", "tools.serve.keeper"]
+KEEPER = ["/opt/nvidia/nvidia_entrypoint.sh", "python3", "-m", "s2t.serve.keeper"]
 
 
 def triton_containers(docs: list[dict]) -> list[dict]:
@@ -248,7 +248,7 @@ def test_tritonserver_runs_under_the_keeper_which_the_release_source_provides(re
         state_dir = next(a.split("=", 1)[1] for a in command if a.startswith("--state-dir="))
         if directory != "kserve":
             assert state_dir in {m["mountPath"] for m in triton["volumeMounts"]}, "supervisor.json needs a place"
-    assert (ROOT / "tools" / "serve" / "keeper.py").is_file()
+    assert (ROOT / "s2t" / "serve" / "keeper.py").is_file()
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -300,7 +300,7 @@ def release_references(docs: list[dict]) -> list[str]:
 
 @pytest.mark.parametrize("directory", RENDERED[:3])
 def test_every_pod_names_one_immutable_release_by_its_content_id(rendered, directory):
-    from tools.control.release import ID_PATTERN
+    from s2t.control.release import ID_PATTERN
     references = release_references(rendered[directory])
     assert references
     ids = {ref.rsplit("/releases/", 1)[1] for ref in references}
@@ -315,7 +315,7 @@ def test_every_pod_names_one_immutable_release_by_its_content_id(rendered, direc
 
 
 def test_a_pinned_release_changes_the_pod_template_and_every_reference(tmp_path, built_artifacts):
-    from tools.control import release
+    from s2t.control import release
     copy = tmp_path / "kubernetes"
     shutil.copytree(KUBERNETES, copy)
     release_id = release.build(ROOT, [ROOT / "model_repository", ROOT / "ensembles"], tmp_path / "releases")

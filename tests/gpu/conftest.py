@@ -1,7 +1,7 @@
 """GPU tests skip cleanly, naming what is missing, wherever there is no GPU or no GPU wheels (`make test` here)."""
 import pytest
 
-from tools.models import tensorrt_engine
+from s2t.models import tensorrt_engine
 
 
 def missing_for_gpu_tests() -> str | None:

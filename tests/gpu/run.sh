@@ -17,8 +17,8 @@ if ! make gpu-venv >"$out/gpu-venv.log" 2>&1; then
   exit 2
 fi
 status=0
-LD_LIBRARY_PATH=$(.venv-gpu/bin/python -m tools.models.gpu_libraries) timeout 420 .venv-gpu/bin/python -m pytest -m gpu \
+LD_LIBRARY_PATH=$(.venv-gpu/bin/python -m s2t.models.gpu_libraries) timeout 420 .venv-gpu/bin/python -m pytest -m gpu \
   tests/gpu -rs -s -p no:cacheprovider --junitxml="$out/junit.xml" 2>&1 | tee "$out/pytest.txt" || status=1
-LD_LIBRARY_PATH=$(.venv-gpu/bin/python -m tools.models.gpu_libraries) timeout 150 .venv-gpu/bin/python -m tools.cli \
+LD_LIBRARY_PATH=$(.venv-gpu/bin/python -m s2t.models.gpu_libraries) timeout 150 .venv-gpu/bin/python -m s2t.cli \
   bench --mode gpu --out "$out" 2>&1 | tee "$out/bench.txt" || status=1
 exit $status

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import DATA_CSV, ROOT, SAVED_MODEL, SCORER_ONNX
-from tools.gate import model_config, parity
-from tools.models import german_credit, tensorrt_engine
-from tools.control.publish import ParityGate, publish
-from tools.models.tensorrt_engine import BatchProfile
+from s2t.gate import model_config, parity
+from s2t.models import german_credit, tensorrt_engine
+from s2t.control.publish import ParityGate, publish
+from s2t.models.tensorrt_engine import BatchProfile
 
 pytestmark = pytest.mark.gpu  # tests/gpu/conftest.py skips them, naming what is missing, where they cannot run
 PROFILE = BatchProfile(1, 64, 256)
@@ -84,7 +84,7 @@ def test_publish_gates_the_engine_and_check_config_accepts_the_version(engines, 
 
 
 def test_the_gpu_benchmark_sweeps_engines_graphs_and_the_cpu(tmp_path, built_artifacts):
-    from tools.bench import gpu
+    from s2t.bench import gpu
     results = gpu.run(SCORER_ONNX, DATA_CSV, tmp_path, seconds=0.3, batches=(1, 64), optima=(64,))
     measured = {(p["engine"].split(" opt")[0], p["cuda_graph"]) for p in results["points"]}
     refused = {(u["engine"].split(" opt")[0], u["cuda_graph"]) for u in results["unavailable"]}

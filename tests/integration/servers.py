@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
-from tools.serve.triton_server import TritonServer
+from s2t.serve.triton_server import TritonServer
 
 
 def triton_server(repositories, log_path: Path, **options) -> TritonServer:

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import pytest
 
 from clients.legacy_record import to_protobuf
-from tools.serve import service_process
+from s2t.serve import service_process
 
 
 def skill_records(german_credit_data, rows, prefix="legacy"):

@@ -12,8 +12,8 @@ import tritonclient.grpc as grpc
 from onnx import helper, numpy_helper
 
 from tests.conftest import S2T
-from tools.control.config_edit import set_string_parameter
-from tools.control.publish import ParityGate, publish
+from s2t.control.config_edit import set_string_parameter
+from s2t.control.publish import ParityGate, publish
 from tests.integration.servers import repository_copies, triton_server
 
 # The limits under test, written into the router's config as an operator would (the shipped ones: 1 s over 5 s).

@@ -5,8 +5,8 @@ import subprocess
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT, S2T
 from tests.samples import shifted_model
-from tools.exit_codes import GATE_REFUSED
-from tools.control.version_store import VersionStore
+from s2t.exit_codes import GATE_REFUSED
+from s2t.control.version_store import VersionStore
 
 
 

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.conftest import ROOT, S2T
-from tools import exit_codes
+from s2t import exit_codes
 
 RECORD = json.loads((ROOT / "clients" / "examples" / "record.json").read_text())
 
@@ -71,6 +71,6 @@ def test_bad_and_good_records_scored_at_once_each_get_their_own_answer(triton):
 
 
 def test_score_against_a_port_where_nothing_listens_exits_unreachable(tmp_path):
-    from tools.serve.triton_server import free_port
+    from s2t.serve.triton_server import free_port
     done = score("clients/examples/record.json", "--grpc-url", f"localhost:{free_port()}")
     assert done.returncode == exit_codes.UNREACHABLE and "unreachable" in done.stderr

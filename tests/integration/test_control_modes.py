@@ -8,7 +8,7 @@ import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
-from tools.control.live_control import admin_headers
+from s2t.control.live_control import admin_headers
 from tests.integration.servers import triton_server
 
 KEY = "test-admin-key"

@@ -9,7 +9,7 @@ import numpy as np
 import tritonclient.grpc as grpc
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, S2T
-from tools.control.config_edit import set_string_parameter
+from s2t.control.config_edit import set_string_parameter
 from tests.integration.servers import triton_server
 
 PUBLISH_SECONDS = 1

@@ -12,7 +12,7 @@ import pytest
 from wire import skill_pb2, skill_pb2_grpc
 from tests.conftest import SAVED_MODEL, free_port
 from tests.integration.skill_services import running, skill_records, start, stop
-from tools.gate import parity
+from s2t.gate import parity
 
 TOLERANCE = 1e-5
 

@@ -13,9 +13,9 @@ import onnx
 import pytest
 
 from tests.conftest import MODEL_REPOSITORY, S2T
-from tools.gate import example_parity
-from tools.models.convert import read_spec
-from tools.models.example_signature import EXAMPLE_INPUT_KEY
+from s2t.gate import example_parity
+from s2t.models.convert import read_spec
+from s2t.models.example_signature import EXAMPLE_INPUT_KEY
 from tests.integration.servers import triton_server
 
 TF_QUIET = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}

@@ -9,7 +9,7 @@ import pytest
 import tritonclient.grpc as grpc
 
 from tests.conftest import MODEL_REPOSITORY
-from tools.serve.triton_server import ServerError
+from s2t.serve.triton_server import ServerError
 from tests.integration.servers import triton_server
 
 PIPELINE_MODELS = ("risk_pipeline", "risk_scorer")

@@ -11,11 +11,11 @@ import pytest
 
 from backends.routing_policy import Target
 from tests.conftest import DATA_CSV, GPU_REPOSITORY, MODEL_REPOSITORY, ROOT, S2T, SAVED_MODEL, SCORER_ONNX, has_gpu
-from tools.gate import model_config
-from tools.models import tensorrt_engine
-from tools.control.canary import CanaryError, set_split
-from tools.gate.model_config import mc
-from tools.control.publish import ParityGate, PublishError, publish
+from s2t.gate import model_config
+from s2t.models import tensorrt_engine
+from s2t.control.canary import CanaryError, set_split
+from s2t.gate.model_config import mc
+from s2t.control.publish import ParityGate, PublishError, publish
 
 
 GPU_MODELS = ("risk_scorer_trt", "risk_scorer_cuda")

@@ -14,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from backends.decision_policy import decide
 from clients import stream_client
-from tools.gate.hostile_records import (HOSTILE_ROUTES, HOSTILE_SEQUENCE_IDS, KINDS, ODD_BUT_VALID, hostile_records,
+from s2t.gate.hostile_records import (HOSTILE_ROUTES, HOSTILE_SEQUENCE_IDS, KINDS, ODD_BUT_VALID, hostile_records,
                                    names_field)
 
 VALID, HOSTILE, ODD = 600, 2400, 150

@@ -8,9 +8,9 @@ import numpy as np
 import onnx
 import pytest
 
-from tools.gate import parity
+from s2t.gate import parity
 
-from tools.models import legacy_model
+from s2t.models import legacy_model
 from tests.conftest import S2T
 
 TF_QUIET = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}

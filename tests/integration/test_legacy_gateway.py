@@ -12,7 +12,7 @@ from servers.legacy_gateway import serve
 from clients.legacy_record import to_protobuf
 from wire import skill_pb2, skill_pb2_grpc
 from tests.conftest import S2T, free_port
-from tools.gate import parity
+from s2t.gate import parity
 
 TOLERANCE = 1e-5
 

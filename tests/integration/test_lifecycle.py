@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DATA_CSV, ENSEMBLES, MODEL_REPOSITORY, ROOT, S2T, free_port
-from tools.serve.healing import HealSettings, SupervisorState
-from tools.serve.supervisor import StubSupervisor, stubs_of
-from tools.serve.triton_server import TritonServer
+from s2t.serve.healing import HealSettings, SupervisorState
+from s2t.serve.supervisor import StubSupervisor, stubs_of
+from s2t.serve.triton_server import TritonServer
 from tests.integration.servers import triton_server
 
 
@@ -56,7 +56,7 @@ def copy_repository(tmp_path: Path) -> Path:
 def stream_load(grpc_url: str, stop: threading.Event) -> threading.Thread:
     """risk_stream streams in flight (its stub is the one that outlived a killed server)."""
     from clients import stream_client
-    from tools.models import german_credit
+    from s2t.models import german_credit
     rows = [{"features": f} for f in german_credit.load(DATA_CSV).records()]
 
     def run():
@@ -297,10 +297,10 @@ def test_the_admin_key_is_on_no_command_line_and_in_no_stub_environment(built_ar
 
 def test_the_keeper_fills_the_admin_key_reference_from_its_environment_and_shows_it_nowhere(built_artifacts,
                                                                                          tmp_path):
-    from tools.serve.triton_server import TRITON_DIR, assemble_backend_dir, server_env
+    from s2t.serve.triton_server import TRITON_DIR, assemble_backend_dir, server_env
     key = "k3y-" + os.urandom(8).hex()
     http_port = free_port()
-    command = [sys.executable, "-m", "tools.serve.keeper", "--supervisor-port=0", f"--state-dir={tmp_path}", "--",
+    command = [sys.executable, "-m", "s2t.serve.keeper", "--supervisor-port=0", f"--state-dir={tmp_path}", "--",
                str(TRITON_DIR / "bin" / "tritonserver"), f"--model-repository={copy_repository(tmp_path)}",
                f"--model-repository={ENSEMBLES}", f"--backend-directory={assemble_backend_dir(tmp_path / 'b')}",
                f"--http-port={http_port}", f"--grpc-port={free_port()}", f"--metrics-port={free_port()}",

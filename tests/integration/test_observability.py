@@ -26,8 +26,8 @@ import yaml
 from backends.routing_policy import Target
 from clients import stream_client
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT, S2T, free_port
-from tools.control import canary
-from tools.control.version_store import VersionStore
+from s2t.control import canary
+from s2t.control.version_store import VersionStore
 
 PROMETHEUS = ROOT / "deploy" / "prometheus"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "skill2triton.json"

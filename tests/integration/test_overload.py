@@ -9,7 +9,7 @@ import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
-from tools.gate import model_config
+from s2t.gate import model_config
 from tests.integration.servers import triton_server
 
 

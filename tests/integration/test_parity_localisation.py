@@ -7,9 +7,9 @@ from onnx import numpy_helper
 from tests.conftest import DATA_CSV as DATA
 from tests.conftest import SAVED_MODEL
 from tests.conftest import SCORER_ONNX as SCORER
-from tools.gate import parity
-from tools.models import german_credit
-from tools.gate.divergence import first_divergence
+from s2t.gate import parity
+from s2t.models import german_credit
+from s2t.gate.divergence import first_divergence
 
 ATOL = 1e-5
 

@@ -10,9 +10,9 @@ import pytest
 from onnx import numpy_helper
 
 from tests.conftest import MODEL_REPOSITORY, S2T
-from tools.gate import model_config
-from tools.control.publish import ParityGate, PublishError, publish
-from tools.control.version_store import VersionStore
+from s2t.gate import model_config
+from s2t.control.publish import ParityGate, PublishError, publish
+from s2t.control.version_store import VersionStore
 
 
 

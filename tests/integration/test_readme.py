@@ -21,7 +21,7 @@ import click
 import pytest
 
 from tests.conftest import ROOT
-from tools.cli import main
+from s2t.cli import main
 
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))

@@ -15,9 +15,9 @@ import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
-from tools.control.publish import PublishError, publish
-from tools.serve.supervisor import stubs_of
-from tools.control.version_store import VersionStore
+from s2t.control.publish import PublishError, publish
+from s2t.serve.supervisor import stubs_of
+from s2t.control.version_store import VersionStore
 from tests.integration.servers import triton_server
 
 KEY = "reliability-key"

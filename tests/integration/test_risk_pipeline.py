@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from backends.decision_policy import decide
-from tools.gate import parity
+from s2t.gate import parity
 
 TOLERANCE = 1e-5
 

@@ -14,10 +14,10 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, S2T
 from tests.integration.servers import triton_server
-from tools.control.live_control import admin_headers
-from tools.control.publish import ParityGate, publish
-from tools.control.version_store import VersionStore
-from tools.gate.canary_analysis import parse_metrics
+from s2t.control.live_control import admin_headers
+from s2t.control.publish import ParityGate, publish
+from s2t.control.version_store import VersionStore
+from s2t.gate.canary_analysis import parse_metrics
 
 KEY = "router-key"
 

@@ -12,9 +12,9 @@ import tritonclient.grpc as grpc
 
 from backends.record_decoder import encode_columns
 from tests.conftest import S2T
-from tools.control.live_control import ADMIN_KEY_ENV
-from tools.control.publish import ParityGate
-from tools.control.version_store import VersionStore
+from s2t.control.live_control import ADMIN_KEY_ENV
+from s2t.control.publish import ParityGate
+from s2t.control.version_store import VersionStore
 from tests.integration.servers import repository_copies, triton_server
 
 KEY = "rollout-key"

@@ -14,8 +14,8 @@ import tritonclient.grpc as grpc
 from tests.conftest import S2T
 from tests.integration.servers import repository_copies, triton_server
 from tests.samples import SHIFT, shifted_model
-from tools.control.live_control import ADMIN_KEY_ENV
-from tools.control.version_store import VersionStore
+from s2t.control.live_control import ADMIN_KEY_ENV
+from s2t.control.version_store import VersionStore
 
 KEY = "staged-rollout-key"
 

@@ -3,7 +3,7 @@ import json
 import subprocess
 
 from tests.conftest import MODEL_REPOSITORY, S2T
-from tools.control.version_store import VersionStore
+from s2t.control.version_store import VersionStore
 
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tools.control.release import PROJECT_PACKAGES, imported_project_modules
+from s2t.control.release import PROJECT_PACKAGES, imported_project_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,7 +16,7 @@ ALLOWED = {
     "models": {"backends", "wire"},
     "clients": {"clients", "wire"},
     "servers": {"servers", "clients", "backends", "wire"},
-    "tools": {"tools", "servers", "clients", "backends", "wire"},
+    "s2t": {"s2t", "servers", "clients", "backends", "wire"},
 }
 
 

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from tools.bench import perf_analyzer, report, wrk
+from s2t.bench import perf_analyzer, report, wrk
 
 PERF_CONCURRENCY_CSV = (
     "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,"
@@ -111,7 +111,7 @@ def test_grpc_against_http_comes_from_the_median_alternating_rounds_when_measure
 
 
 def test_each_protocol_figure_is_its_own_median_over_the_rounds():
-    from tools.bench import protocols
+    from s2t.bench import protocols
     rounds = [{"requests_per_s": r, "client_cpu_us_per_request": c} for r, c in ((900.0, 80.0), (1200.0, 95.0),
                                                                                   (1000.0, 70.0))]
     assert protocols.median_of_rounds(rounds) == {"requests_per_s": 1000.0, "client_cpu_us_per_request": 80.0}

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT, S2T
-from tools import exit_codes
-from tools.cli import main
-from tools.serve.triton_server import free_port
+from s2t import exit_codes
+from s2t.cli import main
+from s2t.serve.triton_server import free_port
 
 
 
@@ -182,11 +182,11 @@ def test_every_command_has_a_docstring_and_every_option_and_argument_has_help():
     ((None, None, "o:3", "http"), ("o:3", "http")),
 ], ids=["none", "http", "grpc", "old-url-grpc", "old-url-http"])
 def test_server_address_reads_the_new_and_the_old_spellings(given, expected):
-    from tools.cli import server_address
+    from s2t.cli import server_address
     assert server_address(*given) == expected
 
 
 def test_server_address_refuses_two_servers():
-    from tools.cli import server_address
+    from s2t.cli import server_address
     with pytest.raises(click.UsageError):
         server_address("h:1", None, "o:3", "grpc")

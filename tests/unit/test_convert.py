@@ -4,7 +4,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from backends.record_decoder import encode_columns
-from tools.models.convert import _UNSUPPORTED_OP, ConversionError, read_spec, shape_for_serving
+from s2t.models.convert import _UNSUPPORTED_OP, ConversionError, read_spec, shape_for_serving
 
 
 def tf2onnx_like_model(extra_string_consumer=False):

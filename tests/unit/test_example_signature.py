@@ -12,9 +12,9 @@ from onnx import TensorProto, helper, numpy_helper
 from backends.example_record import as_example
 from backends.feature_spec import CategoricalFeature, FeatureSpec
 from backends.record_decoder import RecordDecoder
-from tools.gate import example_parity
-from tools.models.convert import shape_for_serving
-from tools.models.example_signature import (DenseFeature, SignatureError, dense_features, lift_parse_example,
+from s2t.gate import example_parity
+from s2t.models.convert import shape_for_serving
+from s2t.models.example_signature import (DenseFeature, SignatureError, dense_features, lift_parse_example,
                                      lift_from_saved_model)
 
 EMPTY_TEXT = np.array([], dtype=object)
@@ -217,5 +217,5 @@ def test_a_feature_with_a_parse_default_may_have_no_column(tmp_path):
 
 
 def test_a_legacy_parse_example_op_is_refused_with_the_way_to_export_it():
-    from tools.models.convert import _way_out
+    from s2t.models.convert import _way_out
     assert "tf.io.parse_example (ParseExampleV2)" in _way_out("ParseExample")

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from tools.serve.healing import (ErrorRateSettings, ErrorRateWatch, HealPolicy, HealSettings, SupervisorState,
+from s2t.serve.healing import (ErrorRateSettings, ErrorRateWatch, HealPolicy, HealSettings, SupervisorState,
                            parse_request_counters)
-from tools.serve.keeper import RestartPolicy, restricted_headers
+from s2t.serve.keeper import RestartPolicy, restricted_headers
 
 METRICS = """# HELP nv_inference_request_success Number of successful inference requests
 nv_inference_request_success{model="skill_adapter",version="1"} 90

@@ -1,7 +1,7 @@
 import pytest
 
 from clients.llm_client import StreamResult
-from tools.bench.llm import _llm_repository, _summary, percentile
+from s2t.bench.llm import _llm_repository, _summary, percentile
 from tests.conftest import LLM_REPOSITORY
 
 

@@ -4,8 +4,8 @@ import os
 import yaml
 
 from tests.conftest import DATA_CSV, MODEL_REPOSITORY
-from tools.bench import model_analyzer
-from tools.serve.triton_server import TRITON_DIR
+from s2t.bench import model_analyzer
+from s2t.serve.triton_server import TRITON_DIR
 
 
 def test_model_analyzer_is_pointed_at_the_embedded_server_and_the_pipeline_with_its_scorer(built_artifacts, tmp_path):

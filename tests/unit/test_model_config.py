@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.gate.model_config import check_repositories
+from s2t.gate.model_config import check_repositories
 
 ROOT = Path(__file__).resolve().parents[2]
 

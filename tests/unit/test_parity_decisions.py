@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from backends.decision_policy import Thresholds
-from tools.gate.parity import FP16_ATOL, compare, near_threshold
+from s2t.gate.parity import FP16_ATOL, compare, near_threshold
 
 THRESHOLDS = Thresholds(review=0.3, decline=0.6)
 

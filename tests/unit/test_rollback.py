@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.control.rollback import RollbackError, rollback
-from tools.control.version_store import VersionStore
+from s2t.control.rollback import RollbackError, rollback
+from s2t.control.version_store import VersionStore
 
 
 @pytest.fixture

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT
-from tools.control import primary, version_store
-from tools.control.publish import PublishError, publish
-from tools.control.rollback import RollbackError, rollback as rollback_newest_folder
-from tools.control.rollout import Rollout, RolloutError, canary, promote, rollback, rollback_plan
-from tools.control.version_store import VersionStore
+from s2t.control import primary, version_store
+from s2t.control.publish import PublishError, publish
+from s2t.control.rollback import RollbackError, rollback as rollback_newest_folder
+from s2t.control.rollout import Rollout, RolloutError, canary, promote, rollback, rollback_plan
+from s2t.control.version_store import VersionStore
 
 
 @pytest.fixture
@@ -133,8 +133,8 @@ def test_a_rename_fsyncs_the_moved_folder_and_both_parents(tmp_path, monkeypatch
 WORKER = """
 import random, sys
 from pathlib import Path
-from tools.control.publish import PublishError, publish
-from tools.control.rollout import Rollout, RolloutError, promote, rollback, rollback_plan
+from s2t.control.publish import PublishError, publish
+from s2t.control.rollout import Rollout, RolloutError, promote, rollback, rollback_plan
 repo, onnx, seed = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 rng, done = random.Random(seed), 0
 for _ in range(4):

@@ -1,11 +1,11 @@
-"""tools/gate/runtime_imports.py on small made-up projects: which third-party modules python models need."""
+"""s2t/gate/runtime_imports.py on small made-up projects: which third-party modules python models need."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from tools.gate.runtime_imports import distribution_of, model_files, third_party_modules
+from s2t.gate.runtime_imports import distribution_of, model_files, third_party_modules
 
 
 def _write(root: Path, files: dict[str, str]) -> None:

@@ -7,7 +7,7 @@ from tests.conftest import ROOT
 
 WAITER = textwrap.dedent("""
     import signal, threading, time
-    from tools.serve.shutdown import stop_on_signals, wait_for_stop
+    from s2t.serve.shutdown import stop_on_signals, wait_for_stop
 
     stop = stop_on_signals()
 

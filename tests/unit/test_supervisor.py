@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.serve.supervisor import MISSING_CHECKS, DeathWatch, Stub, parse_stub
+from s2t.serve.supervisor import MISSING_CHECKS, DeathWatch, Stub, parse_stub
 
 ARGV = ["/tmp/b/python/triton_python_backend_stub", "/repo/risk_scorer/2/model.onnx", "shm", "1048576", "1048576",
         "4242", "/tmp/b/python", "336", "risk_scorer_0_0", "/tmp/b/onnxruntime"]
@@ -69,7 +69,7 @@ def test_the_config_autocomplete_stub_is_not_an_instance():
 
 
 def test_a_reload_that_does_not_bring_the_stub_back_within_the_grace_is_reported_again():
-    from tools.serve.supervisor import RELOAD_GRACE_SECONDS
+    from s2t.serve.supervisor import RELOAD_GRACE_SECONDS
     watch = DeathWatch()
     watch.update({1: stub(1)}, lambda m, v: True, now=0)
     watch.update({}, lambda m, v: True, now=0.2)

@@ -7,8 +7,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.conftest import GPU_REPOSITORY, ROOT, S2T, SCORER_ONNX, has_gpu
-from tools.models import tensorrt_engine
-from tools.models.tensorrt_engine import BatchProfile, EngineBuildError
+from s2t.models import tensorrt_engine
+from s2t.models.tensorrt_engine import BatchProfile, EngineBuildError
 
 
 

@@ -1,0 +1,356 @@
+"""`s2t bench`: every measurement of one run, on one machine, against one copy of the repositories.
+
+The repositories are copied first: the hot swap publishes and rolls back versions, and nothing a user serves
+from the working tree may change under a benchmark (nor the benchmark under someone editing a config).
+"""
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import psutil
+
+from backends.feature_spec import FeatureSpec
+from backends.record_decoder import RecordDecoder
+from s2t.gate import model_config
+from s2t.bench import inprocess, perf_analyzer, process_tree, protocols, report, stub_profile, workload, wrk
+from s2t.bench.fastapi_baseline import APPS as BASELINE_APPS, ROUTE as BASELINE_ROUTE, BaselineServer
+from s2t.bench.modes import Mode
+from s2t.serve.triton_server import TritonServer, free_port
+from s2t.control.version_store import version_numbers
+from wire.names import ADAPTER, DECISION, DECISION_MODEL, PAYLOAD, PIPELINE, PROBABILITY, SCORER
+
+TRITON_ROUTE = f"/v2/models/{PIPELINE}/infer"
+CHECKED_RECORDS = 50
+
+
+def _copy_repositories(repositories: list[Path], dest: Path) -> list[Path]:
+    copies = []
+    for repo in repositories:
+        target = dest / Path(repo).resolve().name
+        shutil.copytree(repo, target, ignore=shutil.ignore_patterns("__pycache__"))
+        copies.append(target)
+    return copies
+
+
+def _model_dir(repositories: list[Path], model: str) -> Path:
+    for repo in repositories:
+        if (repo / model / "config.pbtxt").is_file():
+            return repo / model
+    raise FileNotFoundError(f"no repository holds {model}")
+
+
+def _newest_onnx(model_dir: Path) -> Path:
+    versions = version_numbers(model_dir)
+    if not versions:
+        raise FileNotFoundError(f"{model_dir} has no version; run `make models`")
+    return model_dir / str(versions[-1]) / "model.onnx"
+
+
+def _stats(http_url: str, model: str) -> tuple[int, int]:
+    """(requests, rows) Triton answered successfully for `model`, all versions."""
+    with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats", timeout=10) as resp:
+        stats = json.load(resp)["model_stats"]
+    return (sum(int(s["inference_stats"]["success"]["count"]) for s in stats),
+            sum(int(s.get("inference_count", 0)) for s in stats))
+
+
+class _PeakRss(threading.Thread):
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid, self.peak, self._done = pid, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.2):
+            self.peak = max(self.peak, process_tree.rss_bytes(self.pid))
+
+    def stop(self) -> int:
+        self._done.set()
+        self.join()
+        return self.peak
+
+
+class Bench:
+    def __init__(self, mode: Mode, out_dir: Path, repositories: list[Path], data_csv: Path,
+                 log: Callable[[str], None] = print):
+        self.mode, self.out_dir, self.data_csv, self.log = mode, Path(out_dir), Path(data_csv), log
+        self.source_repositories = [Path(r) for r in repositories]
+        self.results: dict = {"mode": mode.name, "machine": machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                                  time.gmtime())}
+
+    def run(self) -> dict:
+        started = time.monotonic()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="s2t-bench-") as tmp:
+            self.tmp = Path(tmp)
+            self.repositories = _copy_repositories(self.source_repositories, self.tmp / "repositories")
+            self._prepare_inputs()
+            self._triton_stages()
+            self._inprocess_stage()
+        self.results["seconds"] = time.monotonic() - started
+        report.write(self.results, self.out_dir)
+        return self.results
+
+    def _prepare_inputs(self) -> None:
+        self.workload = workload.Workload.load(self.data_csv)
+        self.payloads = self.workload.payloads()
+        adapter = _model_dir(self.repositories, ADAPTER)
+        self.spec_path = adapter / "1" / "feature_spec.json"
+        self.decoder = RecordDecoder(FeatureSpec.from_file(self.spec_path))
+        self.categorical, self.numeric = workload.pack(self.decoder, self.payloads)
+        self.scorer_onnx = _newest_onnx(_model_dir(self.repositories, SCORER))
+        self.decision_dir = _model_dir(self.repositories, DECISION_MODEL)
+        self.inputs = {PIPELINE: self.tmp / "pipeline.json", SCORER: self.tmp / "scorer.json"}
+        self.inputs[PIPELINE].write_text(json.dumps(workload.perf_input_pipeline(self.payloads)))
+        self.inputs[SCORER].write_text(json.dumps(workload.perf_input_scorer(self.categorical, self.numeric)))
+        self.triton_script = wrk.write_script(self.tmp / "triton.lua", TRITON_ROUTE,
+                                              [workload.triton_json_body(p) for p in self.payloads])
+        self.baseline_script = wrk.write_script(self.tmp / "baseline.lua", BASELINE_ROUTE,
+                                                [p.decode() for p in self.payloads])
+
+    def _server(self) -> TritonServer:
+        return TritonServer(self.repositories, free_port(), free_port(), free_port(),
+                            log_path=self.tmp / "tritonserver.log", exit_timeout_seconds=10)
+
+    def _cold_start(self) -> TritonServer:
+        """Process start to every model ready (strict readiness), on fresh servers; the last one stays up."""
+        seconds = []
+        for attempt in range(self.mode.cold_starts):
+            server = self._server()
+            t = time.monotonic()
+            server.start()
+            seconds.append(time.monotonic() - t)
+            if attempt < self.mode.cold_starts - 1:
+                server.stop()
+        self.results["cold_start"] = {"seconds": seconds, "median_s": statistics.median(seconds),
+                                      "models": _ready_models(server.http_url)}
+        self.log(f"cold start {statistics.median(seconds):.2f} s ({len(seconds)} starts)")
+        return server
+
+    def _triton_stages(self) -> None:
+        server = self._cold_start()
+        try:
+            pid = server.process.pid
+            time.sleep(1.0)
+            idle = process_tree.rss_by_process(pid)
+            self.results["memory"] = {"triton_idle_bytes": sum(idle.values()), "triton_idle_by_process": idle}
+            peak = _PeakRss(pid)
+            peak.start()
+            self.results["perf_analyzer"], self.results["perf_analyzer_failures"] = self._perf_points(server)
+            self.results["protocols"] = protocols.compare(
+                pid, {"http": server.http_url, "grpc": server.grpc_url}, PIPELINE, self.inputs[PIPELINE],
+                perf_analyzer.Settings(self.mode.window_requests), self.mode.http_connections,
+                self.mode.protocol_rounds, lambda: _stats(server.http_url, PIPELINE)[0], self.log)
+            self._side_by_side(server)
+            self.results["memory"]["triton_peak_bytes"] = peak.stop()
+            after_load = process_tree.rss_by_process(pid)
+            self.results["memory"]["triton_after_load_bytes"] = sum(after_load.values())
+            self.results["memory"]["triton_after_load_by_process"] = after_load
+            self.results["hot_swap"] = self._hot_swap(server)
+            self.results["streaming"] = self._streaming(server)
+        finally:
+            server.stop()
+
+    def _side_by_side(self, server: TritonServer) -> None:
+        """wrk on Triton and on both FastAPI apps, in turns, all of them up: the same machine, the same moment."""
+        baselines = {}
+        try:
+            for app in BASELINE_APPS:
+                baselines[app] = BaselineServer(self.scorer_onnx, _model_dir(self.repositories, PIPELINE),
+                                                free_port(), app=app, log_path=self.tmp / f"{app}.log").start()
+            self.results["same_answers"] = {app: _compare_answers(server, b, self.payloads[:CHECKED_RECORDS])
+                                            for app, b in baselines.items()}
+            sides = {"triton": (server.process.pid, "http://" + server.http_url, self.triton_script)}
+            sides.update({app: (b.process.pid, b.url, self.baseline_script) for app, b in baselines.items()})
+            rounds = {side: [] for side in sides}
+            for number in range(self.mode.http_rounds):
+                for side, (pid, url, script) in sides.items():
+                    rounds[side].append(self._wrk(pid, url, script, self.mode.http_seconds, f"{side} round {number + 1}"))
+            medians = {side: _median_round(entries) for side, entries in rounds.items()}
+            strongest = max(baselines, key=lambda app: medians[app]["throughput"])
+            self.results["http_rounds"] = rounds
+            self.results["http_fastapi_apps"] = {app: medians[app] for app in baselines}
+            self.results["http_triton"] = medians["triton"]
+            self.results["http_baseline"] = {**medians[strongest], "app": strongest}
+            self.results["where_time_goes"] = self._profile(server)
+            self.results["memory"]["baseline_after_load_bytes"] = process_tree.rss_bytes(baselines[strongest].process.pid)
+            self.results["baseline_start_s"] = baselines[strongest].startup_seconds
+        finally:
+            for baseline in baselines.values():
+                baseline.stop()
+
+    def _perf_points(self, server: TritonServer) -> tuple[list[dict], list[dict]]:
+        """The measured points, and the points perf_analyzer gave up on (a request refused by the queue timeout
+        ends its run), with its last words: a failed point is a result, not a reason to lose the others."""
+        mode, settings = self.mode, perf_analyzer.Settings(self.mode.window_requests)
+        plan = [(m, p, 1, c, None) for m in (PIPELINE, SCORER) for p in ("http", "grpc") for c in mode.concurrency]
+        plan += [(m, "grpc", b, 2, None) for m in (SCORER, PIPELINE) for b in mode.batches if b > 1]
+        plan += [(PIPELINE, p, 1, None, r) for p in mode.rate_protocols for r in mode.request_rates]
+        points, failures = [], []
+        for model, protocol, batch, concurrency, rate in plan:
+            url = server.http_url if protocol == "http" else server.grpc_url
+            load = f"c={concurrency}" if concurrency else f"rate={rate:g}/s"
+            before = _stats(server.http_url, model)
+            try:
+                with process_tree.CpuMeter(server.process.pid) as cpu:
+                    point = perf_analyzer.measure(url, protocol, model, self.inputs[model], settings, batch=batch,
+                                                  concurrency=concurrency, request_rate=rate)
+            except RuntimeError as err:
+                reason = " / ".join(str(err).strip().splitlines()[-2:])
+                failures.append({"model": model, "protocol": protocol, "batch": batch, "concurrency": concurrency,
+                                 "request_rate": rate, "error": reason})
+                self.log(f"perf_analyzer {model} {protocol} b={batch} {load}: FAILED: {reason}")
+                continue
+            requests = _stats(server.http_url, model)[0] - before[0]
+            entry = {**point.as_dict(), "cpu_ms_per_request": 1000 * cpu.seconds / max(requests, 1),
+                     "cpu_cores": cpu.seconds / max(cpu.wall_seconds, 1e-9)}
+            points.append(entry)
+            self.log(f"perf_analyzer {model} {protocol} b={batch} {load}: {point.infer_per_s:.0f} rows/s, "
+                     f"p50 {point.p50_ms:.2f} ms, p99 {point.p99_ms:.2f} ms")
+        return points, failures
+
+    def _wrk(self, pid: int, url: str, script: Path, seconds: float, label: str) -> dict:
+        wrk.run(url, script, self.mode.http_connections, 1)  # warm-up: connections, caches, lazy imports
+        with process_tree.CpuMeter(pid) as cpu:
+            result = wrk.run(url, script, self.mode.http_connections, seconds)
+        entry = {**result.as_dict(), "connections": self.mode.http_connections,
+                 "cpu_ms_per_request": 1000 * cpu.seconds / max(result.requests, 1),
+                 "cpu_cores": cpu.seconds / max(cpu.wall_seconds, 1e-9), "rss_bytes": process_tree.rss_bytes(pid)}
+        self.log(f"wrk {label} c={self.mode.http_connections}: {result.throughput:.0f} req/s, p50 {result.p50_ms:.2f} ms,"
+                 f" p99 {result.p99_ms:.2f} ms, errors {result.errors}, CPU {entry['cpu_ms_per_request']:.3f} ms/req")
+        return entry
+
+    def _profile(self, server: TritonServer) -> dict:
+        """One more wrk run on risk_pipeline, outside the measured rounds: Triton's statistics over it, and py-spy
+        on the stub (sampling slows the stub a little, so its run's rate is not a result)."""
+        seconds = self.mode.http_seconds
+        before = stub_profile.snapshot(server.http_url, PIPELINE)
+        out = self.tmp / "py-spy.txt"
+        try:
+            spy = stub_profile.start(stub_profile.stub_pid(server.process.pid, PIPELINE), seconds, out)
+        except RuntimeError as err:
+            spy = None
+            self.log(f"py-spy: {err}")
+        wrk.run("http://" + server.http_url, self.triton_script, self.mode.http_connections, seconds)
+        statistics = stub_profile.breakdown(before, stub_profile.snapshot(server.http_url, PIPELINE))
+        profile = {}
+        if spy is not None:
+            _, errors = spy.communicate(timeout=seconds + 30)
+            profile = stub_profile.summarize(out.read_text()) if out.is_file() else {"error": errors.strip()[-500:]}
+        self.log(f"risk_pipeline under wrk: mean batch {statistics['mean_batch']:.1f}, per execution "
+                 + ", ".join(f"{k} {v:.0f} us" for k, v in statistics["per_execution_us"].items()))
+        return {"triton_statistics": statistics, "py_spy": profile}
+
+    def _hot_swap(self, server: TritonServer) -> dict:
+        """p99 of risk_pipeline under the same HTTP load while risk_scorer versions are published and rolled back."""
+        from s2t.control.publish import publish
+        from s2t.control.rollout import Rollout, rollback, rollback_plan
+        repo = _model_dir(self.repositories, SCORER).parent
+        # The copies of the other repositories hold the consumers (risk_pipeline) whose primary moves with each swap.
+        consumers = tuple(r for r in self.repositories if r != repo)
+        holder: dict = {}
+        load = threading.Thread(target=lambda: holder.update(result=wrk.run(
+            "http://" + server.http_url, self.triton_script, self.mode.http_connections, self.mode.swap_seconds)))
+        load.start()
+        swaps = []
+        try:
+            time.sleep(1.0)
+            for _ in range(self.mode.swaps):
+                t = time.monotonic()
+                version = publish(SCORER, self.scorer_onnx, repo, None, consumer_repositories=consumers,
+                                  url=server.http_url)
+                published = time.monotonic() - t
+                t = time.monotonic()
+                rollout = Rollout(SCORER, repo, consumers, server.http_url)
+                rollback(rollout, rollback_plan(rollout, None))
+                swaps.append({"version": version, "publish_s": published, "rollback_s": time.monotonic() - t})
+        finally:
+            load.join()
+        result = holder["result"]
+        self.log(f"hot swap: {len(swaps)} publish+rollback under load: p99 {result.p99_ms:.2f} ms, "
+                 f"errors {result.errors}")
+        return {**result.as_dict(), "swaps": swaps}
+
+    def _streaming(self, server: TritonServer) -> dict:
+        from clients import stream_client
+        records = [{"features": r["features"]} for r in self.workload.records]
+        replayed = [records[i % len(records)] for i in range(self.mode.stream_records)]
+        results, _, seconds = stream_client.replay(server.grpc_url, replayed, self.mode.stream_streams,
+                                                   shuffle=0.1, window=8)
+        summary = stream_client.summarize(results, seconds)
+        self.log(f"stream: {summary.throughput:.0f} records/s on {summary.streams} streams, "
+                 f"in-order {summary.in_order_rate:.3f}")
+        return {"streams": summary.streams, "records": summary.sent, "seconds": summary.seconds,
+                "throughput": summary.throughput, "ok": summary.ok, "errors": summary.errors,
+                "in_order_rate": summary.in_order_rate, "exactly_once": summary.exactly_once,
+                "latency_ms": dict(summary.latency_ms)}
+
+    def _inprocess_stage(self) -> None:
+        batches = sorted(set(self.mode.batches) | {1})
+        thresholds = model_config.decision_thresholds(self.decision_dir)
+        points = inprocess.measure(self.scorer_onnx, self.categorical, self.numeric, self.payloads, self.decoder,
+                                   thresholds, batches, self.mode.inprocess_seconds)
+        self.results["inprocess"] = [p.as_dict() for p in points]
+        for p in points:
+            self.log(f"in-process {p.what} b={p.batch}: {p.rows_per_s:.0f} rows/s")
+
+
+def _median_round(entries: list[dict]) -> dict:
+    """The round of median throughput, whole (its latencies belong to the same round), with every round's rate."""
+    ranked = sorted(entries, key=lambda e: e["throughput"])
+    return {**ranked[(len(ranked) - 1) // 2], "rounds_throughput": [e["throughput"] for e in entries]}
+
+
+def _ready_models(http_url: str) -> list[str]:
+    req = urllib.request.Request(f"http://{http_url}/v2/repository/index", data=b"{}", method="POST")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return sorted(f"{m['name']}:{m.get('version', '')}" for m in json.load(resp) if m.get("state") == "READY")
+
+
+def _compare_answers(server: TritonServer, baseline: BaselineServer, payloads: list[bytes]) -> dict:
+    """The baseline must do the same work: same probability and decision as risk_pipeline on real records."""
+    import tritonclient.http as http
+    client = http.InferenceServerClient(server.http_url)
+    try:
+        inp = http.InferInput(PAYLOAD, [len(payloads), 1], "BYTES")
+        inp.set_data_from_numpy(np.array([[p] for p in payloads], dtype=object))
+        result = client.infer(PIPELINE, [inp])
+        triton_p = result.as_numpy(PROBABILITY).ravel()
+        triton_d = [d.decode() for d in result.as_numpy(DECISION).ravel()]
+    finally:
+        client.close()
+    base_p, base_d = [], []
+    for p in payloads:
+        req = urllib.request.Request(baseline.url + BASELINE_ROUTE, data=p, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            answer = json.load(resp)
+        base_p.append(answer["probability"])
+        base_d.append(answer["decision"])
+    return {"records": len(payloads), "max_abs_diff": float(np.max(np.abs(triton_p - np.array(base_p)))),
+            "same_decisions": triton_d == base_d}
+
+
+def machine() -> dict:
+    load1, load5, _ = psutil.getloadavg()
+    return {"cpu": platform.processor() or _cpu_model(), "logical_cores": psutil.cpu_count(),
+            "memory_gb": round(psutil.virtual_memory().total / 2**30, 1), "os": platform.platform(),
+            "python": platform.python_version(), "load_average_at_start": [round(load1, 2), round(load5, 2)]}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"

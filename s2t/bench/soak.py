@@ -1,0 +1,103 @@
+"""`s2t soak`: a fixed request rate on risk_pipeline for minutes, watching the memory of every process serving it.
+
+RSS is sampled for tritonserver and each python stub (by model instance); growth is the last sample against the
+first one taken after a warm-up minute (or a tenth of the run when shorter), so that allocator warm-up is not
+counted as a leak.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from s2t.models import german_credit
+from s2t.bench.process_tree import process_rss
+from s2t.serve.supervisor import stubs_of
+from wire.names import PAYLOAD
+
+
+def serving_rss(server_pid: int) -> dict[str, int]:
+    """RSS by process: `tritonserver` and one entry per stub, `instance@version`."""
+    sizes = {"tritonserver": process_rss(server_pid)}
+    for stub in stubs_of(server_pid).values():
+        try:
+            sizes[f"{stub.instance}@{stub.version}"] = process_rss(stub.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return sizes
+
+
+@dataclass
+class SoakReport:
+    seconds: float
+    rate: float
+    sent: int = 0
+    answered: int = 0
+    errors: list[str] = field(default_factory=list)
+    samples: list[dict] = field(default_factory=list)  # {"at": s, "rss": {process: bytes}}
+
+    def growth(self) -> dict[str, float]:
+        """Per process: (last - baseline) / baseline, baseline being the first sample after warm-up."""
+        warm = min(60.0, self.seconds / 10)
+        baseline = next((s for s in self.samples if s["at"] >= warm), self.samples[0])
+        last = self.samples[-1]
+        return {name: (last["rss"][name] - size) / size for name, size in baseline["rss"].items()
+                if name in last["rss"] and size}
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "errors": self.errors[:20], "error_count": len(self.errors),
+                           "growth": self.growth()}, indent=2)
+
+    def table(self) -> str:
+        growth = self.growth()
+        last = self.samples[-1]["rss"]
+        lines = [f"soak: {self.seconds:.0f} s at {self.rate:g} records/s: sent {self.sent}, answered {self.answered}, "
+                 f"errors {len(self.errors)}",
+                 f"{'process':<28} {'RSS MB':>8} {'growth':>8}"]
+        for name in sorted(last):
+            lines.append(f"{name:<28} {last[name] / 2**20:>8.1f} {growth.get(name, 0) * 100:>7.2f}%")
+        lines.append(f"{'total':<28} {sum(last.values()) / 2**20:>8.1f}")
+        return "\n".join(lines)
+
+
+def soak(server_pid: int, grpc_url: str, data_csv: Path, seconds: float, rate: float,
+         sample_every: float = 10.0) -> SoakReport:
+    """Open loop: a request every 1/rate s whatever the answers do, so that slow answers cannot lower the load."""
+    import tritonclient.grpc as grpc
+
+    records = [json.dumps({"features": r}).encode() for r in german_credit.load(data_csv).records()]
+    report = SoakReport(seconds, rate)
+    lock = threading.Lock()
+    client = grpc.InferenceServerClient(grpc_url)
+
+    def done(result, error):
+        with lock:
+            if error is not None:
+                report.errors.append(str(error))
+            else:
+                report.answered += 1
+
+    started = time.monotonic()
+    next_sample = started
+    try:
+        while (now := time.monotonic()) - started < seconds:
+            if now >= next_sample:
+                report.samples.append({"at": round(now - started, 1), "rss": serving_rss(server_pid)})
+                next_sample += sample_every
+            tensor = grpc.InferInput(PAYLOAD, [1, 1], "BYTES")
+            tensor.set_data_from_numpy(np.array([[records[report.sent % len(records)]]], dtype=object))
+            client.async_infer("risk_pipeline", [tensor], done)
+            report.sent += 1
+            time.sleep(max(0.0, started + report.sent / rate - time.monotonic()))
+        deadline = time.monotonic() + 30
+        while report.answered + len(report.errors) < report.sent and time.monotonic() < deadline:
+            time.sleep(0.05)
+        report.samples.append({"at": round(time.monotonic() - started, 1), "rss": serving_rss(server_pid)})
+    finally:
+        client.close()
+    return report

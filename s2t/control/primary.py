@@ -1,0 +1,108 @@
+"""The one place that says which version of a scorer is the primary, in every model that serves it.
+
+A consumer is a served model that picks a scorer version for its callers:
+- risk_router: parameter `primary` (`risk_scorer:N`);
+- a pipeline model with parameters `scorer_model` / `scorer_version` (the version it loads);
+- an ensemble with a step calling the scorer (that step's `model_version`).
+The primary is always written as an explicit version, never "the newest folder", so a staged candidate that is
+loaded beside it gets no primary traffic.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from backends.routing_policy import Target
+from s2t.gate import model_config
+from s2t.control.config_edit import replace_config, set_step_version, set_string_parameter
+from s2t.control.version_store import VersionStore
+
+ROUTER_KIND, PIPELINE_KIND, ENSEMBLE_KIND = "router", "pipeline", "ensemble"
+# What risk_router's split looks like with no candidate.
+NO_SPLIT = {"candidate": "", "canary_percent": "0", "shadow_percent": "0"}
+
+
+@dataclass(frozen=True)
+class Consumer:
+    name: str
+    path: Path  # its config.pbtxt
+    kind: str
+    version: int | None  # the scorer version it serves now; None: the newest Triton loaded
+
+
+@dataclass(frozen=True)
+class ConfigChange:
+    """A new config for a live model, and what the live server's config must show once it runs it."""
+
+    name: str
+    path: Path
+    text: str
+    parameters: dict[str, str] = field(default_factory=dict)
+    step_versions: dict[str, int] = field(default_factory=dict)
+
+    def in_force(self, live: dict) -> bool:
+        """`live`: the model's config as Triton's HTTP API returns it (JSON)."""
+        params = live.get("parameters", {})
+        if any(params.get(k, {}).get("string_value") != v for k, v in self.parameters.items()):
+            return False
+        steps = {s.get("model_name"): int(s.get("model_version", -1))
+                 for s in live.get("ensemble_scheduling", {}).get("step", [])}
+        return all(steps.get(m) == v for m, v in self.step_versions.items())
+
+
+def _configs(repositories: Iterable[Path]):
+    for repo in repositories:
+        repo = Path(repo)
+        if not repo.is_dir():
+            continue
+        for path in sorted(repo.glob("*/config.pbtxt")):
+            yield path, model_config.load(path.parent)
+
+
+def consumers(model: str, repositories: Iterable[Path]) -> list[Consumer]:
+    found = []
+    for path, config in _configs(repositories):
+        name = config.name or path.parent.name
+        params = model_config.backend_parameters(config)
+        if "primary" in params and params["primary"]["string_value"].strip():
+            target = Target.parse(params["primary"]["string_value"])
+            if target.model == model:
+                found.append(Consumer(name, path, ROUTER_KIND, target.version))
+        elif params.get("scorer_model", {}).get("string_value") == model:
+            raw = params.get("scorer_version", {}).get("string_value", "").strip()
+            found.append(Consumer(name, path, PIPELINE_KIND, int(raw) if raw else None))
+        elif config.platform == "ensemble":
+            for step in config.ensemble_scheduling.step:
+                if step.model_name == model:
+                    found.append(Consumer(name, path, ENSEMBLE_KIND,
+                                          None if step.model_version < 0 else int(step.model_version)))
+    return found
+
+
+def plan(model: str, version: int, repositories: Iterable[Path], router_split: dict[str, str] | None = None
+         ) -> list[ConfigChange]:
+    """The config of every consumer with `version` as the primary; `router_split` also resets risk_router's
+    canary/shadow lines in the same file (a promotion clears the split in the one step that moves the primary)."""
+    changes = []
+    for consumer in consumers(model, repositories):
+        text = consumer.path.read_text()
+        where = str(consumer.path)
+        if consumer.kind == ROUTER_KIND:
+            parameters = {"primary": f"{model}:{version}", **(router_split or {})}
+            for key, value in parameters.items():
+                text = set_string_parameter(text, key, value, where)
+            changes.append(ConfigChange(consumer.name, consumer.path, text, parameters=parameters))
+        elif consumer.kind == PIPELINE_KIND:
+            text = set_string_parameter(text, "scorer_version", str(version), where)
+            changes.append(ConfigChange(consumer.name, consumer.path, text, parameters={"scorer_version": str(version)}))
+        else:
+            text = set_step_version(text, model, version, where)
+            changes.append(ConfigChange(consumer.name, consumer.path, text, step_versions={model: version}))
+    return changes
+
+
+def write(store: VersionStore, changes: Iterable[ConfigChange]) -> None:
+    for change in changes:
+        replace_config(store, change.path, change.text)
+

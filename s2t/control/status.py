@@ -1,0 +1,141 @@
+"""`s2t status`: what is served, from the repositories, the control area and (with `url`) the live server.
+
+Per model: its version folders and their role (primary, previous, candidate, draining), what the live server
+reports for each version (READY, UNAVAILABLE, ...), the primary every consumer serves, risk_router's split and
+breaker state, the supervisor's restarts (`supervisor.json` in the control area, when the supervisor writes one)
+and the last history lines.
+"""
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from pathlib import Path
+from typing import Iterable
+
+from backends.routing_policy import RoutingSettings
+from s2t.control import primary
+from s2t.gate import model_config
+from s2t.control.live_control import admin_headers
+from s2t.control.rollout import Rollout, default_consumer_repositories, loads_every_folder
+from s2t.control.version_store import VersionStore
+
+SUPERVISOR_FILE = "supervisor.json"
+ROUTER = "risk_router"
+_BREAKER = re.compile(r's2t_router_breaker_state\{state="(\w+)"\}\s+1(?:\.0)?\s*$', re.MULTILINE)
+
+
+def _configs(repositories: Iterable[Path]) -> dict[str, tuple[Path, object]]:
+    found = {}
+    for repo in repositories:
+        for path in sorted(Path(repo).glob("*/config.pbtxt")):
+            config = model_config.load(path.parent)
+            found[config.name or path.parent.name] = (path.parent, config)
+    return found
+
+
+def _live_versions(url: str, names: Iterable[str]) -> dict[str, dict[str, str]]:
+    """model -> {version: state}: the repository index (explicit mode needs the admin key), else readiness."""
+    import tritonclient.http as http
+    from tritonclient.utils import InferenceServerException
+
+    client = http.InferenceServerClient(url, network_timeout=10)
+    try:
+        try:
+            index = client.get_model_repository_index(headers=admin_headers())
+            states: dict[str, dict[str, str]] = {}
+            for entry in index:
+                if entry.get("version"):
+                    states.setdefault(entry["name"], {})[entry["version"]] = entry.get("state", "")
+            return states
+        except InferenceServerException:
+            pass  # the restricted API refused us: ask each model instead
+        states = {}
+        for name in names:
+            try:
+                states[name] = {v: "READY" for v in client.get_model_metadata(name).get("versions", [])}
+            except InferenceServerException:
+                states[name] = {}
+        return states
+    finally:
+        client.close()
+
+
+def _breaker_state(metrics_url: str | None) -> str:
+    if not metrics_url:
+        return "unknown"
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return "unknown"
+    match = _BREAKER.search(text)
+    return match.group(1) if match else "unknown"
+
+
+def default_metrics_url(url: str | None) -> str | None:
+    """Triton's usual layout: HTTP on port N, metrics on N + 2."""
+    if not url or ":" not in url:
+        return None
+    host, _, port = url.rpartition(":")
+    return f"http://{host}:{int(port) + 2}/metrics" if port.isdigit() else None
+
+
+def collect(repository: Path, consumer_repositories: tuple[Path, ...] = (), url: str | None = None,
+            metrics_url: str | None = None, history_lines: int = 5) -> dict:
+    store = VersionStore(Path(repository))
+    repositories = (Path(repository), *(consumer_repositories or default_consumer_repositories(repository)))
+    configs = _configs(repositories)
+    live = _live_versions(url, configs) if url else {}
+    models = {}
+    for name, (model_dir, config) in configs.items():
+        entry: dict = {"platform": config.platform or config.backend}
+        roles: dict[int, str] = {}
+        if (model_dir.parent.resolve() == Path(repository).resolve() and config.platform != "ensemble"
+                and loads_every_folder(config)):
+            state = Rollout(name, repository, consumer_repositories).state()
+            for role in ("primary", "previous", "candidate"):
+                entry[role] = getattr(state, role)
+                if getattr(state, role) is not None:
+                    roles.setdefault(getattr(state, role), role)
+            for version in state.draining:
+                roles.setdefault(version, "draining")
+            entry["consumers"] = {c.name: c.version for c in primary.consumers(name, repositories)}
+        folders = model_config.versions(model_dir)
+        versions = sorted(set(folders) | {int(v) for v in live.get(name, {}) if v.isdigit()})
+        entry["versions"] = [{"version": v, "role": roles.get(v, ""), "folder": v in folders,
+                              **({"state": live.get(name, {}).get(str(v), "not loaded")} if url else {})}
+                             for v in versions]
+        if name == ROUTER:
+            settings = RoutingSettings.from_parameters(model_config.backend_parameters(config))
+            entry["split"] = settings.describe()
+            entry["breaker"] = _breaker_state(metrics_url or default_metrics_url(url)) if url else "unknown"
+        models[name] = entry
+    supervisor = store.control / SUPERVISOR_FILE
+    return {"models": models,
+            "supervisor": json.loads(supervisor.read_text()) if supervisor.is_file() else None,
+            "history": store.history()[-history_lines:] if history_lines else []}
+
+
+def table(status: dict) -> str:
+    lines = []
+    for name, entry in status["models"].items():
+        versions = ", ".join(
+            f"{v['version']}" + (f" {v['role']}" if v["role"] else "") + (f" {v['state']}" if "state" in v else "")
+            + ("" if v["folder"] else " (no folder)") for v in entry["versions"]) or "none"
+        lines.append(f"{name:<18} {entry['platform']:<16} versions: {versions}")
+        if entry.get("consumers"):
+            lines.append(f"{'':<18} served as primary by: "
+                         + ", ".join(f"{c}:{v if v is not None else 'newest'}" for c, v in entry["consumers"].items()))
+        if "split" in entry:
+            lines.append(f"{'':<18} split: {entry['split']}; breaker: {entry['breaker']}")
+    if status["supervisor"] is not None:
+        lines.append(f"supervisor: {json.dumps(status['supervisor'], sort_keys=True)}")
+    if status["history"]:
+        lines.append("history:")
+        for event in status["history"]:
+            rest = {k: v for k, v in event.items() if k not in ("at", "by", "action", "model", "parity", "artifact",
+                                                                "sha256")}
+            lines.append(f"  {event.get('at', '')} {event.get('action', '')} {event.get('model', '')} "
+                         + " ".join(f"{k}={v}" for k, v in sorted(rest.items())))
+    return "\n".join(lines)

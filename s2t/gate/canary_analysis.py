@@ -1,0 +1,205 @@
+"""`s2t canary MODEL N --auto`: automated canary analysis on the model's outputs, from risk_router's metrics.
+
+As Flagger or Argo Rollouts do for web services: a shadow step first (the candidate scores a mirrored sample of
+live records; its answers are only compared with the primary's), then canary steps of rising share. After each
+interval the candidate's figures over that interval (metric deltas) are held against the limits:
+
+- shadow: mean |candidate - primary| on the same records (the +0.05 shift of a broken model shows at once);
+- canary: the candidate's failed-row rate, the p99 of its scoring calls, and the PSI of its score distribution
+  against the primary's over the same interval.
+
+The first breach rolls the candidate back (the canary is aborted) and says why; clearing every step promotes it.
+A step with too few candidate records to judge is extended, up to `max_extensions` times, then rolled back.
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from backends.drift import psi
+from backends.router_metrics import SCORE_BUCKETS, target_labels
+from s2t.control.rollout import Rollout, canary, promote, rollback, rollback_plan
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+([^\s]+)$')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_shadow_mean_diff: float = 0.01
+    max_error_rate: float = 0.01
+    max_p99_seconds: float = 0.25
+    max_psi: float = 0.25
+    min_rows: int = 30  # candidate records per step before anything is judged
+    min_psi_rows: int = 200  # below this PSI is mostly sampling noise (about bins/rows), so it is not judged
+    max_extensions: int = 3
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    phase: str  # "shadow" or "canary"
+    percent: float
+    candidate_rows: int
+    primary_rows: int
+    failed_rows: int = 0
+    p99_seconds: float | None = None
+    psi: float | None = None
+    shadow_mean_diff: float | None = None
+
+    def line(self) -> str:
+        parts = [f"{self.phase} {self.percent:g}%: {self.candidate_rows} candidate records"]
+        if self.shadow_mean_diff is not None:
+            parts.append(f"mean |diff| {self.shadow_mean_diff:.4f}")
+        if self.phase == "canary":
+            parts.append(f"failed {self.failed_rows}")
+            if self.p99_seconds is not None:
+                parts.append(f"p99 {self.p99_seconds * 1000:.0f} ms")
+            parts.append(f"PSI {self.psi:.3f}" if self.psi is not None else "PSI not judged (too few records)")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    promoted: bool
+    reason: str
+    steps: tuple[StepFigures, ...]
+
+    def line(self, version: int) -> str:
+        return f"promoted {version}" if self.promoted else f"rolled back ({self.reason})"
+
+
+Metrics = dict[tuple[str, frozenset], float]
+
+
+def parse_metrics(text: str) -> Metrics:
+    samples = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line.strip())
+        if match:
+            labels = frozenset(_LABEL.findall(match.group(2) or ""))
+            samples[(match.group(1), labels)] = float(match.group(3))
+    return samples
+
+
+def _value(metrics: Metrics, name: str, **labels) -> float:
+    return metrics.get((name, frozenset(labels.items())), 0.0)
+
+
+def _delta(before: Metrics, after: Metrics, name: str, **labels) -> float:
+    return _value(after, name, **labels) - _value(before, name, **labels)
+
+
+def _score_counts(before: Metrics, after: Metrics, served_by: str) -> list[float]:
+    """Records per score bin (not cumulative) over the interval."""
+    cumulative = [_delta(before, after, "s2t_router_score_bucket", **target_labels(served_by), le=f"{le:g}")
+                  for le in SCORE_BUCKETS]
+    return [c - p for c, p in zip(cumulative, [0.0, *cumulative[:-1]])]
+
+
+def _p99(before: Metrics, after: Metrics, served_by: str) -> float | None:
+    wanted = target_labels(served_by).items()
+    buckets = sorted((float(dict(labels)["le"]), after[(name, labels)] - before.get((name, labels), 0.0))
+                     for (name, labels) in after if name == "s2t_router_call_seconds_bucket"
+                     and wanted <= labels and dict(labels)["le"] != "+Inf")
+    total = _delta(before, after, "s2t_router_call_seconds_bucket", **target_labels(served_by), le="+Inf")
+    if total <= 0:
+        return None
+    for le, count in buckets:
+        if count >= 0.99 * total:
+            return le
+    return math.inf
+
+
+def figures(before: Metrics, after: Metrics, phase: str, percent: float, primary: str, candidate: str
+            ) -> StepFigures:
+    if phase == "shadow":
+        count = _delta(before, after, "s2t_router_shadow_abs_diff_count", **target_labels(candidate))
+        total = _delta(before, after, "s2t_router_shadow_abs_diff_sum", **target_labels(candidate))
+        return StepFigures(phase, percent, int(count), 0, shadow_mean_diff=total / count if count > 0 else None)
+    candidate_counts = _score_counts(before, after, candidate)
+    primary_counts = _score_counts(before, after, primary)
+    rows, primary_rows = int(sum(candidate_counts)), int(sum(primary_counts))
+    drift = psi(primary_counts, candidate_counts) if min(rows, primary_rows) > 0 else None
+    return StepFigures(phase, percent, rows, primary_rows,
+                       int(_delta(before, after, "s2t_router_failed_rows_total", **target_labels(candidate))),
+                       _p99(before, after, candidate), drift)
+
+
+def breaches(step: StepFigures, limits: Limits) -> list[str]:
+    """What is over its limit; empty when the step passed. Assumes enough records (see `judgeable`)."""
+    found = []
+    if step.phase == "shadow":
+        if step.shadow_mean_diff is not None and step.shadow_mean_diff > limits.max_shadow_mean_diff:
+            found.append(f"shadow mean |candidate - primary| {step.shadow_mean_diff:.4f} > "
+                         f"{limits.max_shadow_mean_diff:g}")
+        return found
+    attempted = step.candidate_rows + step.failed_rows
+    if attempted and step.failed_rows / attempted > limits.max_error_rate:
+        found.append(f"error rate {step.failed_rows / attempted:.3f} > {limits.max_error_rate:g}")
+    if step.p99_seconds is not None and step.p99_seconds > limits.max_p99_seconds:
+        found.append(f"p99 {step.p99_seconds * 1000:.0f} ms > {limits.max_p99_seconds * 1000:.0f} ms")
+    if step.psi is not None and step.candidate_rows >= limits.min_psi_rows and step.psi > limits.max_psi:
+        found.append(f"PSI of the candidate's scores vs the primary's {step.psi:.3f} > {limits.max_psi:g}")
+    return found
+
+
+def judgeable(step: StepFigures, limits: Limits) -> bool:
+    return step.candidate_rows + step.failed_rows >= limits.min_rows
+
+
+def parse_duration(text: str) -> float:
+    """"60s", "2m", "500ms" or a number of seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", text)
+    if not match:
+        raise ValueError(f"duration {text!r}: expected a number with ms, s, m or h")
+    scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[match.group(2) or "s"]
+    return float(match.group(1)) * scale
+
+
+def scrape(metrics_url: str) -> Metrics:
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        return parse_metrics(response.read().decode())
+
+
+def run(rollout: Rollout, version: int, steps: list[float], interval_seconds: float, limits: Limits,
+        metrics_url: str, log: Callable[[str], None] = print) -> Outcome:
+    if not rollout.url:
+        raise ValueError("the analysis reads the live server: give --http-url")
+    primary_version = rollout.state().primary
+    primary_name, candidate_name = f"{rollout.model}:{primary_version}", f"{rollout.model}:{version}"
+    phases = [("shadow", steps[0])] + [("canary", p) for p in steps if p < 100]
+    done: list[StepFigures] = []
+    for phase, percent in phases:
+        canary(rollout, version, percent if phase == "canary" else 0.0, percent if phase == "shadow" else 0.0)
+        # The reloaded router starts its counters afresh and hands them over at most every second.
+        time.sleep(1.5)
+        before = scrape(metrics_url)
+        for _ in range(limits.max_extensions + 1):
+            time.sleep(interval_seconds)
+            step = figures(before, scrape(metrics_url), phase, percent, primary_name, candidate_name)
+            if judgeable(step, limits):
+                break
+        log(step.line())
+        done.append(step)
+        problems = breaches(step, limits) if judgeable(step, limits) else [
+            f"{step.candidate_rows} candidate records in {phase} {percent:g}%, fewer than {limits.min_rows}"]
+        if problems:
+            reason = f"{phase} {percent:g}%: " + "; ".join(problems)
+            _record(rollout, version, "rolled back", reason, done, limits)
+            rollback(rollout, rollback_plan(rollout, None))
+            return Outcome(False, reason, tuple(done))
+    _record(rollout, version, "promoted", "every step within the limits", done, limits)
+    promote(rollout, version)
+    return Outcome(True, "every step within the limits", tuple(done))
+
+
+def _record(rollout: Rollout, version: int, verdict: str, reason: str, steps: list[StepFigures],
+            limits: Limits) -> None:
+    rollout.record({"action": "canary-analysis", "version": version, "verdict": verdict, "reason": reason,
+                    "steps": [asdict(s) for s in steps], "limits": asdict(limits)})

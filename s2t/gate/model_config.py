@@ -1,0 +1,319 @@
+"""Triton model configs (config.pbtxt) read with Triton's own protobuf schema, and checked against what they serve.
+
+`check_repositories` is what `s2t check-config` and the tests run: every config against its model file or
+python model, every ensemble's wiring against the models it calls, the scorer a fused pipeline names, and one
+decision policy across the models that decide.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from backends.decision_policy import Thresholds
+from backends.explainer import ExplainerSettings
+from backends.fused_pipeline import PipelineSettings
+from backends.llm_batching import BatchingSettings
+from backends.llm_engine import EngineSettings
+from backends.llm_request import GenerationLimits
+from backends.model_parameters import read_parameters, unknown_parameters
+from backends.ort_runner import OrtSettings
+from backends.record_decoder import AdapterSettings
+from backends.router_core import RouterModelSettings
+from backends.stream_session import StreamModelSettings
+from s2t.control.version_store import version_numbers
+
+ONNX_TO_CONFIG = {
+    1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16", 6: "TYPE_INT32",
+    7: "TYPE_INT64", 8: "TYPE_STRING", 9: "TYPE_BOOL", 10: "TYPE_FP16", 11: "TYPE_FP64", 12: "TYPE_UINT32",
+    13: "TYPE_UINT64",
+}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    data_type: str
+    dims: tuple[int, ...]
+
+
+def load(model_dir: Path) -> mc.ModelConfig:
+    path = Path(model_dir) / "config.pbtxt"
+    return load_text(path.read_text(), str(path))
+
+
+def load_text(text: str, where: str = "config") -> mc.ModelConfig:
+    config = mc.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as err:
+        raise ValueError(f"{where}: {err}") from None
+    return config
+
+
+def backend_parameters(config: mc.ModelConfig) -> dict[str, dict[str, str]]:
+    """The config's parameters in the form the python backend hands them to a model (the config as JSON)."""
+    return {key: {"string_value": value.string_value} for key, value in config.parameters.items()}
+
+
+def decision_thresholds(model_dir: Path) -> Thresholds:
+    """The thresholds a deciding model (risk_pipeline, risk_decision) serves with, read from its config."""
+    return Thresholds.from_parameters(backend_parameters(load(Path(model_dir))))
+
+
+def tensors(entries: Iterable) -> dict[str, Tensor]:
+    return {t.name: Tensor(t.name, mc.DataType.Name(t.data_type), tuple(t.dims)) for t in entries}
+
+
+def versions(model_dir: Path) -> list[int]:
+    return version_numbers(model_dir)
+
+
+def onnx_io(path: Path, batched: bool) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """The ONNX file's inputs and outputs as a config would declare them (batch dimension dropped)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    initializers = {i.name for i in graph.initializer}
+
+    def describe(values) -> dict[str, Tensor]:
+        out = {}
+        for v in values:
+            if v.name in initializers:
+                continue
+            dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim)
+            out[v.name] = Tensor(v.name, ONNX_TO_CONFIG.get(v.type.tensor_type.elem_type, "TYPE_INVALID"),
+                                 dims[1:] if batched else dims)
+        return out
+    return describe(graph.input), describe(graph.output)
+
+
+def _dims_match(declared: tuple[int, ...], actual: tuple[int, ...]) -> bool:
+    return len(declared) == len(actual) and all(a in (-1, d) or d == -1 for d, a in zip(declared, actual))
+
+
+def check_onnx_against_config(config: mc.ModelConfig, onnx_path: Path) -> list[str]:
+    inputs, outputs = onnx_io(onnx_path, config.max_batch_size > 0)
+    problems = []
+    for kind, declared, actual in (("input", tensors(config.input), inputs),
+                                   ("output", tensors(config.output), outputs)):
+        for name, tensor in declared.items():
+            model_tensor = actual.get(name)
+            if model_tensor is None:
+                problems.append(f"{config.name}: {kind} {name!r} is not in {onnx_path.name} "
+                                f"(it has {', '.join(sorted(actual)) or 'none'})")
+            elif model_tensor.data_type != tensor.data_type:
+                problems.append(f"{config.name}: {kind} {name!r} is {tensor.data_type} in the config, "
+                                f"{model_tensor.data_type} in {onnx_path.name}")
+            elif not _dims_match(tensor.dims, model_tensor.dims):
+                problems.append(f"{config.name}: {kind} {name!r} has dims {list(tensor.dims)} in the config, "
+                                f"{list(model_tensor.dims)} in {onnx_path.name}")
+        if kind == "input":
+            for name in sorted(set(actual) - set(declared)):
+                problems.append(f"{config.name}: the model needs input {name!r}, the config does not declare it")
+    return problems
+
+
+def engine_report_path(engine_path: Path) -> Path:
+    """The build report `s2t build-trt` writes beside an engine: what it was built for, readable without a GPU."""
+    return Path(engine_path).with_name(Path(engine_path).name + ".json")
+
+
+def check_engine_against_config(config: mc.ModelConfig, plan: Path) -> list[str]:
+    """A TensorRT engine against its config, from the build report beside it (`s2t build-trt` writes it).
+
+    The engine itself can only be opened by TensorRT on a GPU; the report says what it was built for.
+    """
+    report_path = engine_report_path(plan)
+    if not report_path.is_file():
+        return [f"{config.name}: {plan} has no build report {report_path.name} (which TensorRT, GPU and batch "
+                "profile built it is unknown)"]
+    report = json.loads(report_path.read_text())
+    problems = []
+    shapes = report.get("shapes", {})
+    declared = {t.name: tuple(t.dims) for t in config.input}
+    if set(shapes) != set(declared):
+        problems.append(f"{config.name}: the engine takes {sorted(shapes)}, the config declares {sorted(declared)}")
+    for name, dims in declared.items():
+        if name in shapes and tuple(shapes[name][0][1:]) != dims:
+            problems.append(f"{config.name}: input {name!r} is declared {list(dims)}, the engine takes "
+                            f"{shapes[name][0][1:]}")
+    maximum = report.get("profile", {}).get("maximum", 0)
+    if maximum < config.max_batch_size:
+        problems.append(f"{config.name}: max_batch_size {config.max_batch_size} exceeds the engine's profile "
+                        f"(up to {maximum})")
+    return problems
+
+
+def _check_ensemble(config: mc.ModelConfig, configs: dict[str, mc.ModelConfig]) -> list[str]:
+    problems = []
+    available = tensors(config.input)
+    for number, step in enumerate(config.ensemble_scheduling.step):
+        where = f"{config.name} step {number} ({step.model_name})"
+        member = configs.get(step.model_name)
+        if member is None:
+            problems.append(f"{where}: no model {step.model_name!r} in the repositories")
+            continue
+        if member.max_batch_size == 0 and config.max_batch_size > 0:
+            problems.append(f"{where}: the ensemble batches but {step.model_name} has max_batch_size 0")
+        member_inputs, member_outputs = tensors(member.input), tensors(member.output)
+        for model_name, ensemble_name in step.input_map.items():
+            if model_name not in member_inputs:
+                problems.append(f"{where}: input_map names {model_name!r}, not an input of {step.model_name}")
+            elif ensemble_name not in available:
+                problems.append(f"{where}: {ensemble_name!r} is not produced before this step")
+            else:
+                have, want = available[ensemble_name], member_inputs[model_name]
+                if (have.data_type, have.dims) != (want.data_type, want.dims):
+                    problems.append(f"{where}: {ensemble_name!r} is {have.data_type}{list(have.dims)}, "
+                                    f"{step.model_name}.{model_name} wants {want.data_type}{list(want.dims)}")
+        for name in sorted(set(member_inputs) - set(step.input_map) - {i.name for i in member.input if i.optional}):
+            problems.append(f"{where}: required input {name!r} of {step.model_name} is not mapped")
+        for model_name, ensemble_name in step.output_map.items():
+            if model_name not in member_outputs:
+                problems.append(f"{where}: output_map names {model_name!r}, not an output of {step.model_name}")
+            else:
+                available[ensemble_name] = Tensor(ensemble_name, member_outputs[model_name].data_type,
+                                                  member_outputs[model_name].dims)
+    for name, tensor in tensors(config.output).items():
+        produced = available.get(name)
+        if produced is None:
+            problems.append(f"{config.name}: output {name!r} is produced by no step")
+        elif (produced.data_type, produced.dims) != (tensor.data_type, tensor.dims):
+            problems.append(f"{config.name}: output {name!r} is declared {tensor.data_type}{list(tensor.dims)}, "
+                            f"produced {produced.data_type}{list(produced.dims)}")
+    return problems
+
+
+def _check_scorer_reference(config: mc.ModelConfig, model_dir: Path, configs: dict[str, mc.ModelConfig]) -> list[str]:
+    """A python model that runs a scorer in its stub (`scorer_model`, `scorer_version`): the scorer must be an ONNX
+    model of the same repository, and a version named must exist there."""
+    parameters = backend_parameters(config)
+    scorer = parameters["scorer_model"]["string_value"]
+    version = parameters.get("scorer_version", {}).get("string_value", "").strip()
+    scorer_dir = model_dir.parent / scorer
+    if scorer not in configs or not (scorer_dir / "config.pbtxt").is_file():
+        return [f"{config.name}: scorer_model {scorer!r} is not a model of its repository {model_dir.parent}"]
+    if not _is_onnx(configs[scorer]):
+        return [f"{config.name}: scorer_model {scorer!r} is not an ONNX model"]
+    if version and not (scorer_dir / version / model_filename(configs[scorer])).is_file():
+        return [f"{config.name}: scorer_version {version} of {scorer} has no {model_filename(configs[scorer])}"]
+    return []
+
+
+def _check_one_decision_policy(configs: dict[str, mc.ModelConfig]) -> list[str]:
+    """Every model that decides carries the same thresholds: one policy, whichever path serves the record."""
+    policies = {}
+    for name, config in configs.items():
+        parameters = backend_parameters(config)
+        if "review_threshold" in parameters or "decline_threshold" in parameters:
+            try:
+                policies[name] = Thresholds.from_parameters(parameters)
+            except ValueError as err:
+                return [f"{name}: {err}"]
+    if len(set(policies.values())) > 1:
+        return ["the decision thresholds differ between models: " + ", ".join(
+            f"{name} review {t.review:g} decline {t.decline:g}" for name, t in sorted(policies.items()))]
+    return []
+
+
+def _is_engine(config: mc.ModelConfig) -> bool:
+    return config.platform == "tensorrt_plan" or config.backend == "tensorrt"
+
+
+def _is_onnx(config: mc.ModelConfig) -> bool:
+    return config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime"
+
+
+def model_filename(config: mc.ModelConfig) -> str:
+    """The file each version folder holds for an ONNX or TensorRT model, as Triton looks for it."""
+    return config.default_model_filename or ("model.plan" if _is_engine(config) else "model.onnx")
+
+
+def _model_file_check(config: mc.ModelConfig):
+    """The checker of the one model file per version, for ONNX and TensorRT models; None for the others."""
+    if _is_onnx(config):
+        return check_onnx_against_config
+    if _is_engine(config):
+        return check_engine_against_config
+    return None
+
+
+# The settings each python model of this repository reads its `parameters` into (see backends/model_parameters.py).
+PYTHON_MODEL_SETTINGS = {
+    "skill_adapter": (AdapterSettings,), "risk_decision": (Thresholds,), "risk_pipeline": (PipelineSettings,),
+    "risk_router": (RouterModelSettings,), "risk_stream": (StreamModelSettings,),
+    "llm": (EngineSettings, BatchingSettings, GenerationLimits), "risk_explainer": (ExplainerSettings,),
+}
+
+
+def check_parameters(name: str, config: mc.ModelConfig) -> list[str]:
+    """Every parameter a python model's config sets is one its settings read, and each value parses: a typo would
+    otherwise keep a default silently, and a bad value would only show when Triton refuses the model. ONNX models
+    are checked for the values our ONNX Runtime backend reads (the native backend takes more keys)."""
+    parameters = {key: {"string_value": value.string_value} for key, value in config.parameters.items()}
+    if _is_onnx(config):
+        classes, strict = (OrtSettings,), False
+    elif config.backend == "python" and name in PYTHON_MODEL_SETTINGS:
+        classes, strict = PYTHON_MODEL_SETTINGS[name], True
+    else:
+        return []
+    problems = []
+    if strict:
+        unknown = set(parameters)
+        for cls in classes:
+            unknown &= set(unknown_parameters(cls, parameters))
+        problems += [f"{name}: parameter {key} is not one the model reads" for key in sorted(unknown)]
+    for cls in classes:
+        try:
+            read_parameters(cls, parameters)
+        except ValueError as err:
+            problems.append(f"{name}: {err}")
+    return problems
+
+
+def check_repositories(repositories: Iterable[Path]) -> list[str]:
+    """Every problem found, as one line each; an empty list means every config fits what it serves."""
+    configs, dirs, problems = {}, {}, []
+    for repo in repositories:
+        for model_dir in sorted(p for p in Path(repo).iterdir() if (p / "config.pbtxt").is_file()):
+            try:
+                config = load(model_dir)
+            except ValueError as err:
+                problems.append(str(err))
+                continue
+            if config.name and config.name != model_dir.name:
+                problems.append(f"{model_dir}: config name {config.name!r} differs from the folder name")
+            config.name = config.name or model_dir.name
+            if config.name in configs:
+                problems.append(f"{model_dir}: model {config.name!r} is defined twice")
+            configs[config.name], dirs[config.name] = config, model_dir
+    for name, config in configs.items():
+        model_dir = dirs[name]
+        found = versions(model_dir)
+        problems += check_parameters(name, config)
+        if config.platform == "ensemble":
+            problems += _check_ensemble(config, configs)
+        elif (check := _model_file_check(config)) is not None:
+            filename = model_filename(config)
+            for version in found:
+                path = model_dir / str(version) / filename
+                if not path.is_file():
+                    problems.append(f"{name}: version {version} has no {filename}")
+                else:
+                    problems += check(config, path)
+        elif config.backend == "python":
+            for version in found:
+                if not (model_dir / str(version) / "model.py").is_file():
+                    problems.append(f"{name}: version {version} has no model.py")
+            if "scorer_model" in config.parameters:
+                problems += _check_scorer_reference(config, model_dir, configs)
+        if not found:
+            hint = (" (engines are built on the serving GPU: `s2t build-trt`, then `s2t publish`)"
+                    if config.platform == "tensorrt_plan" else "")
+            problems.append(f"{name}: no version folder{hint}")
+    return problems + _check_one_decision_policy(configs)

@@ -1,0 +1,207 @@
+"""Row-by-row parity: the legacy SavedModel vs ONNX Runtime vs the live Triton model."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from backends.atomic_files import write_atomically
+from backends.decision_policy import Thresholds
+from backends.record_decoder import encode_columns
+from s2t.models import german_credit
+from s2t.gate.parity_report import (FP16_ATOL, LIVE_BATCH, REL_FLOOR, Comparison, ParityReport,  # noqa: F401
+                                 compare)
+from wire.names import PROBABILITY
+
+DECISION_CONFIG = Path("model_repository/risk_pipeline/config.pbtxt")
+
+
+def near_threshold(reference: np.ndarray, thresholds: Thresholds, band: float = FP16_ATOL) -> list[int]:
+    reference = np.asarray(reference, np.float64).ravel()
+    distance = np.minimum(np.abs(reference - thresholds.review), np.abs(reference - thresholds.decline))
+    return np.flatnonzero(distance < band).tolist()
+
+
+
+def legacy_scores(saved_model: Path, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Run the SavedModel's serving_default on the columns, shaped and typed as its signature says."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    signature = tf.saved_model.load(str(saved_model)).signatures["serving_default"]
+    _, spec = signature.structured_input_signature
+    feeds = {}
+    for name, tensor_spec in spec.items():
+        if name not in columns:
+            raise KeyError(f"the data has no column {name!r}, an input of the SavedModel")
+        col = np.asarray(columns[name])
+        col = col.astype(str) if tensor_spec.dtype == tf.string else col.astype(tensor_spec.dtype.as_numpy_dtype)
+        feeds[name] = tf.constant(col.reshape([-1] + [1] * (len(tensor_spec.shape) - 1)))
+    outputs = signature(**feeds)
+    if len(outputs) != 1:
+        raise ValueError(f"the SavedModel has {len(outputs)} outputs; a risk model has one")
+    return next(iter(outputs.values())).numpy().ravel()
+
+
+def packed_inputs(onnx_path: Path, columns: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The columns as the scorer takes them (vocabulary indices, numbers), with the ONNX model's feature spec."""
+    import onnx
+
+    from s2t.models.convert import read_spec
+    return encode_columns(read_spec(onnx.load(str(onnx_path), load_external_data=False)), columns)
+
+
+def onnx_scores(onnx_path: Path, categorical: np.ndarray, numeric: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"categorical": categorical, "numeric": numeric})[0].ravel()
+
+
+def float16_model(onnx_path: Path):
+    """The graph with float weights and activations in float16, inputs and outputs kept as they are.
+
+    ONNX Runtime's own converter; the shape annotations tf2onnx left are dropped first, else they keep saying
+    float32 for tensors the converter made float16 and the session refuses the graph.
+    """
+    import onnx
+    from onnxruntime.transformers import float16
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    model.graph.ClearField("value_info")
+    return float16.convert_float_to_float16(model, keep_io_types=True)
+
+
+def fp16_emulation_scores(onnx_path: Path, categorical: np.ndarray, numeric: np.ndarray) -> np.ndarray:
+    """FP16 arithmetic without a GPU: the float16 graph on ONNX Runtime's CPU kernels."""
+    import warnings
+
+    import onnxruntime as ort
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the converter warns for every weight it clamps into float16's range
+        model = float16_model(onnx_path)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"categorical": categorical, "numeric": numeric})[0].ravel()
+
+
+def live_scores(url: str, model: str, onnx_path: Path, data: german_credit.Dataset, protocol: str = "http"
+                ) -> np.ndarray:
+    """Score through the live server: JSON records if the model takes `payload`, packed tensors otherwise."""
+    import onnx
+
+    from s2t.models.convert import read_spec
+    if protocol == "grpc":
+        import tritonclient.grpc as client
+    else:
+        import tritonclient.http as client
+    triton = client.InferenceServerClient(url)
+    try:
+        metadata = triton.get_model_metadata(model, as_json=True) if protocol == "grpc" else \
+            triton.get_model_metadata(model)
+        if [i["name"] for i in metadata["inputs"]] == ["payload"]:
+            records = [json.dumps({"request_id": f"parity-{i}", "features": r}).encode()
+                       for i, r in enumerate(data.records())]
+            batches = [{"payload": np.array(records[i:i + LIVE_BATCH], dtype=object).reshape(-1, 1)}
+                       for i in range(0, len(records), LIVE_BATCH)]
+        else:
+            spec = read_spec(onnx.load(str(onnx_path), load_external_data=False))
+            categorical, numeric = encode_columns(spec, data.columns)
+            batches = [{"categorical": categorical[i:i + LIVE_BATCH], "numeric": numeric[i:i + LIVE_BATCH]}
+                       for i in range(0, len(categorical), LIVE_BATCH)]
+        scores = []
+        for batch in batches:
+            inputs = []
+            for name, array in batch.items():
+                dtype = "BYTES" if array.dtype == object else ("INT64" if array.dtype == np.int64 else "FP32")
+                inp = client.InferInput(name, list(array.shape), dtype)
+                inp.set_data_from_numpy(array)
+                inputs.append(inp)
+            # No output filter: Triton 2.51 ensembles fail a request that asks for a subset of their outputs
+            # ("unexpected deadlock", triton-inference-server/server#7482).
+            result = triton.infer(model, inputs)
+            scores.append(result.as_numpy(PROBABILITY).ravel())
+        return np.concatenate(scores)
+    finally:
+        triton.close()
+
+
+def _digest(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(str(path.name).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def reference_scores(saved_model: Path, data_csv: Path, data: german_credit.Dataset,
+                     cache_dir: Path | None = None) -> np.ndarray:
+    """The legacy model's scores on the data, kept in cache_dir under a digest of the model's files and the data.
+
+    The reference is the same for every artifact gated against it; computing it means starting TensorFlow,
+    seconds of full CPU that a publish on a serving host should not take from the server each time.
+    """
+    if cache_dir is None:
+        return legacy_scores(saved_model, data.columns)
+    files = sorted(p for p in Path(saved_model).rglob("*") if p.is_file() and p.name != "training_report.json")
+    cached = Path(cache_dir) / f"{_digest(files + [Path(data_csv)])}.npy"
+    if cached.exists():
+        return np.load(cached)
+    scores = legacy_scores(saved_model, data.columns)
+    try:
+        buffer = io.BytesIO()
+        np.save(buffer, scores)
+        write_atomically(cached, buffer.getvalue())
+    except OSError:
+        pass  # a cache that cannot be written (a full disk) costs the next publish time, never this one its answer
+    return scores
+
+
+def run(saved_model: Path, onnx_path: Path, data_csv: Path, atol: float = 1e-5, url: str | None = None,
+        model: str | None = None, protocol: str = "http", localise: bool = True,
+        reference_cache: Path | None = None, thresholds: Thresholds | None = None, fp16_emulation: bool = False,
+        engines: tuple[Path, ...] = (), fp16_atol: float = FP16_ATOL, url_atol: float | None = None
+        ) -> ParityReport:
+    """Every candidate against the legacy model; FP16 candidates (emulation, FP16 engines) at `fp16_atol`.
+
+    `url_atol` is the live model's tolerance where it serves a low-precision engine (risk_scorer_trt FP16).
+    A model converted from a tf.Example signature is compared on Examples built from the CSV (example_parity).
+    """
+    import onnx
+
+    from s2t.gate import example_parity
+    if example_parity.example_input(onnx.load(str(onnx_path), load_external_data=False)) is not None:
+        if fp16_emulation or engines:
+            raise ValueError("FP16 emulation and engines are compared on German Credit columns, not on tf.Example data")
+        return example_parity.run(Path(saved_model), Path(onnx_path), Path(data_csv), atol, url, model, protocol,
+                                  thresholds)
+    data = german_credit.load(Path(data_csv))
+    reference = reference_scores(Path(saved_model), Path(data_csv), data, reference_cache)
+    categorical, numeric = packed_inputs(Path(onnx_path), data.columns)
+    comparisons = [compare(f"onnxruntime {Path(onnx_path).name}", reference,
+                           onnx_scores(Path(onnx_path), categorical, numeric), atol, thresholds)]
+    if fp16_emulation:
+        comparisons.append(compare("onnxruntime float16 (CPU emulation)", reference,
+                                   fp16_emulation_scores(Path(onnx_path), categorical, numeric), fp16_atol, thresholds))
+    if engines:
+        from s2t.models import tensorrt_engine
+        for engine in engines:
+            precision = tensorrt_engine.engine_precision(engine)
+            comparisons.append(compare(f"tensorrt {Path(engine).name} ({precision})", reference,
+                                       tensorrt_engine.engine_scores(engine, categorical, numeric),
+                                       fp16_atol if precision == "fp16" else atol, thresholds))
+    if url:
+        live = live_scores(url, model or "risk_pipeline", Path(onnx_path), data, protocol)
+        comparisons.append(compare(f"triton {model or 'risk_pipeline'} ({protocol})", reference, live,
+                                   url_atol or atol, thresholds))
+    divergence = None
+    if localise and not comparisons[0].passed:
+        from s2t.gate.divergence import first_divergence
+        divergence = first_divergence(Path(saved_model), Path(onnx_path), data, comparisons[0].worst_row, atol)
+    near = near_threshold(reference, thresholds, fp16_atol) if thresholds is not None else None
+    return ParityReport(str(saved_model), atol, len(data), comparisons, divergence, near, fp16_atol)

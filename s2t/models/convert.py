@@ -1,0 +1,193 @@
+"""SavedModel -> ONNX with tf2onnx, then shaped for serving: two packed inputs, contract names, a feature spec.
+
+tf2onnx turns each Keras StringLookup into an `ai.onnx.ml.CategoryMapper`. Strings are the expensive part of
+serving (each hop serialises them, each backend converts them element by element), so the converter lifts the
+lookups out of the graph: their vocabularies go into the feature spec (model metadata) that the adapter
+applies, and the graph takes `categorical` (INT64 [batch, n_categorical], vocabulary indices) and `numeric`
+(FP32 [batch, n_numeric]). Parity against the SavedModel proves the split reproduces the legacy scores.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from backends.atomic_files import write_atomically
+from backends.feature_spec import (CATEGORICAL_INPUT, METADATA_KEY, NUMERIC_INPUT, PROBABILITY_OUTPUT,
+                                   CategoricalFeature, FeatureSpec)
+from s2t.models import example_signature
+
+BATCH_DIM = "batch"
+MIN_OPSET = 15
+_UNSUPPORTED_OP = re.compile(r"Tensorflow op \[(?P<node>[^:\]]+): (?P<op>[^\]]+)\] is not supported")
+# Ops that tf2onnx maps to onnxruntime-extensions custom ops when asked for the contrib opset.
+_CONTRIB_OPS = {"StringSplit", "StringSplitV2", "StaticRegexReplace", "RegexReplace", "StringJoin", "StringLower",
+                "StringUpper", "StringToHashBucketFast", "StringStrip", "WordpieceTokenizeWithOffsets",
+                "SentencepieceOp", "RegexSplitWithOffsets"}
+
+
+class ConversionError(Exception):
+    """The SavedModel cannot be served as converted; the message says what and the way out."""
+
+
+def _way_out(op: str) -> str:
+    if op == "ParseExample":
+        return "export the signature with tf.io.parse_example (ParseExampleV2), whose parsing s2t convert lifts out"
+    if op in _CONTRIB_OPS:
+        return ("convert with tf2onnx's `--extra_opset ai.onnx.contrib:1` and serve with the onnxruntime-extensions "
+                "custom op library (model config parameter `custom_op_library`)")
+    return ("move the op out of the serving signature (do it in the caller or the adapter), or register a custom op "
+            "with tf2onnx (`--custom-ops`) and provide its kernel as an ONNX Runtime custom op library")
+
+
+def run_tf2onnx(saved_model: Path, opset: int, lifted_ops: frozenset[str] = frozenset()) -> onnx.ModelProto:
+    """The raw conversion; ops in `lifted_ops` may stay unconverted (tf2onnx keeps them as they are) for the caller
+    to cut out."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "raw.onnx"
+        proc = subprocess.run(
+            [sys.executable, "-m", "tf2onnx.convert", "--saved-model", str(saved_model), "--signature_def",
+             "serving_default", "--opset", str(opset), "--output", str(out)],
+            capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        )
+        log = proc.stdout + proc.stderr
+        unsupported = [(m["op"], m["node"]) for m in _UNSUPPORTED_OP.finditer(log) if m["op"] not in lifted_ops]
+        if unsupported:
+            details = "; ".join(f"op {op} at node {node}: {_way_out(op)}" for op, node in dict.fromkeys(unsupported))
+            raise ConversionError(f"tf2onnx cannot convert {len(set(unsupported))} op(s): {details}")
+        if proc.returncode != 0 or not out.exists():
+            tail = "\n".join(log.strip().splitlines()[-8:])
+            raise ConversionError(f"tf2onnx failed on {saved_model}:\n{tail}")
+        return onnx.load(str(out))
+
+
+def _elem_type(value_info: onnx.ValueInfoProto) -> int:
+    return value_info.type.tensor_type.elem_type
+
+
+def _rank(value_info: onnx.ValueInfoProto) -> int:
+    return len(value_info.type.tensor_type.shape.dim)
+
+
+def _column(source: str, index: int, rank: int, output: str) -> tuple[onnx.NodeProto, onnx.TensorProto]:
+    """Gather one column of a packed input, keeping the rank the original input had ([batch] or [batch, 1])."""
+    const = numpy_helper.from_array(np.array(index if rank == 1 else [index], dtype=np.int64),
+                                    name=f"{output}__column")
+    return helper.make_node("Gather", [source, const.name], [output], axis=1, name=f"{output}__unpack"), const
+
+
+def pack_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FeatureSpec]:
+    """Replace per-attribute inputs by `categorical` and `numeric`; lift CategoryMapper vocabularies into a spec."""
+    graph = model.graph
+    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            consumers[name].append(node)
+
+    categorical, numeric, new_nodes, consts, removed = [], [], [], [], set()
+    for inp in graph.input:
+        kind = _elem_type(inp)
+        if kind == TensorProto.STRING:
+            users = consumers[inp.name]
+            if not users or any(u.op_type != "CategoryMapper" for u in users):
+                ops = sorted({u.op_type for u in users}) or ["nothing"]
+                raise ConversionError(
+                    f"string input {inp.name!r} feeds {', '.join(ops)}; only vocabulary lookups "
+                    "(StringLookup -> CategoryMapper) can be moved out of the graph")
+            vocabularies = {_vocabulary(u) for u in users}
+            if len(vocabularies) != 1:
+                raise ConversionError(f"string input {inp.name!r} is looked up in {len(vocabularies)} vocabularies")
+            vocab, default = vocabularies.pop()
+            categorical.append(CategoricalFeature(inp.name, dict(vocab), default))
+            index = len(categorical) - 1
+            for user in users:
+                node, const = _column(CATEGORICAL_INPUT, index, _rank(inp), user.output[0])
+                new_nodes.append(node)
+                consts.append(const)
+                removed.add(id(user))
+        elif kind == TensorProto.FLOAT:
+            numeric.append(inp.name)
+            node, const = _column(NUMERIC_INPUT, len(numeric) - 1, _rank(inp), inp.name)
+            new_nodes.append(node)
+            consts.append(const)
+        else:
+            raise ConversionError(f"input {inp.name!r} has ONNX type "
+                                  f"{TensorProto.DataType.Name(kind)}; only strings and float32 can be packed")
+
+    kept = [n for n in graph.node if id(n) not in removed]
+    del graph.node[:]
+    graph.node.extend(new_nodes + kept)
+    graph.initializer.extend(consts)
+    del graph.input[:]
+    if categorical:
+        graph.input.append(helper.make_tensor_value_info(CATEGORICAL_INPUT, TensorProto.INT64,
+                                                         [BATCH_DIM, len(categorical)]))
+    if numeric:
+        graph.input.append(helper.make_tensor_value_info(NUMERIC_INPUT, TensorProto.FLOAT, [BATCH_DIM, len(numeric)]))
+    if not any(n.domain == "ai.onnx.ml" for n in graph.node):
+        kept_opsets = [o for o in model.opset_import if o.domain != "ai.onnx.ml"]
+        del model.opset_import[:]
+        model.opset_import.extend(kept_opsets)
+    return model, FeatureSpec(tuple(categorical), tuple(numeric))
+
+
+def _vocabulary(node: onnx.NodeProto) -> tuple[tuple[tuple[str, int], ...], int]:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    strings = [s.decode() if isinstance(s, bytes) else s for s in attrs.get("cats_strings", [])]
+    return tuple(zip(strings, (int(i) for i in attrs.get("cats_int64s", [])))), int(attrs.get("default_int64", -1))
+
+
+def name_output(model: onnx.ModelProto) -> onnx.ModelProto:
+    graph = model.graph
+    if len(graph.output) != 1:
+        raise ConversionError(f"the signature has {len(graph.output)} outputs; a risk model has one (the probability)")
+    old = graph.output[0].name
+    for node in graph.node:
+        node.output[:] = [PROBABILITY_OUTPUT if o == old else o for o in node.output]
+        node.input[:] = [PROBABILITY_OUTPUT if i == old else i for i in node.input]
+    graph.output[0].name = PROBABILITY_OUTPUT
+    dims = graph.output[0].type.tensor_type.shape.dim
+    if dims:
+        dims[0].Clear()
+        dims[0].dim_param = BATCH_DIM
+    return model
+
+
+def shape_for_serving(raw: onnx.ModelProto, defaults: dict[str, str | float] | None = None,
+                      metadata: dict[str, str] | None = None) -> tuple[onnx.ModelProto, FeatureSpec]:
+    model, spec = pack_inputs(raw)
+    if defaults:
+        spec = FeatureSpec(spec.categorical, spec.numeric, dict(defaults))
+    model = name_output(model)
+    helper.set_model_props(model, {**(metadata or {}), METADATA_KEY: spec.to_json()})
+    model.producer_name = "skill2triton"
+    onnx.checker.check_model(model, full_check=True)
+    return model, spec
+
+
+def read_spec(model: onnx.ModelProto) -> FeatureSpec:
+    props = {p.key: p.value for p in model.metadata_props}
+    if METADATA_KEY not in props:
+        raise ConversionError(f"the model has no {METADATA_KEY} metadata; convert it with `s2t convert`")
+    return FeatureSpec.from_json(props[METADATA_KEY])
+
+
+def convert(saved_model: Path, output: Path, opset: int = MIN_OPSET) -> FeatureSpec:
+    if opset < MIN_OPSET:
+        raise ConversionError(f"opset {opset} is below {MIN_OPSET}, the lowest this project serves")
+    raw = run_tf2onnx(Path(saved_model), opset, frozenset({example_signature.PARSE_OP}))
+    try:
+        raw, defaults, metadata = example_signature.lift_from_saved_model(raw, Path(saved_model))
+    except example_signature.SignatureError as err:
+        raise ConversionError(f"the tf.Example parsing cannot be lifted out: {err}") from None
+    model, spec = shape_for_serving(raw, defaults, metadata)
+    write_atomically(Path(output), model.SerializeToString())
+    return spec

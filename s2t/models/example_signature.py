@@ -1,0 +1,183 @@
+"""Serving signatures that take serialized tf.Example (TF Serving and Estimator exports): the parsing lifted out.
+
+tf2onnx has no ParseExampleV2, and strings are the expensive part of serving anyway, so the converter cuts the
+graph where the parse op hands its dense features to the rest: each parsed feature becomes a graph input named
+as its tf.Example key, and the numeric graph behind it converts as any other (its StaticHashTable look-ups become
+CategoryMappers, which s2t/models/convert.py lifts into the feature spec). What the parse op did moves to the adapter,
+which reads tf.Example records without TensorFlow (backends/example_record.py): the keys become the spec's
+feature names and the parse defaults the spec's defaults. Parity against the SavedModel, on the same serialized
+Examples, proves the split.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+PARSE_OP = "ParseExampleV2"
+# The converted model keeps the name of the signature's input, so that parity can call the SavedModel with the
+# same serialized Examples it sends to the converted model.
+EXAMPLE_INPUT_KEY = "skill2triton.tf_example_input"
+BATCH_DIM = "batch"
+# ParseExampleV2(serialized, names, sparse_keys, dense_keys, ragged_keys, dense_defaults...)
+_SERIALIZED, _SPARSE_KEYS, _DENSE_KEYS, _RAGGED_KEYS, _FIRST_DEFAULT = 0, 2, 3, 4, 5
+_LIFTED_TYPES = frozenset({TensorProto.FLOAT, TensorProto.STRING})
+
+
+class SignatureError(Exception):
+    """The tf.Example signature cannot be lifted; the message names the feature and the reason."""
+
+
+@dataclass(frozen=True)
+class DenseFeature:
+    key: str
+    elem_type: int  # ONNX TensorProto type of the parsed tensor
+    shape: tuple[int, ...]  # per example, as tf.io.FixedLenFeature says: () or (1,)
+    default: str | float | None  # the parse default; None: the feature is required
+
+
+def parse_node(model: onnx.ModelProto) -> onnx.NodeProto | None:
+    """The graph's ParseExampleV2 node; None when the signature takes no serialized tf.Example."""
+    nodes = [n for n in model.graph.node if n.op_type == PARSE_OP]
+    if len(nodes) > 1:
+        raise SignatureError(f"the signature parses tf.Example {len(nodes)} times; one parse can be lifted")
+    return nodes[0] if nodes else None
+
+
+def dense_features(node: onnx.NodeProto, initializers: Mapping[str, np.ndarray],
+                   shapes: Mapping[str, tuple[int, ...]]) -> tuple[DenseFeature, ...]:
+    """The features the parse op yields, from its constant inputs and the shapes the SavedModel declares."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    for kind, keys_input in (("sparse (VarLenFeature)", _SPARSE_KEYS), ("ragged", _RAGGED_KEYS)):
+        keys = _constant(node, keys_input, initializers)
+        if keys.size:
+            raise SignatureError(f"{kind} features {', '.join(_texts(keys))} cannot be lifted: a record holds one "
+                                 "value per feature (tf.io.FixedLenFeature)")
+    if attrs.get("num_sparse", 0) or attrs.get("ragged_value_types"):
+        raise SignatureError("sparse or ragged features cannot be lifted: a record holds one value per feature")
+    keys = _texts(_constant(node, _DENSE_KEYS, initializers))
+    if len(node.input) != _FIRST_DEFAULT + len(keys):
+        raise SignatureError(f"the parse op has {len(node.input) - _FIRST_DEFAULT} defaults for {len(keys)} features")
+    features = []
+    for offset, key in enumerate(keys):
+        default_name = node.input[_FIRST_DEFAULT + offset]
+        default = _constant(node, _FIRST_DEFAULT + offset, initializers)
+        is_text = default.dtype.kind in "OSU"
+        elem_type = TensorProto.STRING if is_text else helper.np_dtype_to_tensor_dtype(default.dtype)
+        if elem_type not in _LIFTED_TYPES:
+            raise SignatureError(f"feature {key!r} is parsed as {TensorProto.DataType.Name(elem_type)}; a record "
+                                 "carries float32 numbers and strings")
+        if key not in shapes:
+            raise SignatureError(f"the SavedModel declares no shape for feature {key!r} (default {default_name})")
+        shape = tuple(shapes[key])
+        if int(np.prod(shape, dtype=np.int64)) != 1:
+            raise SignatureError(f"feature {key!r} has shape {list(shape)} per example; a record holds one value")
+        features.append(DenseFeature(key, elem_type, shape, _one_value(key, default)))
+    return tuple(features)
+
+
+def lift_parse_example(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]
+                       ) -> tuple[onnx.ModelProto, tuple[DenseFeature, ...], str]:
+    """The graph behind the parse op, its parsed features as inputs; the features; the signature's input name."""
+    graph = model.graph
+    node = parse_node(model)
+    if node is None:
+        raise SignatureError(f"the graph has no {PARSE_OP} node")
+    serialized = node.input[_SERIALIZED]
+    if [i.name for i in graph.input] != [serialized]:
+        raise SignatureError(f"the signature takes {', '.join(i.name for i in graph.input)}; a tf.Example signature "
+                             f"takes the serialized Examples ({serialized}) alone")
+    initializers = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    features = dense_features(node, initializers, shapes)
+    # With no sparse features (refused above) the dense values are the op's first outputs.
+    renamed = {node.output[i]: f.key for i, f in enumerate(features)}
+    taken = {o for n in graph.node for o in n.output} | set(initializers)
+    clashes = sorted(set(renamed.values()) & taken)
+    if clashes:
+        raise SignatureError(f"feature names {', '.join(clashes)} are also tensor names in the graph")
+    for output in graph.output:
+        if output.name in renamed:
+            raise SignatureError(f"the signature returns the parsed feature {renamed[output.name]!r} itself")
+    for other in graph.node:
+        other.input[:] = [renamed.get(i, i) for i in other.input]
+    graph.node.remove(node)
+    del graph.input[:]
+    graph.input.extend(helper.make_tensor_value_info(f.key, f.elem_type, [BATCH_DIM, *f.shape]) for f in features)
+    used = {i for n in graph.node for i in n.input}
+    kept = [i for i in graph.initializer if i.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    dropped = [v for v in graph.value_info if v.name in renamed]
+    for value_info in dropped:
+        graph.value_info.remove(value_info)
+    return model, features, serialized
+
+
+def lift_from_saved_model(model: onnx.ModelProto, saved_model: Path
+                          ) -> tuple[onnx.ModelProto, dict[str, str | float], dict[str, str]]:
+    """The converted graph with its tf.Example parsing lifted out, the parse defaults and the metadata to keep; the
+    graph unchanged (no defaults, no metadata) when its signature takes no serialized tf.Example."""
+    if parse_node(model) is None:
+        return model, {}, {}
+    model, features, example_input = lift_parse_example(model, saved_model_dense_shapes(saved_model))
+    return model, {f.key: f.default for f in features if f.default is not None}, {EXAMPLE_INPUT_KEY: example_input}
+
+
+def saved_model_dense_shapes(saved_model: Path) -> dict[str, tuple[int, ...]]:
+    """{feature key: shape per example} of every ParseExampleV2 in the SavedModel (tf2onnx drops `dense_shapes`)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((Path(saved_model) / "saved_model.pb").read_bytes())
+    shapes: dict[str, tuple[int, ...]] = {}
+    for meta_graph in saved.meta_graphs:
+        bodies = [meta_graph.graph_def.node] + [f.node_def for f in meta_graph.graph_def.library.function]
+        for body in bodies:
+            by_name = {n.name: n for n in body}
+            for node in body:
+                if node.op != PARSE_OP:
+                    continue
+                const = by_name.get(node.input[_DENSE_KEYS].lstrip("^").split(":")[0])
+                if const is None or const.op != "Const":
+                    raise SignatureError(f"the dense keys of {node.name} are not a constant")
+                keys = [k.decode() for k in const.attr["value"].tensor.string_val]
+                dims = [tuple(d.size for d in s.dim) for s in node.attr["dense_shapes"].list.shape]
+                for key, shape in zip(keys, dims):
+                    if shapes.setdefault(key, shape) != shape:
+                        raise SignatureError(f"feature {key!r} is parsed with shapes {list(shapes[key])} and "
+                                             f"{list(shape)}")
+    return shapes
+
+
+def _constant(node: onnx.NodeProto, index: int, initializers: Mapping[str, np.ndarray]) -> np.ndarray:
+    name = node.input[index]
+    if name not in initializers:
+        raise SignatureError(f"input {index} of {node.name} ({name}) is not a constant; only a parse with constant "
+                             "keys and defaults can be lifted")
+    return initializers[name]
+
+
+def _texts(values: np.ndarray) -> list[str]:
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in values.ravel()]
+
+
+def _one_value(key: str, default: np.ndarray) -> str | float | None:
+    if default.size == 0:
+        return None
+    if default.size != 1:
+        raise SignatureError(f"feature {key!r} has a default of {default.size} values; a record holds one")
+    value = default.ravel()[0]
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SignatureError(f"the default of feature {key!r} is not UTF-8 text") from None
+    return float(value)

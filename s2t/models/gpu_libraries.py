@@ -1,0 +1,27 @@
+"""`python -m s2t.models.gpu_libraries`: LD_LIBRARY_PATH for the CUDA libraries that PyPI's nvidia-* wheels install.
+
+onnxruntime-gpu 1.19.2 loads cuBLAS, cuDNN, cuFFT and cuRAND by name and ships none of them; TensorRT and
+Polygraphy need libcudart. The wheels put each under site-packages/nvidia/<name>/lib, in .venv and .venv-gpu.
+"""
+from __future__ import annotations
+
+import glob
+import os
+
+
+def library_dirs() -> list[str]:
+    try:
+        import nvidia
+    except ImportError:
+        return []
+    return sorted({d for root in nvidia.__path__ for d in glob.glob(os.path.join(root, "*", "lib"))})
+
+
+def ld_library_path() -> str:
+    """The wheels' library dirs first, then LD_LIBRARY_PATH as it was, each once."""
+    current = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+    return ":".join(dict.fromkeys(library_dirs() + current))
+
+
+if __name__ == "__main__":
+    print(ld_library_path())

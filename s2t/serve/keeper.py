@@ -1,0 +1,273 @@
+"""Keeping tritonserver and its stubs as one unit: started in their own process group, dying with their keeper,
+reaped together, restarted with backoff; and the container entry point that does the same under Docker or Kubernetes.
+
+    python3 -m s2t.serve.keeper [--supervisor-port 8003] [--state-dir DIR] -- tritonserver --model-repository=... ...
+
+runs the command, supervises its models (s2t/serve/supervisor.py), serves the supervisor's counters on
+`--supervisor-port` (/metrics), forwards SIGTERM/SIGINT (Triton drains), and exits when tritonserver does, after
+reaping every stub: a stub never outlives its server. When a model cannot be healed it stops the server and exits
+non-zero, so that the orchestrator starts a fresh container. Standard library only (the NGC image's Python).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import http.server
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from s2t.serve import hidden_args
+from s2t.serve.healing import STATE_FILE, SupervisorState
+from s2t.control.version_store import VersionStore
+
+PR_SET_PDEATHSIG = 1
+ADMIN_KEY_ENV = "S2T_ADMIN_KEY"
+# Written in a command (e.g. a Kubernetes manifest, as `$$(S2T_ADMIN_KEY)` so that the kubelet leaves it alone),
+# replaced by the key from the keeper's environment and never shown on a command line.
+ADMIN_KEY_REFERENCE = f"$({ADMIN_KEY_ENV})"
+# Options whose value holds the admin key: kept off the command line (s2t/serve/hidden_args.py).
+SECRET_OPTIONS = ("--http-restricted-api=", "--grpc-restricted-protocol=")
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM (a draining stop) when the process that started it dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def server_environment(env: dict[str, str]) -> dict[str, str]:
+    """The server's and so every stub's environment, without the admin key (readable in /proc/PID/environ)."""
+    return {k: v for k, v in env.items() if k != ADMIN_KEY_ENV}
+
+
+def secret_indices(command: list[str]) -> set[int]:
+    return {i for i, arg in enumerate(command) if arg.startswith(SECRET_OPTIONS)}
+
+
+def spawn(command: list[str], env: dict[str, str], stdout=None) -> subprocess.Popen:
+    """Its own process group (the stubs join it), dying with the process that started it, with the admin key
+    neither on its command line nor in its stubs' environment. Call it from a thread that outlives the server:
+    the kernel sends the death signal when the thread that forked it ends."""
+    return hidden_args.popen(command, secret_indices(command), server_environment(env), preexec_fn=_die_with_parent,
+                             stdout=stdout, stderr=subprocess.STDOUT if stdout else None, start_new_session=True)
+
+
+def with_admin_key(command: list[str], env: dict[str, str]) -> list[str]:
+    """ADMIN_KEY_REFERENCE replaced by the key from the environment; an error when it is referenced but unset."""
+    if not any(ADMIN_KEY_REFERENCE in arg for arg in command):
+        return command
+    key = env.get(ADMIN_KEY_ENV)
+    if not key:
+        raise SystemExit(f"the command refers to {ADMIN_KEY_REFERENCE} but {ADMIN_KEY_ENV} is not set")
+    return [arg.replace(ADMIN_KEY_REFERENCE, key) for arg in command]
+
+
+def reap_group(pid: int) -> None:
+    """Kill what is left of the server's process group: a stub whose server died is an orphan in it."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@dataclass
+class RestartPolicy:
+    """At most `max_restarts` in `window_seconds`, each after a doubling delay."""
+
+    max_restarts: int = 5
+    window_seconds: float = 600.0
+    first_delay_seconds: float = 1.0
+    max_delay_seconds: float = 30.0
+    _restarts: list[float] = field(default_factory=list)
+
+    def next_delay(self, now: float) -> float | None:
+        """Seconds to wait before the next start, or None: too many restarts, give up."""
+        self._restarts = [t for t in self._restarts if now - t < self.window_seconds]
+        if len(self._restarts) >= self.max_restarts:
+            return None
+        delay = min(self.first_delay_seconds * 2 ** len(self._restarts), self.max_delay_seconds)
+        self._restarts.append(now)
+        return delay
+
+
+class MetricsServer(threading.Thread):
+    """The supervisor's counters in Prometheus text format on /metrics."""
+
+    def __init__(self, port: int, state: SupervisorState, host: str = "0.0.0.0"):
+        super().__init__(name="s2t-supervisor-metrics", daemon=True)
+        state_ref = state
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's naming
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404)
+                    return
+                body = state_ref.prometheus().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer((host, port), Handler)
+
+    def run(self) -> None:
+        self.httpd.serve_forever(poll_interval=0.5)
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def start_metrics(port: int | None, state: SupervisorState, log) -> MetricsServer | None:
+    if not port:
+        return None
+    try:
+        server = MetricsServer(port, state)
+    except OSError as err:
+        log(f"s2t supervisor: no metrics on port {port}: {err}")
+        return None
+    server.start()
+    return server
+
+
+def option(command: list[str], name: str, default: str | None = None) -> str | None:
+    """The value of the last `--name=value` in a tritonserver command."""
+    values = [arg.split("=", 1)[1] for arg in command if arg.startswith(f"--{name}=")]
+    return values[-1] if values else default
+
+
+def restricted_headers(command: list[str]) -> dict[str, str]:
+    """The header a repository-API call needs, from `--http-restricted-api=model-repository:HEADER=KEY`."""
+    value = option(command, "http-restricted-api")
+    if not value or ":" not in value:
+        return {}
+    header, _, key = value.split(":", 1)[1].partition("=")
+    return {header: key} if header else {}
+
+
+def wait_ready(http_url: str, process: subprocess.Popen, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://{http_url}/v2/health/ready", timeout=1) as resp:
+                if resp.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def keep(server, stop: threading.Event, replace: threading.Event, policy: RestartPolicy, state: SupervisorState,
+         log=lambda message: print(message, file=sys.stderr, flush=True)) -> int:
+    """`s2t serve`'s loop around a started TritonServer: start it again when it dies, or when `replace` is set (its
+    supervisor gave a model up), after the policy's delay, until `stop` is set or the policy gives up. The exit
+    code."""
+    while not stop.wait(0.5):
+        returncode = server.process.poll()
+        if returncode is None and not replace.is_set():
+            continue
+        why = "replaced (a model could not be healed in it)" if returncode is None else \
+            f"exited with code {returncode}"
+        if returncode is not None:
+            server.reap()  # at once: its orphaned stubs must not wait for the supervisor to stop
+        server.stop()
+        delay = policy.next_delay(time.monotonic())
+        if delay is None:
+            log(f"s2t serve: tritonserver {why}; {policy.max_restarts} restarts within "
+                f"{policy.window_seconds:.0f} s, giving up")
+            return exit_code(returncode) if returncode else 1
+        log(f"s2t serve: tritonserver {why}; starting it again in {delay:.0f} s")
+        if stop.wait(delay):
+            return 0
+        replace.clear()
+        try:
+            server.start()
+        except Exception as err:  # noqa: BLE001 - a failed start is one more death, under the same policy
+            log(f"s2t serve: tritonserver did not start again: {err}")
+            continue
+        state.record("server_restart", detail=why)
+        log(f"s2t serve: tritonserver running again (pid {server.process.pid})")
+    return 0
+
+
+def exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def run(command: list[str], supervisor_port: int | None, state_dir: Path | None, startup_seconds: float,
+        log=lambda message: print(message, file=sys.stderr, flush=True)) -> int:
+    from s2t.serve.supervisor import StubSupervisor
+
+    repositories = [arg.split("=", 1)[1] for arg in command if arg.startswith("--model-repository=")]
+    state_path = (state_dir or (VersionStore(Path(repositories[0])).control if repositories else None))
+    state = SupervisorState(path=state_path / STATE_FILE if state_path else None)
+    metrics = start_metrics(supervisor_port, state, log)
+    process = spawn(command, dict(os.environ))
+    stopping = threading.Event()
+
+    def forward(signum, _frame):
+        stopping.set()
+        if process.poll() is None:
+            process.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    http_url = f"localhost:{option(command, 'http-port', '8000')}"
+    supervisor = None
+    gave_up = threading.Event()
+
+    def give_up(model: str) -> None:
+        log(f"s2t keeper: {model} cannot be healed in this server; stopping it so that a new one starts")
+        gave_up.set()
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+
+    if wait_ready(http_url, process, startup_seconds) and not stopping.is_set():
+        supervisor = StubSupervisor(process.pid, http_url, option(command, "model-control-mode") == "explicit",
+                                    restricted_headers(command),
+                                    metrics_url=f"localhost:{option(command, 'metrics-port', '8002')}",
+                                    state=state, on_give_up=give_up)
+        supervisor.start()
+    returncode = process.wait()
+    reap_group(process.pid)
+    if supervisor is not None:
+        supervisor.stop()
+    if metrics is not None:
+        metrics.stop()
+    if stopping.is_set() and not gave_up.is_set():
+        return exit_code(returncode)
+    log(f"s2t keeper: tritonserver exited with code {returncode}")
+    return exit_code(returncode) or 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m s2t.serve.keeper", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--supervisor-port", type=int, default=8003,
+                        help="port of the supervisor's Prometheus metrics (0: none)")
+    parser.add_argument("--state-dir", type=Path,
+                        help="where supervisor.json goes (default: the first repository's control area)")
+    parser.add_argument("--startup-seconds", type=float, default=600.0,
+                        help="how long tritonserver may take to become ready before supervision starts anyway")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- tritonserver ARGS...")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the tritonserver command after --")
+    return run(with_admin_key(command, dict(os.environ)), args.supervisor_port, args.state_dir, args.startup_seconds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""Model supervision: Triton 2.51 never restarts a python stub that died, nor a model that keeps failing, so this
+reloads them, with backoff and a cap, and records what it did.
+
+Two signs of a sick model: its stub is gone while its version still reports READY (an intentional unload makes
+the version unready; a reload starts the replacement stub before the old one exits), or more than 10% of its
+requests failed in the model itself (Triton's failure counters, reasons BACKEND/OTHER) for 5 s in a row.
+A reload is, in explicit mode, the repository API's `load` with the live config plus a changed `s2t_reload`
+parameter (a `load` of unchanged files does nothing, and the repository may be read-only); in poll mode, touching
+the version's model file, which Triton's poller takes for a new model. A reload that fails is tried again after
+1, 2, 4 ... 30 s; after 5 heals of one model in a row, or at once when no reload can work (poll mode on a read-only
+repository), the model is given up and `on_give_up` is called (`s2t serve` starts a new tritonserver; the container
+entry point stops the server and exits, and the orchestrator starts a new container).
+
+Standard library only: the NGC container runs it on its system Python.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import py_compile
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from s2t.serve.healing import (ErrorRateSettings, ErrorRateWatch, HealPolicy, HealSettings, SupervisorState,
+                           parse_request_counters)
+
+STUB_BINARY = "triton_python_backend_stub"
+# A stub must be missing on this many consecutive checks before it counts as dead: a reload may briefly show
+# neither the old stub nor its replacement.
+MISSING_CHECKS = 2
+# After a reload is asked for, its stub may take this long to come up; past it a still missing stub is dead again.
+RELOAD_GRACE_SECONDS = 15.0
+# Triton's counters are read this often for the error-rate watch.
+METRICS_INTERVAL_SECONDS = 1.0
+RELOAD_PARAMETER = "s2t_reload"
+
+
+@dataclass(frozen=True)
+class Stub:
+    pid: int
+    model: str
+    version: str
+    instance: str
+    model_file: Path
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.model, self.version, self.instance
+
+
+@dataclass(frozen=True)
+class Heal:
+    model: str
+    reason: str
+    stub: Stub | None
+    detected_at: float
+    reloaded_at: float
+
+
+def parse_stub(pid: int, argv: list[str]) -> Stub | None:
+    """The python backend starts `stub MODEL_FILE SHM_REGION SIZE GROWTH PARENT_PID BACKEND_DIR IPC INSTANCE ...`."""
+    if len(argv) < 9 or not argv[0].endswith(STUB_BINARY):
+        return None
+    model_file = Path(argv[1])
+    model, instance = model_file.parent.parent.name, argv[8]
+    if instance == model:
+        # A short-lived stub the python backend starts to auto-complete the config while loading, not an instance.
+        return None
+    return Stub(pid, model, model_file.parent.name, instance, model_file)
+
+
+def stubs_of(server_pid: int) -> dict[int, Stub]:
+    found = {}
+    for task in Path(f"/proc/{server_pid}/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in map(int, children):
+            try:
+                argv = Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            stub = parse_stub(child, argv)
+            if stub is not None:
+                found[child] = stub
+    return found
+
+
+@dataclass
+class DeathWatch:
+    """The decision, apart from /proc and HTTP: which stubs of the last look are dead now.
+
+    `is_ready` answers True, False (unloaded on purpose) or None (the server did not answer in time: judge later).
+    """
+
+    missing: dict[int, int] = field(default_factory=dict)
+    known: dict[int, Stub] = field(default_factory=dict)
+    reloading: dict[tuple[str, str, str], tuple[float, Stub]] = field(default_factory=dict)
+
+    def update(self, current: dict[int, Stub], is_ready: Callable[[str, str], bool | None],
+               now: float = 0.0) -> list[Stub]:
+        alive_keys = {s.key for s in current.values()}
+        dead = []
+        for key, (until, stub) in list(self.reloading.items()):
+            if key in alive_keys:
+                del self.reloading[key]
+            elif until <= now:
+                del self.reloading[key]
+                if is_ready(stub.model, stub.version):
+                    dead.append(stub)  # the reload did not bring it back
+                    self.reloading[key] = (now + RELOAD_GRACE_SECONDS, stub)
+        for pid, stub in list(self.known.items()):
+            if pid in current:
+                continue
+            if stub.key in alive_keys or stub.key in self.reloading:
+                self._forget(pid)  # replaced, or being reloaded
+                continue
+            ready = is_ready(stub.model, stub.version)
+            if ready is None:
+                continue
+            if not ready:
+                self._forget(pid)  # unloaded on purpose
+                continue
+            self.missing[pid] = self.missing.get(pid, 0) + 1
+            if self.missing[pid] >= MISSING_CHECKS:
+                dead.append(stub)
+                self.reloading[stub.key] = (now + RELOAD_GRACE_SECONDS, stub)
+                self._forget(pid)
+        self.known.update(current)
+        return dead
+
+    def _forget(self, pid: int) -> None:
+        self.known.pop(pid, None)
+        self.missing.pop(pid, None)
+
+
+class CannotReload(OSError):
+    """No retry can succeed (poll mode on a read-only repository): only a new server brings the model back."""
+
+
+class Reloader:
+    """Asks Triton for a new instance of a model; raises OSError (urllib's errors included) when it cannot."""
+
+    def __init__(self, http_url: str, explicit: bool, admin_headers: dict[str, str] | None = None):
+        self.http_url, self.explicit, self.admin_headers = http_url, explicit, admin_headers or {}
+
+    def reload(self, model: str, model_files: list[Path]) -> None:
+        if self.explicit:
+            self._load_with_new_config(model)
+            return
+        if not model_files:
+            raise CannotReload(f"no model file of {model} known to touch")
+        for model_file in model_files:
+            # Triton's poller reloads a version whose files changed.
+            try:
+                os.utime(model_file)
+            except OSError as err:
+                if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                    raise CannotReload(f"{model_file}: {err.strerror}") from None
+                raise
+            if model_file.suffix == ".py":
+                # Current bytecode, or the new stub rewrites __pycache__ and poll mode reloads the model once more.
+                try:
+                    py_compile.compile(str(model_file), doraise=True)
+                except py_compile.PyCompileError as err:
+                    raise OSError(str(err)) from None
+
+    def _load_with_new_config(self, model: str) -> None:
+        with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{model}/config", timeout=10) as resp:
+            config = json.load(resp)
+        config.setdefault("parameters", {})[RELOAD_PARAMETER] = {"string_value": f"{time.time():.6f}"}
+        body = json.dumps({"parameters": {"config": json.dumps(config)}}).encode()
+        request = urllib.request.Request(f"http://{self.http_url}/v2/repository/models/{model}/load", data=body,
+                                         method="POST", headers={"Content-Type": "application/json",
+                                                                 **self.admin_headers})
+        with urllib.request.urlopen(request, timeout=120):
+            pass
+
+
+class StubSupervisor(threading.Thread):
+    def __init__(self, server_pid: int, http_url: str, explicit: bool, admin_headers: dict[str, str] | None = None,
+                 metrics_url: str | None = None, state: SupervisorState | None = None,
+                 heal_settings: HealSettings | None = None, error_settings: ErrorRateSettings | None = None,
+                 on_give_up: Callable[[str], None] | None = None, interval: float = 0.2,
+                 log: Callable[[str], None] | None = None):
+        super().__init__(name="s2t-stub-supervisor", daemon=True)
+        self.server_pid, self.http_url, self.metrics_url = server_pid, http_url, metrics_url
+        self.interval = interval
+        self.reloader = Reloader(http_url, explicit, admin_headers)
+        self.state = state or SupervisorState()
+        self.heals: list[Heal] = []
+        self._watch = DeathWatch()
+        self._errors = ErrorRateWatch(error_settings or ErrorRateSettings())
+        self._policy = HealPolicy(heal_settings or HealSettings())
+        self._on_give_up = on_give_up
+        self._stubs: dict[int, Stub] = {}
+        self._last_metrics = 0.0
+        self._platforms: dict[str, str] = {}
+        self._model_files: dict[str, set[Path]] = {}
+        self._stop_event = threading.Event()
+        self._log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(5)
+
+    def start(self) -> None:
+        # The first look before returning: a stub that dies right after start-up is known and so noticed.
+        self._look()
+        self._watch.update(self._stubs, self._is_ready, time.monotonic())
+        self.state.server_started(self.server_pid)
+        # One that died before this look left no process to miss: find it by its ready model without a stub.
+        for model in self._ready_without_stub():
+            self._log(f"s2t supervisor: {model} is ready but has no stub")
+            self._heal(model, "stub_died", None)
+        super().start()
+
+    def _ready_without_stub(self) -> list[str]:
+        request = urllib.request.Request(f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST",
+                                         headers=self.reloader.admin_headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                index = json.load(resp)
+        except (urllib.error.URLError, OSError, ValueError):
+            return []
+        with_stub = {s.model for s in self._stubs.values()}
+        missing = []
+        for entry in index:
+            name = entry.get("name")
+            if entry.get("state") != "READY" or name in with_stub or name in missing:
+                continue
+            try:
+                with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{name}/config", timeout=5) as resp:
+                    config = json.load(resp)
+            except (urllib.error.URLError, OSError, ValueError):
+                continue
+            # Python models and Python-based backends (`runtime: model.py`) run in stubs; others never do.
+            if config.get("backend") == "python" or config.get("runtime", "").endswith(".py"):
+                missing.append(name)
+        return missing
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            try:
+                self.check()
+            except Exception as err:  # noqa: BLE001 - supervision must outlive one bad look
+                self._log(f"s2t supervisor: check failed: {err}")
+
+    def check(self) -> list[Heal]:
+        now = time.monotonic()
+        self._look()
+        done = []
+        for stub in self._watch.update(self._stubs, self._is_ready, now):
+            self._log(f"s2t supervisor: stub {stub.instance} of {stub.model} version {stub.version} "
+                      f"(pid {stub.pid}) died")
+            done += self._heal(stub.model, "stub_died", stub)
+        if self.metrics_url and now - self._last_metrics >= METRICS_INTERVAL_SECONDS:
+            self._last_metrics = now
+            for model, rate in self._failing_models(now):
+                self._log(f"s2t supervisor: {model} failed {rate:.0%} of its requests for "
+                          f"{self._errors.settings.seconds:.0f} s")
+                done += self._heal(model, "error_rate", None)
+        for model, reason in self._policy.due(time.monotonic()):
+            done += self._heal(model, reason, None)
+        return done
+
+    def _look(self) -> None:
+        self._stubs = stubs_of(self.server_pid)
+        # Remembered past a stub's death: a retry must know what to touch when no stub of the model is left.
+        for stub in self._stubs.values():
+            self._model_files.setdefault(stub.model, set()).add(stub.model_file)
+
+    def _heal(self, model: str, reason: str, stub: Stub | None) -> list[Heal]:
+        detected = time.monotonic()
+        decision = self._policy.ask(model, reason, detected)
+        if decision == "later":
+            return []
+        if decision == "give_up":
+            self._give_up(model, reason, f"{self._policy.settings.max_attempts} reloads in a row did not heal it")
+            return []
+        try:
+            self.reloader.reload(model, sorted(self._model_files.get(model, ())))
+        except CannotReload as err:
+            self.state.record("reload_failed", model, reason, str(err))
+            self._give_up(model, reason, f"it cannot be reloaded in this server ({err})")
+            return []
+        except (OSError, ValueError) as err:
+            self._policy.failed(model, reason, time.monotonic())
+            self.state.record("reload_failed", model, reason, str(err))
+            self._log(f"s2t supervisor: reloading {model} failed ({err}); trying again in "
+                      f"{self._policy.delay(self._policy.attempts(model)):.1f} s")
+            return []
+        self._errors.forget(model)
+        self.state.record("reload", model, reason)
+        self._log(f"s2t supervisor: {model} reloaded ({reason}, attempt {self._policy.attempts(model)})")
+        heal = Heal(model, reason, stub, detected, time.monotonic())
+        self.heals.append(heal)
+        return [heal]
+
+    def _give_up(self, model: str, reason: str, why: str) -> None:
+        if model in self.state.given_up:
+            return
+        self._log(f"s2t supervisor: giving {model} up: {why}")
+        self.state.record("gave_up", model, reason, why)
+        if self._on_give_up is not None:
+            self._on_give_up(model)
+
+    def _failing_models(self, now: float) -> list[tuple[str, float]]:
+        try:
+            with urllib.request.urlopen(f"http://{self.metrics_url}/metrics", timeout=2) as resp:
+                text = resp.read().decode(errors="replace")
+        except (urllib.error.URLError, OSError):
+            return []
+        counters = parse_request_counters(text)
+        # An ensemble only passes its members' failures on: reloading it heals nothing.
+        return self._errors.observe({m: c for m, c in counters.items() if not self._is_ensemble(m)}, now)
+
+    def _is_ensemble(self, model: str) -> bool:
+        if model not in self._platforms:
+            try:
+                with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{model}/config", timeout=2) as resp:
+                    self._platforms[model] = json.load(resp).get("platform", "")
+            except (urllib.error.URLError, OSError, ValueError):
+                return True  # unknown for now: not judged this round
+        return self._platforms[model] == "ensemble"
+
+    def _is_ready(self, model: str, version: str) -> bool | None:
+        url = f"http://{self.http_url}/v2/models/{model}/versions/{version}/ready"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return resp.status == 200
+        except urllib.error.HTTPError:
+            return False
+        except (urllib.error.URLError, OSError):
+            return None
