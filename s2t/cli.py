@@ -834,7 +834,7 @@ def _run_bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_mod
     if mode.startswith("cutover"):
         from s2t.bench import cutover
         plan = cutover.PLANS["smoke" if mode == "cutover-smoke" else "cutover"]
-        cutover.run(plan, out_dir / mode, repositories, data_csv, saved_model, log=log)
+        cutover.run(plan, out_dir / mode, repositories, data_csv, saved_model, log=log, on_progress=on_progress)
         return _bench_files(out_dir / mode / "results.json", out_dir / mode / "results.md"), \
             (out_dir / mode / "results.md").read_text() + f"\nresults: {out_dir / mode / 'results.md'}"
     if mode == "gpu":
@@ -851,7 +851,7 @@ def _run_bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_mod
                                Path("model_repository"))
     if mode == "crossover":
         from s2t.bench import crossover
-        results = crossover.run(out_dir, pipeline_repository, onnx_model, data_csv, log=log)
+        results = crossover.run(out_dir, pipeline_repository, onnx_model, data_csv, log=log, on_progress=on_progress)
         lines = [f"width {p['width']}: {p['ratio']:.2f}x (Triton {p['triton']['throughput']:.0f}, "
                  f"FastAPI {p['fastapi']['throughput']:.0f} req/s)" for p in results["points"]]
         return {**results, "results": str(out_dir / "crossover.json")}, \
