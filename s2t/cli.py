@@ -865,7 +865,7 @@ def _run_bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_mod
         return {"results": str(metrics)}, metrics.read_text() + f"\nresults: {metrics} (reports beside it)"
     if mode == "llm":
         from s2t.bench import llm
-        llm.run(out_dir / "llm", repositories, LLM_REPOSITORY, data_csv, log=log)
+        llm.run(out_dir / "llm", repositories, LLM_REPOSITORY, data_csv, log=log, on_progress=on_progress)
         return _bench_files(out_dir / "llm" / "results.json", out_dir / "llm" / "results.md"), \
             f"results: {out_dir / 'llm' / 'results.md'}"
     from s2t.bench.modes import MODES
