@@ -222,6 +222,9 @@ def run(saved_model: Path, onnx_path: Path, data_csv: Path, atol: float = 1e-5, 
     divergence = None
     if localise and not comparisons[0].passed:
         from s2t.gate.divergence import first_divergence
+        label = f"first diverging node, on the worst row ({comparisons[0].worst_row})"
+        on_progress(0, 1, label)
         divergence = first_divergence(Path(saved_model), Path(onnx_path), data, comparisons[0].worst_row, atol)
+        on_progress(1, 1, label)
     near = near_threshold(reference, thresholds, fp16_atol) if thresholds is not None else None
     return ParityReport(str(saved_model), atol, len(data), comparisons, divergence, near, fp16_atol)
