@@ -11,7 +11,7 @@ import click
 
 from s2t import exit_codes
 from s2t.cli_options import AliasedOption, emit, grpc_url_option, http_url_option, json_option, repositories_option
-from s2t.cli_progress import step
+from s2t.cli_progress import progress, step
 from s2t.exit_codes import GATE_REFUSED, failure, require_reachable
 from s2t.serve.shutdown import exit_after_shutdown, stop_grpc_service, stop_on_signals, wait_for_stop
 
@@ -202,11 +202,11 @@ def parity(saved_model, onnx_model, data_csv, http_url, grpc_url, old_url, proto
     url, protocol = server_address(http_url, grpc_url, old_url, protocol)
     require_reachable(url, protocol)
     try:
-        with step(f"scoring every row of {data_csv}: legacy, ONNX Runtime" + (f", {model} at {url}" if url else "")):
+        with progress("parity", "rows") as on_progress:
             result = run_parity.run(saved_model, onnx_model, data_csv, atol=atol, url=url, model=model,
                                     protocol=protocol, thresholds=thresholds, fp16_emulation=fp16_emulation,
                                     engines=tuple(engines), fp16_atol=fp16_atol,
-                                    url_atol=fp16_atol if url_precision == "fp16" else None)
+                                    url_atol=fp16_atol if url_precision == "fp16" else None, on_progress=on_progress)
     except EngineBuildError as err:
         raise click.ClickException(str(err)) from None
     if report:
@@ -578,8 +578,14 @@ def soak(minutes, rate, data_csv, report) -> None:
     report.parent.mkdir(parents=True, exist_ok=True)
     server = TritonServer(list(DEFAULT_REPOSITORIES), free_port(), free_port(), free_port(), supervise=True,
                           log_path=report.with_suffix(".tritonserver.log"), exit_timeout_seconds=10)
-    with server:
-        result = run_soak(server.process.pid, server.grpc_url, data_csv, minutes * 60, rate)
+    with step("starting tritonserver (supervised)"):
+        server.start()
+    try:
+        with progress("soak", "s") as on_progress:
+            result = run_soak(server.process.pid, server.grpc_url, data_csv, minutes * 60, rate,
+                              on_progress=on_progress)
+    finally:
+        server.stop()
     report.write_text(result.to_json())
     click.echo(result.table())
     click.echo(f"report: {report}")
@@ -816,17 +822,19 @@ def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, 
 @json_option
 def bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_model, as_json) -> None:
     """Triton (perf_analyzer, wrk) side by side with FastAPI + ONNX Runtime and in-process ONNX Runtime."""
-    document, text = _run_bench(mode, out_dir, list(repositories or DEFAULT_REPOSITORIES), data_csv, onnx_model, url,
-                                saved_model, log=lambda line: click.echo(line, err=True))
+    with progress(f"bench {mode}", "steps") as shown:
+        document, text = _run_bench(mode, out_dir, list(repositories or DEFAULT_REPOSITORIES), data_csv, onnx_model,
+                                    url, saved_model, log=shown.echo, on_progress=shown)
     emit(as_json, {"mode": mode, **document}, text)
 
 
-def _run_bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_model, log) -> tuple[dict, str]:
+def _run_bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_model, log, on_progress
+               ) -> tuple[dict, str]:
     """(the mode's results as one JSON document, the text shown to people)."""
     if mode.startswith("cutover"):
         from s2t.bench import cutover
         plan = cutover.PLANS["smoke" if mode == "cutover-smoke" else "cutover"]
-        cutover.run(plan, out_dir / mode, repositories, data_csv, saved_model, log=log)
+        cutover.run(plan, out_dir / mode, repositories, data_csv, saved_model, log=log, on_progress=on_progress)
         return _bench_files(out_dir / mode / "results.json", out_dir / mode / "results.md"), \
             (out_dir / mode / "results.md").read_text() + f"\nresults: {out_dir / mode / 'results.md'}"
     if mode == "gpu":
@@ -843,7 +851,7 @@ def _run_bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_mod
                                Path("model_repository"))
     if mode == "crossover":
         from s2t.bench import crossover
-        results = crossover.run(out_dir, pipeline_repository, onnx_model, data_csv, log=log)
+        results = crossover.run(out_dir, pipeline_repository, onnx_model, data_csv, log=log, on_progress=on_progress)
         lines = [f"width {p['width']}: {p['ratio']:.2f}x (Triton {p['triton']['throughput']:.0f}, "
                  f"FastAPI {p['fastapi']['throughput']:.0f} req/s)" for p in results["points"]]
         return {**results, "results": str(out_dir / "crossover.json")}, \
@@ -857,12 +865,12 @@ def _run_bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_mod
         return {"results": str(metrics)}, metrics.read_text() + f"\nresults: {metrics} (reports beside it)"
     if mode == "llm":
         from s2t.bench import llm
-        llm.run(out_dir / "llm", repositories, LLM_REPOSITORY, data_csv, log=log)
+        llm.run(out_dir / "llm", repositories, LLM_REPOSITORY, data_csv, log=log, on_progress=on_progress)
         return _bench_files(out_dir / "llm" / "results.json", out_dir / "llm" / "results.md"), \
             f"results: {out_dir / 'llm' / 'results.md'}"
     from s2t.bench.modes import MODES
     from s2t.bench.runner import Bench
-    results = Bench(MODES[mode], out_dir, repositories, data_csv, log=log).run()
+    results = Bench(MODES[mode], out_dir, repositories, data_csv, log=log, on_progress=on_progress).run()
     lines = [f"{'met   ' if target['met'] else 'MISSED'}  {target['target']}: {target['measured']}"
              for target in results["targets"]]
     summary = out_dir / "results.md"

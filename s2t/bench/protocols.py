@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from s2t.bench import perf_analyzer, process_tree
+from s2t.on_progress import OnProgress, no_progress
 
 PROTOCOLS = ("http", "grpc")
 
@@ -37,12 +38,15 @@ def median_of_rounds(entries: list[dict]) -> dict:
 
 def compare(pid: int, urls: dict[str, str], model: str, input_data: Path, settings: perf_analyzer.Settings,
             concurrency: int, rounds: int, count_requests: Callable[[], int],
-            log: Callable[[str], None] = print) -> dict:
+            log: Callable[[str], None] = print, on_progress: OnProgress = no_progress) -> dict:
     """`rounds` rounds of HTTP then gRPC at `concurrency`; each protocol's median round (every key on its own) and
-    the ratio of the median req/s."""
+    the ratio of the median req/s. `on_progress` hears the rounds done, naming the one that runs."""
     measured: dict[str, list[dict]] = {protocol: [] for protocol in PROTOCOLS}
+    total = rounds * len(PROTOCOLS)
     for number in range(rounds):
         for protocol in PROTOCOLS:
+            label = f"perf_analyzer {model} {protocol} c={concurrency} round {number + 1}"
+            on_progress(sum(map(len, measured.values())), total, label)
             entry = _round(pid, urls[protocol], protocol, model, input_data, settings, concurrency, count_requests)
             measured[protocol].append(entry)
             log(f"{model} {protocol} c={concurrency} round {number + 1}: {entry['requests_per_s']:.0f} req/s, "

@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -25,6 +26,7 @@ from s2t.gate import model_config
 from s2t.bench import inprocess, perf_analyzer, process_tree, protocols, report, stub_profile, workload, wrk
 from s2t.bench.fastapi_baseline import APPS as BASELINE_APPS, ROUTE as BASELINE_ROUTE, BaselineServer
 from s2t.bench.modes import Mode
+from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.triton_server import TritonServer, free_port
 from s2t.control.version_store import version_numbers
 from wire.names import ADAPTER, DECISION, DECISION_MODEL, PAYLOAD, PIPELINE, PROBABILITY, SCORER
@@ -81,11 +83,30 @@ class _PeakRss(threading.Thread):
 
 class Bench:
     def __init__(self, mode: Mode, out_dir: Path, repositories: list[Path], data_csv: Path,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, on_progress: OnProgress = no_progress):
+        """`on_progress` hears the steps done out of the run's total (`steps()`), naming the one that runs."""
         self.mode, self.out_dir, self.data_csv, self.log = mode, Path(out_dir), Path(data_csv), log
+        self.on_progress, self.steps_done = on_progress, 0
         self.source_repositories = [Path(r) for r in repositories]
         self.results: dict = {"mode": mode.name, "machine": machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                                   time.gmtime())}
+
+    def steps(self) -> int:
+        """Each server start, perf_analyzer point and protocol round, the FastAPI apps' start, each wrk round of
+        each side, the profile, the hot swap, the stream replay and the in-process measures."""
+        mode = self.mode
+        return (mode.cold_starts + len(self._perf_plan()) + len(protocols.PROTOCOLS) * mode.protocol_rounds + 1
+                + mode.http_rounds * (1 + len(BASELINE_APPS)) + 4)
+
+    @contextmanager
+    def _step(self, label: str):
+        self.on_progress(self.steps_done, self.steps(), label)
+        yield
+        self.steps_done += 1
+
+    def _steps_of(self, first: int) -> OnProgress:
+        """A callback for a stage that counts its own steps, placed after the `first` ones of the run."""
+        return lambda done, total, label: self.on_progress(first + done, self.steps(), label)
 
     def run(self) -> dict:
         started = time.monotonic()
@@ -98,6 +119,7 @@ class Bench:
             self._inprocess_stage()
         self.results["seconds"] = time.monotonic() - started
         report.write(self.results, self.out_dir)
+        self.on_progress(self.steps_done, self.steps(), f"results in {self.out_dir}")
         return self.results
 
     def _prepare_inputs(self) -> None:
@@ -126,9 +148,10 @@ class Bench:
         seconds = []
         for attempt in range(self.mode.cold_starts):
             server = self._server()
-            t = time.monotonic()
-            server.start()
-            seconds.append(time.monotonic() - t)
+            with self._step(f"cold start {attempt + 1}/{self.mode.cold_starts}"):
+                t = time.monotonic()
+                server.start()
+                seconds.append(time.monotonic() - t)
             if attempt < self.mode.cold_starts - 1:
                 server.stop()
         self.results["cold_start"] = {"seconds": seconds, "median_s": statistics.median(seconds),
@@ -149,14 +172,18 @@ class Bench:
             self.results["protocols"] = protocols.compare(
                 pid, {"http": server.http_url, "grpc": server.grpc_url}, PIPELINE, self.inputs[PIPELINE],
                 perf_analyzer.Settings(self.mode.window_requests), self.mode.http_connections,
-                self.mode.protocol_rounds, lambda: _stats(server.http_url, PIPELINE)[0], self.log)
+                self.mode.protocol_rounds, lambda: _stats(server.http_url, PIPELINE)[0], self.log,
+                self._steps_of(self.steps_done))
+            self.steps_done += len(protocols.PROTOCOLS) * self.mode.protocol_rounds
             self._side_by_side(server)
             self.results["memory"]["triton_peak_bytes"] = peak.stop()
             after_load = process_tree.rss_by_process(pid)
             self.results["memory"]["triton_after_load_bytes"] = sum(after_load.values())
             self.results["memory"]["triton_after_load_by_process"] = after_load
-            self.results["hot_swap"] = self._hot_swap(server)
-            self.results["streaming"] = self._streaming(server)
+            with self._step("hot swap under load"):
+                self.results["hot_swap"] = self._hot_swap(server)
+            with self._step("stream replay"):
+                self.results["streaming"] = self._streaming(server)
         finally:
             server.stop()
 
@@ -164,58 +191,68 @@ class Bench:
         """wrk on Triton and on both FastAPI apps, in turns, all of them up: the same machine, the same moment."""
         baselines = {}
         try:
-            for app in BASELINE_APPS:
-                baselines[app] = BaselineServer(self.scorer_onnx, _model_dir(self.repositories, PIPELINE),
-                                                free_port(), app=app, log_path=self.tmp / f"{app}.log").start()
-            self.results["same_answers"] = {app: _compare_answers(server, b, self.payloads[:CHECKED_RECORDS])
-                                            for app, b in baselines.items()}
+            with self._step("FastAPI apps starting"):
+                for app in BASELINE_APPS:
+                    baselines[app] = BaselineServer(self.scorer_onnx, _model_dir(self.repositories, PIPELINE),
+                                                    free_port(), app=app, log_path=self.tmp / f"{app}.log").start()
+                self.results["same_answers"] = {app: _compare_answers(server, b, self.payloads[:CHECKED_RECORDS])
+                                                for app, b in baselines.items()}
             sides = {"triton": (server.process.pid, "http://" + server.http_url, self.triton_script)}
             sides.update({app: (b.process.pid, b.url, self.baseline_script) for app, b in baselines.items()})
             rounds = {side: [] for side in sides}
             for number in range(self.mode.http_rounds):
                 for side, (pid, url, script) in sides.items():
-                    rounds[side].append(self._wrk(pid, url, script, self.mode.http_seconds, f"{side} round {number + 1}"))
+                    label = f"{side} round {number + 1}"
+                    with self._step(f"wrk {label}"):
+                        rounds[side].append(self._wrk(pid, url, script, self.mode.http_seconds, label))
             medians = {side: _median_round(entries) for side, entries in rounds.items()}
             strongest = max(baselines, key=lambda app: medians[app]["throughput"])
             self.results["http_rounds"] = rounds
             self.results["http_fastapi_apps"] = {app: medians[app] for app in baselines}
             self.results["http_triton"] = medians["triton"]
             self.results["http_baseline"] = {**medians[strongest], "app": strongest}
-            self.results["where_time_goes"] = self._profile(server)
+            with self._step("profile of risk_pipeline under wrk"):
+                self.results["where_time_goes"] = self._profile(server)
             self.results["memory"]["baseline_after_load_bytes"] = process_tree.rss_bytes(baselines[strongest].process.pid)
             self.results["baseline_start_s"] = baselines[strongest].startup_seconds
         finally:
             for baseline in baselines.values():
                 baseline.stop()
 
-    def _perf_points(self, server: TritonServer) -> tuple[list[dict], list[dict]]:
-        """The measured points, and the points perf_analyzer gave up on (a request refused by the queue timeout
-        ends its run), with its last words: a failed point is a result, not a reason to lose the others."""
-        mode, settings = self.mode, perf_analyzer.Settings(self.mode.window_requests)
+    def _perf_plan(self) -> list[tuple[str, str, int, int | None, int | None]]:
+        """(model, protocol, batch, concurrency, request rate) of every perf_analyzer point."""
+        mode = self.mode
         plan = [(m, p, 1, c, None) for m in (PIPELINE, SCORER) for p in ("http", "grpc") for c in mode.concurrency]
         plan += [(m, "grpc", b, 2, None) for m in (SCORER, PIPELINE) for b in mode.batches if b > 1]
         plan += [(PIPELINE, p, 1, None, r) for p in mode.rate_protocols for r in mode.request_rates]
+        return plan
+
+    def _perf_points(self, server: TritonServer) -> tuple[list[dict], list[dict]]:
+        """The measured points, and the points perf_analyzer gave up on (a request refused by the queue timeout
+        ends its run), with its last words: a failed point is a result, not a reason to lose the others."""
+        settings = perf_analyzer.Settings(self.mode.window_requests)
         points, failures = [], []
-        for model, protocol, batch, concurrency, rate in plan:
+        for model, protocol, batch, concurrency, rate in self._perf_plan():
             url = server.http_url if protocol == "http" else server.grpc_url
             load = f"c={concurrency}" if concurrency else f"rate={rate:g}/s"
-            before = _stats(server.http_url, model)
-            try:
-                with process_tree.CpuMeter(server.process.pid) as cpu:
-                    point = perf_analyzer.measure(url, protocol, model, self.inputs[model], settings, batch=batch,
-                                                  concurrency=concurrency, request_rate=rate)
-            except RuntimeError as err:
-                reason = " / ".join(str(err).strip().splitlines()[-2:])
-                failures.append({"model": model, "protocol": protocol, "batch": batch, "concurrency": concurrency,
-                                 "request_rate": rate, "error": reason})
-                self.log(f"perf_analyzer {model} {protocol} b={batch} {load}: FAILED: {reason}")
-                continue
-            requests = _stats(server.http_url, model)[0] - before[0]
-            entry = {**point.as_dict(), "cpu_ms_per_request": 1000 * cpu.seconds / max(requests, 1),
-                     "cpu_cores": cpu.seconds / max(cpu.wall_seconds, 1e-9)}
-            points.append(entry)
-            self.log(f"perf_analyzer {model} {protocol} b={batch} {load}: {point.infer_per_s:.0f} rows/s, "
-                     f"p50 {point.p50_ms:.2f} ms, p99 {point.p99_ms:.2f} ms")
+            with self._step(f"perf_analyzer {model} {protocol} b={batch} {load}"):
+                before = _stats(server.http_url, model)
+                try:
+                    with process_tree.CpuMeter(server.process.pid) as cpu:
+                        point = perf_analyzer.measure(url, protocol, model, self.inputs[model], settings, batch=batch,
+                                                      concurrency=concurrency, request_rate=rate)
+                except RuntimeError as err:
+                    reason = " / ".join(str(err).strip().splitlines()[-2:])
+                    failures.append({"model": model, "protocol": protocol, "batch": batch,
+                                     "concurrency": concurrency, "request_rate": rate, "error": reason})
+                    self.log(f"perf_analyzer {model} {protocol} b={batch} {load}: FAILED: {reason}")
+                    continue
+                requests = _stats(server.http_url, model)[0] - before[0]
+                entry = {**point.as_dict(), "cpu_ms_per_request": 1000 * cpu.seconds / max(requests, 1),
+                         "cpu_cores": cpu.seconds / max(cpu.wall_seconds, 1e-9)}
+                points.append(entry)
+                self.log(f"perf_analyzer {model} {protocol} b={batch} {load}: {point.infer_per_s:.0f} rows/s, "
+                         f"p50 {point.p50_ms:.2f} ms, p99 {point.p99_ms:.2f} ms")
         return points, failures
 
     def _wrk(self, pid: int, url: str, script: Path, seconds: float, label: str) -> dict:
@@ -297,8 +334,9 @@ class Bench:
     def _inprocess_stage(self) -> None:
         batches = sorted(set(self.mode.batches) | {1})
         thresholds = model_config.decision_thresholds(self.decision_dir)
-        points = inprocess.measure(self.scorer_onnx, self.categorical, self.numeric, self.payloads, self.decoder,
-                                   thresholds, batches, self.mode.inprocess_seconds)
+        with self._step("in-process ONNX Runtime"):
+            points = inprocess.measure(self.scorer_onnx, self.categorical, self.numeric, self.payloads, self.decoder,
+                                       thresholds, batches, self.mode.inprocess_seconds)
         self.results["inprocess"] = [p.as_dict() for p in points]
         for p in points:
             self.log(f"in-process {p.what} b={p.batch}: {p.rows_per_s:.0f} rows/s")

@@ -7,6 +7,7 @@ counted as a leak.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -17,6 +18,7 @@ import psutil
 
 from s2t.models import german_credit
 from s2t.bench.process_tree import process_rss
+from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.supervisor import stubs_of
 from wire.names import PAYLOAD
 
@@ -66,8 +68,11 @@ class SoakReport:
 
 
 def soak(server_pid: int, grpc_url: str, data_csv: Path, seconds: float, rate: float,
-         sample_every: float = 10.0) -> SoakReport:
-    """Open loop: a request every 1/rate s whatever the answers do, so that slow answers cannot lower the load."""
+         sample_every: float = 10.0, on_progress: OnProgress = no_progress) -> SoakReport:
+    """Open loop: a request every 1/rate s whatever the answers do, so that slow answers cannot lower the load.
+
+    `on_progress` hears the whole seconds gone out of `seconds`, with the requests and errors so far, once a second.
+    """
     import tritonclient.grpc as grpc
 
     records = [json.dumps({"features": r}).encode() for r in german_credit.load(data_csv).records()]
@@ -82,10 +87,18 @@ def soak(server_pid: int, grpc_url: str, data_csv: Path, seconds: float, rate: f
             else:
                 report.answered += 1
 
+    def counts() -> str:
+        with lock:
+            return f"sent {report.sent}, answered {report.answered}, errors {len(report.errors)}"
+
+    planned = math.ceil(seconds)
     started = time.monotonic()
-    next_sample = started
+    next_sample, shown = started, -1
     try:
         while (now := time.monotonic()) - started < seconds:
+            if int(now - started) > shown:
+                shown = int(now - started)
+                on_progress(shown, planned, counts())
             if now >= next_sample:
                 report.samples.append({"at": round(now - started, 1), "rss": serving_rss(server_pid)})
                 next_sample += sample_every
@@ -94,10 +107,12 @@ def soak(server_pid: int, grpc_url: str, data_csv: Path, seconds: float, rate: f
             client.async_infer("risk_pipeline", [tensor], done)
             report.sent += 1
             time.sleep(max(0.0, started + report.sent / rate - time.monotonic()))
+        on_progress(planned, planned, f"{counts()}; waiting for the last answers")
         deadline = time.monotonic() + 30
         while report.answered + len(report.errors) < report.sent and time.monotonic() < deadline:
             time.sleep(0.05)
         report.samples.append({"at": round(time.monotonic() - started, 1), "rss": serving_rss(server_pid)})
+        on_progress(planned, planned, counts())
     finally:
         client.close()
     return report

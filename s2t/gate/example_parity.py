@@ -22,6 +22,7 @@ from backends.decision_policy import Thresholds
 from backends.feature_spec import FeatureSpec
 from backends.record_decoder import RecordDecoder
 from s2t.gate.parity_report import LIVE_BATCH, Comparison, ParityReport, compare
+from s2t.on_progress import OnProgress, no_progress
 from wire.names import PAYLOAD, PROBABILITY
 
 # A score, or the reason the side refused the row.
@@ -146,9 +147,10 @@ def onnx_outcomes(onnx_path: Path, spec: FeatureSpec, examples: Sequence[bytes])
     return [str(err) if err is not None else float(s) for s, err in zip(scores, batch.errors)]
 
 
-def live_outcomes(url: str, model: str, examples: Sequence[bytes], protocol: str = "http") -> list[Outcome]:
+def live_outcomes(url: str, model: str, examples: Sequence[bytes], protocol: str = "http",
+                  on_progress: OnProgress = no_progress) -> list[Outcome]:
     """The live model on the Examples as `payload` records; a refused batch is sent again row by row, so that each
-    bad record gets the server's own error for it."""
+    bad record gets the server's own error for it. `on_progress` hears the rows answered after every batch."""
     if protocol == "grpc":
         import tritonclient.grpc as client
     else:
@@ -164,19 +166,20 @@ def live_outcomes(url: str, model: str, examples: Sequence[bytes], protocol: str
         return triton.infer(model, [payload]).as_numpy(PROBABILITY).ravel().astype(float).tolist()
 
     outcomes: list[Outcome] = []
+    label = f"triton {model} ({protocol})"
+    on_progress(0, len(examples), label)
     try:
         for start in range(0, len(examples), LIVE_BATCH):
             batch = examples[start:start + LIVE_BATCH]
             try:
                 outcomes.extend(score(batch))
-                continue
             except InferenceServerException:
-                pass
-            for example in batch:
-                try:
-                    outcomes.extend(score([example]))
-                except InferenceServerException as err:
-                    outcomes.append(str(err.message())[:MAX_REASON_CHARS])
+                for example in batch:
+                    try:
+                        outcomes.extend(score([example]))
+                    except InferenceServerException as err:
+                        outcomes.append(str(err.message())[:MAX_REASON_CHARS])
+            on_progress(len(outcomes), len(examples), label)
     finally:
         triton.close()
     return outcomes
@@ -213,7 +216,8 @@ def row_error_lines(rows: Sequence[ExampleRow], sides: Mapping[str, Sequence[Out
 
 
 def run(saved_model: Path, onnx_path: Path, data_csv: Path, atol: float = 1e-5, url: str | None = None,
-        model: str | None = None, protocol: str = "http", thresholds: Thresholds | None = None) -> ParityReport:
+        model: str | None = None, protocol: str = "http", thresholds: Thresholds | None = None,
+        on_progress: OnProgress = no_progress) -> ParityReport:
     import onnx
 
     from s2t.models.convert import read_spec
@@ -225,13 +229,18 @@ def run(saved_model: Path, onnx_path: Path, data_csv: Path, atol: float = 1e-5, 
     sent = [r for r in rows if r.example is not None]
     examples = [r.example for r in sent]
     numbers = [r.number for r in sent]
+    on_progress(0, len(examples), "legacy SavedModel")
     reference = legacy_outcomes(Path(saved_model), input_name, examples)
+    on_progress(len(examples), len(examples), "legacy SavedModel")
     if not any(isinstance(score, float) for score in reference):
         raise ValueError(f"the SavedModel scored none of the {len(rows)} rows of {data_csv}: nothing to compare")
-    sides = {"legacy": reference, f"onnxruntime {Path(onnx_path).name}": onnx_outcomes(Path(onnx_path), spec, examples)}
+    onnx_name = f"onnxruntime {Path(onnx_path).name}"
+    on_progress(0, len(examples), onnx_name)
+    sides = {"legacy": reference, onnx_name: onnx_outcomes(Path(onnx_path), spec, examples)}
+    on_progress(len(examples), len(examples), onnx_name)
     if url:
         sides[f"triton {model or 'risk_pipeline'} ({protocol})"] = live_outcomes(url, model or "risk_pipeline",
-                                                                                examples, protocol)
+                                                                                examples, protocol, on_progress)
     comparisons = [compare_outcomes(name, reference, outcomes, numbers, atol, thresholds)
                    for name, outcomes in sides.items() if name != "legacy"]
     return ParityReport(f"{saved_model} (serialized tf.Example)", atol, len(rows), comparisons,

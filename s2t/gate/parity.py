@@ -14,6 +14,7 @@ from backends.atomic_files import write_atomically
 from backends.decision_policy import Thresholds
 from backends.record_decoder import encode_columns
 from s2t.models import german_credit
+from s2t.on_progress import OnProgress, no_progress
 from s2t.gate.parity_report import (FP16_ATOL, LIVE_BATCH, REL_FLOOR, Comparison, ParityReport,  # noqa: F401
                                  compare)
 from wire.names import PROBABILITY
@@ -90,9 +91,10 @@ def fp16_emulation_scores(onnx_path: Path, categorical: np.ndarray, numeric: np.
     return session.run(None, {"categorical": categorical, "numeric": numeric})[0].ravel()
 
 
-def live_scores(url: str, model: str, onnx_path: Path, data: german_credit.Dataset, protocol: str = "http"
-                ) -> np.ndarray:
-    """Score through the live server: JSON records if the model takes `payload`, packed tensors otherwise."""
+def live_scores(url: str, model: str, onnx_path: Path, data: german_credit.Dataset, protocol: str = "http",
+                on_progress: OnProgress = no_progress) -> np.ndarray:
+    """Score through the live server: JSON records if the model takes `payload`, packed tensors otherwise;
+    `on_progress` hears the rows scored after every batch."""
     import onnx
 
     from s2t.models.convert import read_spec
@@ -114,7 +116,8 @@ def live_scores(url: str, model: str, onnx_path: Path, data: german_credit.Datas
             categorical, numeric = encode_columns(spec, data.columns)
             batches = [{"categorical": categorical[i:i + LIVE_BATCH], "numeric": numeric[i:i + LIVE_BATCH]}
                        for i in range(0, len(categorical), LIVE_BATCH)]
-        scores = []
+        scores, scored, label = [], 0, f"triton {model} ({protocol})"
+        on_progress(0, len(data), label)
         for batch in batches:
             inputs = []
             for name, array in batch.items():
@@ -126,6 +129,8 @@ def live_scores(url: str, model: str, onnx_path: Path, data: german_credit.Datas
             # ("unexpected deadlock", triton-inference-server/server#7482).
             result = triton.infer(model, inputs)
             scores.append(result.as_numpy(PROBABILITY).ravel())
+            scored += len(scores[-1])
+            on_progress(scored, len(data), label)
         return np.concatenate(scores)
     finally:
         triton.close()
@@ -165,12 +170,13 @@ def reference_scores(saved_model: Path, data_csv: Path, data: german_credit.Data
 def run(saved_model: Path, onnx_path: Path, data_csv: Path, atol: float = 1e-5, url: str | None = None,
         model: str | None = None, protocol: str = "http", localise: bool = True,
         reference_cache: Path | None = None, thresholds: Thresholds | None = None, fp16_emulation: bool = False,
-        engines: tuple[Path, ...] = (), fp16_atol: float = FP16_ATOL, url_atol: float | None = None
-        ) -> ParityReport:
+        engines: tuple[Path, ...] = (), fp16_atol: float = FP16_ATOL, url_atol: float | None = None,
+        on_progress: OnProgress = no_progress) -> ParityReport:
     """Every candidate against the legacy model; FP16 candidates (emulation, FP16 engines) at `fp16_atol`.
 
     `url_atol` is the live model's tolerance where it serves a low-precision engine (risk_scorer_trt FP16).
     A model converted from a tf.Example signature is compared on Examples built from the CSV (example_parity).
+    `on_progress` hears each side's rows scored, a stage per side.
     """
     import onnx
 
@@ -179,29 +185,46 @@ def run(saved_model: Path, onnx_path: Path, data_csv: Path, atol: float = 1e-5, 
         if fp16_emulation or engines:
             raise ValueError("FP16 emulation and engines are compared on German Credit columns, not on tf.Example data")
         return example_parity.run(Path(saved_model), Path(onnx_path), Path(data_csv), atol, url, model, protocol,
-                                  thresholds)
+                                  thresholds, on_progress)
     data = german_credit.load(Path(data_csv))
-    reference = reference_scores(Path(saved_model), Path(data_csv), data, reference_cache)
+    rows = len(data)
+
+    def scored_whole(label: str, score, *args):
+        """A side that scores every row in one call: a stage that goes from none to all."""
+        on_progress(0, rows, label)
+        scores = score(*args)
+        on_progress(rows, rows, label)
+        return scores
+
+    reference = scored_whole("legacy SavedModel", reference_scores, Path(saved_model), Path(data_csv), data,
+                             reference_cache)
     categorical, numeric = packed_inputs(Path(onnx_path), data.columns)
-    comparisons = [compare(f"onnxruntime {Path(onnx_path).name}", reference,
-                           onnx_scores(Path(onnx_path), categorical, numeric), atol, thresholds)]
+    onnx_name = f"onnxruntime {Path(onnx_path).name}"
+    comparisons = [compare(onnx_name, reference,
+                           scored_whole(onnx_name, onnx_scores, Path(onnx_path), categorical, numeric),
+                           atol, thresholds)]
     if fp16_emulation:
-        comparisons.append(compare("onnxruntime float16 (CPU emulation)", reference,
-                                   fp16_emulation_scores(Path(onnx_path), categorical, numeric), fp16_atol, thresholds))
+        emulation = "onnxruntime float16 (CPU emulation)"
+        comparisons.append(compare(emulation, reference, scored_whole(
+            emulation, fp16_emulation_scores, Path(onnx_path), categorical, numeric), fp16_atol, thresholds))
     if engines:
         from s2t.models import tensorrt_engine
         for engine in engines:
             precision = tensorrt_engine.engine_precision(engine)
-            comparisons.append(compare(f"tensorrt {Path(engine).name} ({precision})", reference,
-                                       tensorrt_engine.engine_scores(engine, categorical, numeric),
-                                       fp16_atol if precision == "fp16" else atol, thresholds))
+            name = f"tensorrt {Path(engine).name} ({precision})"
+            comparisons.append(compare(name, reference, scored_whole(
+                name, tensorrt_engine.engine_scores, engine, categorical, numeric),
+                fp16_atol if precision == "fp16" else atol, thresholds))
     if url:
-        live = live_scores(url, model or "risk_pipeline", Path(onnx_path), data, protocol)
+        live = live_scores(url, model or "risk_pipeline", Path(onnx_path), data, protocol, on_progress)
         comparisons.append(compare(f"triton {model or 'risk_pipeline'} ({protocol})", reference, live,
                                    url_atol or atol, thresholds))
     divergence = None
     if localise and not comparisons[0].passed:
         from s2t.gate.divergence import first_divergence
+        label = f"first diverging node, on the worst row ({comparisons[0].worst_row})"
+        on_progress(0, 1, label)
         divergence = first_divergence(Path(saved_model), Path(onnx_path), data, comparisons[0].worst_row, atol)
+        on_progress(1, 1, label)
     near = near_threshold(reference, thresholds, fp16_atol) if thresholds is not None else None
     return ParityReport(str(saved_model), atol, len(data), comparisons, divergence, near, fp16_atol)

@@ -1,6 +1,7 @@
 """`s2t bench` in smoke mode against the real server, and the locust users; no timed assertions."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -113,6 +114,18 @@ def test_bench_json_is_the_results_document_with_where_the_tables_are(smoke_run)
     out, results, proc = smoke_run
     document = json.loads(proc.stdout)
     assert document == {**results, "results": str(out / "results.md")}
+
+
+def test_bench_shows_its_steps_done_out_of_the_total_on_stderr_a_line_per_tenth_on_a_pipe(smoke_run):
+    out, _, proc = smoke_run
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("bench smoke: ")]
+    assert 2 <= len(progress) <= 11, progress
+    first = re.fullmatch(r"bench smoke: cold start 1/1: 0/(\d+) steps \(0%\)", progress[0])
+    assert first, progress[0]
+    total = int(first.group(1))
+    # The total is counted right: the whole is reached when the results are written, not before.
+    assert progress[-1].startswith(f"bench smoke: results in {out}: {total}/{total} steps (100%) after ")
+    assert sum(f": {total}/{total} steps" in line for line in progress) == 1
 
 
 def test_locust_users_score_real_records_over_http_and_grpc_without_failures(triton):

@@ -16,3 +16,8 @@ def test_cutover_bench_measures_legacy_gateway_and_triton_with_no_failed_call(bu
         assert measured["latency"]["errors"] == measured["throughput"]["errors"] == 0, side
         assert measured["peak_rss_bytes"] > 50 * 2**20 and measured["cold_start_s"] > 0, side
     assert "| cold start, s |" in run.stdout and "design document" in run.stdout
+    # Progress: the plan's steps on stderr, a line per tenth on a pipe, the whole reached when the results are in.
+    progress = [line for line in run.stderr.splitlines() if line.startswith("bench cutover-smoke: ")]
+    assert progress[0] == "bench cutover-smoke: legacy service starting: 0/9 steps (0%)" and len(progress) <= 11
+    assert progress[-1].startswith(f"bench cutover-smoke: results in {tmp_path / 'cutover-smoke'}: 9/9 steps (100%)")
+    assert sum("9/9 steps" in line for line in progress) == 1 and "steps (" not in run.stdout

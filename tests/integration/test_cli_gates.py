@@ -18,6 +18,16 @@ def test_parity_over_tolerance_exits_gate_refused_with_its_report(built_artifact
     report = json.loads(done.stdout)
     assert not report["passed"] and report["comparisons"][0]["rows_over_tolerance"] > 0
     assert "FAIL" in done.stderr
+    # Progress goes to stderr (stdout parsed as JSON above): on a pipe, a start and an end line per side and for the
+    # localisation.
+    progress = [line.split(" after ")[0] for line in done.stderr.splitlines() if line.startswith("parity: ")]
+    worst = report["comparisons"][0]["worst_row"]
+    assert progress == ["parity: legacy SavedModel: 0/1000 rows (0%)",
+                        "parity: legacy SavedModel: 1000/1000 rows (100%)",
+                        "parity: onnxruntime risk_scorer.onnx: 0/1000 rows (0%)",
+                        "parity: onnxruntime risk_scorer.onnx: 1000/1000 rows (100%)",
+                        f"parity: first diverging node, on the worst row ({worst}): 0/1 rows (0%)",
+                        f"parity: first diverging node, on the worst row ({worst}): 1/1 rows (100%)"]
 
 
 def test_publish_of_a_model_that_scores_differently_exits_gate_refused_and_adds_no_version(built_artifacts,

@@ -206,6 +206,11 @@ def test_published_example_model_passes_s2t_parity_live_with_a_bad_row_on_its_ow
     assert live["rows"] == 118 and live["max_abs"] <= ATOL and live["passed"]
     assert [line.split(":")[0] for line in result["row_errors"]] == ["row 7", "row 30"]
     assert result["row_errors"][1].endswith("triton risk_pipeline (grpc): features.amount: missing")
+    # Progress counts the 119 Examples sent (row 7 could not be built), each side a stage of its own, on stderr.
+    ends = [line.split(" after ")[0] for line in done.stderr.splitlines() if "119/119 rows (100%)" in line]
+    assert ends == ["parity: legacy SavedModel: 119/119 rows (100%)",
+                    "parity: onnxruntime example_scorer.onnx: 119/119 rows (100%)",
+                    "parity: triton risk_pipeline (grpc): 119/119 rows (100%)"]
 
 
 def test_examples_good_and_bad_under_concurrency_each_get_their_own_answer(example_model, example_triton, spec):

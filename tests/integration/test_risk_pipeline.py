@@ -73,3 +73,6 @@ def test_parity_command_checks_the_live_model_and_writes_a_report(triton, built_
                                                                f"triton {model} ({protocol})"]
     assert all(c["rows_over_tolerance"] == 0 and c["max_abs"] <= TOLERANCE for c in result["comparisons"])
     assert "PASS" in done.stderr
+    # The live side reports its batches on stderr, a line per tenth on a pipe, while stdout stays the JSON above.
+    live = [line for line in done.stderr.splitlines() if line.startswith(f"parity: triton {model} ({protocol}): ")]
+    assert 2 <= len(live) <= 11 and "1000/1000 rows (100%)" in live[-1]

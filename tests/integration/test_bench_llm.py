@@ -1,0 +1,22 @@
+"""`s2t bench --mode llm`'s run on its quick plan against the real tritonserver and llama.cpp model: every part
+measured, and its progress heard step by step up to the whole."""
+import json
+
+from tests.conftest import DATA_CSV, ENSEMBLES, LLM_REPOSITORY, MODEL_REPOSITORY
+from s2t.bench import llm
+
+
+def test_llm_bench_measures_both_policies_and_risk_pipeline_and_reports_every_step(built_artifacts, tmp_path):
+    heard = []
+    results = llm.run(tmp_path, [MODEL_REPOSITORY, ENSEMBLES], LLM_REPOSITORY, DATA_CSV, log=lambda line: None,
+                      quick=True, on_progress=lambda done, total, label: heard.append((done, total, label)))
+    assert [p["concurrency"] for p in results["concurrency"]] == list(llm.CONCURRENCY)
+    assert all(p["tokens_per_s"] > 0 for p in results["concurrency"])
+    assert set(results["mixed"]) == {"length_aware", "fifo"}
+    assert results["risk_beside_llm"]["alone"]["throughput"] > 0
+    assert json.loads((tmp_path / "results.json").read_text())["mixed"] == results["mixed"]
+    assert [label for _, _, label in heard] == [
+        "length_aware: tritonserver starting", "length_aware: llm c=1", "length_aware: llm c=2",
+        "length_aware: llm c=4", "length_aware: mixed prompts", "fifo: tritonserver starting", "fifo: mixed prompts",
+        "risk_pipeline alone", "risk_pipeline beside 4 LLM streams", f"results in {tmp_path}"]
+    assert [(done, total) for done, total, _ in heard] == [(n, llm.STEPS) for n in range(llm.STEPS + 1)]
