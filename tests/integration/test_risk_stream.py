@@ -60,9 +60,10 @@ def test_thousand_records_on_eight_streams_shuffled_within_the_window_arrive_in_
 
 
 def test_duplicates_late_and_lost_records_get_the_documented_answers(triton, records):
-    # 1 twice, 2 lost until 3 and 4 have waited past reorder_timeout_ms (200), then 2 late, 0 again.
+    # 1 twice, 2 lost until 3 and 4 have waited past reorder_timeout_ms (200) and it was given up, then 2 late,
+    # 0 again.
     order = [0, 1, 1, 3, 4, 2, 5, 0]
-    result = stream_client.run_stream(triton.grpc_url, "dup-late-lost", records, order, pauses={5: 0.6})
+    result = stream_client.run_stream(triton.grpc_url, "dup-late-lost", records, order, wait_for={5: ("GAP", 2)})
     assert result.complete and result.errors == []
     assert answers(result) == [("OK", 0, 0), ("OK", 1, 1), ("DUPLICATE", 1, 1), ("GAP", 2, 2), ("OK", 3, 3),
                                ("OK", 4, 4), ("LATE", 2, 2), ("OK", 5, 5), ("DUPLICATE", 0, 0)]
@@ -129,7 +130,7 @@ def test_reorder_metrics_appear_on_the_metrics_port_after_traffic(triton, record
     results, _, _ = stream_client.replay(triton.grpc_url, records[:300], 4, shuffle=0.3, window=6, duplicate=0.1,
                                          loss=0.05, seed=5)
     late_order = [0, 2, 1]  # 1 arrives after the timeout has given it up
-    stream_client.run_stream(triton.grpc_url, "metrics-late", records, late_order, pauses={2: 0.6})
+    stream_client.run_stream(triton.grpc_url, "metrics-late", records, late_order, wait_for={2: ("GAP", 1)})
     after = metrics(triton)
     for name in COUNTERS:
         assert after[f"s2t_stream_{name}_total"] > before.get(f"s2t_stream_{name}_total", 0.0), name
@@ -164,14 +165,15 @@ def test_hostile_sequence_ids_each_get_an_explicit_answer_and_healthy_streams_ke
                        "sequence_id: expected an integer, got string"]
     results = {}
 
-    def run(name, order, payloads=None, pauses=None):
+    def run(name, order, payloads=None, wait_for=None):
         results[name] = stream_client.run_stream(triton.grpc_url, name, records, order, payloads=payloads,
-                                                 pauses=pauses, timeout_s=30)
+                                                 wait_for=wait_for, timeout_s=30)
 
     threads = [threading.Thread(target=run, args=(f"hostile-{k}", [0, 1, 2, 3, 4, 5, 1, 6], hostile))
                for k in range(8)]
-    # 1 is missing until 2 has waited past reorder_timeout_ms (200): the timer answers GAP 1 and 2, then 1 is LATE.
-    threads += [threading.Thread(target=run, args=(f"healthy-{k}", [0, 2, 3, 4, 5, 6, 7, 1], None, {2: 0.6}))
+    # 1 is missing until 2 has waited past reorder_timeout_ms (200): the timer answers GAP 1 and 2; the rest are sent
+    # once GAP 1 has come, so 1, sent last, is LATE.
+    threads += [threading.Thread(target=run, args=(f"healthy-{k}", [0, 2, 3, 4, 5, 6, 7, 1], None, {2: ("GAP", 1)}))
                 for k in range(8)]
     for t in threads:
         t.start()
