@@ -63,10 +63,18 @@ def test_the_hot_path_models_carry_no_queue_policy(model):
 def test_burst_past_the_queue_cap_is_refused_clearly_and_the_rest_are_scored(small_queue_server,
                                                                             german_credit_data):
     records = [json.dumps({"features": r}).encode() for r in german_credit_data.records()[:256]]
-    answers = burst(small_queue_server, np.array(records, dtype=object).reshape(-1, 1), 48)
+    # Whether a burst stands 3 deep in the queue depends on how fast the client sends against how fast the router
+    # drains: on a loaded machine a burst can trickle in and be served whole. Bursts go on until one overflows (at
+    # most 10); every answer of every burst is checked below.
+    answers = []
+    for _ in range(10):
+        answers += burst(small_queue_server, np.array(records, dtype=object).reshape(-1, 1), 48)
+        if any(isinstance(a, InferenceServerException) and "Exceeds maximum queue size" in a.message()
+               for a in answers):
+            break
     refused = [a for a in answers if isinstance(a, InferenceServerException)]
     scored = [a for a in answers if not isinstance(a, InferenceServerException)]
-    assert refused, "48 concurrent requests of 256 records should overflow a queue of 2"
+    assert refused, "10 bursts of 48 concurrent requests of 256 records never overflowed a queue of 2"
     # Both refusals of the policy: the queue was full, or the request waited past its timeout.
     assert all(re.search("Exceeds maximum queue size|Request timeout expired", e.message()) for e in refused), \
         {e.message() for e in refused}
