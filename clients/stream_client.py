@@ -126,10 +126,11 @@ def summarize(results: Sequence[StreamResult], seconds: float) -> Summary:
 
 def run_stream(url: str, stream: str, records: Sequence[Mapping], order: Sequence[int], *, form: str = "json",
                model: str = MODEL, timeout_s: float = 60.0, payloads: Mapping[int, bytes] | None = None,
-               pauses: Mapping[int, float] | None = None, rate: float = 0.0) -> StreamResult:
+               wait_for: Mapping[int, tuple[str, int]] | None = None, rate: float = 0.0) -> StreamResult:
     """Send `records[i]` as sequence id i, in `order`, on one gRPC stream; wait for every request's final
     response (empty finals included, so dropped duplicates are seen to be closed). `payloads` overrides the
-    bytes sent at given places of `order` (a malformed record, say); `pauses` waits before given places; `rate`
+    bytes sent at given places of `order` (a malformed record, say); `wait_for` holds a given place back until an
+    answer (status, sequence_id) has come, e.g. ("GAP", 2) for a record that must arrive after it was given up; `rate`
     paces the sends (records per second; 0 sends as fast as possible, which measures queueing more than latency)."""
     import tritonclient.grpc as grpcclient
 
@@ -143,8 +144,12 @@ def run_stream(url: str, stream: str, records: Sequence[Mapping], order: Sequenc
         for place, sequence_id in enumerate(order):
             if rate > 0:
                 time.sleep(max(0.0, started + place / rate - time.perf_counter()))
-            if pauses and place in pauses:
-                time.sleep(pauses[place])
+            if wait_for and place in wait_for:
+                status, awaited_id, waited_until = *wait_for[place], time.monotonic() + timeout_s
+                while not any((a.status, a.sequence_id) == (status, awaited_id) for a in result.answers):
+                    if not _receive(result, responses, waited_until, sent_at):
+                        raise TimeoutError(f"{stream}: no {status} answer for sequence_id {awaited_id} "
+                                           f"within {timeout_s:.0f} s")
             if payloads and place in payloads:
                 payload = payloads[place]
             else:
@@ -157,17 +162,23 @@ def run_stream(url: str, stream: str, records: Sequence[Mapping], order: Sequenc
                                       sequence_start=place == 0, sequence_end=place == len(order) - 1,
                                       enable_empty_final_response=True)
         deadline = time.monotonic() + timeout_s
-        while result.finals < len(order) and time.monotonic() < deadline:
-            try:
-                received, answer, error = responses.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            _record(result, received, answer, error, sent_at)
+        while result.finals < len(order) and _receive(result, responses, deadline, sent_at):
+            pass
         result.complete = result.finals == len(order)
     finally:
         client.stop_stream()
         client.close()
     return result
+
+
+def _receive(result: StreamResult, responses: queue.Queue, deadline: float, sent_at: Mapping[str, float]) -> bool:
+    """Take in the next response; False when none came before `deadline`."""
+    try:
+        received, answer, error = responses.get(timeout=max(0.0, deadline - time.monotonic()))
+    except queue.Empty:
+        return False
+    _record(result, received, answer, error, sent_at)
+    return True
 
 
 def _record(result: StreamResult, received: float, answer, error, sent_at: Mapping[str, float]) -> None:
