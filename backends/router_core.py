@@ -3,6 +3,12 @@
 Rows are routed one by one (sticky canary, forced routes, shadow sample), then scored group by group: one call
 per target for the whole batch. The primary sits behind the circuit breaker: while it is open, or when a call
 fails, its rows are answered by the fallback. A mirrored (shadow) call never changes an answer.
+
+A forced route (the caller's `route` parameter) may name only a configured model and, with a version, one of that
+model's version folders: anything else is the caller's InvalidInput, so no label or state ever holds client text.
+Forced rows are scored in calls of their own and kept out of the figures the canary analysis reads (call seconds,
+failed rows, and `forced` marks them for the score histograms): a caller choosing its version says nothing of how
+the router's own split performs.
 """
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from backends.circuit_breaker import BreakerSettings, CircuitBreaker
-from backends.errors import NotServing, ServingError
+from backends.errors import InvalidInput, NotServing, ServingError
 from backends.model_parameters import parameter, settings_of
 from backends.record_decoder import max_record_bytes_parameter
 from backends.routing_policy import RoutingSettings, Target, route
@@ -59,6 +65,8 @@ class BatchAnswer:
     # call failed by the target they were routed to.
     call_seconds: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     failed_rows: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # Rows whose caller forced the route: not part of the router's split, not counted for the analysis.
+    forced: list[bool] = field(default_factory=list)
 
 
 class Router:
@@ -72,23 +80,27 @@ class Router:
     def answer(self, categorical: np.ndarray, numeric: np.ndarray, keys: Sequence[str | bytes],
                overrides: Sequence[str | None]) -> BatchAnswer:
         n = len(keys)
-        out = BatchAnswer(np.full((n, 1), np.nan, dtype=np.float32), [None] * n, [None] * n)
-        groups: dict[Target, list[int]] = defaultdict(list)
+        out = BatchAnswer(np.full((n, 1), np.nan, dtype=np.float32), [None] * n, [None] * n,
+                          forced=[override is not None and override != "" for override in overrides])
+        groups: dict[tuple[Target, bool], list[int]] = defaultdict(list)
         mirrors: dict[Target, list[int]] = defaultdict(list)
         for row, (key, override) in enumerate(zip(keys, overrides)):
             try:
                 chosen = route(self.settings, key, override)
+                if out.forced[row]:
+                    self._check_forced_version(chosen.target)
             except ServingError as err:
                 out.errors[row] = err
                 continue
-            groups[chosen.target].append(row)
+            groups[chosen.target, out.forced[row]].append(row)
             if chosen.mirror is not None:
                 mirrors[chosen.mirror].append(row)
-        primary_rows = groups.pop(self.settings.primary, [])
-        if primary_rows:
-            self._answer_primary(primary_rows, categorical, numeric, out)
-        for target, rows in groups.items():
-            self._fill(target, rows, categorical, numeric, out)
+        for forced in (False, True):
+            primary_rows = groups.pop((self.settings.primary, forced), [])
+            if primary_rows:
+                self._answer_primary(primary_rows, categorical, numeric, out, counted=not forced)
+        for (target, forced), rows in groups.items():
+            self._fill(target, rows, categorical, numeric, out, counted=not forced)
         for candidate, rows in mirrors.items():
             # Compare with the primary's own answers only: a row the fallback answered says nothing of the candidate.
             primary = self.settings.primary.model
@@ -102,41 +114,55 @@ class Router:
             out.shadow_differences[str(candidate)] = np.abs(shadow.ravel() - out.probability[answered].ravel())
         return out
 
-    def _answer_primary(self, rows, categorical, numeric, out: BatchAnswer) -> None:
+    def _check_forced_version(self, target: Target) -> None:
+        """A forced version must be one of the model's version folders (the model is a configured one: checked by
+        `route`): any other number is the caller's mistake, refused before it is used anywhere."""
+        if target.version is None:
+            return
+        versions = self._listed_versions(target.model, self._clock())
+        if target.version not in versions:
+            listed = ", ".join(str(v) for v in sorted(versions)) or "none"
+            raise InvalidInput(f"route: {target.model} has no version {target.version} (versions: {listed})")
+
+    def _answer_primary(self, rows, categorical, numeric, out: BatchAnswer, counted: bool = True) -> None:
         fallback = self.settings.fallback
         if not self.breaker.allow() and fallback is not None:
             out.fallback_rows += len(rows)
-            self._fill(fallback, rows, categorical, numeric, out)
+            self._fill(fallback, rows, categorical, numeric, out, counted)
             return
         started = self._clock()
         try:
             probability, served = self._call(self.settings.primary, categorical[rows], numeric[rows])
         except ServingError as err:
             self.breaker.record(False, self._clock() - started, len(rows))
-            out.failed_rows[str(self.settings.primary)] += len(rows)
+            if counted:
+                out.failed_rows[str(self.settings.primary)] += len(rows)
             if fallback is None:
                 for r in rows:
                     out.errors[r] = err
                 return
             out.fallback_rows += len(rows)
-            self._fill(fallback, rows, categorical, numeric, out)
+            self._fill(fallback, rows, categorical, numeric, out, counted)
             return
         self.breaker.record(True, self._clock() - started, len(rows))
-        out.call_seconds[served].append(self._clock() - started)
+        if counted:
+            out.call_seconds[served].append(self._clock() - started)
         out.probability[rows] = probability.reshape(-1, 1)
         for r in rows:
             out.served_by[r] = served
 
-    def _fill(self, target: Target, rows, categorical, numeric, out: BatchAnswer) -> None:
+    def _fill(self, target: Target, rows, categorical, numeric, out: BatchAnswer, counted: bool = True) -> None:
         started = self._clock()
         try:
             probability, served = self._call(target, categorical[rows], numeric[rows])
         except ServingError as err:
-            out.failed_rows[str(target)] += len(rows)
+            if counted:
+                out.failed_rows[str(target)] += len(rows)
             for r in rows:
                 out.errors[r] = err
             return
-        out.call_seconds[served].append(self._clock() - started)
+        if counted:
+            out.call_seconds[served].append(self._clock() - started)
         out.probability[rows] = probability.reshape(-1, 1)
         for r in rows:
             out.served_by[r] = served

@@ -7,6 +7,11 @@ Shadow differences are a Triton histogram (`MetricFamily.HISTOGRAM`, one observa
 shadow is a sample). Scores and call durations, observed for every record, are histograms built from counters
 (`_bucket{le=…}` only), counted here and handed to Triton once a second: one observation is one message from the
 stub to the server, and one per record would cost the router more than its scoring call.
+
+Records whose caller forced the route are counted in `s2t_router_rows_total` and `s2t_router_forced_rows_total`
+only: the score and call histograms and the failed rows describe the router's own split, which the canary analysis
+judges, and a caller choosing its version must not move that judgement. Labels come from versions that answered
+(the router refuses a route to any other), so the label set is bounded by what is loaded.
 """
 from __future__ import annotations
 
@@ -48,6 +53,9 @@ class RouterMetrics:
                                            description="Records answered with probability <= le, by model and version")
         self._call_bucket = metric_family(name="s2t_router_call_seconds_bucket", kind=counter,
                                           description="Scoring calls that took <= le seconds, by model and version")
+        self._forced = metric_family(name="s2t_router_forced_rows_total", kind=counter,
+                                     description="Records answered on a route their caller forced, by model and "
+                                                 "version (also in s2t_router_rows_total)")
         self._failed = metric_family(name="s2t_router_failed_rows_total", kind=counter,
                                      description="Records whose scoring call failed, by the model and version routed to")
         self._metrics: dict[tuple, object] = {}
@@ -67,13 +75,20 @@ class RouterMetrics:
         served, counts = np.unique([s for s in answer.served_by if s], return_counts=True)
         for name, count in zip(served, counts):
             self._metric(self._rows, **target_labels(str(name))).increment(int(count))
+        forced = np.asarray(answer.forced or [False] * len(answer.served_by), dtype=bool)
+        routed_by_router = np.array([bool(s) for s in answer.served_by], dtype=bool) & ~forced
+        forced_served, forced_counts = np.unique([s for s, f in zip(answer.served_by, forced) if s and f],
+                                                 return_counts=True)
+        for name, count in zip(forced_served, forced_counts):
+            self._metric(self._forced, **target_labels(str(name))).increment(int(count))
         if answer.fallback_rows:
             self._fallback_metric.increment(answer.fallback_rows)
         for state, metric in self._states.items():
             metric.set(1.0 if state == breaker_state else 0.0)
-        for name, count in zip(served, counts):
-            scores = answer.probability.ravel()[[s == name for s in answer.served_by]]
-            self._histogram(self._score_bucket, SCORE_BUCKETS, scores, **target_labels(str(name)))
+        for name in served:
+            scores = answer.probability.ravel()[routed_by_router & np.array([s == name for s in answer.served_by])]
+            if len(scores):
+                self._histogram(self._score_bucket, SCORE_BUCKETS, scores, **target_labels(str(name)))
         for name, seconds in answer.call_seconds.items():
             self._histogram(self._call_bucket, CALL_SECONDS_BUCKETS, np.asarray(seconds), **target_labels(name))
         for target, rows in answer.failed_rows.items():

@@ -4,8 +4,10 @@ import math
 import re
 import shutil
 import subprocess
+import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ from tests.integration.servers import triton_server
 from s2t.control.live_control import admin_headers
 from s2t.control.publish import ParityGate, publish
 from s2t.control.version_store import VersionStore
-from s2t.gate.canary_analysis import parse_metrics
+from s2t.gate.canary_analysis import figures, parse_metrics
 
 KEY = "router-key"
 
@@ -79,6 +81,71 @@ def test_bad_record_fails_its_request_alone(http_client, german_credit_data):
     with pytest.raises(InferenceServerException, match="features.purpose: missing"):
         ask(http_client, [json.dumps(broken).encode()])
     assert ask(http_client, [good])["served_by"]
+
+
+class ClientPerThread:
+    """tritonclient's HTTP client is not thread-safe (gevent): one client per thread, all closed at the end."""
+
+    def __init__(self, url):
+        self.url, self._local, self._clients, self._lock = url, threading.local(), [], threading.Lock()
+
+    def __call__(self):
+        if not hasattr(self._local, "client"):
+            self._local.client = http.InferenceServerClient(self.url, network_timeout=120)
+            with self._lock:
+                self._clients.append(self._local.client)
+        return self._local.client
+
+    def close(self):
+        for client in self._clients:
+            client.close()
+
+
+def test_hundreds_of_routes_to_versions_that_do_not_exist_are_client_errors_and_add_no_metric_labels(
+        triton, german_credit_data):
+    """300 distinct forced versions, 8 at a time, beside a client sending valid records: each is refused 400 naming
+    `route`, the valid records are all answered, and the metrics page does not grow with the bogus versions."""
+    good = records(german_credit_data, 20, prefix="beside")
+    bogus = [f"risk_scorer{'_lite' if i % 3 == 0 else ''}:{100_000 + i}" for i in range(300)]
+    clients = ClientPerThread(triton.http_url)
+    try:
+        ask(clients(), good)
+        ask(clients(), good, parameters={"route": f"risk_scorer:{newest('risk_scorer')}"})
+        time.sleep(1.2)  # the router hands its histograms to Triton at most every second: let them all appear
+        ask(clients(), good[:1], parameters={"route": "primary"})
+        size_before = len(metrics(triton))
+
+        def refused(route):
+            try:
+                ask(clients(), good[:2], parameters={"route": route})
+            except InferenceServerException as err:
+                return err.status(), err.message()
+            return None, "answered"
+
+        done, valid = threading.Event(), []
+
+        def valid_traffic():
+            while not done.is_set() and len(valid) < 200:
+                valid.append(ask(clients(), good)["served_by"])
+
+        with ThreadPoolExecutor(9) as pool:
+            beside = pool.submit(valid_traffic)
+            outcomes = list(pool.map(refused, bogus))
+            done.set()
+            beside.result(timeout=120)
+        time.sleep(1.2)
+        ask(clients(), good[:1], parameters={"route": "primary"})
+        size_after = len(metrics(triton))
+    finally:
+        clients.close()
+    for route, (status, message) in zip(bogus, outcomes):
+        model, _, version = route.partition(":")
+        assert status == "400", (route, status, message)
+        assert f"route: {model} has no version {version}" in message, message
+    assert valid and all(set(v) == {f"risk_scorer:{newest('risk_scorer')}".encode()} for v in valid)
+    # Counters of series that already exist grow by a few digits at most; one series per bogus version would add
+    # tens of kilobytes.
+    assert size_after - size_before < 2_000, (size_before, size_after)
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +249,46 @@ def test_breaker_answers_from_the_lite_model_while_the_primary_fails_then_recove
         assert re.search(r"s2t_router_fallback_rows_total (\d+)", metrics(server)).group(1) != "0"
     finally:
         client.close()
+
+
+def test_forced_routes_do_not_move_the_canary_analysis(canary_server, german_credit_data):
+    """A 50% canary with unforced traffic, and beside it a flood of records forced to the candidate and to the
+    primary: the analysis' figures count exactly the unforced records the router split itself."""
+    server, repo = canary_server
+    versions = VersionStore(repo).served("risk_scorer")
+    primary, candidate = f"risk_scorer:{versions[-1]}", f"risk_scorer:{versions[-2]}"
+    canary(server, repo, "risk_scorer", str(versions[-2]), "--percent", "50")
+    clients = ClientPerThread(server.http_url)
+    rows = german_credit_data.records()
+    # The flood: only the riskiest-looking records (the longest loans), forced to the candidate; a few to the primary.
+    risky = sorted(rows, key=lambda r: -float(r["duration_in_month"]))[:50]
+    flood = [json.dumps({"request_id": f"flood-{i}", "features": risky[i % len(risky)]}).encode() for i in range(600)]
+    unforced = records(german_credit_data, 300, prefix="split")
+    try:
+        def flush():
+            time.sleep(1.2)  # see test_hundreds_of_routes...: histograms reach Triton at most every second
+            ask(clients(), unforced[:1], parameters={"route": "primary"})
+
+        flush()
+        before = parse_metrics(metrics(server))
+        with ThreadPoolExecutor(3) as pool:
+            forced_candidate = pool.submit(lambda: ask(clients(), flood[:500], parameters={"route": "candidate"}))
+            forced_primary = pool.submit(lambda: ask(clients(), flood[500:], parameters={"route": primary}))
+            answered = ask(clients(), unforced)["served_by"]
+            assert set(forced_candidate.result(timeout=120)["served_by"]) == {candidate.encode()}
+            assert set(forced_primary.result(timeout=120)["served_by"]) == {primary.encode()}
+        flush()
+        after = parse_metrics(metrics(server))
+    finally:
+        clients.close()
+        canary(server, repo, "risk_scorer", "--off")
+    step = figures(before, after, "canary", 50, primary, candidate)
+    assert (step.candidate_rows, step.primary_rows) == (answered.count(candidate.encode()),
+                                                        answered.count(primary.encode()))
+    assert step.candidate_rows + step.primary_rows == len(unforced) and step.failed_rows == 0
+    forced = {version: after.get(("s2t_router_forced_rows_total", frozenset({("model", "risk_scorer"),
+                                                                              ("version", version)})), 0.0)
+              - before.get(("s2t_router_forced_rows_total", frozenset({("model", "risk_scorer"),
+                                                                        ("version", version)})), 0.0)
+              for version in (str(versions[-2]), str(versions[-1]))}
+    assert forced == {str(versions[-2]): 500.0, str(versions[-1]): 101.0}

@@ -162,3 +162,29 @@ def test_client_routes_never_reach_the_version_listing_and_leave_no_state():
     answer = r.answer(*rows(len(routes)), [f"r-{i}" for i in range(len(routes))], routes)
     assert all(e is not None and e.kind == INVALID and e.message.startswith("route: ") for e in answer.errors)
     assert listed == [] and r._listed == {} and r._not_serving == {}
+
+
+@pytest.mark.parametrize("override", ["risk_scorer:9", "risk_scorer:0", "risk_scorer_lite:2",
+                                      "risk_scorer:123456789012345678"])
+def test_a_forced_version_that_is_no_version_folder_is_the_callers_invalid_route_and_is_never_called(override):
+    scorers = FakeScorers()
+    answer = router(scorers).answer(*rows(2), ["a", "b"], [override, None])
+    assert answer.errors[0].kind == INVALID
+    assert answer.errors[0].message.startswith(f"route: {override.partition(':')[0]} has no version ")
+    assert answer.errors[1] is None and answer.served_by[1] == "risk_scorer:2"
+    assert [call for call, _ in scorers.calls] == ["risk_scorer:2"]
+    assert dict(answer.failed_rows) == {}
+
+
+def test_forced_rows_are_scored_apart_and_left_out_of_the_analysis_figures():
+    scorers = FakeScorers(down={"risk_scorer:1"})
+    keys = [f"r-{i}" for i in range(8)]
+    overrides = ["candidate", "risk_scorer:1", "candidate", None, None, "risk_scorer:1", None, "primary"]
+    answer = router(scorers, candidate=CANDIDATE, canary_percent=100).answer(*rows(8), keys, overrides)
+    assert answer.forced == [o is not None for o in overrides]
+    assert answer.served_by == ["risk_scorer:2", None, "risk_scorer:2", "risk_scorer:2", "risk_scorer:2", None,
+                                "risk_scorer:2", "risk_scorer:2"]
+    # The router's own canary rows (3, 4, 6) form one call; forced rows are called apart and not counted.
+    assert ("risk_scorer:2", 3) in scorers.calls and ("risk_scorer:2", 2) in scorers.calls
+    assert {k: len(v) for k, v in answer.call_seconds.items()} == {"risk_scorer:2": 1}
+    assert dict(answer.failed_rows) == {}
