@@ -14,6 +14,7 @@ Nothing here knows Triton; `item` is whatever the caller needs to answer the rec
 from __future__ import annotations
 
 import bisect
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Generic, Hashable, Mapping, TypeVar
 
@@ -37,7 +38,9 @@ class ReorderSettings:
     reorder_timeout_ms: float = parameter("reorder_timeout_ms", 200.0)
     max_buffered: int = parameter("max_buffered", 64)
     first_sequence_id: int = parameter("first_sequence_id", 0)
-    stream_idle_ms: float = parameter("stream_idle_ms", 60_000.0)
+    stream_idle_ms: float = parameter("stream_idle_ms", 5_000.0)
+    # Streams with state at once; a new one beyond it evicts the longest idle (its waiting records answered first).
+    max_streams: int = parameter("max_streams", 4096)
 
     def __post_init__(self):
         if self.max_gap < 0:
@@ -46,6 +49,8 @@ class ReorderSettings:
             raise ValueError(f"reorder_timeout_ms must be positive, got {self.reorder_timeout_ms}")
         if self.max_buffered < 1:
             raise ValueError(f"max_buffered must be >= 1, got {self.max_buffered}")
+        if self.max_streams < 1:
+            raise ValueError(f"max_streams must be >= 1, got {self.max_streams}")
         if self.stream_idle_ms < self.reorder_timeout_ms:
             raise ValueError(f"stream_idle_ms ({self.stream_idle_ms}) must not be below reorder_timeout_ms "
                              f"({self.reorder_timeout_ms}): a stream would be evicted with records still waiting")
@@ -187,12 +192,14 @@ class Counts:
 
 class StreamTable(Generic[T]):
     """All streams of one model instance: start, offer, end, and the timer's expire (which also evicts idle
-    streams). `counts` accumulate for the metrics."""
+    streams). At most `max_streams` have state: a new stream beyond it evicts the one that has been quiet longest,
+    so state is bounded by configuration whatever clients open. `counts` accumulate for the metrics."""
 
     def __init__(self, settings: ReorderSettings):
         self.settings = settings
         self.counts = Counts()
-        self._streams: dict[Hashable, StreamReorder[T]] = {}
+        # Least recently heard from first: the eviction candidate is always at the front.
+        self._streams: OrderedDict[Hashable, StreamReorder[T]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._streams)
@@ -203,21 +210,25 @@ class StreamTable(Generic[T]):
 
     def start(self, stream: Hashable, now_ms: float) -> list[Emission[T]]:
         """A new sequence on this id: whatever the old one still held is answered first."""
-        emissions = self.end(stream)
+        emissions = self.end(stream) + self._make_room()
         self._streams[stream] = StreamReorder(self.settings, now_ms)
         return emissions
 
     def offer(self, stream: Hashable, sequence_id: int, item: T, now_ms: float) -> Offer[T]:
-        reorder = self._streams.get(stream)
+        reorder, evicted = self._streams.get(stream), []
         if reorder is None:
             # A stream seen without its start (evicted while idle, or an instance restarted): it goes on from
             # here rather than from first_sequence_id, which would give up every id in between as one GAP.
+            evicted = self._make_room()
             reorder = self._streams[stream] = StreamReorder(self.settings, now_ms, first_id=sequence_id)
+        else:
+            self._streams.move_to_end(stream)
         try:
             offer = reorder.offer(sequence_id, item, now_ms)
-        except BufferFull:
+        except BufferFull:  # never a new stream's (its buffer is empty): nothing evicted is lost here
             self.counts.overflow += 1
             raise
+        offer.emissions = evicted + offer.emissions
         self.counts.duplicate += offer.duplicate
         self.counts.stale += offer.stale
         self.counts.reordered += offer.reordered
@@ -245,6 +256,16 @@ class StreamTable(Generic[T]):
         deadlines = [d for d in (s.next_deadline_ms() for s in self._streams.values()) if d is not None]
         idle = [s.last_seen_ms + self.settings.stream_idle_ms for s in self._streams.values()]
         return min(deadlines + idle, default=None)
+
+    def _make_room(self) -> list[Emission[T]]:
+        """Evict the longest quiet stream while the table is full; its waiting records are answered (GAP before
+        any missing id), so nothing taken in is lost."""
+        emissions = []
+        while len(self._streams) >= self.settings.max_streams:
+            stream = next(iter(self._streams))
+            emissions += self.end(stream)
+            self.counts.evicted += 1
+        return emissions
 
     def end_all(self) -> list[Emission[T]]:
         emissions = []

@@ -46,6 +46,16 @@ class StreamModelSettings:
     reorder: ReorderSettings = settings_of(ReorderSettings)
 
 
+def check_sequence_batching(settings: StreamModelSettings, sequence_batching: dict) -> None:
+    """Refuse a config whose batcher can hold more streams than the model keeps state for: Triton would pass records
+    of streams the model had to evict to make room, and they would lose their order. (Triton's config JSON spells
+    uint64 fields as strings.)"""
+    slots = int((sequence_batching.get("oldest") or {}).get("max_candidate_sequences") or 0)
+    if slots > settings.reorder.max_streams:
+        raise ValueError(f"max_streams ({settings.reorder.max_streams}) must be at least sequence_batching's "
+                         f"max_candidate_sequences ({slots}): every stream Triton holds a slot for keeps its state")
+
+
 @dataclass(frozen=True)
 class Arrival(Generic[T]):
     """One request: `token` is what the model answers it through (its response sender). `error` is set when the

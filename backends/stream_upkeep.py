@@ -20,7 +20,8 @@ COUNTERS = {
     "late": "records answered LATE: their sequence_id had already been given up as GAP",
     "gap": "sequence ids given up (answered GAP)",
     "overflow": "records refused because their stream's reorder buffer was full",
-    "evicted": "idle streams evicted",
+    "evicted": "streams whose state was dropped: quiet past stream_idle_ms, or the quietest when max_streams was "
+               "reached",
 }
 
 

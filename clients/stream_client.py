@@ -126,12 +126,15 @@ def summarize(results: Sequence[StreamResult], seconds: float) -> Summary:
 
 def run_stream(url: str, stream: str, records: Sequence[Mapping], order: Sequence[int], *, form: str = "json",
                model: str = MODEL, timeout_s: float = 60.0, payloads: Mapping[int, bytes] | None = None,
-               wait_for: Mapping[int, tuple[str, int]] | None = None, rate: float = 0.0) -> StreamResult:
+               wait_for: Mapping[int, tuple[str, int]] | None = None, rate: float = 0.0,
+               admission_timeout_s: float = 0.0) -> StreamResult:
     """Send `records[i]` as sequence id i, in `order`, on one gRPC stream; wait for every request's final
     response (empty finals included, so dropped duplicates are seen to be closed). `payloads` overrides the
     bytes sent at given places of `order` (a malformed record, say); `wait_for` holds a given place back until an
     answer (status, sequence_id) has come, e.g. ("GAP", 2) for a record that must arrive after it was given up; `rate`
-    paces the sends (records per second; 0 sends as fast as possible, which measures queueing more than latency)."""
+    paces the sends (records per second; 0 sends as fast as possible, which measures queueing more than latency).
+    `admission_timeout_s` (0: none) is how long the stream may wait for a slot of risk_stream's batcher: beyond it
+    Triton refuses the stream's records UNAVAILABLE rather than letting them wait."""
     import tritonclient.grpc as grpcclient
 
     result = StreamResult(stream, list(order))
@@ -158,9 +161,11 @@ def run_stream(url: str, stream: str, records: Sequence[Mapping], order: Sequenc
             tensor = grpcclient.InferInput(PAYLOAD, [1, 1], "BYTES")
             tensor.set_data_from_numpy(np.array([[payload]], dtype=object))
             sent_at[str(place)] = time.perf_counter()
+            # The timeout only bounds the wait for a sequence slot (Triton's backlog); it rides on the START request.
+            timeout_us = int(admission_timeout_s * 1e6) if place == 0 and admission_timeout_s > 0 else None
             client.async_stream_infer(model, [tensor], request_id=str(place), sequence_id=stream,
                                       sequence_start=place == 0, sequence_end=place == len(order) - 1,
-                                      enable_empty_final_response=True)
+                                      enable_empty_final_response=True, timeout=timeout_us)
         deadline = time.monotonic() + timeout_s
         while result.finals < len(order) and _receive(result, responses, deadline, sent_at):
             pass

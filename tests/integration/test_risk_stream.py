@@ -12,7 +12,7 @@ import pytest
 from backends.decision_policy import decide
 from clients import stream_client
 from clients.legacy_record import encode
-from tests.conftest import S2T
+from tests.conftest import MODEL_REPOSITORY, S2T
 
 TOLERANCE = 1e-5
 COUNTERS = ("reordered", "duplicate", "late", "gap")
@@ -190,3 +190,122 @@ def test_hostile_sequence_ids_each_get_an_explicit_answer_and_healthy_streams_ke
         assert len(result.errors) == 4
         for error, text in zip(result.errors, expected_errors):
             assert text in error, result.errors
+
+
+FRESH_STREAM_BOUND_S = 15.0
+
+
+def batcher_limits() -> tuple[int, float]:
+    """(slots, idle seconds) of risk_stream's sequence batcher, as configured."""
+    config = (MODEL_REPOSITORY / "risk_stream" / "config.pbtxt").read_text()
+    slots = int(re.search(r"max_candidate_sequences:\s*(\d+)", config).group(1))
+    idle_us = int(re.search(r"max_sequence_idle_microseconds:\s*(\d+)", config).group(1))
+    return slots, idle_us / 1e6
+
+
+class IdleStreams:
+    """Opens `count` streams on one gRPC connection, each with its first record and START, and leaves them open."""
+
+    def __init__(self, url, records, count):
+        import tritonclient.grpc as grpcclient
+        self._grpc, self.count, self.answered, self.errors = grpcclient, count, 0, []
+        self._lock, self._done = threading.Lock(), threading.Event()
+        self.client = grpcclient.InferenceServerClient(url)
+        self.client.start_stream(callback=self._callback)
+        self.payloads = [json.dumps({"sequence_id": 0, "features": records[i % len(records)]["features"]}).encode()
+                         for i in range(count)]
+
+    def _callback(self, result, error):
+        with self._lock:
+            if error is not None:
+                self.errors.append(str(error))
+            self.answered += 1
+            if self.answered >= self.count:
+                self._done.set()
+
+    def open(self):
+        for i, payload in enumerate(self.payloads):
+            tensor = self._grpc.InferInput("payload", [1, 1], "BYTES")
+            tensor.set_data_from_numpy(np.array([[payload]], dtype=object))
+            self.client.async_stream_infer("risk_stream", [tensor], sequence_id=f"idle-{i}", sequence_start=True)
+
+    def wait(self, timeout_s):
+        return self._done.wait(timeout_s)
+
+    def wait_for_answers(self, count, timeout_s):
+        """True once `count` first records are answered: their streams hold a slot each."""
+        deadline = time.monotonic() + timeout_s
+        while self.answered < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.answered >= count
+
+    def next_record(self, stream, features, timeout_s):
+        """Sends sequence_id 1 on `stream` without START; the error it was answered with (None if it was not)."""
+        before = len(self.errors)
+        with self._lock:
+            self.count += 1
+            self._done.clear()
+        tensor = self._grpc.InferInput("payload", [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[json.dumps({"sequence_id": 1, "features": features}).encode()]],
+                                            dtype=object))
+        self.client.async_stream_infer("risk_stream", [tensor], sequence_id=stream)
+        self._done.wait(timeout_s)
+        return self.errors[before] if len(self.errors) > before else None
+
+    def close(self):
+        self.client.stop_stream(cancel_requests=True)
+        self.client.close()
+
+
+def test_idle_streams_filling_every_slot_keep_new_streams_waiting_seconds_not_a_minute(triton, records):
+    """More streams than the batcher has slots, each started with one record and left open; five new streams of 20
+    records beside them get their first answer within a few seconds (a quiet stream gives its slot back after
+    max_sequence_idle_microseconds), every record is answered, and a quiet stream's next record is refused with a
+    status saying to start it again."""
+    slots, idle_s = batcher_limits()
+    idle = IdleStreams(triton.grpc_url, records, slots + 100)
+    results = {}
+
+    def fresh(k):
+        started[k] = time.monotonic()
+        results[k] = stream_client.run_stream(triton.grpc_url, f"fresh-after-idle-{k}", records, list(range(20)),
+                                              timeout_s=120, admission_timeout_s=1.0 if k == 5 else 0.0)
+        waited[k] = time.monotonic() - started[k]
+
+    started, waited = {}, {}
+    try:
+        opened = time.monotonic()
+        idle.open()
+        # Every slot is held before the new streams come (the 100 beyond wait in Triton's backlog, unanswered).
+        assert idle.wait_for_answers(slots, 120), f"{idle.answered} of {slots} first records answered"
+        assert idle.answered < idle.count, "no stream waits in the backlog: the slots were never all held"
+        # Streams 0-4 wait for a slot; stream 5 will wait at most 1 s (admission_timeout_s).
+        threads = [threading.Thread(target=fresh, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(150)
+        assert idle.wait(120), f"{idle.answered} of {idle.count} first records answered"
+        assert idle.errors == []
+        for k in range(5):
+            result = results[k]
+            assert result.complete and result.errors == [] and result.ok_ids == list(range(20)), k
+            # With a 60 s idle timeout this was 54 s; the rule is the idle timeout (5 s), and the bound leaves room
+            # for a busy machine scoring every idle stream's record first.
+            assert result.answers[0].latency_s < FRESH_STREAM_BOUND_S, (k, result.answers[0].latency_s)
+        impatient = results[5]
+        assert impatient.complete, impatient
+        if started[5] + 1.0 < opened + idle_s:
+            # No idle stream could have given its slot back within the impatient stream's 1 s: it is refused at its
+            # timeout, every record with a status saying so.
+            assert impatient.answers == [] and len(impatient.errors) == 20, impatient
+            assert all("timeout of the corresponding sequence has been expired" in e for e in impatient.errors)
+            assert waited[5] < 1.0 + 4.0, waited[5]
+        else:  # a machine so slow that slots were already freeing: served, or refused as above
+            assert impatient.ok_ids == list(range(20)) or len(impatient.errors) == 20, impatient
+        # A stream quiet past the idle timeout has lost its slot: its next record is refused, naming START.
+        time.sleep(max(0.0, opened + idle_s + 1.5 - time.monotonic()))
+        late = idle.next_record("idle-0", records[0]["features"], timeout_s=30)
+    finally:
+        idle.close()
+    assert late is not None and "must specify the START flag" in late, late

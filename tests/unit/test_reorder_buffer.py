@@ -202,3 +202,32 @@ def test_shuffle_within_the_window_without_loss_or_waiting_gives_no_gap(n, windo
     order = sorted(range(n), key=lambda i: i + rng.uniform(0, window))
     _, out = feed(order, ReorderSettings(max_gap=10, max_buffered=64))
     assert answers(out) == [(IN_ORDER, i, i) for i in range(n)]
+
+
+def test_a_new_stream_beyond_max_streams_evicts_the_longest_quiet_one_answering_what_it_held():
+    table = StreamTable(ReorderSettings(max_streams=3))
+    table.start("a", 0.0)
+    table.offer("a", 2, "a2", 0.0)  # waits for 0 and 1
+    table.start("b", 1.0)
+    table.start("c", 2.0)
+    table.offer("a", 3, "a3", 5.0)  # "a" heard from last: "b" is now the quietest
+    assert answers(table.start("d", 6.0)) == []
+    assert len(table) == 3 and table.first_id("b") is None
+    # "c" is next: evicting it costs nothing waiting; then "a", whose records are answered with the GAP before them.
+    assert answers(table.offer("e", 7, "e7", 7.0).emissions) == [(IN_ORDER, 7, 7)]
+    assert answers(table.start("f", 8.0)) == [(GAP, 0, 1), (IN_ORDER, 2, 2), (IN_ORDER, 3, 3)]
+    assert len(table) == 3 and table.buffered == 0 and table.counts.evicted == 3
+
+
+@pytest.mark.parametrize("streams", [1, 7, 50])
+def test_the_table_never_holds_more_than_max_streams_however_many_streams_arrive(streams):
+    table = StreamTable(ReorderSettings(max_streams=streams))
+    for i in range(500):
+        (table.start if i % 2 else lambda s, now: table.offer(s, 1, s, now))(f"s{i}", float(i))
+        assert len(table) <= streams
+    assert table.counts.evicted == 500 - streams
+
+
+def test_settings_refuse_a_table_without_room():
+    with pytest.raises(ValueError, match="max_streams must be >= 1"):
+        ReorderSettings.from_parameters({"max_streams": {"string_value": "0"}})

@@ -1,6 +1,7 @@
 """The stream session decides one final answer per request, whatever its record says, and loses none."""
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 from backends.errors import INTERNAL, INVALID, UNAVAILABLE, InvalidInput, of_kind
 from backends.record_decoder import SEQUENCE_ID_MAX, parse_record
 from backends.reorder_buffer import ReorderSettings
-from backends.stream_session import DUPLICATE, LATE, OK, Arrival, StreamSession
+from backends.stream_session import DUPLICATE, LATE, OK, Arrival, StreamModelSettings, StreamSession
 
 SETTINGS = ReorderSettings(max_gap=10, reorder_timeout_ms=200, max_buffered=4)
 
@@ -198,3 +199,34 @@ def test_every_request_gets_exactly_one_final_answer_whatever_the_ids(sends, pau
     for token in tokens:
         s.final(token)
     assert s.session.snapshot()[1:] == (0, 0)
+
+
+@pytest.mark.parametrize("batching, refused", [
+    ({"oldest": {"max_candidate_sequences": "4096"}}, False),
+    ({"oldest": {"max_candidate_sequences": 100}}, False),
+    ({"oldest": {"max_candidate_sequences": "4097"}}, True),
+    ({"direct": {}}, False),
+    ({}, False),
+])
+def test_a_batcher_with_more_slots_than_the_model_keeps_streams_is_refused(batching, refused):
+    from backends.stream_session import check_sequence_batching
+    settings = StreamModelSettings(reorder=ReorderSettings())
+    if refused:
+        with pytest.raises(ValueError, match=r"max_streams \(4096\) must be at least .* \(4097\)"):
+            check_sequence_batching(settings, batching)
+    else:
+        check_sequence_batching(settings, batching)
+
+
+def test_the_shipped_config_keeps_state_for_every_slot_and_forgets_streams_when_triton_does():
+    from backends.model_parameters import read_parameters
+    from backends.stream_session import check_sequence_batching
+    from tests.conftest import MODEL_REPOSITORY
+    text = (MODEL_REPOSITORY / "risk_stream" / "config.pbtxt").read_text()
+    parameters = {m.group(1): {"string_value": m.group(2)} for m in re.finditer(
+        r'key: "(\w+)"\s*value: \{ string_value: "([^"]*)" \}', text)}
+    settings = read_parameters(StreamModelSettings, parameters)
+    slots = re.search(r"max_candidate_sequences:\s*(\d+)", text).group(1)
+    idle_us = int(re.search(r"max_sequence_idle_microseconds:\s*(\d+)", text).group(1))
+    check_sequence_batching(settings, {"oldest": {"max_candidate_sequences": slots}})
+    assert settings.reorder.stream_idle_ms * 1000 == idle_us

@@ -11,7 +11,7 @@ from backends import fault_points
 from backends.batch_scoring import retrying
 from backends.errors import InternalError, from_triton_code, triton_error
 from backends.model_parameters import read_parameters
-from backends.stream_session import Arrival, StreamModelSettings, StreamSession
+from backends.stream_session import Arrival, StreamModelSettings, StreamSession, check_sequence_batching
 from backends.stream_upkeep import ExpiryTimer, StreamMetrics
 from wire.names import DECISION, PAYLOAD, PROBABILITY
 
@@ -30,6 +30,7 @@ class TritonPythonModel:
             raise ValueError("risk_stream answers records when their turn comes: its config must set "
                              "model_transaction_policy { decoupled: true }")
         settings = read_parameters(StreamModelSettings, config.get("parameters", {}))
+        check_sequence_batching(settings, config.get("sequence_batching", {}))
         self._scoring_model = settings.scoring_model
         self._session = StreamSession(settings.reorder, retrying(self._score), self._deliver,
                                       settings.max_record_bytes, log=pb_utils.Logger.log_error)
