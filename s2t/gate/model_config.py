@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from backends.decision_policy import Thresholds
@@ -24,7 +24,7 @@ from backends.model_parameters import read_parameters, unknown_parameters
 from backends.ort_runner import OrtSettings
 from backends.record_decoder import AdapterSettings
 from backends.router_core import RouterModelSettings
-from backends.stream_session import StreamModelSettings
+from backends.stream_session import StreamModelSettings, check_sequence_batching
 from s2t.control.version_store import version_numbers
 
 ONNX_TO_CONFIG = {
@@ -270,7 +270,11 @@ def check_parameters(name: str, config: mc.ModelConfig) -> list[str]:
         problems += [f"{name}: parameter {key} is not one the model reads" for key in sorted(unknown)]
     for cls in classes:
         try:
-            read_parameters(cls, parameters)
+            settings = read_parameters(cls, parameters)
+            if cls is StreamModelSettings:
+                # The model refuses to load on this too; said here before any server is started.
+                check_sequence_batching(settings, json_format.MessageToDict(config.sequence_batching,
+                                                                            preserving_proto_field_name=True))
         except ValueError as err:
             problems.append(f"{name}: {err}")
     return problems

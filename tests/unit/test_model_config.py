@@ -81,6 +81,9 @@ def test_decision_thresholds_must_agree_between_the_models_that_decide(repositor
     ("risk_router", 'string_value: "0.1" } }', 'string_value: "a tenth" } }',
      "risk_router: parameter breaker_max_error_rate: expected a number, got 'a tenth'"),
     ("risk_stream", 'string_value: "200"', 'string_value: "-5"', "risk_stream: reorder_timeout_ms must be positive, got -5.0"),
+    ("risk_stream", '"max_streams"\n  value: { string_value: "4096" }', '"max_streams"\n  value: { string_value: "1000" }',
+     "risk_stream: max_streams (1000) must be at least sequence_batching's max_candidate_sequences (4096): every "
+     "stream Triton holds a slot for keeps its state"),
     ("risk_pipeline", '"max_record_bytes"\n  value: { string_value: "65536" }',
      '"max_record_bytes"\n  value: { string_value: "64k" }',
      "risk_pipeline: parameter max_record_bytes: expected an integer, got '64k'"),
