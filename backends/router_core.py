@@ -82,12 +82,14 @@ class Router:
         n = len(keys)
         out = BatchAnswer(np.full((n, 1), np.nan, dtype=np.float32), [None] * n, [None] * n,
                           forced=[override is not None and override != "" for override in overrides])
+        # A configured target is never the caller's mistake, even while its folder is being swapped.
+        configured = {self.settings.primary, self.settings.candidate, self.settings.fallback}
         groups: dict[tuple[Target, bool], list[int]] = defaultdict(list)
         mirrors: dict[Target, list[int]] = defaultdict(list)
         for row, (key, override) in enumerate(zip(keys, overrides)):
             try:
                 chosen = route(self.settings, key, override)
-                if out.forced[row]:
+                if out.forced[row] and chosen.target not in configured:
                     self._check_forced_version(chosen.target)
             except ServingError as err:
                 out.errors[row] = err

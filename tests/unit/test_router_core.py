@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from backends.circuit_breaker import OPEN, BreakerSettings, CircuitBreaker
-from backends.errors import INVALID, InternalError, NotServing
+from backends.errors import INVALID, UNAVAILABLE, InternalError, NotServing
 from backends.router_core import VERSION_LISTING_SECONDS, Router
 from backends.routing_policy import RoutingSettings, Target
 
@@ -188,3 +188,12 @@ def test_forced_rows_are_scored_apart_and_left_out_of_the_analysis_figures():
     assert ("risk_scorer:2", 3) in scorers.calls and ("risk_scorer:2", 2) in scorers.calls
     assert {k: len(v) for k, v in answer.call_seconds.items()} == {"risk_scorer:2": 1}
     assert dict(answer.failed_rows) == {}
+
+
+def test_forcing_the_configured_candidate_whose_folder_is_gone_is_not_the_callers_mistake():
+    scorers = FakeScorers(versions=(2, 1), not_loaded={"risk_scorer:3"})
+    answer = router(scorers, candidate=Target("risk_scorer", 3), canary_percent=10).answer(
+        *rows(3), ["a", "b", "c"], ["candidate", "risk_scorer:3", "risk_scorer:4"])
+    assert [e.kind for e in answer.errors] == [UNAVAILABLE, UNAVAILABLE, INVALID]
+    assert "not found" in answer.errors[0].message
+    assert answer.errors[2].message == "route: risk_scorer has no version 4 (versions: 1, 2)"
