@@ -23,7 +23,7 @@ import grpc
 
 from backends.atomic_files import write_atomically
 from servers.legacy_gateway import CallRefused
-from wire import skill_pb2, skill_pb2_grpc
+from wire import skill_pb2
 
 TRITON, LEGACY = "triton", "legacy"
 DEFAULT_TOLERANCE = 1e-5
@@ -31,21 +31,23 @@ DEFAULT_TOLERANCE = 1e-5
 MAX_IDS_KEPT = 100
 _LOG = logging.getLogger(__name__)
 
-WindowScorer = Callable[[Sequence[skill_pb2.SkillRecord], int], list]
+WindowScorer = Callable[[Sequence[bytes], int], list]
 
 
 class LegacyWindows:
-    """A window of records -> the legacy service's SkillResult per record (one Score call per window)."""
+    """A window of records (the raw bytes the caller sent) -> the legacy service's SkillResult per record (one Score
+    call per window, the records sent on as they came)."""
 
     def __init__(self, target: str, timeout_s: float):
         self.target = target
         self.timeout_s = timeout_s
         self._channel = grpc.insecure_channel(target)
-        self._stub = skill_pb2_grpc.SkillStub(self._channel)
+        self._score = self._channel.stream_unary("/skill.Skill/Score", request_serializer=None,
+                                                 response_deserializer=skill_pb2.SkillBatchResult.FromString)
 
-    def __call__(self, window: Sequence[skill_pb2.SkillRecord], number: int) -> list[skill_pb2.SkillResult]:
+    def __call__(self, window: Sequence[bytes], number: int) -> list[skill_pb2.SkillResult]:
         try:
-            reply = self._stub.Score(iter(window), timeout=self.timeout_s)
+            reply = self._score(iter(window), timeout=self.timeout_s)
         except grpc.RpcError as err:
             raise CallRefused(err.code(), f"legacy service at {self.target}: {err.details()}") from None
         if len(reply.results) != len(window):
@@ -216,7 +218,7 @@ class DualRun:
                                             name="diff-report", daemon=True)
             self._writer.start()
 
-    def submit(self, window: Sequence[skill_pb2.SkillRecord], number: int, answered: Sequence) -> None:
+    def submit(self, window: Sequence[bytes], number: int, answered: Sequence) -> None:
         if not self._slots.acquire(blocking=False):
             self._failed("BACKLOG", len(window))
             return
@@ -277,12 +279,16 @@ def _iso(epoch_s: float) -> str:
 
 
 def dual_run_sides(triton_url: str, model: str, mirror_target: str, answer_from: str, call_timeout_s: float,
-                   mirror_timeout_s: float, **dual_run_options) -> tuple[WindowScorer | None, DualRun]:
+                   mirror_timeout_s: float, window_size: int, **dual_run_options):
     """(what answers the caller, the DualRun mirroring the other side) for `s2t gateway --mirror`. None as the
     answer means the gateway's own Triton scorer."""
-    from servers.legacy_gateway import TritonScorer, TritonWindows
+    from servers.legacy_gateway import BlockingWindows, TritonWindows, in_thread
     if answer_from == TRITON:
         return None, DualRun(LegacyWindows(mirror_target, mirror_timeout_s), TRITON, mirror_target,
                              **dual_run_options)
-    mirror = TritonWindows(TritonScorer(triton_url, model, timeout_s=mirror_timeout_s))
-    return LegacyWindows(mirror_target, call_timeout_s), DualRun(mirror, LEGACY, triton_url, **dual_run_options)
+
+    def triton_windows():
+        from servers.triton_infer import TritonInfer
+        return TritonWindows(TritonInfer(triton_url, model, timeout_s=mirror_timeout_s), window_size)
+    return (in_thread(LegacyWindows(mirror_target, call_timeout_s)),
+            DualRun(BlockingWindows(triton_windows), LEGACY, triton_url, **dual_run_options))
