@@ -69,13 +69,23 @@ def legacy_build(out: Path, data_csv: Path, lite: bool) -> None:
 @click.option("--decision-config", type=click.Path(exists=True, file_okay=False, path_type=Path),
               default=Path("model_repository/risk_decision"), show_default=True,
               help="model folder whose config holds review_threshold / decline_threshold")
-def legacy_serve(port: int, saved_model: Path, window_size: int, decision_config: Path) -> None:
+@click.option("--call-timeout-s", type=float, default=60.0, show_default=True,
+              help="longest a call may last, idle or not (DEADLINE_EXCEEDED after)")
+@click.option("--max-calls", type=int, default=16, show_default=True,
+              help="calls in progress at once (8 score, the rest wait for a thread); one more is refused "
+                   "RESOURCE_EXHAUSTED")
+@click.option("--max-message-bytes", type=int, default=256 * 1024, show_default=True,
+              help="largest message accepted (RESOURCE_EXHAUSTED before it is buffered); a record over 64 KiB "
+                   "within it is answered INVALID_RECORD")
+def legacy_serve(port: int, saved_model: Path, window_size: int, decision_config: Path, call_timeout_s: float,
+                 max_calls: int, max_message_bytes: int) -> None:
     """Serve skill.Skill/Score with TensorFlow, as the legacy service did, until SIGINT/SIGTERM."""
-    from servers.legacy_service import LEGACY_THREADS, serve as serve_legacy
+    from servers.legacy_service import LEGACY_THREADS, LegacyLimits, serve as serve_legacy
     from s2t.gate.model_config import decision_thresholds
     stop = stop_on_signals()
     try:
-        server = serve_legacy(port, saved_model, decision_thresholds(decision_config), window_size)
+        limits = LegacyLimits(call_timeout_s=call_timeout_s, max_calls=max_calls, max_message_bytes=max_message_bytes)
+        server = serve_legacy(port, saved_model, decision_thresholds(decision_config), window_size, limits=limits)
     except (OSError, ValueError) as err:
         raise click.ClickException(str(err)) from None
     click.echo(f"listening: legacy Skill service on port {port} (TensorFlow, {saved_model}, windows of "
