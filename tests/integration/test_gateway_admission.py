@@ -153,3 +153,31 @@ def test_records_of_a_mebibyte_are_refused_at_the_edge_and_the_gateways_memory_s
         assert code == "RESOURCE_EXHAUSTED" and "larger than max" in details, (code, details)
     for answer in answers:
         assert [r.status for r in answer.results] == [skill_pb2.OK] * 32
+
+
+def test_a_connection_gets_its_share_of_slots_and_its_silent_calls_end_at_the_idle_limit(triton, german_credit_data):
+    port, release = free_port(), threading.Event()
+    record = skill_records(german_credit_data, [0])[0]
+    with running(["gateway", "--port", str(port), "--grpc-url", triton.grpc_url, "--workers", "4",
+                  "--max-calls-per-caller", "2", "--idle-timeout-s", "1"], "ready"), \
+            grpc.insecure_channel(f"localhost:{port}", options=[("grpc.use_local_subchannel_pool", 1)]) as greedy, \
+            grpc.insecure_channel(f"localhost:{port}") as polite:
+        started = time.monotonic()
+        held = [skill_pb2_grpc.SkillStub(greedy).Score.future(silent_after(record, release), timeout=30)
+                for _ in range(2)]
+        time.sleep(0.3)
+        with pytest.raises(grpc.RpcError) as over_share:
+            skill_pb2_grpc.SkillStub(greedy).Score(iter(skill_records(german_credit_data, range(3))), timeout=10)
+        answer = skill_pb2_grpc.SkillStub(polite).Score(iter(skill_records(german_credit_data, range(3))), timeout=10)
+        ended = []
+        for call in held:
+            with pytest.raises(grpc.RpcError) as err:
+                call.result(timeout=30)
+            ended.append(err.value)
+        took = time.monotonic() - started
+        release.set()
+    assert over_share.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "already has 2 calls in progress" in over_share.value.details()
+    assert [r.status for r in answer.results] == [skill_pb2.OK] * 3
+    assert all(e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "no record for 1 s" in e.details() for e in ended)
+    assert 1.0 <= took < 10
