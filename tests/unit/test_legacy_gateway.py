@@ -194,3 +194,13 @@ def test_a_reply_over_its_byte_limit_fails_the_call_instead_of_being_sent():
     with pytest.raises(Aborted) as err:
         score(gateway, records(7))
     assert err.value.args[0] == grpc.StatusCode.INVALID_ARGUMENT and "over 100 bytes" in err.value.args[1]
+
+
+def test_nothing_on_the_gateways_path_imports_tensorflow():
+    """The gateway must accept calls within a second of its launch: TensorFlow alone takes longer to import."""
+    import subprocess
+    import sys
+    code = ("import sys, s2t.cli, servers.legacy_gateway, servers.triton_infer, servers.dual_run; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'tf2onnx')))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert run.stdout.strip() == "[]"
