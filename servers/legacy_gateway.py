@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable, Iterable, Iterator, Sequence
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from backends.batch_scoring import retrying_async, score_isolating_bad_records_async
 from backends.call_admission import AdmissionLimits, CallAdmission, Ending, Ticket
@@ -158,7 +159,7 @@ def parse_records(window: Sequence[bytes], number: int, window_size: int) -> lis
     for place, raw in enumerate(window):
         try:
             records.append(skill_pb2.SkillRecord.FromString(raw))
-        except Exception as err:  # noqa: BLE001 - protobuf's DecodeError and friends: bytes that are no record
+        except DecodeError as err:
             raise CallRefused(grpc.StatusCode.INVALID_ARGUMENT,
                               f"record {number * window_size + place} of the call is not a skill.SkillRecord "
                               f"({type(err).__name__}: {err})") from None
@@ -190,7 +191,7 @@ class TritonWindows:
                 results.append(legacy_result(record, None, number, error))
                 continue
             if score.error is not None and score.error.kind != INVALID:
-                raise CallRefused(_LEGACY_CALL_STATUS[score.error.kind],
+                raise CallRefused(_LEGACY_CALL_STATUS.get(score.error.kind, grpc.StatusCode.INTERNAL),
                                   f"scoring window {number} failed: {score.error.message}")
             results.append(legacy_result(record, score, number, score.error))
         return results
