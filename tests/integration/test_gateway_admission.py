@@ -79,6 +79,47 @@ def test_eight_silent_calls_holding_every_slot_leave_a_valid_caller_answered_wit
             (code == "DEADLINE_EXCEEDED" and "no record for 5 s" in details), outcomes
 
 
+def trickle(record: skill_pb2.SkillRecord, stop: threading.Event):
+    """A record every 0.1 s: a call that is working, so never reclaimed for silence."""
+    for _ in range(100):
+        yield record
+        if stop.wait(0.1):
+            return
+
+
+def test_callers_that_go_away_mid_call_free_their_slots_at_once(gateway, german_credit_data):
+    port, _ = gateway
+    stop = threading.Event()
+    record = skill_records(german_credit_data, [0])[0]
+    channels = [grpc.insecure_channel(f"localhost:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(WORKERS)]
+    try:
+        working = [skill_pb2_grpc.SkillStub(c).Score.future(trickle(record, stop), timeout=30) for c in channels]
+        time.sleep(0.5)
+        with grpc.insecure_channel(f"localhost:{port}") as channel:
+            stub = skill_pb2_grpc.SkillStub(channel)
+            with pytest.raises(grpc.RpcError) as full:
+                stub.Score(iter(skill_records(german_credit_data, range(3))), timeout=10)
+            for call in working:
+                call.cancel()
+            started = time.monotonic()
+            answer = None
+            while answer is None and time.monotonic() - started < 5:
+                try:
+                    answer = stub.Score(iter(skill_records(german_credit_data, range(3))), timeout=10)
+                except grpc.RpcError as err:
+                    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
+                    time.sleep(0.05)
+            freed_after = time.monotonic() - started
+    finally:
+        stop.set()
+        for channel in channels:
+            channel.close()
+    assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert answer is not None and [r.status for r in answer.results] == [skill_pb2.OK] * 3
+    assert freed_after < 1.0, f"slots of cancelled calls were held {freed_after:.2f} s"
+
+
 def test_callers_at_exactly_the_workers_each_calling_again_at_once_are_never_refused(gateway, german_credit_data):
     port, _ = gateway
     records = skill_records(german_credit_data, range(64))
