@@ -107,12 +107,12 @@ class DiffTally:
     def compare(self, triton: Sequence[skill_pb2.SkillResult], legacy: Sequence[skill_pb2.SkillResult]) -> WindowDiff:
         diffs, flips, over, triton_only, legacy_only = [], 0, 0, 0, 0
         with self._lock:
-            for t, l in zip(triton, legacy):
+            for t, leg in zip(triton, legacy):
                 self.compared += 1
-                t_ok, l_ok = t.status == skill_pb2.OK, l.status == skill_pb2.OK
-                request_id = t.request_id or l.request_id
-                if t_ok and l_ok:
-                    diff = abs(float(t.probability) - float(l.probability))
+                t_ok, leg_ok = t.status == skill_pb2.OK, leg.status == skill_pb2.OK
+                request_id = t.request_id or leg.request_id
+                if t_ok and leg_ok:
+                    diff = abs(float(t.probability) - float(leg.probability))
                     diffs.append(diff)
                     self.both_scored += 1
                     self._sum_abs_diff += diff
@@ -120,13 +120,13 @@ class DiffTally:
                     if diff > self.tolerance:
                         over += 1
                         self.over_tolerance.add(request_id)
-                    if t.decision != l.decision:
+                    if t.decision != leg.decision:
                         flips += 1
                         self.decision_flips.add(request_id)
                 elif t_ok:
                     legacy_only += 1
                     self.legacy_only_errors.add(request_id)
-                elif l_ok:
+                elif leg_ok:
                     triton_only += 1
                     self.triton_only_errors.add(request_id)
                 else:
