@@ -717,8 +717,8 @@ def release(out_dir, repositories, pin_dir) -> None:
 @click.option("--window-size", type=int, default=32, show_default=True,
               help="records scored together, as the legacy did; at most the model's max_batch_size")
 @click.option("--workers", type=int, default=16, show_default=True,
-              help="call slots: legacy calls served at once (a call waiting on its caller gives its slot up to a "
-                   "new call once silent for 0.5 s); a call over them is refused RESOURCE_EXHAUSTED at once")
+              help="call slots: legacy calls served at once; when all are taken, a call silent for 0.5 s gives "
+                   "its slot to a new call, else the new call is refused RESOURCE_EXHAUSTED at once")
 @click.option("--max-calls-per-caller", type=int, default=None,
               help="call slots one client connection may hold at once (gRPC clients share one connection per "
                    "process and target); default: --workers")
