@@ -751,6 +751,9 @@ def gateway(port, triton_url, model, window_size, workers, max_calls_per_caller,
     from servers.legacy_gateway import CallLimits, serve as serve_gateway
     if (answer_from != "triton" or diff_report) and not mirror:
         raise click.UsageError("--answer-from and --diff-report need --mirror HOST:PORT")
+    if workers < 1 or max_calls_per_caller is not None and not 1 <= max_calls_per_caller <= workers:
+        raise click.UsageError(f"need --workers >= 1 and --max-calls-per-caller between 1 and --workers ({workers}), "
+                               f"got {max_calls_per_caller}")
     answer = dual_run = None
     try:
         limits = CallLimits(timeout_s=call_timeout_s, max_records=max_records, max_message_bytes=max_message_bytes)
