@@ -7,9 +7,10 @@ gets the adapter's own message for it.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Awaitable, Callable, Sequence
 
 import numpy as np
 
@@ -24,6 +25,7 @@ class Scored:
 
 
 ScoreBatch = Callable[[Sequence[bytes]], tuple[np.ndarray, np.ndarray]]
+AsyncScoreBatch = Callable[[Sequence[bytes]], Awaitable[tuple[np.ndarray, np.ndarray]]]
 
 
 def retrying(score_batch: ScoreBatch, backoff_s: Sequence[float] = (0.05, 0.2),
@@ -52,6 +54,39 @@ def score_isolating_bad_records(payloads: Sequence[bytes], score_batch: ScoreBat
         if err.kind != INVALID or len(payloads) == 1:
             return [Scored(float("nan"), b"", err)] * len(payloads)
         return [score_isolating_bad_records([p], score_batch)[0] for p in payloads]
+    return _scored(payloads, probabilities, decisions)
+
+
+def retrying_async(score_batch: AsyncScoreBatch, backoff_s: Sequence[float] = (0.05, 0.2)) -> AsyncScoreBatch:
+    """`retrying` for a coroutine scorer: the pauses wait on the event loop, not on a thread."""
+    async def score(payloads: Sequence[bytes]):
+        for pause in backoff_s:
+            try:
+                return await score_batch(payloads)
+            except ServingError as err:
+                if err.kind != UNAVAILABLE:
+                    raise
+            await asyncio.sleep(pause)
+        return await score_batch(payloads)
+    return score
+
+
+async def score_isolating_bad_records_async(payloads: Sequence[bytes], score_batch: AsyncScoreBatch) -> list[Scored]:
+    """`score_isolating_bad_records` for a coroutine scorer; the records of a refused batch are retried side by
+    side."""
+    if not payloads:
+        return []
+    try:
+        probabilities, decisions = await score_batch(payloads)
+    except ServingError as err:
+        if err.kind != INVALID or len(payloads) == 1:
+            return [Scored(float("nan"), b"", err)] * len(payloads)
+        singles = await asyncio.gather(*(score_isolating_bad_records_async([p], score_batch) for p in payloads))
+        return [single[0] for single in singles]
+    return _scored(payloads, probabilities, decisions)
+
+
+def _scored(payloads: Sequence[bytes], probabilities, decisions) -> list[Scored]:
     probabilities, decisions = np.asarray(probabilities).ravel(), np.asarray(decisions).ravel()
     if len(probabilities) != len(payloads) or len(decisions) != len(payloads):
         error = InternalError(f"{len(probabilities)} scores for {len(payloads)} records")

@@ -69,13 +69,23 @@ def legacy_build(out: Path, data_csv: Path, lite: bool) -> None:
 @click.option("--decision-config", type=click.Path(exists=True, file_okay=False, path_type=Path),
               default=Path("model_repository/risk_decision"), show_default=True,
               help="model folder whose config holds review_threshold / decline_threshold")
-def legacy_serve(port: int, saved_model: Path, window_size: int, decision_config: Path) -> None:
+@click.option("--call-timeout-s", type=float, default=60.0, show_default=True,
+              help="longest a call may last, idle or not (DEADLINE_EXCEEDED after)")
+@click.option("--max-calls", type=int, default=16, show_default=True,
+              help="calls in progress at once (8 score, the rest wait for a thread); one more is refused "
+                   "RESOURCE_EXHAUSTED")
+@click.option("--max-message-bytes", type=int, default=256 * 1024, show_default=True,
+              help="largest message accepted (RESOURCE_EXHAUSTED before it is buffered); a record over 64 KiB "
+                   "within it is answered INVALID_RECORD")
+def legacy_serve(port: int, saved_model: Path, window_size: int, decision_config: Path, call_timeout_s: float,
+                 max_calls: int, max_message_bytes: int) -> None:
     """Serve skill.Skill/Score with TensorFlow, as the legacy service did, until SIGINT/SIGTERM."""
-    from servers.legacy_service import LEGACY_THREADS, serve as serve_legacy
+    from servers.legacy_service import LEGACY_THREADS, LegacyLimits, serve as serve_legacy
     from s2t.gate.model_config import decision_thresholds
     stop = stop_on_signals()
     try:
-        server = serve_legacy(port, saved_model, decision_thresholds(decision_config), window_size)
+        limits = LegacyLimits(call_timeout_s=call_timeout_s, max_calls=max_calls, max_message_bytes=max_message_bytes)
+        server = serve_legacy(port, saved_model, decision_thresholds(decision_config), window_size, limits=limits)
     except (OSError, ValueError) as err:
         raise click.ClickException(str(err)) from None
     click.echo(f"listening: legacy Skill service on port {port} (TensorFlow, {saved_model}, windows of "
@@ -706,12 +716,21 @@ def release(out_dir, repositories, pin_dir) -> None:
               help="the Triton model the records go to")
 @click.option("--window-size", type=int, default=32, show_default=True,
               help="records scored together, as the legacy did; at most the model's max_batch_size")
-@click.option("--workers", type=int, default=8, show_default=True,
-              help="concurrent legacy calls; one more is refused RESOURCE_EXHAUSTED")
+@click.option("--workers", type=int, default=16, show_default=True,
+              help="call slots: legacy calls served at once; when all are taken, a call silent for 0.5 s gives "
+                   "its slot to a new call, else the new call is refused RESOURCE_EXHAUSTED at once")
+@click.option("--max-calls-per-caller", type=int, default=None,
+              help="call slots one client connection may hold at once (gRPC clients share one connection per "
+                   "process and target); default: --workers")
 @click.option("--call-timeout-s", type=float, default=60.0, show_default=True,
               help="longest a call may last, idle or not (DEADLINE_EXCEEDED after)")
+@click.option("--idle-timeout-s", type=float, default=5.0, show_default=True,
+              help="longest a call may go without sending a record (DEADLINE_EXCEEDED after)")
 @click.option("--max-records", type=int, default=10_000, show_default=True,
               help="records one call may carry (INVALID_ARGUMENT past it)")
+@click.option("--max-message-bytes", type=int, default=256 * 1024, show_default=True,
+              help="largest message accepted; a record over 64 KiB but within this is answered INVALID_RECORD, "
+                   "a larger one fails its call RESOURCE_EXHAUSTED before it is buffered")
 @click.option("--mirror", metavar="HOST:PORT", help="dual-run: also send every window to the legacy service here")
 @click.option("--answer-from", type=click.Choice(["triton", "legacy"]), default="triton", show_default=True,
               help="with --mirror: the service whose answers the callers get")
@@ -725,26 +744,31 @@ def release(out_dir, repositories, pin_dir) -> None:
               help="probability difference counted over tolerance")
 @click.option("--metrics-port", type=int, default=0, show_default=True,
               help="Prometheus metrics (s2t_cutover_*) on this port; 0: none")
-def gateway(port, triton_url, model, window_size, workers, call_timeout_s, max_records, mirror, answer_from,
-            diff_report, diff_report_interval_s, mirror_timeout_s, tolerance, metrics_port) -> None:
+def gateway(port, triton_url, model, window_size, workers, max_calls_per_caller, call_timeout_s, idle_timeout_s,
+            max_records, max_message_bytes, mirror, answer_from, diff_report, diff_report_interval_s, mirror_timeout_s,
+            tolerance, metrics_port) -> None:
     """Serve the legacy Skill gRPC service (wire/skill.proto), forwarding to Triton, until SIGINT/SIGTERM."""
     from servers.legacy_gateway import CallLimits, serve as serve_gateway
     if (answer_from != "triton" or diff_report) and not mirror:
         raise click.UsageError("--answer-from and --diff-report need --mirror HOST:PORT")
+    if workers < 1 or max_calls_per_caller is not None and not 1 <= max_calls_per_caller <= workers:
+        raise click.UsageError(f"need --workers >= 1 and --max-calls-per-caller between 1 and --workers ({workers}), "
+                               f"got {max_calls_per_caller}")
     answer = dual_run = None
     try:
-        limits = CallLimits(timeout_s=call_timeout_s, max_records=max_records)
+        limits = CallLimits(timeout_s=call_timeout_s, max_records=max_records, max_message_bytes=max_message_bytes)
         if mirror:
             from servers.dual_run import CutoverMetrics, DiffTally, dual_run_sides
             metrics = CutoverMetrics()
             answer, dual_run = dual_run_sides(triton_url, model, mirror, answer_from, call_timeout_s,
-                                              mirror_timeout_s, tally=DiffTally(tolerance), metrics=metrics,
-                                              report_path=diff_report, report_interval_s=diff_report_interval_s)
+                                              mirror_timeout_s, window_size, tally=DiffTally(tolerance),
+                                              metrics=metrics, report_path=diff_report,
+                                              report_interval_s=diff_report_interval_s)
             if metrics_port:
                 from prometheus_client import start_http_server
                 start_http_server(metrics_port, registry=metrics.registry)
         server = serve_gateway(port, triton_url, model, window_size, workers, limits=limits, answer=answer,
-                               mirror=dual_run)
+                               mirror=dual_run, calls_per_caller=max_calls_per_caller, idle_timeout_s=idle_timeout_s)
     except (OSError, ValueError, RuntimeError) as err:
         raise click.ClickException(str(err)) from None
     stop = stop_on_signals()

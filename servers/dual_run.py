@@ -23,7 +23,7 @@ import grpc
 
 from backends.atomic_files import write_atomically
 from servers.legacy_gateway import CallRefused
-from wire import skill_pb2, skill_pb2_grpc
+from wire import skill_pb2
 
 TRITON, LEGACY = "triton", "legacy"
 DEFAULT_TOLERANCE = 1e-5
@@ -31,21 +31,23 @@ DEFAULT_TOLERANCE = 1e-5
 MAX_IDS_KEPT = 100
 _LOG = logging.getLogger(__name__)
 
-WindowScorer = Callable[[Sequence[skill_pb2.SkillRecord], int], list]
+WindowScorer = Callable[[Sequence[bytes], int], list]
 
 
 class LegacyWindows:
-    """A window of records -> the legacy service's SkillResult per record (one Score call per window)."""
+    """A window of records (the raw bytes the caller sent) -> the legacy service's SkillResult per record (one Score
+    call per window, the records sent on as they came)."""
 
     def __init__(self, target: str, timeout_s: float):
         self.target = target
         self.timeout_s = timeout_s
         self._channel = grpc.insecure_channel(target)
-        self._stub = skill_pb2_grpc.SkillStub(self._channel)
+        self._score = self._channel.stream_unary("/skill.Skill/Score", request_serializer=None,
+                                                 response_deserializer=skill_pb2.SkillBatchResult.FromString)
 
-    def __call__(self, window: Sequence[skill_pb2.SkillRecord], number: int) -> list[skill_pb2.SkillResult]:
+    def __call__(self, window: Sequence[bytes], number: int) -> list[skill_pb2.SkillResult]:
         try:
-            reply = self._stub.Score(iter(window), timeout=self.timeout_s)
+            reply = self._score(iter(window), timeout=self.timeout_s)
         except grpc.RpcError as err:
             raise CallRefused(err.code(), f"legacy service at {self.target}: {err.details()}") from None
         if len(reply.results) != len(window):
@@ -105,12 +107,12 @@ class DiffTally:
     def compare(self, triton: Sequence[skill_pb2.SkillResult], legacy: Sequence[skill_pb2.SkillResult]) -> WindowDiff:
         diffs, flips, over, triton_only, legacy_only = [], 0, 0, 0, 0
         with self._lock:
-            for t, l in zip(triton, legacy):
+            for t, leg in zip(triton, legacy):
                 self.compared += 1
-                t_ok, l_ok = t.status == skill_pb2.OK, l.status == skill_pb2.OK
-                request_id = t.request_id or l.request_id
-                if t_ok and l_ok:
-                    diff = abs(float(t.probability) - float(l.probability))
+                t_ok, leg_ok = t.status == skill_pb2.OK, leg.status == skill_pb2.OK
+                request_id = t.request_id or leg.request_id
+                if t_ok and leg_ok:
+                    diff = abs(float(t.probability) - float(leg.probability))
                     diffs.append(diff)
                     self.both_scored += 1
                     self._sum_abs_diff += diff
@@ -118,13 +120,13 @@ class DiffTally:
                     if diff > self.tolerance:
                         over += 1
                         self.over_tolerance.add(request_id)
-                    if t.decision != l.decision:
+                    if t.decision != leg.decision:
                         flips += 1
                         self.decision_flips.add(request_id)
                 elif t_ok:
                     legacy_only += 1
                     self.legacy_only_errors.add(request_id)
-                elif l_ok:
+                elif leg_ok:
                     triton_only += 1
                     self.triton_only_errors.add(request_id)
                 else:
@@ -216,7 +218,7 @@ class DualRun:
                                             name="diff-report", daemon=True)
             self._writer.start()
 
-    def submit(self, window: Sequence[skill_pb2.SkillRecord], number: int, answered: Sequence) -> None:
+    def submit(self, window: Sequence[bytes], number: int, answered: Sequence) -> None:
         if not self._slots.acquire(blocking=False):
             self._failed("BACKLOG", len(window))
             return
@@ -277,12 +279,16 @@ def _iso(epoch_s: float) -> str:
 
 
 def dual_run_sides(triton_url: str, model: str, mirror_target: str, answer_from: str, call_timeout_s: float,
-                   mirror_timeout_s: float, **dual_run_options) -> tuple[WindowScorer | None, DualRun]:
+                   mirror_timeout_s: float, window_size: int, **dual_run_options):
     """(what answers the caller, the DualRun mirroring the other side) for `s2t gateway --mirror`. None as the
     answer means the gateway's own Triton scorer."""
-    from servers.legacy_gateway import TritonScorer, TritonWindows
+    from servers.legacy_gateway import BlockingWindows, TritonWindows, in_thread
     if answer_from == TRITON:
         return None, DualRun(LegacyWindows(mirror_target, mirror_timeout_s), TRITON, mirror_target,
                              **dual_run_options)
-    mirror = TritonWindows(TritonScorer(triton_url, model, timeout_s=mirror_timeout_s))
-    return LegacyWindows(mirror_target, call_timeout_s), DualRun(mirror, LEGACY, triton_url, **dual_run_options)
+
+    def triton_windows():
+        from servers.triton_infer import TritonInfer
+        return TritonWindows(TritonInfer(triton_url, model, timeout_s=mirror_timeout_s), window_size)
+    return (in_thread(LegacyWindows(mirror_target, call_timeout_s)),
+            DualRun(BlockingWindows(triton_windows), LEGACY, triton_url, **dual_run_options))

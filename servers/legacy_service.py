@@ -4,6 +4,11 @@ TensorFlow loads the SavedModel and serves `skill.Skill/Score` (wire/skill.proto
 its records, the service scores them in fixed-size windows (one call of the serving signature per window) on a pool
 of 8 threads, and answers once when the caller closes its side. It is the reference a cutover compares against and
 the "before" of the before/after table, so its settings are the legacy platform's, not tuned ones.
+
+Its limits (`LegacyLimits`) keep one caller from holding it: a call lasts at most `call_timeout_s` however slowly
+its records come; at most `max_calls` calls are in progress (one more is refused RESOURCE_EXHAUSTED; those beyond
+the 8 threads wait for one); a message over `max_message_bytes` is refused by gRPC as it arrives, and a record over
+64 KiB within it is answered INVALID_RECORD.
 """
 from __future__ import annotations
 
@@ -18,8 +23,8 @@ import grpc
 import numpy as np
 
 from backends.decision_policy import Thresholds, decide
-from backends.record_decoder import RecordError, parse_record
-from servers.legacy_gateway import windows
+from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, RecordError, parse_record
+from servers.legacy_gateway import CallRefused, records_within, windows
 from wire import skill_pb2, skill_pb2_grpc
 
 LEGACY_WINDOW_SIZE = 128
@@ -33,6 +38,20 @@ def _type_name(value: object) -> str:
     if isinstance(value, str):
         return "string"
     return "number"
+
+
+@dataclass(frozen=True)
+class LegacyLimits:
+    call_timeout_s: float = 60.0
+    # Twice the threads: a caller that starts its next call as its last one returns is not refused (gRPC counts a
+    # call until it is fully done), and at most as many calls wait for a thread as are being scored.
+    max_calls: int = 2 * LEGACY_THREADS
+    max_records: int = 10_000
+    max_message_bytes: int = 4 * DEFAULT_MAX_RECORD_BYTES
+
+    def __post_init__(self):
+        if self.call_timeout_s <= 0 or min(self.max_calls, self.max_records, self.max_message_bytes) < 1:
+            raise ValueError(f"limits must be positive, got {self}")
 
 
 @dataclass(frozen=True)
@@ -97,19 +116,25 @@ class SavedModelScorer:
 
 
 class LegacySkillService(skill_pb2_grpc.SkillServicer):
-    def __init__(self, scorer: SavedModelScorer, thresholds: Thresholds, window_size: int = LEGACY_WINDOW_SIZE):
+    def __init__(self, scorer: SavedModelScorer, thresholds: Thresholds, window_size: int = LEGACY_WINDOW_SIZE,
+                 limits: LegacyLimits = LegacyLimits()):
         if window_size < 1:
             raise ValueError(f"window_size must be >= 1, got {window_size}")
         self.scorer = scorer
         self.thresholds = thresholds
         self.window_size = window_size
+        self.limits = limits
 
     def Score(self, request_iterator, context):  # noqa: N802 - the name is the legacy RPC's
+        records = records_within(request_iterator, self.limits.call_timeout_s, self.limits.max_records)
         results = []
         count = 0
-        for number, window in enumerate(windows(request_iterator, self.window_size)):
-            count = number + 1
-            results.extend(self.score_window(window, number))
+        try:
+            for number, window in enumerate(windows(records, self.window_size)):
+                count = number + 1
+                results.extend(self.score_window(window, number))
+        except CallRefused as refused:
+            context.abort(refused.code, refused.details)
         return skill_pb2.SkillBatchResult(results=results, window_size=self.window_size, windows=count)
 
     def score_window(self, window: Sequence[skill_pb2.SkillRecord], number: int) -> list[skill_pb2.SkillResult]:
@@ -133,12 +158,13 @@ class LegacySkillService(skill_pb2_grpc.SkillServicer):
 
 
 def serve(port: int, saved_model: Path, thresholds: Thresholds, window_size: int = LEGACY_WINDOW_SIZE,
-          threads: int = LEGACY_THREADS, host: str = "[::]") -> grpc.Server:
+          threads: int = LEGACY_THREADS, host: str = "[::]", limits: LegacyLimits = LegacyLimits()) -> grpc.Server:
     """Started; the caller stops it (`server.stop(grace)`)."""
     scorer = SavedModelScorer(saved_model)
     scorer.warm_up()
-    service = LegacySkillService(scorer, thresholds, window_size)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads))
+    service = LegacySkillService(scorer, thresholds, window_size, limits)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), maximum_concurrent_rpcs=limits.max_calls,
+                         options=[("grpc.max_receive_message_length", limits.max_message_bytes)])
     skill_pb2_grpc.add_SkillServicer_to_server(service, server)
     if server.add_insecure_port(f"{host}:{port}") == 0:
         raise OSError(f"cannot listen on {host}:{port}")

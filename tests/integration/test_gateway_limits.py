@@ -1,5 +1,5 @@
-"""`s2t gateway` limits against the real server: idle streams cannot hold every caller up, a call cannot last or
-grow without bound, and a window the pipeline cannot take in one request is refused at start."""
+"""`s2t gateway` limits against the real server: a full gateway refuses at once instead of queueing, a call cannot
+last or grow without bound, and a window the pipeline cannot take in one request is refused at start."""
 import signal
 import threading
 import time
@@ -18,7 +18,7 @@ CALL_TIMEOUT_S = 4
 def gateway_port(triton):
     port = free_port()
     with running(["gateway", "--port", str(port), "--grpc-url", triton.grpc_url, "--window-size", "32",
-                  "--call-timeout-s", str(CALL_TIMEOUT_S)], "ready"):
+                  "--call-timeout-s", str(CALL_TIMEOUT_S), "--workers", "8"], "ready"):
         yield port
 
 
@@ -27,21 +27,34 @@ def idle_stream(first: skill_pb2.SkillRecord, release: threading.Event):
     release.wait(60)
 
 
-def test_idle_streams_at_the_cap_get_the_next_call_refused_at_once_not_queued(gateway_port, german_credit_data):
+def trickle(record: skill_pb2.SkillRecord, release: threading.Event):
+    """A record every 0.1 s until released: a working call, never silent long enough to lose its slot."""
+    for _ in range(25):
+        yield record
+        if release.wait(0.1):
+            return
+
+
+def test_working_calls_at_the_cap_get_the_next_call_refused_at_once_with_when_to_retry(gateway_port,
+                                                                                      german_credit_data):
     release = threading.Event()
     record = skill_records(german_credit_data, [0])[0]
     with grpc.insecure_channel(f"localhost:{gateway_port}") as channel:
         stub = skill_pb2_grpc.SkillStub(channel)
-        idle = [stub.Score.future(idle_stream(record, release), timeout=60) for _ in range(8)]
+        working = [stub.Score.future(trickle(record, release), timeout=30) for _ in range(8)]
         time.sleep(0.5)
         started = time.monotonic()
         with pytest.raises(grpc.RpcError) as refused:
             stub.Score(iter(skill_records(german_credit_data, range(3))), timeout=CALL_TIMEOUT_S - 1)
-        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert time.monotonic() - started < 1.0
+        waited = time.monotonic() - started
         release.set()
-        for call in idle:
-            assert len(call.result().results) == 1
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "all 8 call slots are busy" in refused.value.details() and "retry in" in refused.value.details()
+        assert int(dict(refused.value.trailing_metadata())["retry-after-ms"]) <= 500
+        assert waited < 1.0
+        for call in working:
+            results = call.result().results
+            assert results and all(r.status == skill_pb2.OK for r in results)
         result = stub.Score(iter(skill_records(german_credit_data, range(3))), timeout=30)
     assert [r.status for r in result.results] == [skill_pb2.OK] * 3
 

@@ -1,5 +1,7 @@
 """`s2t legacy serve`: the legacy service itself, TensorFlow behind the unchanged Skill protocol."""
 import signal
+import threading
+import time
 
 import grpc
 import numpy as np
@@ -68,3 +70,54 @@ def test_legacy_service_says_once_that_it_listens_and_stops_on_sigterm_after_cal
         result = skill_pb2_grpc.SkillStub(channel).Score(records_with_sigterm_after_the_first_window(), timeout=60)
     assert stop(process) == 0
     assert len(result.results) == 1000 and all(r.status == skill_pb2.OK for r in result.results)
+
+
+def test_legacy_service_refuses_a_mebibyte_record_at_the_edge_and_answers_a_big_one_on_its_own(legacy_port,
+                                                                                             german_credit_data):
+    records = skill_records(german_credit_data, range(4))
+    records[1].features["purpose"].string_value = "x" * 70_000
+    huge = skill_records(german_credit_data, [0])[0]
+    huge.features["purpose"].string_value = "x" * 2**20
+    with grpc.insecure_channel(f"localhost:{legacy_port}") as channel:
+        stub = skill_pb2_grpc.SkillStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Score(iter([records[0], huge, records[2]]), timeout=60)
+        result = stub.Score(iter(records), timeout=60)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in refused.value.details()
+    assert [r.status for r in result.results] == [skill_pb2.OK, skill_pb2.INVALID_RECORD, skill_pb2.OK, skill_pb2.OK]
+    assert result.results[1].error.startswith("payload: ") and "over the limit of 65536" in result.results[1].error
+
+
+def test_legacy_service_ends_a_call_past_its_timeout_and_refuses_calls_over_its_cap(german_credit_data):
+    port, timeout_s = free_port(), 3
+    process, _ = start(["legacy", "serve", "--port", str(port), "--saved-model", str(SAVED_MODEL),
+                        "--call-timeout-s", str(timeout_s), "--max-calls", "2"], "listening")
+    release = threading.Event()
+
+    def idle():
+        yield skill_records(german_credit_data, [0])[0]
+        release.wait(30)
+
+    try:
+        with grpc.insecure_channel(f"localhost:{port}") as channel:
+            stub = skill_pb2_grpc.SkillStub(channel)
+            started = time.monotonic()
+            held = [stub.Score.future(idle(), timeout=30) for _ in range(2)]
+            time.sleep(0.5)
+            with pytest.raises(grpc.RpcError) as over_cap:
+                stub.Score(iter(skill_records(german_credit_data, range(3))), timeout=10)
+            ended = []
+            for call in held:
+                with pytest.raises(grpc.RpcError) as err:
+                    call.result(timeout=30)
+                ended.append(err.value)
+            took = time.monotonic() - started
+            release.set()
+            result = stub.Score(iter(skill_records(german_credit_data, range(3))), timeout=30)
+    finally:
+        release.set()
+        assert stop(process) == 0
+    assert over_cap.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert all(e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "longer than 3 s" in e.details() for e in ended)
+    assert timeout_s - 0.5 < took < timeout_s + 10
+    assert [r.status for r in result.results] == [skill_pb2.OK] * 3

@@ -1,7 +1,10 @@
+import asyncio
+
 import numpy as np
 import pytest
 
-from backends.batch_scoring import retrying, score_isolating_bad_records
+from backends.batch_scoring import (retrying, retrying_async, score_isolating_bad_records,
+                                    score_isolating_bad_records_async)
 from backends.errors import INTERNAL, INVALID, UNAVAILABLE, ServingError, of_kind
 
 
@@ -84,3 +87,35 @@ def test_retrying_rides_out_shed_requests_only(failures, kind, calls, outcome):
         assert err.value.kind == outcome
     assert len(attempts) == calls
     assert pauses == [0.05, 0.2][:calls - 1]
+
+
+def test_the_coroutine_form_isolates_bad_records_as_the_blocking_one_does():
+    scorer = FakeScorer()
+
+    async def score_batch(payloads):
+        return scorer(payloads)
+
+    payloads = [b"p=0.25", b"oops", b"p=0.75", b"bad"]
+    scored = asyncio.run(score_isolating_bad_records_async(payloads, score_batch))
+    assert [(s.probability, s.error and s.error.message) for s in scored[::2]] == [(0.25, None), (0.75, None)]
+    assert [s.error.message for s in scored[1::2]] == ["bad record oops", "bad record bad"]
+    assert len(scorer.calls) == 5
+
+
+@pytest.mark.parametrize("failures, kind, calls", [(2, UNAVAILABLE, 3), (1, INVALID, 1)])
+def test_the_coroutine_form_retries_shed_requests_only(failures, kind, calls):
+    attempts = []
+
+    async def flaky(payloads):
+        attempts.append(payloads)
+        if len(attempts) <= failures:
+            raise of_kind(kind, "Request timeout expired")
+        return np.zeros((len(payloads), 1)), np.array([[b"APPROVE"]] * len(payloads), dtype=object)
+
+    score = retrying_async(flaky, backoff_s=(0.001, 0.002))
+    if kind == UNAVAILABLE:
+        assert asyncio.run(score([b"x"]))[0].shape == (1, 1)
+    else:
+        with pytest.raises(ServingError):
+            asyncio.run(score([b"x"]))
+    assert len(attempts) == calls

@@ -1,12 +1,15 @@
+import asyncio
 import threading
 
 import grpc
 import numpy as np
 import pytest
 
+from backends.call_admission import AdmissionLimits, CallAdmission
 from backends.errors import INTERNAL, INVALID, UNAVAILABLE, of_kind
-from servers.legacy_gateway import (CallLimits, CallRefused, SkillGateway, check_window_size, error_kind,
+from servers.legacy_gateway import (CallLimits, CallRefused, SkillGateway, TritonWindows, check_window_size,
                                     records_within, windows)
+from servers.triton_infer import error_kind
 from clients.legacy_record import to_protobuf
 from wire import skill_pb2
 
@@ -16,12 +19,18 @@ class Aborted(Exception):
 
 
 class FakeContext:
-    def abort(self, code, details):
-        raise Aborted(code, details)
+    def __init__(self, peer="ipv4:127.0.0.1:1"):
+        self._peer = peer
+
+    def peer(self):
+        return self._peer
+
+    async def abort(self, code, details, trailing_metadata=()):
+        raise Aborted(code, details, dict(trailing_metadata))
 
 
 def scorer_failing_on(bad: set[int], kind=INVALID):
-    def score(payloads):
+    async def score(payloads):
         records = [skill_pb2.SkillRecord.FromString(p) for p in payloads]
         if any(r.sequence_id in bad for r in records):
             raise of_kind(kind, "features.purpose: missing")
@@ -31,7 +40,22 @@ def scorer_failing_on(bad: set[int], kind=INVALID):
 
 
 def records(n):
-    return [to_protobuf({"request_id": f"r-{i}", "sequence_id": i, "features": {"x": 1}}) for i in range(n)]
+    return [to_protobuf({"request_id": f"r-{i}", "sequence_id": i, "features": {"x": 1}}).SerializeToString()
+            for i in range(n)]
+
+
+async def arriving(items):
+    for item in items:
+        yield item
+
+
+def score(gateway, items, context=None):
+    reply = asyncio.run(gateway.score(arriving(items), context or FakeContext()))
+    return skill_pb2.SkillBatchResult.FromString(reply)
+
+
+def gateway_with(scorer, window_size=3, **options):
+    return SkillGateway(TritonWindows(scorer, window_size), window_size, **options)
 
 
 @pytest.mark.parametrize("n, size, lengths", [(0, 3, []), (2, 3, [2]), (3, 3, [3]), (7, 3, [3, 3, 1]), (4, 1, [1] * 4)])
@@ -40,16 +64,17 @@ def test_records_are_cut_into_fixed_windows_and_the_rest(n, size, lengths):
 
 
 @pytest.mark.parametrize("status, kind", [
-    ("StatusCode.INVALID_ARGUMENT", INVALID), ("StatusCode.UNAVAILABLE", UNAVAILABLE),
-    ("StatusCode.DEADLINE_EXCEEDED", UNAVAILABLE), ("StatusCode.NOT_FOUND", UNAVAILABLE),
-    ("StatusCode.INTERNAL", INTERNAL), ("StatusCode.UNKNOWN", INTERNAL), (None, INTERNAL),
+    (grpc.StatusCode.INVALID_ARGUMENT, INVALID), (grpc.StatusCode.UNAVAILABLE, UNAVAILABLE),
+    (grpc.StatusCode.DEADLINE_EXCEEDED, UNAVAILABLE), (grpc.StatusCode.NOT_FOUND, UNAVAILABLE),
+    (grpc.StatusCode.INTERNAL, INTERNAL), (grpc.StatusCode.UNKNOWN, INTERNAL), (None, INTERNAL),
 ])
 def test_triton_status_maps_to_what_it_means_for_a_legacy_caller(status, kind):
     assert error_kind(status) == kind
 
 
-def test_gateway_answers_every_record_in_order_with_its_window():
-    result = SkillGateway(scorer_failing_on(set()), window_size=3).Score(iter(records(7)), FakeContext())
+@pytest.mark.parametrize("in_flight", [1, 2, 4])
+def test_gateway_answers_every_record_in_order_with_its_window(in_flight):
+    result = score(gateway_with(scorer_failing_on(set()), windows_in_flight=in_flight), records(7))
     assert (result.windows, result.window_size) == (3, 3)
     assert [r.request_id for r in result.results] == [f"r-{i}" for i in range(7)]
     assert [r.window for r in result.results] == [0, 0, 0, 1, 1, 1, 2]
@@ -58,23 +83,70 @@ def test_gateway_answers_every_record_in_order_with_its_window():
 
 
 def test_bad_record_is_answered_invalid_record_and_its_window_mates_are_scored():
-    result = SkillGateway(scorer_failing_on({4}), window_size=3).Score(iter(records(6)), FakeContext())
+    result = score(gateway_with(scorer_failing_on({4})), records(6))
     statuses = [r.status for r in result.results]
     assert statuses == [skill_pb2.OK] * 4 + [skill_pb2.INVALID_RECORD, skill_pb2.OK]
     assert result.results[4].error == "features.purpose: missing" and result.results[4].decision == ""
 
 
+def test_a_record_over_the_record_cap_is_answered_invalid_record_and_never_sent():
+    sent = []
+
+    async def scorer(payloads):
+        sent.extend(payloads)
+        return await scorer_failing_on(set())(payloads)
+
+    big = to_protobuf({"request_id": "big", "sequence_id": 1, "features": {"x": "y" * 70_000}}).SerializeToString()
+    result = score(gateway_with(scorer), [records(1)[0], big, records(3)[2]])
+    assert [r.status for r in result.results] == [skill_pb2.OK, skill_pb2.INVALID_RECORD, skill_pb2.OK]
+    assert result.results[1].error == f"payload: {len(big)} bytes is over the limit of 65536"
+    assert result.results[1].request_id == "big" and big not in sent and len(sent) == 2
+
+
+def test_bytes_that_are_no_record_fail_the_call_invalid_argument_naming_the_record():
+    with pytest.raises(Aborted) as err:
+        score(gateway_with(scorer_failing_on(set())), records(4) + [b"\xff\xff\xff\xff"])
+    assert err.value.args[0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert "record 4 of the call is not a skill.SkillRecord" in err.value.args[1]
+
+
 @pytest.mark.parametrize("kind, code", [(UNAVAILABLE, grpc.StatusCode.UNAVAILABLE), (INTERNAL, grpc.StatusCode.INTERNAL)])
 def test_a_triton_failure_fails_the_legacy_call_with_the_matching_status(kind, code):
-    gateway = SkillGateway(scorer_failing_on({1}, kind), window_size=3)
+    gateway = gateway_with(scorer_failing_on({1}, kind))
     with pytest.raises(Aborted) as err:
-        gateway.Score(iter(records(3)), FakeContext())
+        score(gateway, records(3))
     assert err.value.args[0] == code and "window 0" in err.value.args[1]
 
 
 def test_window_size_must_be_positive():
     with pytest.raises(ValueError, match="window_size"):
-        SkillGateway(scorer_failing_on(set()), window_size=0)
+        gateway_with(scorer_failing_on(set()), window_size=0)
+
+
+def test_a_call_past_the_record_limit_is_refused():
+    gateway = gateway_with(scorer_failing_on(set()), limits=CallLimits(max_records=4))
+    with pytest.raises(Aborted) as err:
+        score(gateway, records(5))
+    assert err.value.args[0] == grpc.StatusCode.INVALID_ARGUMENT and "at most 4 records" in err.value.args[1]
+
+
+def test_a_call_over_the_slots_is_refused_resource_exhausted_with_when_to_retry():
+    admission = CallAdmission(AdmissionLimits(slots=1, per_caller=1))
+    admission.admit("ipv4:10.0.0.1:5")  # a call that just started, still sending
+    with pytest.raises(Aborted) as err:
+        score(gateway_with(scorer_failing_on(set()), admission=admission), records(2), FakeContext("other"))
+    code, details, metadata = err.value.args
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "retry in" in details
+    assert 0 < int(metadata["retry-after-ms"]) <= 500
+
+
+def test_every_slot_is_free_again_once_calls_end_answered_or_refused():
+    admission = CallAdmission(AdmissionLimits(slots=2, per_caller=2))
+    gateway = gateway_with(scorer_failing_on({1}, UNAVAILABLE), admission=admission)
+    score(gateway, records(1))
+    with pytest.raises(Aborted):
+        score(gateway, records(3))
+    assert admission.in_use == 0
 
 
 def test_records_within_ends_an_idle_caller_deadline_exceeded():
@@ -118,7 +190,17 @@ def test_window_size_must_fit_the_models_max_batch_size(window, max_batch, ok):
 
 
 def test_a_reply_over_its_byte_limit_fails_the_call_instead_of_being_sent():
-    gateway = SkillGateway(scorer_failing_on(set()), window_size=3, limits=CallLimits(max_reply_bytes=100))
+    gateway = gateway_with(scorer_failing_on(set()), limits=CallLimits(max_reply_bytes=100))
     with pytest.raises(Aborted) as err:
-        gateway.Score(iter(records(7)), FakeContext())
+        score(gateway, records(7))
     assert err.value.args[0] == grpc.StatusCode.INVALID_ARGUMENT and "over 100 bytes" in err.value.args[1]
+
+
+def test_nothing_on_the_gateways_path_imports_tensorflow():
+    """The gateway must accept calls within a second of its launch: TensorFlow alone takes longer to import."""
+    import subprocess
+    import sys
+    code = ("import sys, s2t.cli, servers.legacy_gateway, servers.triton_infer, servers.dual_run; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'tf2onnx')))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert run.stdout.strip() == "[]"

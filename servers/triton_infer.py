@@ -1,0 +1,81 @@
+"""Triton's `ModelInfer` over one persistent grpc.aio channel, for payloads that are already bytes.
+
+The records go out as the bytes they arrived in (one BYTES row each, Triton's raw encoding) and the answers come
+back as raw tensors read with numpy: no tensor library, no per-request client objects. Many windows share the
+channel at once (HTTP/2 streams), so a call's windows are scored side by side instead of one round trip at a time.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from backends import bytes_tensor
+from backends.errors import INTERNAL, INVALID, UNAVAILABLE, InternalError, of_kind
+from wire.names import DECISION, PAYLOAD, PROBABILITY
+
+# Triton's gRPC status -> what it means for the legacy caller. Anything not listed is INTERNAL.
+_TRITON_STATUS_KIND = {
+    grpc.StatusCode.INVALID_ARGUMENT: INVALID,
+    grpc.StatusCode.UNAVAILABLE: UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED: UNAVAILABLE,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: UNAVAILABLE,
+    # The model is not loaded (yet, or while a version is swapped): try again, as for an unreachable server.
+    grpc.StatusCode.NOT_FOUND: UNAVAILABLE,
+}
+_NO_LIMIT = -1
+
+
+def error_kind(triton_status: grpc.StatusCode | None) -> str:
+    return _TRITON_STATUS_KIND.get(triton_status, INTERNAL)
+
+
+class TritonInfer:
+    """`await scorer(payloads)` -> (probabilities, decisions) as numpy arrays, or a ServingError. Made and used on
+    one event loop (grpc.aio channels belong to the loop that made them)."""
+
+    def __init__(self, url: str, model: str = "risk_pipeline", timeout_s: float = 30.0):
+        self.url, self.model, self.timeout_s = url, model, timeout_s
+        # Replies are as large as the window: no 4 MiB default cap between the gateway and its own Triton.
+        self._channel = grpc.aio.insecure_channel(url, options=[("grpc.max_receive_message_length", _NO_LIMIT),
+                                                                ("grpc.max_send_message_length", _NO_LIMIT)])
+        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+
+    async def __call__(self, payloads: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        request = service_pb2.ModelInferRequest(model_name=self.model)
+        tensor = request.inputs.add()
+        tensor.name, tensor.datatype = PAYLOAD, "BYTES"
+        tensor.shape.extend((len(payloads), 1))
+        request.raw_input_contents.append(bytes_tensor.encode(list(payloads)))
+        for name in (PROBABILITY, DECISION):
+            request.outputs.add().name = name
+        try:
+            reply = await self._stub.ModelInfer(request, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise of_kind(error_kind(err.code()), err.details() or str(err.code())) from None
+        return answers(reply, len(payloads))
+
+    async def max_batch_size(self) -> int:
+        """The served model's `max_batch_size`, from Triton (0: the model does not batch)."""
+        reply = await self._stub.ModelConfig(service_pb2.ModelConfigRequest(name=self.model), timeout=10)
+        return int(reply.config.max_batch_size)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+def answers(reply, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(probabilities, decisions) of a ModelInferResponse; InternalError when it is not what was asked for."""
+    raw = dict(zip((output.name for output in reply.outputs), reply.raw_output_contents))
+    if PROBABILITY not in raw or DECISION not in raw:
+        raise InternalError(f"Triton's answer lacks {PROBABILITY} or {DECISION}: {sorted(raw)}")
+    probabilities = np.frombuffer(raw[PROBABILITY], dtype="<f4")
+    try:
+        decisions = bytes_tensor.decode(raw[DECISION])
+    except ValueError as err:
+        raise InternalError(f"Triton's {DECISION} output: {err}") from None
+    if len(probabilities) != rows or len(decisions) != rows:
+        raise InternalError(f"{len(probabilities)} scores for {rows} records")
+    return probabilities, np.array(decisions, dtype=object)
