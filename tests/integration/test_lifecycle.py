@@ -299,11 +299,11 @@ def test_the_keeper_fills_the_admin_key_reference_from_its_environment_and_shows
                                                                                          tmp_path):
     from s2t.serve.triton_server import TRITON_DIR, assemble_backend_dir, server_env
     key = "k3y-" + os.urandom(8).hex()
-    http_port = free_port()
+    http_port, grpc_port = free_port(), free_port()
     command = [sys.executable, "-m", "s2t.serve.keeper", "--supervisor-port=0", f"--state-dir={tmp_path}", "--",
                str(TRITON_DIR / "bin" / "tritonserver"), f"--model-repository={copy_repository(tmp_path)}",
                f"--model-repository={ENSEMBLES}", f"--backend-directory={assemble_backend_dir(tmp_path / 'b')}",
-               f"--http-port={http_port}", f"--grpc-port={free_port()}", f"--metrics-port={free_port()}",
+               f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={free_port()}",
                "--model-control-mode=explicit", "--load-model=*",
                "--http-restricted-api=model-repository:admin-key=$(S2T_ADMIN_KEY)"]
     with open(tmp_path / "keeper.log", "wb") as log:
@@ -320,9 +320,30 @@ def test_the_keeper_fills_the_admin_key_reference_from_its_environment_and_shows
                                              headers={"admin-key": key}, method="POST")
             with urllib.request.urlopen(request, timeout=10) as resp:
                 assert {m["name"] for m in json.load(resp)} >= {"skill_adapter", "risk_pipeline"}
+            # The command restricted only the repository API: the keeper restricts logging, trace and shared
+            # memory too, on HTTP with the same key and on gRPC (no option there) with a key nobody knows.
+            assert_restricted_to(f"localhost:{http_port}", f"localhost:{grpc_port}", key)
         finally:
             keeper.send_signal(signal.SIGTERM)
             assert keeper.wait(60) == 0
+
+
+def assert_restricted_to(http_url: str, grpc_url: str, key: str) -> None:
+    import tritonclient.grpc as grpc
+    import tritonclient.http as http
+    from tritonclient.utils import InferenceServerException
+    http_client, grpc_client = http.InferenceServerClient(http_url), grpc.InferenceServerClient(grpc_url)
+    try:
+        for client in (http_client, grpc_client):
+            for call in (lambda h: client.update_log_settings({"log_verbose_level": 1}, headers=h),
+                         lambda h: client.get_trace_settings(headers=h),
+                         lambda h: client.register_system_shared_memory("x", "/s2t_none", 8, headers=h)):
+                with pytest.raises(InferenceServerException, match="restricted"):
+                    call({})
+        assert http_client.get_log_settings(headers={"admin-key": key})
+    finally:
+        http_client.close()
+        grpc_client.close()
 
 
 WEDGE_MODEL = '''
