@@ -217,7 +217,7 @@ def run(command: list[str], supervisor_port: int | None, state_dir: Path | None,
     state = SupervisorState(path=state_path / STATE_FILE if state_path else None)
     metrics = start_metrics(supervisor_port, state, log)
     # A container restarted in place (same /dev/shm) starts without the previous server's stubs and regions.
-    leftovers.clean()
+    leftovers.clean(repositories)
     process = spawn(command, dict(os.environ))
     stopping = threading.Event()
 
@@ -247,7 +247,7 @@ def run(command: list[str], supervisor_port: int | None, state_dir: Path | None,
     returncode = process.wait()
     reap_group(process.pid)
     leftovers.wait_group_gone(process.pid)
-    leftovers.clean()
+    leftovers.clean(repositories)
     if supervisor is not None:
         supervisor.stop()
     if metrics is not None:

@@ -6,9 +6,12 @@ model. A server killed with SIGKILL, or crashing, unlinks nothing, and a stub bu
 without its server. So:
 
 - a stub is orphaned when the server pid it was started with (its 5th argument) is no longer its parent: the
-  kernel hands a stub whose server died to init (or a subreaper), never back;
-- a region is orphaned when no process maps it or holds it open (/proc/*/maps, /proc/*/fd). Its age is only a
-  guard against a server that is creating it right now, never the reason.
+  kernel hands a stub whose server died to init (or a subreaper), never back. Only stubs serving a model of the
+  repositories being started are this service's to end (another service on the host has its own);
+- a region is orphaned when no process maps it or holds it open (/proc/*/maps, /proc/*/fd), in two looks half a
+  second apart: a server maps a region within microseconds of creating it, so a region in the middle of being
+  created is held by the second look. Its age says nothing (a region in use is written all the time; one left
+  by a crash can be a second old).
 
 Standard library only (the keeper runs this on the NGC image's Python).
 """
@@ -26,8 +29,8 @@ REGION_GLOB = "triton_*_backend_shm_region_*"
 STUB_BINARY = "triton_python_backend_stub"
 # `tritonserver` and `triton_python_backend_stub` as /proc/PID/comm shows them (15 characters at most).
 TRITON_COMM_PREFIX = "triton"
-# A server maps its region right after creating it; younger regions are left to the next look.
-REGION_MIN_AGE_S = 5.0
+# Between the two looks at a region nobody held.
+CONFIRM_AFTER_S = 0.5
 # How long a reaped process group may take to be gone (SIGKILL is asynchronous).
 GROUP_GONE_TIMEOUT_S = 10.0
 
@@ -37,7 +40,7 @@ class Region:
     name: str
     uid: int
     mode: int
-    age_s: float
+    inode: int
 
 
 @dataclass(frozen=True)
@@ -49,10 +52,10 @@ class Holders:
     unreadable_uids: frozenset[int]
 
 
-def orphaned(region: Region, holders: Holders, min_age_s: float = REGION_MIN_AGE_S) -> bool:
+def orphaned(region: Region, holders: Holders) -> bool:
     """True when nothing can be using `region`: no readable process holds it, and no unreadable process could
     have opened it (root can open anything; its owner can; anyone else only through group/other permission bits)."""
-    if region.name in holders.held or region.age_s < min_age_s:
+    if region.name in holders.held:
         return False
     for uid in holders.unreadable_uids:
         if uid == 0 or uid == region.uid or region.mode & 0o066:
@@ -61,7 +64,7 @@ def orphaned(region: Region, holders: Holders, min_age_s: float = REGION_MIN_AGE
 
 
 def stub_server_pid(argv: list[str]) -> int | None:
-    """The server pid a python backend stub was started with: `stub MODEL_FILE SHM_REGION SIZE GROWTH PARENT_PID ...`."""
+    """The server pid a stub was started with: `stub MODEL_FILE SHM_REGION SIZE GROWTH PARENT_PID ...`."""
     if len(argv) < 6 or not argv[0].endswith(STUB_BINARY):
         return None
     try:
@@ -70,9 +73,32 @@ def stub_server_pid(argv: list[str]) -> int | None:
         return None
 
 
+def stub_region(argv: list[str]) -> str | None:
+    """The shared-memory region a python backend stub was started with (its 2nd argument)."""
+    return argv[2] if len(argv) > 2 and argv[0].endswith(STUB_BINARY) else None
+
+
+def regions_of(pids) -> set[str]:
+    """The regions of these stub processes (those still running)."""
+    found = set()
+    for pid in pids:
+        try:
+            region = stub_region((PROC / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0"))
+        except OSError:
+            continue
+        if region:
+            found.add(region)
+    return found
+
+
 def stub_is_orphaned(argv: list[str], parent_pid: int) -> bool:
     server = stub_server_pid(argv)
     return server is not None and server != parent_pid
+
+
+def serves_from(argv: list[str], repositories: list[Path]) -> bool:
+    """Whether the stub's model file (its 1st argument) lies in one of `repositories` (resolved paths)."""
+    return len(argv) > 1 and any(Path(argv[1]).is_relative_to(repository) for repository in repositories)
 
 
 def _process_dirs(proc: Path):
@@ -122,27 +148,28 @@ def holders(shm_dir: Path = SHM_DIR, proc: Path = PROC) -> Holders:
     return Holders(frozenset(held), frozenset(unreadable))
 
 
-def regions(shm_dir: Path = SHM_DIR, now: float | None = None) -> list[Region]:
-    now = time.time() if now is None else now
+def regions(shm_dir: Path = SHM_DIR) -> list[Region]:
     found = []
     for path in shm_dir.glob(REGION_GLOB):
         try:
             st = path.stat()
         except OSError:
             continue
-        found.append(Region(path.name, st.st_uid, st.st_mode & 0o777, now - st.st_mtime))
+        found.append(Region(path.name, st.st_uid, st.st_mode & 0o777, st.st_ino))
     return found
 
 
-def kill_orphaned_stubs(proc: Path = PROC) -> list[int]:
-    """SIGKILL every python backend stub whose server is gone (of this user; others' cannot be signalled)."""
+def kill_orphaned_stubs(repositories, proc: Path = PROC) -> list[int]:
+    """SIGKILL every python backend stub of `repositories` whose server is gone."""
+    repositories = [Path(r).resolve() for r in repositories]
     killed = []
     for pid_dir in _process_dirs(proc):
         try:
             argv = (pid_dir / "cmdline").read_bytes().decode(errors="replace").split("\0")
             if not argv[0].endswith(STUB_BINARY):
                 continue
-            if stub_is_orphaned(argv, _parent_pid((pid_dir / "stat").read_text())):
+            parent = _parent_pid((pid_dir / "stat").read_text())
+            if serves_from(argv, repositories) and stub_is_orphaned(argv, parent):
                 os.kill(int(pid_dir.name), signal.SIGKILL)
                 killed.append(int(pid_dir.name))
         except (OSError, ValueError, IndexError):
@@ -150,14 +177,18 @@ def kill_orphaned_stubs(proc: Path = PROC) -> list[int]:
     return killed
 
 
-def remove_orphaned_regions(shm_dir: Path = SHM_DIR, proc: Path = PROC) -> list[str]:
-    found = regions(shm_dir)
-    if not found:
+def remove_orphaned_regions(shm_dir: Path = SHM_DIR, proc: Path = PROC,
+                            confirm_after_s: float = CONFIRM_AFTER_S) -> list[str]:
+    first = holders(shm_dir, proc)
+    candidates = {r for r in regions(shm_dir) if orphaned(r, first)}
+    if not candidates:
         return []
-    seen = holders(shm_dir, proc)
+    time.sleep(confirm_after_s)
+    second = holders(shm_dir, proc)
     removed = []
-    for region in found:
-        if orphaned(region, seen):
+    # The same file (inode) unheld both times; a name reused meanwhile is a new region.
+    for region in candidates & set(regions(shm_dir)):
+        if orphaned(region, second):
             try:
                 (shm_dir / region.name).unlink()
                 removed.append(region.name)
@@ -188,9 +219,10 @@ def wait_group_gone(pgid: int, timeout_s: float = GROUP_GONE_TIMEOUT_S, proc: Pa
     return True
 
 
-def clean(shm_dir: Path = SHM_DIR, proc: Path = PROC) -> tuple[list[int], list[str]]:
-    """Orphaned stubs killed (and waited for), then orphaned regions removed: (stub pids, region names)."""
-    stubs = kill_orphaned_stubs(proc)
+def clean(repositories, shm_dir: Path = SHM_DIR, proc: Path = PROC) -> tuple[list[int], list[str]]:
+    """The orphaned stubs of `repositories` killed (and waited for), then every orphaned region removed:
+    (stub pids, region names)."""
+    stubs = kill_orphaned_stubs(repositories, proc)
     deadline = time.monotonic() + GROUP_GONE_TIMEOUT_S
     while any((proc / str(pid)).exists() and not _zombie(proc / str(pid)) for pid in stubs) \
             and time.monotonic() < deadline:

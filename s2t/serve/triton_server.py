@@ -171,7 +171,7 @@ class TritonServer:
             self._log_file = open(self.log_path, "ab")
             stdout = self._log_file
         # What a server that died before this one left (its stubs, its shared-memory regions) goes first.
-        leftovers.clean()
+        leftovers.clean(self.repositories)
         # Own process group: the stubs are reaped with the server, whatever happens to this process.
         try:
             self.process = spawn(self.command(backend_dir), server_env(), stdout)
@@ -199,7 +199,7 @@ class TritonServer:
         if self.process is not None:
             reap_group(self.process.pid)
             leftovers.wait_group_gone(self.process.pid)
-            leftovers.clean()
+            leftovers.clean(self.repositories)
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

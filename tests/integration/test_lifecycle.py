@@ -3,6 +3,7 @@ killed `s2t serve` takes its server along, the supervisor retries with backoff a
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 import signal
@@ -17,6 +18,7 @@ import pytest
 
 from tests.conftest import DATA_CSV, ENSEMBLES, MODEL_REPOSITORY, ROOT, S2T, free_port
 from s2t.serve.healing import HealSettings, SupervisorState
+from s2t.serve.leftovers import SHM_DIR as SHM, regions_of
 from s2t.serve.supervisor import StubSupervisor, stubs_of
 from s2t.serve.triton_server import TritonServer
 from tests.integration.servers import triton_server
@@ -112,6 +114,8 @@ def test_serve_starts_a_killed_tritonserver_again_and_no_stub_of_the_dead_one_li
     old_server = server_pid(process.pid)
     old_stubs = stubs_of(old_server)
     assert "risk_stream" in {s.model for s in old_stubs.values()}
+    old_regions = regions_of(old_stubs)
+    assert old_regions and all((SHM / name).exists() for name in old_regions)
     stop = threading.Event()
     stream_load(f"localhost:{ports['GRPC_PORT']}", stop)
     time.sleep(2.5)
@@ -121,6 +125,9 @@ def test_serve_starts_a_killed_tritonserver_again_and_no_stub_of_the_dead_one_li
         assert wait_until(lambda: not any(alive(pid) for pid in old_stubs), 5), \
             {s.model for pid, s in old_stubs.items() if alive(pid)}
         reaped_after = time.monotonic() - killed_at
+        # The dead server unlinked none of its shared-memory regions: s2t serve removes them (owners gone).
+        assert wait_until(lambda: not any((SHM / name).exists() for name in old_regions), 15), \
+            [name for name in old_regions if (SHM / name).exists()]
         assert wait_until(lambda: ready(ports["HTTP_PORT"]), 60), log.read_text()[-3000:]
         serving_after = time.monotonic() - killed_at
     finally:
@@ -139,11 +146,59 @@ def test_a_killed_serve_takes_its_tritonserver_and_every_stub_along(serve):
     process, _, _, _ = serve
     server = server_pid(process.pid)
     stubs = list(stubs_of(server))
-    assert stubs
+    regions = regions_of(stubs)
+    assert stubs and regions
     process.kill()
     process.wait()
     # The server gets SIGTERM when its parent dies, drains (exit timeout 5 s) and stops its stubs.
     assert wait_until(lambda: not alive(server) and not any(alive(pid) for pid in stubs), 30)
+    assert wait_until(lambda: not any((SHM / name).exists() for name in regions), 10)
+
+
+@pytest.fixture
+def held_region():
+    """A region in /dev/shm named as the python backend names them, mapped by this test process: it has a live
+    owner, so it must survive every clean-up."""
+    path = SHM / f"triton_python_backend_shm_region_s2t-test-held-{os.getpid()}"
+    path.write_bytes(b"\0" * 4096)
+    with open(path, "r+b") as file:
+        mapping = mmap.mmap(file.fileno(), 4096)
+    try:
+        yield path
+    finally:
+        mapping.close()
+        path.unlink(missing_ok=True)
+
+
+def test_after_a_crash_of_serve_and_its_server_the_next_serve_starts_with_no_orphan_left(serve, held_region,
+                                                                                          tmp_path):
+    process, _, repo, _ = serve
+    server = server_pid(process.pid)
+    stubs = stubs_of(server)
+    regions = regions_of(stubs)
+    assert regions
+    # The whole unit dies at once (the host's OOM killer, a kill -9 of both): nobody unlinks anything.
+    process.kill()
+    os.kill(server, signal.SIGKILL)
+    process.wait()
+    assert wait_until(lambda: not alive(server), 10)
+    assert any((SHM / name).exists() for name in regions), "the crash left no region: nothing to test"
+    ports = {"HTTP_PORT": free_port(), "GRPC_PORT": free_port(), "METRICS_PORT": free_port(), "SUPERVISOR_PORT": 0}
+    env = {**os.environ, **{k: str(v) for k, v in ports.items()}}
+    with open(tmp_path / "next.log", "wb") as log:
+        following = subprocess.Popen([str(S2T), "serve", "--exit-timeout", "5", "--repository", str(repo),
+                                      "--repository", str(ENSEMBLES)], cwd=ROOT, env=env, stdout=log,
+                                     stderr=subprocess.STDOUT)
+        try:
+            assert wait_until(lambda: ready(ports["HTTP_PORT"]) or following.poll() is not None, 120, 0.3)
+            assert following.poll() is None, (tmp_path / "next.log").read_text()[-3000:]
+            assert not [name for name in regions if (SHM / name).exists()]
+            assert not [stub.model for pid, stub in stubs.items() if alive(pid)]
+            assert held_region.exists(), "a region some live process maps was removed"
+            assert regions_of(stubs_of(server_pid(following.pid))), "the new server's own regions are there"
+        finally:
+            following.send_signal(signal.SIGTERM)
+            assert following.wait(60) == 0
 
 
 @pytest.fixture

@@ -3,29 +3,27 @@ from __future__ import annotations
 
 import mmap
 import os
-import time
 from pathlib import Path
 
 import pytest
 
-from s2t.serve.leftovers import Holders, Region, orphaned, remove_orphaned_regions, stub_is_orphaned
+from s2t.serve.leftovers import (Holders, Region, orphaned, remove_orphaned_regions, serves_from,
+                                 stub_is_orphaned, stub_region)
 
 ME = os.getuid()
 NAME = "triton_python_backend_shm_region_1"
 
 
 @pytest.mark.parametrize("region, holders, expected", [
-    (Region(NAME, 1000, 0o600, 60), Holders(frozenset(), frozenset()), True),
+    (Region(NAME, 1000, 0o600, 7), Holders(frozenset(), frozenset()), True),
     # Mapped or open in some process: in use.
-    (Region(NAME, 1000, 0o600, 60), Holders(frozenset({NAME}), frozenset()), False),
-    # Just created: its server may not have mapped it yet.
-    (Region(NAME, 1000, 0o600, 1), Holders(frozenset(), frozenset()), False),
+    (Region(NAME, 1000, 0o600, 7), Holders(frozenset({NAME}), frozenset()), False),
     # An unreadable process that could have opened it: root, its owner, anyone when the mode lets them.
-    (Region(NAME, 1000, 0o600, 60), Holders(frozenset(), frozenset({0})), False),
-    (Region(NAME, 1000, 0o600, 60), Holders(frozenset(), frozenset({1000})), False),
-    (Region(NAME, 1000, 0o666, 60), Holders(frozenset(), frozenset({2000})), False),
+    (Region(NAME, 1000, 0o600, 7), Holders(frozenset(), frozenset({0})), False),
+    (Region(NAME, 1000, 0o600, 7), Holders(frozenset(), frozenset({1000})), False),
+    (Region(NAME, 1000, 0o666, 7), Holders(frozenset(), frozenset({2000})), False),
     # One that could not have: it does not count.
-    (Region(NAME, 1000, 0o600, 60), Holders(frozenset(), frozenset({2000})), True),
+    (Region(NAME, 1000, 0o600, 7), Holders(frozenset(), frozenset({2000})), True),
 ])
 def test_a_region_is_orphaned_only_when_nothing_can_hold_it(region, holders, expected):
     assert orphaned(region, holders) is expected
@@ -48,15 +46,29 @@ def test_a_stub_is_orphaned_when_its_server_is_no_longer_its_parent(argv, parent
     assert stub_is_orphaned(argv, parent) is expected
 
 
+@pytest.mark.parametrize("repositories, expected", [
+    ([Path("/m")], True),
+    ([Path("/other"), Path("/m/risk_stream")], True),
+    # Another service's repository on the same host: not ours to end.
+    ([Path("/mm"), Path("/other")], False),
+    ([], False),
+])
+def test_only_stubs_of_the_repositories_being_served_are_ours(repositories, expected):
+    assert serves_from(STUB, repositories) is expected
+
+
+def test_a_stub_names_its_region_second():
+    assert stub_region(STUB) == NAME
+    assert stub_region(["/usr/bin/python3", "a", "b"]) is None
+
+
 def test_regions_mapped_or_open_in_a_live_process_stay_and_the_others_go(tmp_path: Path):
-    """Against this machine's real /proc: this test process holds two regions, one mapped, one open."""
+    """Against this machine's real /proc: this test process holds two regions, one mapped, one open. However old."""
     names = [f"triton_python_backend_shm_region_{n}" for n in ("mapped", "open", "orphan")]
     names.append("triton_onnxruntime_backend_shm_region_orphan")
     for name in names:
         (tmp_path / name).write_bytes(b"\0" * 4096)
-        os.utime(tmp_path / name, (time.time() - 60, time.time() - 60))
     (tmp_path / "someone_elses_file").write_bytes(b"x")
-    os.utime(tmp_path / "someone_elses_file", (time.time() - 60, time.time() - 60))
     with open(tmp_path / names[0], "r+b") as mapped_file:
         mapping = mmap.mmap(mapped_file.fileno(), 4096)
     held_open = open(tmp_path / names[1], "rb")
