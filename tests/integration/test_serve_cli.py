@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.http as http
 
+from s2t.serve.leftovers import SHM_DIR, regions_of
 from tests.conftest import ROOT, S2T, free_port
 
 
@@ -90,6 +91,8 @@ def test_sigterm_lets_in_flight_requests_finish_and_stops_every_child(serve_proc
     process, ports, log = serve_process
     server_pids = children(process.pid)
     assert len(server_pids) >= 4, "expected tritonserver and its python stubs"
+    regions = regions_of(server_pids)
+    assert regions
     records = [json.dumps({"features": r}).encode() for r in german_credit_data.records()[:256]]
     payload = np.array(records, dtype=object).reshape(-1, 1)
     client = http.InferenceServerClient(f"localhost:{ports['HTTP_PORT']}", concurrency=12, network_timeout=60)
@@ -109,3 +112,4 @@ def test_sigterm_lets_in_flight_requests_finish_and_stops_every_child(serve_proc
     # Triton saw the requests still open when the signal came, and waited for them.
     assert re.search(r"Found [1-9][0-9]* HTTP service connections", log.read_text())
     assert not [pid for pid in server_pids if alive(pid)]
+    assert not [name for name in regions if (SHM_DIR / name).exists()]
