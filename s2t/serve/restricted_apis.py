@@ -33,10 +33,23 @@ def render(categories: list[str], header: str, key: str) -> str:
     return f"{','.join(categories)}:{header}={key}"
 
 
+def configured_key(command: list[str]) -> str | None:
+    """The key an option of `command` already guards the repository API with (a manifest's), if any."""
+    for arg in command:
+        for option in OPTIONS:
+            if arg.startswith(option):
+                categories, _, key = parse(arg[len(option):])
+                if "model-repository" in categories and key:
+                    return key
+    return None
+
+
 def restrict(command: list[str], admin_key: str | None = None) -> list[str]:
     """`command` (tritonserver and its options) with shared memory, logging and trace restricted on both protocols,
-    and the repository API too when `admin_key` is given. Categories are added to an option already there (Triton
-    takes one key per category); where there is none, one is appended, with `admin_key` or a key nobody knows."""
+    and the repository API too when there is a key (`admin_key`, or the one an option of `command` already guards
+    the repository API with on either protocol). Categories are added to an option already there (Triton takes one
+    key per category); where there is none, one is appended, with that key or, without one, a key nobody knows."""
+    admin_key = admin_key or configured_key(command)
     wanted = WITH_KEY if admin_key else ALWAYS
     key = admin_key or secrets.token_urlsafe(32)
     result = list(command)

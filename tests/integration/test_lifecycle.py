@@ -375,15 +375,17 @@ def test_the_keeper_fills_the_admin_key_reference_from_its_environment_and_shows
                                              headers={"admin-key": key}, method="POST")
             with urllib.request.urlopen(request, timeout=10) as resp:
                 assert {m["name"] for m in json.load(resp)} >= {"skill_adapter", "risk_pipeline"}
-            # The command restricted only the repository API: the keeper restricts logging, trace and shared
-            # memory too, on HTTP with the same key and on gRPC (no option there) with a key nobody knows.
-            assert_restricted_to(f"localhost:{http_port}", f"localhost:{grpc_port}", key)
+            # The command restricted only the repository API, on HTTP: the keeper restricts logging, trace and
+            # shared memory too, and the same on gRPC (no option there), all with the same key.
+            assert_locked(f"localhost:{http_port}", f"localhost:{grpc_port}", key)
         finally:
             keeper.send_signal(signal.SIGTERM)
             assert keeper.wait(60) == 0
 
 
-def assert_restricted_to(http_url: str, grpc_url: str, key: str) -> None:
+def assert_locked(http_url: str, grpc_url: str, key: str | None = None) -> None:
+    """Logging, trace and shared memory refuse callers without the key on HTTP and gRPC; the key (when there is
+    one to know) opens them."""
     import tritonclient.grpc as grpc
     import tritonclient.http as http
     from tritonclient.utils import InferenceServerException
@@ -393,9 +395,13 @@ def assert_restricted_to(http_url: str, grpc_url: str, key: str) -> None:
             for call in (lambda h: client.update_log_settings({"log_verbose_level": 1}, headers=h),
                          lambda h: client.get_trace_settings(headers=h),
                          lambda h: client.register_system_shared_memory("x", "/s2t_none", 8, headers=h)):
-                with pytest.raises(InferenceServerException, match="restricted"):
-                    call({})
-        assert http_client.get_log_settings(headers={"admin-key": key})
+                for headers in ({}, {"admin-key": "guess"}):
+                    with pytest.raises(InferenceServerException, match="restricted"):
+                        call(headers)
+        if key:
+            assert http_client.get_log_settings(headers={"admin-key": key})
+            # Triton's gRPC endpoint reads the restricted-protocol header with this prefix.
+            assert grpc_client.get_log_settings(headers={"triton-grpc-protocol-admin-key": key})
     finally:
         http_client.close()
         grpc_client.close()

@@ -50,10 +50,10 @@ def test_categories_are_added_to_the_option_already_there(given, key, expected):
     assert restrictions(command) == {HTTP: [expected], GRPC: [expected]}
 
 
-def test_a_key_referenced_in_a_manifest_keeps_its_reference():
+def test_a_key_referenced_in_a_manifest_keeps_its_reference_and_guards_the_other_protocol_too():
     command = restrict(["tritonserver", HTTP + "model-repository:admin-key=$(S2T_ADMIN_KEY)"])
-    assert restrictions(command)[HTTP] == [(["model-repository", *ALWAYS], "admin-key", "$(S2T_ADMIN_KEY)")]
-    assert restrictions(command)[GRPC][0][0] == list(ALWAYS)
+    expected = [(["model-repository", *ALWAYS], "admin-key", "$(S2T_ADMIN_KEY)")]
+    assert restrictions(command) == {HTTP: expected, GRPC: [(list(WITH_KEY), "admin-key", "$(S2T_ADMIN_KEY)")]}
 
 
 def test_the_supervisor_sends_the_key_only_where_the_repository_api_needs_it():
