@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
+from s2t.gate import runtime_imports
 from s2t.gate.runtime_imports import normalised
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -50,9 +51,9 @@ def compose_config(tmp_path: Path, *, env: dict[str, str] | None = None, profile
 
 
 # NGC's tritonserver release the images start from (25.07 is the first with the fixes for CVE-2025-23319/23320/23334)
-# and the Python its stubs and the keeper run on (Ubuntu 24.04's since 24.12).
+# and the Python its stubs and the keeper run on (runtime_imports.IMAGE_PYTHON).
 NGC_RELEASE = "25.08"
-IMAGE_PYTHON = "3.12"
+IMAGE_PYTHON = ".".join(map(str, runtime_imports.IMAGE_PYTHON))
 
 
 def triton_image_tag() -> str:
