@@ -438,6 +438,19 @@ def test_the_triton_services_run_tritonserver_under_the_keeper_with_its_port_pub
     assert job["static_configs"][0]["targets"] == ["triton:8003"]
 
 
+# Options of the image's Triton (25.08) that the embedded 2.51 does not have.
+OPTIONS_SINCE_2_59 = ("--http-max-input-size=",)
+
+
+def test_every_triton_service_reads_no_request_larger_than_its_models_can_use(all_profiles_config):
+    from s2t.serve.request_limits import http_max_input_bytes
+    for name in ("triton", "triton-gpu", "triton-llm"):
+        service = _services(all_profiles_config)[name]
+        limit = http_max_input_bytes(_served_repositories(service))
+        assert limit < 64 << 20, "below Triton's own default, or the option does nothing"
+        assert _flag(service["command"], "http-max-input-size") == str(limit), name
+
+
 def _embedded(service: dict, repositories: dict[str, Path], backend_dir: Path, ports: dict[str, int]) -> list[str]:
     """The service's entrypoint and command as this machine can run them: the wheel's tritonserver for the image's,
     local folders for the mounts, free ports; nothing else changed."""
@@ -446,6 +459,8 @@ def _embedded(service: dict, repositories: dict[str, Path], backend_dir: Path, p
     keeper = [f"--supervisor-port={ports['supervisor']}" if a.startswith("--supervisor-port") else a for a in keeper]
     command = []
     for arg in service["command"]:
+        if arg.startswith(OPTIONS_SINCE_2_59):
+            continue  # the image's Triton knows it; the wheel's 2.51 would refuse to start
         if arg == "tritonserver":
             arg = str(TRITON_DIR / "bin" / "tritonserver")
         for target, source in repositories.items():

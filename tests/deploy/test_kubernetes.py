@@ -153,6 +153,15 @@ def test_every_triton_restricts_repository_shared_memory_logging_and_trace_to_th
             assert [a for a in args if a.startswith(option) and a.endswith(":admin-key=$$(S2T_ADMIN_KEY)")], option
 
 
+@pytest.mark.parametrize("directory", RENDERED[:3])
+def test_every_triton_reads_no_request_larger_than_its_models_can_use(rendered, directory):
+    from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
+    from s2t.serve.request_limits import http_max_input_bytes
+    limit = http_max_input_bytes([MODEL_REPOSITORY, ENSEMBLES, ROOT / "model_repository_gpu"])
+    for triton in triton_containers(rendered[directory]):
+        assert f"--http-max-input-size={limit}" in triton["args"]
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_explicit_mode_takes_the_admin_key_from_a_secret_that_is_not_committed(rendered, overlay):
     docs = rendered[overlay]
