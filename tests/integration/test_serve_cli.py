@@ -5,6 +5,7 @@ import re
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -85,6 +86,13 @@ def test_serve_takes_ports_from_the_environment_and_prints_the_endpoints(serve_p
     # Summary latencies on: the p99 alert rule and dashboard panel read these quantiles.
     assert b'nv_inference_request_summary_us{model="risk_pipeline",version="1",quantile="0.99"}' in metrics
     assert wait_for_line(log, f"ready: HTTP localhost:{ports['HTTP_PORT']}")
+    # No admin key set: logging, trace and shared memory answer nobody.
+    for path, body in (("/v2/logging", b'{"log_verbose_level": 1}'), ("/v2/trace/setting", b"{}"),
+                       ("/v2/systemsharedmemory/region/x/register", b'{"key": "/x", "offset": 0, "byte_size": 8}')):
+        request = urllib.request.Request(f"http://localhost:{ports['HTTP_PORT']}{path}", data=body, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 403 and b"restricted" in refused.value.read(), path
 
 
 def test_sigterm_lets_in_flight_requests_finish_and_stops_every_child(serve_process, german_credit_data):
