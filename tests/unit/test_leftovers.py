@@ -84,3 +84,23 @@ def test_regions_mapped_or_open_in_a_live_process_stay_and_the_others_go(tmp_pat
         if not mapping.closed:
             mapping.close()
         held_open.close()
+
+
+def _fake_process(proc: Path, pid: int, maps: str = "") -> Path:
+    (proc / str(pid) / "fd").mkdir(parents=True)
+    (proc / str(pid) / "maps").write_text(maps)
+    return proc / str(pid)
+
+
+def test_a_region_a_server_maps_between_the_two_looks_stays(tmp_path, monkeypatch):
+    from s2t.serve import leftovers
+    shm, proc = tmp_path / "shm", tmp_path / "proc"
+    shm.mkdir()
+    (shm / NAME).write_bytes(b"\0" * 16)
+    (shm / "triton_python_backend_shm_region_2").write_bytes(b"\0" * 16)
+    server = _fake_process(proc, 100)
+    mapping = f"7f00-7f01 rw-s 00000000 00:1a 42                         {shm.resolve()}/{NAME}\n"
+    # The server maps the first region while the clean-up waits for its second look.
+    monkeypatch.setattr(leftovers.time, "sleep", lambda seconds: (server / "maps").write_text(mapping))
+    assert remove_orphaned_regions(shm, proc) == ["triton_python_backend_shm_region_2"]
+    assert (shm / NAME).exists()
