@@ -16,6 +16,17 @@ from s2t.control.release import PROJECT_PACKAGES, project_files
 
 # Provided by Triton's python backend itself, in every image that has one.
 BACKEND_MODULES = frozenset({"triton_python_backend_utils"})
+# The Python of the NGC image the containers run (Ubuntu 24.04's since NGC 24.12, 25.08 included): the stubs import
+# the python models' modules there, and the keeper runs there. The check itself runs on whatever Python this is.
+IMAGE_PYTHON = (3, 12)
+# Standard-library modules removed in a Python release (PEP 594 and earlier): on the image they need a
+# distribution like any other, even where the Python checking still ships them.
+REMOVED_FROM_STDLIB = {
+    (3, 12): frozenset({"asynchat", "asyncore", "distutils", "imp", "smtpd"}),
+    (3, 13): frozenset({"aifc", "audioop", "cgi", "cgitb", "chunk", "crypt", "imghdr", "lib2to3", "mailcap", "msilib",
+                        "nis", "nntplib", "ossaudiodev", "pipes", "sndhdr", "spwd", "sunau", "telnetlib", "uu",
+                        "xdrlib"}),
+}
 _LOOKUPS_BY_NAME = frozenset({"find_spec", "import_module"})
 
 
@@ -38,13 +49,24 @@ def _imported_modules(source: Path) -> set[str]:
     return found
 
 
-def third_party_modules(root: Path, starts: list[Path]) -> dict[str, set[Path]]:
-    """Modules (dotted, as imported) outside the standard library and this project -> the files that import them."""
+def stdlib_modules(python: tuple[int, int] = IMAGE_PYTHON) -> frozenset[str]:
+    """The top-level standard-library modules of Python `python` (major, minor), as far as this one can tell: its
+    own, less those removed by `python` (or earlier) that this one still has."""
+    removed = set().union(*(names for version, names in REMOVED_FROM_STDLIB.items()
+                            if sys.version_info[:2] < version <= tuple(python)))
+    return frozenset(sys.stdlib_module_names) - removed
+
+
+def third_party_modules(root: Path, starts: list[Path],
+                        python: tuple[int, int] = IMAGE_PYTHON) -> dict[str, set[Path]]:
+    """Modules (dotted, as imported) outside Python `python`'s standard library and this project -> the files that
+    import them."""
+    stdlib = stdlib_modules(python)
     modules: dict[str, set[Path]] = {}
     for source in sorted(set(starts) | project_files(Path(root), list(starts))):
         for module in _imported_modules(source):
             top = module.split(".")[0]
-            if top not in sys.stdlib_module_names and top not in PROJECT_PACKAGES:
+            if top not in stdlib and top not in PROJECT_PACKAGES:
                 modules.setdefault(module, set()).add(source)
     return modules
 

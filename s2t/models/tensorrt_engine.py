@@ -1,4 +1,4 @@
-"""`s2t build-trt`: a TensorRT engine from the converted risk model, for the TensorRT that Triton 24.10 runs.
+"""`s2t build-trt`: a TensorRT engine from the converted risk model, for the TensorRT of the serving image.
 
 Strings cannot enter TensorRT, so only the numeric core goes there. `s2t convert` already made the split: it lifts
 tf2onnx's string lookups (CategoryMapper) out of the graph into the feature spec, which skill_adapter applies in
@@ -25,10 +25,11 @@ from backends.atomic_files import write_atomically
 from s2t.gate import model_config
 from s2t.gate.model_config import engine_report_path as report_path  # noqa: F401 - part of this module's interface
 
-# nvcr.io/nvidia/tritonserver:24.10-py3 (Triton 2.51.0) links TensorRT 10.5.0.18 (the NGC framework support
-# matrix, release 24.10); PyPI's tensorrt-cu12==10.5.0 is that release. Its ONNX Runtime is 1.19.2, the
-# onnxruntime-gpu the CUDA execution provider comparison uses.
-SERVING_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+# The image deploy/triton builds on (25.08: 24.10 and older are exposed to CVE-2025-23319/23320/23334).
+# TENSORRT_VERSION and ONNXRUNTIME_GPU_VERSION are still 24.10's (TensorRT 10.5.0.18, per the NGC framework support
+# matrix; PyPI's tensorrt-cu12==10.5.0; ONNX Runtime 1.19.2): an engine loads only in the TensorRT release that built
+# it, so they have to move to 25.08's (its support-matrix entry) before engines are built for this image.
+SERVING_IMAGE = "nvcr.io/nvidia/tritonserver:25.08-py3"
 TENSORRT_VERSION = "10.5.0"
 ONNXRUNTIME_GPU_VERSION = "1.19.2"
 PRECISIONS = ("fp32", "fp16")

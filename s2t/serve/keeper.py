@@ -24,8 +24,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from s2t.serve import hidden_args
+from s2t.serve import hidden_args, leftovers, restricted_apis
 from s2t.serve.healing import STATE_FILE, SupervisorState
+from s2t.serve.restricted_apis import restrict
 from s2t.control.version_store import VersionStore
 
 PR_SET_PDEATHSIG = 1
@@ -149,12 +150,12 @@ def option(command: list[str], name: str, default: str | None = None) -> str | N
 
 
 def restricted_headers(command: list[str]) -> dict[str, str]:
-    """The header a repository-API call needs, from `--http-restricted-api=model-repository:HEADER=KEY`."""
-    value = option(command, "http-restricted-api")
-    if not value or ":" not in value:
-        return {}
-    header, _, key = value.split(":", 1)[1].partition("=")
-    return {header: key} if header else {}
+    """The header a repository-API call needs, from `--http-restricted-api=...model-repository...:HEADER=KEY`."""
+    for value in (arg.split("=", 1)[1] for arg in command if arg.startswith("--http-restricted-api=")):
+        categories, header, key = restricted_apis.parse(value)
+        if "model-repository" in categories and header:
+            return {header: key}
+    return {}
 
 
 def wait_ready(http_url: str, process: subprocess.Popen, timeout: float) -> bool:
@@ -215,6 +216,8 @@ def run(command: list[str], supervisor_port: int | None, state_dir: Path | None,
     state_path = (state_dir or (VersionStore(Path(repositories[0])).control if repositories else None))
     state = SupervisorState(path=state_path / STATE_FILE if state_path else None)
     metrics = start_metrics(supervisor_port, state, log)
+    # A container restarted in place (same /dev/shm) starts without the previous server's stubs and regions.
+    leftovers.clean(repositories)
     process = spawn(command, dict(os.environ))
     stopping = threading.Event()
 
@@ -243,6 +246,8 @@ def run(command: list[str], supervisor_port: int | None, state_dir: Path | None,
         supervisor.start()
     returncode = process.wait()
     reap_group(process.pid)
+    leftovers.wait_group_gone(process.pid)
+    leftovers.clean(repositories)
     if supervisor is not None:
         supervisor.stop()
     if metrics is not None:
@@ -266,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the tritonserver command after --")
-    return run(with_admin_key(command, dict(os.environ)), args.supervisor_port, args.state_dir, args.startup_seconds)
+    # Shared memory, logging and trace restricted whatever the command says (s2t/serve/restricted_apis.py).
+    command = restrict(with_admin_key(command, dict(os.environ)))
+    return run(command, args.supervisor_port, args.state_dir, args.startup_seconds)
 
 
 if __name__ == "__main__":

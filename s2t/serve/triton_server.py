@@ -25,9 +25,11 @@ import pytriton
 
 import backends
 from s2t.serve.healing import STATE_FILE, SupervisorState
+from s2t.serve import leftovers
 from s2t.serve.hidden_args import HiddenArgumentError
 from s2t.serve.keeper import reap_group, spawn
-from s2t.control.live_control import ADMIN_HEADER, admin_headers
+from s2t.serve.restricted_apis import restrict
+from s2t.control.live_control import admin_headers
 from s2t.serve.supervisor import StubSupervisor
 from s2t.control.version_store import VersionStore
 
@@ -109,7 +111,8 @@ class TritonServer:
     model_control_mode: str = "poll"
     poll_seconds: int = 1
     exit_timeout_seconds: int = 30
-    # The repository API (load/unload, index) answers only requests with header `admin-key: <admin_key>`.
+    # The repository API (load/unload, index), shared memory, logging and trace answer only requests with header
+    # `admin-key: <admin_key>`; without a key the last three answer nobody (restricted_apis.py).
     admin_key: str | None = None
     # Triton's rate limiter: at most this many executions hold a `cpu_slot` (see the leaf models' configs).
     rate_limit_slots: int | None = None
@@ -157,10 +160,7 @@ class TritonServer:
             cmd.append("--load-model=*")
         if self.rate_limit_slots:
             cmd += ["--rate-limit=execution_count", f"--rate-limit-resource=cpu_slot:{self.rate_limit_slots}"]
-        if self.admin_key:
-            restriction = f"model-repository:{ADMIN_HEADER}={self.admin_key}"
-            cmd += [f"--http-restricted-api={restriction}", f"--grpc-restricted-protocol={restriction}"]
-        return cmd + self.extra_args
+        return restrict(cmd + self.extra_args, self.admin_key)
 
     def start(self, timeout: float = 120.0) -> "TritonServer":
         precompile_models(self.repositories)
@@ -170,6 +170,8 @@ class TritonServer:
         if self.log_path is not None:
             self._log_file = open(self.log_path, "ab")
             stdout = self._log_file
+        # What a server that died before this one left (its stubs, its shared-memory regions) goes first.
+        leftovers.clean(self.repositories)
         # Own process group: the stubs are reaped with the server, whatever happens to this process.
         try:
             self.process = spawn(self.command(backend_dir), server_env(), stdout)
@@ -192,9 +194,12 @@ class TritonServer:
         return self
 
     def reap(self) -> None:
-        """After the server died: kill the stubs it left behind (they stay in its process group)."""
+        """After the server died: kill the stubs it left behind (they stay in its process group), then remove the
+        shared-memory regions nobody holds any more (a server that died unlinked none of its own)."""
         if self.process is not None:
             reap_group(self.process.pid)
+            leftovers.wait_group_gone(self.process.pid)
+            leftovers.clean(self.repositories)
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -227,7 +232,7 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        reap_group(self.process.pid)
+        self.reap()
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None

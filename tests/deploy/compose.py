@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
+from s2t.gate import runtime_imports
 from s2t.gate.runtime_imports import normalised
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -49,13 +50,19 @@ def compose_config(tmp_path: Path, *, env: dict[str, str] | None = None, profile
     return yaml.safe_load(result.stdout)
 
 
+# NGC's tritonserver release the images start from (25.07 is the first with the fixes for CVE-2025-23319/23320/23334)
+# and the Python its stubs and the keeper run on (runtime_imports.IMAGE_PYTHON).
+NGC_RELEASE = "25.08"
+IMAGE_PYTHON = ".".join(map(str, runtime_imports.IMAGE_PYTHON))
+
+
 def triton_image_tag() -> str:
-    """24.10 (the NGC release) and a digest of deploy/triton's files: a changed image is a new tag everywhere, so no
+    """The NGC release and a digest of deploy/triton's files: a changed image is a new tag everywhere, so no
     host or cluster keeps running an old build under the current name."""
     digest = hashlib.sha256()
     for path in sorted(p for p in TRITON_IMAGE_DIR.rglob("*") if p.is_file()):
         digest.update(str(path.relative_to(TRITON_IMAGE_DIR)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return f"24.10-{digest.hexdigest()[:12]}"
+    return f"{NGC_RELEASE}-{digest.hexdigest()[:12]}"
 
 
 IMAGE = f"skill2triton-tritonserver:{triton_image_tag()}"

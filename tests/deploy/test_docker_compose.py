@@ -1,7 +1,7 @@
 """docker-compose.yml (and the TLS override) as Compose itself resolves them (`docker-compose config`): offline,
 no Docker engine needed. The Prometheus rules and the Grafana dashboard are checked in test_observability.py.
 
-What cannot be checked here (the NGC image itself: its onnxruntime backend, its Python 3.10 site directory,
+What cannot be checked here (the NGC image itself: its onnxruntime backend, its Python 3.12 site directory,
 curl) is the job of a run on a Docker host.
 """
 from __future__ import annotations
@@ -18,16 +18,16 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.deploy.compose import (COMPOSE_FILE, IMAGE, TRITON_IMAGE_DIR, compose_config, dockerfile_stages, image_pins,
-                                  pinned_versions)
+from tests.deploy.compose import (COMPOSE_FILE, IMAGE, IMAGE_PYTHON, NGC_RELEASE, TRITON_IMAGE_DIR, compose_config,
+                                  dockerfile_stages, image_pins, pinned_versions)
 from s2t.gate.runtime_imports import normalised
 from tests.integration.servers import triton_server
 
 TLS_FILE = ROOT / "docker-compose.tls.yml"
 TRITON_SERVICES = ("triton", "triton-gpu")
 PTH_FILE = ROOT / "deploy" / "skill2triton.pth"
-NGC_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
-PTH_TARGET = "/usr/local/lib/python3.10/dist-packages/skill2triton.pth"
+NGC_IMAGE = f"nvcr.io/nvidia/tritonserver:{NGC_RELEASE}-py3"
+PTH_TARGET = f"/usr/local/lib/python{IMAGE_PYTHON}/dist-packages/skill2triton.pth"
 PORT_OVERRIDES = {"HTTP_PORT": "18000", "GRPC_PORT": "18001", "METRICS_PORT": "18002", "SUPERVISOR_PORT": "18003"}
 # What the container listens on, whatever the host side is.
 CONTAINER_PORTS = {"HTTP_PORT": 8000, "GRPC_PORT": 8001, "METRICS_PORT": 8002, "SUPERVISOR_PORT": 8003}
@@ -114,7 +114,10 @@ def _served_repositories(service: dict) -> list[Path]:
     return [mounts[arg.split("=", 1)[1]] for arg in service["command"] if arg.startswith("--model-repository=")]
 
 
-def test_the_triton_image_is_ngc_24_10_with_the_models_packages_tagged_by_its_content(all_profiles_config):
+def test_the_triton_image_is_a_patched_ngc_release_with_the_models_packages_tagged_by_its_content(
+        all_profiles_config):
+    # 25.07 (Triton 2.59.1) fixed CVE-2025-23319/23320/23334; no older release may come back.
+    assert tuple(map(int, NGC_RELEASE.split("."))) >= (25, 7)
     targets = {"triton": "serving", "triton-gpu": "serving", "triton-llm": "llm"}
     services = _services(all_profiles_config)
     assert dockerfile_stages(TRITON_IMAGE_DIR / "Dockerfile")["serving"][0] == NGC_IMAGE
@@ -145,16 +148,12 @@ def test_every_module_the_served_python_models_import_is_installed_by_their_imag
                 f"{name}: {module} (from {distribution}, imported by {where}) is not installed by its image"
 
 
-# Where the image's Python 3.10 cannot have constraints.txt's version (resolved for 3.11): why, and what it has.
-PYTHON_310_EXCEPTIONS = {"onnxruntime": "1.23.2"}  # its last release with a cp310 wheel
-
-
-def test_the_image_installs_the_versions_of_constraints_txt_except_where_python_3_10_has_none():
+def test_the_image_installs_the_versions_of_constraints_txt():
     constraints = {normalised(name): version for name, version in pinned_versions((ROOT / "constraints.txt").read_text()).items()}
     pins = image_pins(TRITON_IMAGE_DIR / "Dockerfile", "llm")
     assert pins["numpy"].startswith("1."), "numpy 2 corrupts the 2.51 python stub's tensors"
     for name, version in pins.items():
-        expected = PYTHON_310_EXCEPTIONS.get(name, constraints.get(name, version))
+        expected = constraints.get(name, version)
         assert version == expected, f"deploy/triton pins {name}=={version}, expected {expected}"
 
 
@@ -439,6 +438,19 @@ def test_the_triton_services_run_tritonserver_under_the_keeper_with_its_port_pub
     assert job["static_configs"][0]["targets"] == ["triton:8003"]
 
 
+# Options of the image's Triton (25.08) that the embedded 2.51 does not have.
+OPTIONS_SINCE_2_59 = ("--http-max-input-size=",)
+
+
+def test_every_triton_service_reads_no_request_larger_than_its_models_can_use(all_profiles_config):
+    from s2t.serve.request_limits import http_max_input_bytes
+    for name in ("triton", "triton-gpu", "triton-llm"):
+        service = _services(all_profiles_config)[name]
+        limit = http_max_input_bytes(_served_repositories(service))
+        assert limit < 64 << 20, "below Triton's own default, or the option does nothing"
+        assert _flag(service["command"], "http-max-input-size") == str(limit), name
+
+
 def _embedded(service: dict, repositories: dict[str, Path], backend_dir: Path, ports: dict[str, int]) -> list[str]:
     """The service's entrypoint and command as this machine can run them: the wheel's tritonserver for the image's,
     local folders for the mounts, free ports; nothing else changed."""
@@ -447,6 +459,8 @@ def _embedded(service: dict, repositories: dict[str, Path], backend_dir: Path, p
     keeper = [f"--supervisor-port={ports['supervisor']}" if a.startswith("--supervisor-port") else a for a in keeper]
     command = []
     for arg in service["command"]:
+        if arg.startswith(OPTIONS_SINCE_2_59):
+            continue  # the image's Triton knows it; the wheel's 2.51 would refuse to start
         if arg == "tritonserver":
             arg = str(TRITON_DIR / "bin" / "tritonserver")
         for target, source in repositories.items():
@@ -464,6 +478,7 @@ def test_the_compose_command_heals_a_dead_stub_and_leaves_no_stub_when_the_serve
     import urllib.request
 
     from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
+    from s2t.serve.leftovers import SHM_DIR, regions_of
     from s2t.serve.supervisor import stubs_of
     from s2t.serve.triton_server import assemble_backend_dir, server_env
 
@@ -500,6 +515,9 @@ def test_the_compose_command_heals_a_dead_stub_and_leaves_no_stub_when_the_serve
             # Written when supervision starts (the repository's control area, as /models/ is in the container).
             assert until(lambda: json.loads(state_file.read_text())["server_pid"] == server, 20)
             assert "s2t_server_restarts_total 0" in get(f"http://localhost:{ports['supervisor']}/metrics")
+            # No admin key in the compose file: the keeper locks shared memory, logging and trace on both protocols.
+            from tests.integration.test_lifecycle import assert_locked
+            assert_locked(f"localhost:{ports['http']}", f"localhost:{ports['grpc']}")
             victim = next(pid for pid, s in stubs_of(server).items() if s.model == "skill_adapter")
             os.kill(victim, signal.SIGKILL)
             reloaded = 's2t_supervisor_reloads_total{model="skill_adapter",reason="stub_died"} 1'
@@ -509,11 +527,15 @@ def test_the_compose_command_heals_a_dead_stub_and_leaves_no_stub_when_the_serve
             assert json.loads(state_file.read_text())["reloads"] == [
                 {"model": "skill_adapter", "reason": "stub_died", "count": 1}]
             stubs = list(stubs_of(server))
+            regions = regions_of(stubs)
+            assert regions
             os.kill(server, signal.SIGKILL)
             assert keeper.wait(30) != 0, "a dead server ends the container, so that it is restarted"
             time.sleep(1)
             assert not [pid for pid in stubs if Path(f"/proc/{pid}").exists()
                         and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+            # Nor a shared-memory region (the container's /dev/shm may outlive it: `restart` reuses the container).
+            assert not [name for name in regions if (SHM_DIR / name).exists()]
         finally:
             if keeper.poll() is None:
                 keeper.send_signal(signal.SIGTERM)

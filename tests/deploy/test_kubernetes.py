@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.deploy.compose import IMAGE, TRITON_IMAGE_DIR, image_pins
+from tests.deploy.compose import IMAGE, IMAGE_PYTHON, TRITON_IMAGE_DIR, image_pins
 
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 OVERLAYS = ("overlays/cpu", "overlays/gpu")
@@ -131,7 +131,7 @@ def test_the_repository_comes_from_a_synced_volume_with_the_backends_on_the_stub
     assert repositories == [f"{synced}/model_repository", f"{synced}/ensembles"] + gpu_repository
     mounts = {m["mountPath"]: m for m in triton["volumeMounts"]}
     assert mounts[synced]["readOnly"] is True, "the server never writes its repository"
-    pth = mounts["/usr/local/lib/python3.10/dist-packages/skill2triton.pth"]
+    pth = mounts[f"/usr/local/lib/python{IMAGE_PYTHON}/dist-packages/skill2triton.pth"]
     volume = next(v for v in pod["volumes"] if v["name"] == pth["name"])
     config_map = next(d for d in docs if d["kind"] == "ConfigMap"
                       and d["metadata"]["name"] == volume["configMap"]["name"])
@@ -141,14 +141,36 @@ def test_the_repository_comes_from_a_synced_volume_with_the_backends_on_the_stub
     assert "$(SOURCE)" in sync["args"] and source["data"]["SOURCE"]
 
 
+@pytest.mark.parametrize("directory", RENDERED[:3])
+def test_every_triton_restricts_repository_shared_memory_logging_and_trace_to_the_key_on_both_protocols(
+        rendered, directory):
+    from s2t.serve.restricted_apis import restrict
+    for triton in triton_containers(rendered[directory]):
+        args = triton["args"]
+        # Complete as written: the keeper, which would add what is missing, has nothing to add.
+        assert restrict(args) == args, [a for a in restrict(args) if a not in args]
+        for option in ("--http-restricted-api=", "--grpc-restricted-protocol="):
+            assert [a for a in args if a.startswith(option) and a.endswith(":admin-key=$$(S2T_ADMIN_KEY)")], option
+
+
+@pytest.mark.parametrize("directory", RENDERED[:3])
+def test_every_triton_reads_no_request_larger_than_its_models_can_use(rendered, directory):
+    from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
+    from s2t.serve.request_limits import http_max_input_bytes
+    limit = http_max_input_bytes([MODEL_REPOSITORY, ENSEMBLES, ROOT / "model_repository_gpu"])
+    for triton in triton_containers(rendered[directory]):
+        assert f"--http-max-input-size={limit}" in triton["args"]
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_explicit_mode_takes_the_admin_key_from_a_secret_that_is_not_committed(rendered, overlay):
     docs = rendered[overlay]
     triton = container(one(docs, "Deployment"))
     args = triton["args"]
     assert "--model-control-mode=explicit" in args
-    assert "--http-restricted-api=model-repository:admin-key=$$(S2T_ADMIN_KEY)" in args
-    assert "--grpc-restricted-protocol=model-repository:admin-key=$$(S2T_ADMIN_KEY)" in args
+    restricted = "model-repository,shared-memory,logging,trace:admin-key=$$(S2T_ADMIN_KEY)"
+    assert f"--http-restricted-api={restricted}" in args
+    assert f"--grpc-restricted-protocol={restricted}" in args
     # The kubelet unescapes `$$(` to `$(` and leaves it: the keeper replaces it, off the command line.
     from s2t.serve.keeper import ADMIN_KEY_REFERENCE
     assert ADMIN_KEY_REFERENCE == "$(S2T_ADMIN_KEY)"

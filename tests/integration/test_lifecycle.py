@@ -3,6 +3,7 @@ killed `s2t serve` takes its server along, the supervisor retries with backoff a
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 import signal
@@ -17,6 +18,7 @@ import pytest
 
 from tests.conftest import DATA_CSV, ENSEMBLES, MODEL_REPOSITORY, ROOT, S2T, free_port
 from s2t.serve.healing import HealSettings, SupervisorState
+from s2t.serve.leftovers import SHM_DIR as SHM, regions_of
 from s2t.serve.supervisor import StubSupervisor, stubs_of
 from s2t.serve.triton_server import TritonServer
 from tests.integration.servers import triton_server
@@ -112,6 +114,8 @@ def test_serve_starts_a_killed_tritonserver_again_and_no_stub_of_the_dead_one_li
     old_server = server_pid(process.pid)
     old_stubs = stubs_of(old_server)
     assert "risk_stream" in {s.model for s in old_stubs.values()}
+    old_regions = regions_of(old_stubs)
+    assert old_regions and all((SHM / name).exists() for name in old_regions)
     stop = threading.Event()
     stream_load(f"localhost:{ports['GRPC_PORT']}", stop)
     time.sleep(2.5)
@@ -121,6 +125,9 @@ def test_serve_starts_a_killed_tritonserver_again_and_no_stub_of_the_dead_one_li
         assert wait_until(lambda: not any(alive(pid) for pid in old_stubs), 5), \
             {s.model for pid, s in old_stubs.items() if alive(pid)}
         reaped_after = time.monotonic() - killed_at
+        # The dead server unlinked none of its shared-memory regions: s2t serve removes them (owners gone).
+        assert wait_until(lambda: not any((SHM / name).exists() for name in old_regions), 15), \
+            [name for name in old_regions if (SHM / name).exists()]
         assert wait_until(lambda: ready(ports["HTTP_PORT"]), 60), log.read_text()[-3000:]
         serving_after = time.monotonic() - killed_at
     finally:
@@ -139,11 +146,59 @@ def test_a_killed_serve_takes_its_tritonserver_and_every_stub_along(serve):
     process, _, _, _ = serve
     server = server_pid(process.pid)
     stubs = list(stubs_of(server))
-    assert stubs
+    regions = regions_of(stubs)
+    assert stubs and regions
     process.kill()
     process.wait()
     # The server gets SIGTERM when its parent dies, drains (exit timeout 5 s) and stops its stubs.
     assert wait_until(lambda: not alive(server) and not any(alive(pid) for pid in stubs), 30)
+    assert wait_until(lambda: not any((SHM / name).exists() for name in regions), 10)
+
+
+@pytest.fixture
+def held_region():
+    """A region in /dev/shm named as the python backend names them, mapped by this test process: it has a live
+    owner, so it must survive every clean-up."""
+    path = SHM / f"triton_python_backend_shm_region_s2t-test-held-{os.getpid()}"
+    path.write_bytes(b"\0" * 4096)
+    with open(path, "r+b") as file:
+        mapping = mmap.mmap(file.fileno(), 4096)
+    try:
+        yield path
+    finally:
+        mapping.close()
+        path.unlink(missing_ok=True)
+
+
+def test_after_a_crash_of_serve_and_its_server_the_next_serve_starts_with_no_orphan_left(serve, held_region,
+                                                                                          tmp_path):
+    process, _, repo, _ = serve
+    server = server_pid(process.pid)
+    stubs = stubs_of(server)
+    regions = regions_of(stubs)
+    assert regions
+    # The whole unit dies at once (the host's OOM killer, a kill -9 of both): nobody unlinks anything.
+    process.kill()
+    os.kill(server, signal.SIGKILL)
+    process.wait()
+    assert wait_until(lambda: not alive(server), 10)
+    assert any((SHM / name).exists() for name in regions), "the crash left no region: nothing to test"
+    ports = {"HTTP_PORT": free_port(), "GRPC_PORT": free_port(), "METRICS_PORT": free_port(), "SUPERVISOR_PORT": 0}
+    env = {**os.environ, **{k: str(v) for k, v in ports.items()}}
+    with open(tmp_path / "next.log", "wb") as log:
+        following = subprocess.Popen([str(S2T), "serve", "--exit-timeout", "5", "--repository", str(repo),
+                                      "--repository", str(ENSEMBLES)], cwd=ROOT, env=env, stdout=log,
+                                     stderr=subprocess.STDOUT)
+        try:
+            assert wait_until(lambda: ready(ports["HTTP_PORT"]) or following.poll() is not None, 120, 0.3)
+            assert following.poll() is None, (tmp_path / "next.log").read_text()[-3000:]
+            assert not [name for name in regions if (SHM / name).exists()]
+            assert not [stub.model for pid, stub in stubs.items() if alive(pid)]
+            assert held_region.exists(), "a region some live process maps was removed"
+            assert regions_of(stubs_of(server_pid(following.pid))), "the new server's own regions are there"
+        finally:
+            following.send_signal(signal.SIGTERM)
+            assert following.wait(60) == 0
 
 
 @pytest.fixture
@@ -299,11 +354,11 @@ def test_the_keeper_fills_the_admin_key_reference_from_its_environment_and_shows
                                                                                          tmp_path):
     from s2t.serve.triton_server import TRITON_DIR, assemble_backend_dir, server_env
     key = "k3y-" + os.urandom(8).hex()
-    http_port = free_port()
+    http_port, grpc_port = free_port(), free_port()
     command = [sys.executable, "-m", "s2t.serve.keeper", "--supervisor-port=0", f"--state-dir={tmp_path}", "--",
                str(TRITON_DIR / "bin" / "tritonserver"), f"--model-repository={copy_repository(tmp_path)}",
                f"--model-repository={ENSEMBLES}", f"--backend-directory={assemble_backend_dir(tmp_path / 'b')}",
-               f"--http-port={http_port}", f"--grpc-port={free_port()}", f"--metrics-port={free_port()}",
+               f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={free_port()}",
                "--model-control-mode=explicit", "--load-model=*",
                "--http-restricted-api=model-repository:admin-key=$(S2T_ADMIN_KEY)"]
     with open(tmp_path / "keeper.log", "wb") as log:
@@ -320,9 +375,36 @@ def test_the_keeper_fills_the_admin_key_reference_from_its_environment_and_shows
                                              headers={"admin-key": key}, method="POST")
             with urllib.request.urlopen(request, timeout=10) as resp:
                 assert {m["name"] for m in json.load(resp)} >= {"skill_adapter", "risk_pipeline"}
+            # The command restricted only the repository API, on HTTP: the keeper restricts logging, trace and
+            # shared memory too, and the same on gRPC (no option there), all with the same key.
+            assert_locked(f"localhost:{http_port}", f"localhost:{grpc_port}", key)
         finally:
             keeper.send_signal(signal.SIGTERM)
             assert keeper.wait(60) == 0
+
+
+def assert_locked(http_url: str, grpc_url: str, key: str | None = None) -> None:
+    """Logging, trace and shared memory refuse callers without the key on HTTP and gRPC; the key (when there is
+    one to know) opens them."""
+    import tritonclient.grpc as grpc
+    import tritonclient.http as http
+    from tritonclient.utils import InferenceServerException
+    http_client, grpc_client = http.InferenceServerClient(http_url), grpc.InferenceServerClient(grpc_url)
+    try:
+        for client in (http_client, grpc_client):
+            for call in (lambda h: client.update_log_settings({"log_verbose_level": 1}, headers=h),
+                         lambda h: client.get_trace_settings(headers=h),
+                         lambda h: client.register_system_shared_memory("x", "/s2t_none", 8, headers=h)):
+                for headers in ({}, {"admin-key": "guess"}):
+                    with pytest.raises(InferenceServerException, match="restricted"):
+                        call(headers)
+        if key:
+            assert http_client.get_log_settings(headers={"admin-key": key})
+            # Triton's gRPC endpoint reads the restricted-protocol header with this prefix.
+            assert grpc_client.get_log_settings(headers={"triton-grpc-protocol-admin-key": key})
+    finally:
+        http_client.close()
+        grpc_client.close()
 
 
 WEDGE_MODEL = '''

@@ -5,6 +5,7 @@ import re
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.http as http
 
+from s2t.serve.leftovers import SHM_DIR, regions_of
 from tests.conftest import ROOT, S2T, free_port
 
 
@@ -84,12 +86,21 @@ def test_serve_takes_ports_from_the_environment_and_prints_the_endpoints(serve_p
     # Summary latencies on: the p99 alert rule and dashboard panel read these quantiles.
     assert b'nv_inference_request_summary_us{model="risk_pipeline",version="1",quantile="0.99"}' in metrics
     assert wait_for_line(log, f"ready: HTTP localhost:{ports['HTTP_PORT']}")
+    # No admin key set: logging, trace and shared memory answer nobody.
+    for path, body in (("/v2/logging", b'{"log_verbose_level": 1}'), ("/v2/trace/setting", b"{}"),
+                       ("/v2/systemsharedmemory/region/x/register", b'{"key": "/x", "offset": 0, "byte_size": 8}')):
+        request = urllib.request.Request(f"http://localhost:{ports['HTTP_PORT']}{path}", data=body, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 403 and b"restricted" in refused.value.read(), path
 
 
 def test_sigterm_lets_in_flight_requests_finish_and_stops_every_child(serve_process, german_credit_data):
     process, ports, log = serve_process
     server_pids = children(process.pid)
     assert len(server_pids) >= 4, "expected tritonserver and its python stubs"
+    regions = regions_of(server_pids)
+    assert regions
     records = [json.dumps({"features": r}).encode() for r in german_credit_data.records()[:256]]
     payload = np.array(records, dtype=object).reshape(-1, 1)
     client = http.InferenceServerClient(f"localhost:{ports['HTTP_PORT']}", concurrency=12, network_timeout=60)
@@ -109,3 +120,4 @@ def test_sigterm_lets_in_flight_requests_finish_and_stops_every_child(serve_proc
     # Triton saw the requests still open when the signal came, and waited for them.
     assert re.search(r"Found [1-9][0-9]* HTTP service connections", log.read_text())
     assert not [pid for pid in server_pids if alive(pid)]
+    assert not [name for name in regions if (SHM_DIR / name).exists()]

@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT
 from s2t.control import release
+from s2t.gate.runtime_imports import IMAGE_PYTHON
 
 # Imports each named module with the release's src/ on sys.path and the checkout taken off it.
 IMPORT_CHECK = """
@@ -97,22 +98,23 @@ def test_pin_writes_the_id_into_every_release_reference(tmp_path):
 
 
 def image_python() -> str | None:
-    """A Python 3.10 like the NGC image's, where the keeper runs in the containers."""
+    """A Python like the NGC image's, where the keeper runs in the containers."""
     import shutil
-    candidates = [str(p) for p in sorted(Path.home().glob(".pyenv/versions/3.10.*/bin/python3.10"))]
-    candidates += [c for c in (shutil.which("python3.10"),) if c]
+    version = ".".join(map(str, IMAGE_PYTHON))
+    candidates = [str(p) for p in sorted(Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version}"))]
+    candidates += [c for c in (shutil.which(f"python{version}"),) if c]
     for candidate in candidates:
         if subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
             return candidate
     return None
 
 
-def test_the_keeper_and_its_supervisor_import_on_the_images_python_3_10_from_the_release(built):
+def test_the_keeper_and_its_supervisor_import_on_the_images_python_from_the_release(built):
     python = image_python()
     if python is None:
-        pytest.skip("no Python 3.10 on this machine (the NGC image's version)")
+        pytest.skip(f"no Python {IMAGE_PYTHON} on this machine (the NGC image's version)")
     out, release_id = built
     done = subprocess.run([python, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
                            "import s2t.serve.keeper, s2t.serve.supervisor, s2t.serve.hidden_args; print(sys.version_info[:2])",
                            str(out / release_id / "src")], capture_output=True, text=True, timeout=60, cwd=out)
-    assert done.returncode == 0 and "(3, 10)" in done.stdout, done.stderr[-2000:]
+    assert done.returncode == 0 and str(IMAGE_PYTHON) in done.stdout, done.stderr[-2000:]

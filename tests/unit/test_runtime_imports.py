@@ -1,11 +1,13 @@
 """s2t/gate/runtime_imports.py on small made-up projects: which third-party modules python models need."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
-from s2t.gate.runtime_imports import distribution_of, model_files, third_party_modules
+from s2t.gate.runtime_imports import (IMAGE_PYTHON, distribution_of, model_files, stdlib_modules,
+                                      third_party_modules)
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
@@ -48,3 +50,25 @@ def test_a_module_the_models_never_reach_is_not_needed(project):
 ])
 def test_a_module_maps_to_the_distribution_that_installs_it(module, distribution):
     assert distribution_of(module) == distribution
+
+
+@pytest.mark.parametrize(("python", "module", "in_stdlib"), [
+    ((3, 11), "imp", True),
+    # Gone in 3.12 (the image's): a model importing it needs a distribution there.
+    ((3, 12), "imp", False),
+    ((3, 12), "distutils", False),
+    ((3, 12), "json", True),
+    ((3, 13), "cgi", False),
+    ((3, 13), "asyncore", False),
+])
+def test_the_standard_library_is_that_of_the_python_asked_for(python, module, in_stdlib):
+    if sys.version_info[:2] > python:
+        pytest.skip(f"this Python {sys.version_info[:2]} no longer knows {python}'s standard library")
+    assert (module in stdlib_modules(python)) is in_stdlib
+
+
+def test_a_module_the_image_python_no_longer_ships_counts_as_third_party(tmp_path):
+    _write(tmp_path, {"repo/m/1/model.py": "import imp\nimport json\n", "repo/m/config.pbtxt": ""})
+    starts = model_files([tmp_path / "repo"])
+    assert set(third_party_modules(tmp_path, starts, python=(3, 12))) == {"imp"}
+    assert third_party_modules(tmp_path, starts) == third_party_modules(tmp_path, starts, python=IMAGE_PYTHON)
