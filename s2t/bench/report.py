@@ -115,7 +115,7 @@ def _table(header: list[str], rows: list[list]) -> str:
 
 def markdown(results: dict) -> str:
     m, r = results["machine"], results["ratios"]
-    triton, base, mem = results["http_triton"], results["http_baseline"], results["memory"]
+    triton, mem = results["http_triton"], results["memory"]
     out = [f"# s2t bench ({results['mode']} mode)", "",
            f"{m['cpu']}, {m['logical_cores']} logical cores, {m['memory_gb']} GB, {m['os']}, Python {m['python']}; "
            f"load average at start {m['load_average_at_start'][0]} (1 min). Load generators run on the same cores.", "",

@@ -23,7 +23,7 @@ import onnx
 
 from backends.atomic_files import write_atomically
 from s2t.gate import model_config
-from s2t.gate.model_config import engine_report_path as report_path  # noqa: F401 - part of this module's interface
+from s2t.gate.model_config import engine_report_path as report_path  # part of this module's interface
 
 # nvcr.io/nvidia/tritonserver:24.10-py3 (Triton 2.51.0) links TensorRT 10.5.0.18 (the NGC framework support
 # matrix, release 24.10); PyPI's tensorrt-cu12==10.5.0 is that release. Its ONNX Runtime is 1.19.2, the
