@@ -5,6 +5,8 @@ import json
 import math
 from pathlib import Path
 
+from s2t.bench import machine_load
+
 MB = 2**20
 TARGET_HTTP_RATIO = 1.0  # above it: faster than the strongest FastAPI app
 GOAL_HTTP_RATIO = 1.5
@@ -119,6 +121,7 @@ def markdown(results: dict) -> str:
     out = [f"# s2t bench ({results['mode']} mode)", "",
            f"{m['cpu']}, {m['logical_cores']} logical cores, {m['memory_gb']} GB, {m['os']}, Python {m['python']}; "
            f"load average at start {m['load_average_at_start'][0]} (1 min). Load generators run on the same cores.", "",
+           *(machine_load.markdown_lines(results["load"]) if "load" in results else []),
            "## Targets", "",
            _table(["target", "measured", "met"], [[t["target"], t["measured"], "yes" if t["met"] else "**no**"]
                                                   for t in results["targets"]]), "",
