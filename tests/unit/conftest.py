@@ -3,8 +3,10 @@ has trained or converted anything: a tiny linear scorer written with onnx.helper
 output and feature-spec metadata), a small data set drawn from its vocabularies, and private copies of the model
 repositories with those files where `make` puts the real ones.
 
-`built_artifacts` is overridden here: unit tests check how the code treats a scorer, never the legacy model's
-numbers (parity against the SavedModel is the integration level's job)."""
+`built_artifacts` is overridden here, and so is every session fixture of tests/conftest.py that reads it: a root
+fixture computed for a unit test would keep the stand-ins cached for the integration tests of the same run. Unit
+tests check how the code treats a scorer, never the legacy model's numbers (parity against the SavedModel is the
+integration level's job)."""
 from __future__ import annotations
 
 import csv
@@ -106,6 +108,23 @@ def built_artifacts(tmp_path_factory):
     onnx.save(tiny_scorer(spec), str(folder / "risk_scorer.onnx"))
     return {"data": write_data(spec, folder / "germancredit.csv"), "onnx": folder / "risk_scorer.onnx",
             "saved_model": None}
+
+
+@pytest.fixture(scope="session")
+def german_credit_data(built_artifacts):
+    from s2t.models import german_credit
+    return german_credit.load(built_artifacts["data"])
+
+
+@pytest.fixture(scope="session")
+def feature_spec(built_artifacts):
+    from s2t.models.convert import read_spec
+    return read_spec(onnx.load(str(built_artifacts["onnx"])))
+
+
+@pytest.fixture(scope="session")
+def legacy_scores():
+    pytest.fail("unit tests never run the legacy TensorFlow model: parity tests belong in tests/integration")
 
 
 @pytest.fixture(scope="session")

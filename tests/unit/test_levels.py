@@ -1,5 +1,6 @@
 """The unit level runs on a fresh clone: nothing here reads what `make models` builds, the stand-ins take the
 places of every built file the models read, and they fit the configs as the real ones do."""
+import ast
 import re
 from pathlib import Path
 
@@ -40,3 +41,23 @@ def test_every_file_the_makefile_builds_into_a_repository_has_a_stand_in(reposit
 
 def test_the_stand_in_repositories_pass_the_config_check(repositories):
     assert check_repositories([repositories["model_repository"], repositories["ensembles"]]) == []
+
+
+def _fixtures(path: Path) -> dict[str, set[str]]:
+    """The fixtures a conftest defines, each with the fixtures it takes."""
+    found = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and any("fixture" in ast.unparse(d) for d in node.decorator_list):
+            found[node.name] = {a.arg for a in node.args.args}
+    return found
+
+
+def test_every_shared_fixture_that_reads_the_built_artifacts_has_its_unit_stand_in():
+    """A session fixture of tests/conftest.py computed for a unit test would stay cached, stand-ins and all, for the
+    integration tests of the same run (`make test-python` runs both levels at once)."""
+    root = _fixtures(ROOT / "tests" / "conftest.py")
+    reads, grew = {"built_artifacts"}, True
+    while grew:
+        more = {name for name, takes in root.items() if takes & reads} - reads
+        reads, grew = reads | more, bool(more)
+    assert reads - set(_fixtures(HERE / "conftest.py")) == set()
