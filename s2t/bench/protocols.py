@@ -26,7 +26,10 @@ def _round(pid: int, url: str, protocol: str, model: str, input_data: Path, sett
     point = perf_analyzer.measure(url, protocol, model, input_data, settings, concurrency=concurrency)
     requests = max(count_requests() - before, 1)
     tree, own = process_tree.cpu_seconds(pid) - tree, process_tree.own_cpu_seconds(pid) - own
-    per_request_us = lambda seconds: round(1e6 * seconds / requests, 1)  # noqa: E731
+
+    def per_request_us(seconds: float) -> float:
+        return round(1e6 * seconds / requests, 1)
+
     return {"requests_per_s": point.requests_per_s, "p50_ms": point.p50_ms, "p99_ms": point.p99_ms,
             "requests": requests, "client_cpu_us_per_request": per_request_us(point.client_cpu_seconds),
             "server_cpu_us_per_request": per_request_us(tree),
