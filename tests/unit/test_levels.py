@@ -61,3 +61,21 @@ def test_every_shared_fixture_that_reads_the_built_artifacts_has_its_unit_stand_
         more = {name for name, takes in root.items() if takes & reads} - reads
         reads, grew = reads | more, bool(more)
     assert reads - set(_fixtures(HERE / "conftest.py")) == set()
+
+
+def _rule(makefile: str, target: str) -> tuple[list[str], list[str]]:
+    """A Makefile rule's prerequisites and recipe lines."""
+    match = re.search(rf"^{target}:([^\n]*)\n((?:\t[^\n]*\n)*)", makefile, re.M)
+    assert match, f"no rule for {target}"
+    return match.group(1).split(), [line.strip() for line in match.group(2).splitlines()]
+
+
+def test_make_test_runs_lint_then_unit_then_the_rest_and_the_fast_levels_build_no_model():
+    makefile = (ROOT / "Makefile").read_text()
+    _, recipe = _rule(makefile, "test")
+    assert [line.split()[-1] for line in recipe] == ["lint", "unit", "integration"]
+    for level in ("lint", "unit"):
+        prerequisites, _ = _rule(makefile, level)
+        assert "models" not in prerequisites and not any(p.startswith("$(VENV)/.installed-test") for p in prerequisites)
+    assert "models" in _rule(makefile, "integration")[0]
+    assert re.search(r"^make test\b", (ROOT / ".ci" / "run").read_text(), re.M), ".ci/run runs what the README says"
