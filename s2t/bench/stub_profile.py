@@ -58,7 +58,10 @@ def summarize(collapsed: str, top: int = 15) -> dict:
         self_time[_function(frames[-1]) if frames else NATIVE] += n
         for name in {_function(f) for f in frames if "model.py" in f or "backends/" in f or "onnxruntime" in f}:
             inside[name] += n
-    share = lambda c: [{"frame": f, "share": n / total} for f, n in c.most_common(top)] if total else []  # noqa: E731
+
+    def share(counts: collections.Counter) -> list[dict]:
+        return [{"frame": f, "share": n / total} for f, n in counts.most_common(top)] if total else []
+
     return {"samples": total, "self": share(self_time), "inclusive": share(inside)}
 
 

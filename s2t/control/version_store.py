@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 from backends.atomic_files import durable_rename
-from backends.repository_layout import version_numbers  # noqa: F401 - part of this module's interface
+from backends.repository_layout import version_numbers  # part of this module's interface
 
 LOCK_TIMEOUT_SECONDS = 300.0
 

@@ -15,7 +15,7 @@ from backends.decision_policy import Thresholds
 from backends.record_decoder import encode_columns
 from s2t.models import german_credit
 from s2t.on_progress import OnProgress, no_progress
-from s2t.gate.parity_report import (FP16_ATOL, LIVE_BATCH, REL_FLOOR, Comparison, ParityReport,  # noqa: F401
+from s2t.gate.parity_report import (FP16_ATOL, LIVE_BATCH, REL_FLOOR, Comparison, ParityReport,  # noqa: F401 - also this module's interface
                                  compare)
 from wire.names import PROBABILITY
 

@@ -23,7 +23,7 @@ import onnx
 
 from backends.atomic_files import write_atomically
 from s2t.gate import model_config
-from s2t.gate.model_config import engine_report_path as report_path  # noqa: F401 - part of this module's interface
+from s2t.gate.model_config import engine_report_path as report_path  # part of this module's interface
 
 # The image deploy/triton builds on (25.08: 24.10 and older are exposed to CVE-2025-23319/23320/23334).
 # TENSORRT_VERSION and ONNXRUNTIME_GPU_VERSION are still 24.10's (TensorRT 10.5.0.18, per the NGC framework support

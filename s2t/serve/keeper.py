@@ -107,7 +107,7 @@ class MetricsServer(threading.Thread):
         state_ref = state
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 - http.server's naming
+            def do_GET(self):  # http.server's naming
                 if self.path.split("?")[0] != "/metrics":
                     self.send_error(404)
                     return

@@ -96,6 +96,27 @@ def test_ratios_are_computed_from_the_measured_numbers(smoke_run):
     assert len(results["targets"]) == 6 and all(isinstance(t["met"], bool) for t in results["targets"])
 
 
+def test_bench_records_the_machine_load_of_every_round_and_whether_the_run_is_publishable(smoke_run):
+    out, results, _ = smoke_run
+    load = results["load"]
+    found, rounds = results["protocols"], len(results["http_triton"]["rounds_throughput"])
+    measured = {f"wrk {side} round {n}" for n in range(1, rounds + 1) for side in ("triton", *results["http_fastapi_apps"])}
+    measured |= {f"perf_analyzer {found['model']} {protocol} c={found['concurrency']} round {n}"
+                 for protocol, entries in found["rounds"].items() for n in range(1, len(entries) + 1)}
+    labels = [r["label"] for r in load["rounds"]]
+    assert set(measured) <= set(labels)
+    assert len(labels) == len(measured) + len(results["perf_analyzer"]) + len(results["perf_analyzer_failures"])
+    assert all(r["wall_seconds"] > 0 and 0 <= r["other_cpu_share"] <= 1 for r in load["rounds"])
+    assert load["cores"] == results["machine"]["logical_cores"]
+    assert load["load_average_1m_at_start"] == results["machine"]["load_average_at_start"][0]
+    busy = (load["load_average_1m_at_start"] / load["cores"] > 0.25
+            or any(r["other_cpu_share"] > 0.10 for r in load["rounds"]))
+    assert results["publishable"] is load["publishable"] is (not busy) and bool(load["reasons"]) is busy
+    markdown = (out / "results.md").read_text()
+    assert ("**NOT PUBLISHABLE: taken on a busy machine.**" in markdown) is busy
+    assert ("**Publishable**" in markdown) is not busy
+
+
 def test_bench_writes_markdown_tables_and_non_empty_plots(smoke_run):
     out, results, proc = smoke_run
     markdown = (out / "results.md").read_text()

@@ -63,6 +63,11 @@ def test_convert_command_gives_the_served_tensor_names(built_artifacts, tmp_path
     assert re.search(r"converting .* with tf2onnx \(opset 17\): \d+\.\d s", done.stderr), done.stderr
 
 
+def test_the_converted_scorer_is_a_numeric_core_that_tensorrt_takes_whole(built_artifacts):
+    from s2t.models import tensorrt_engine
+    assert tensorrt_engine.tensorrt_blockers(onnx.load(str(built_artifacts["onnx"]))) == []
+
+
 def test_unconvertible_op_is_named_with_its_node_and_a_way_out(tmp_path):
     import tensorflow as tf
 

@@ -129,6 +129,42 @@ def test_parse_catches_an_unknown_option_and_a_missing_argument():
         parse(["canary"])
 
 
+def shown_answers(block: Block) -> list[str]:
+    """What a block's comments show a command printing: the `# {...}` lines right after it, joined without their
+    indentation."""
+    answers, current = [], None
+    for line in block.code.splitlines() + [""]:
+        text = line.strip()
+        if text.startswith("#") and (current is not None or text[1:].strip().startswith("{")):
+            current = (current or "") + text[1:].strip()
+            continue
+        if current:
+            answers.append(current)
+        current = None
+    return answers
+
+
+def answer_pattern(shown: str) -> re.Pattern:
+    """The shown answer as a pattern: exact, except that `...` after a digit stands for the digits left out."""
+    return re.compile(re.sub(r"(?<=\d)\\\.\\\.\\\.", r"\\d*", re.escape(shown)))
+
+
+@pytest.mark.parametrize("shown, printed, matches", [
+    ('{"data":[0.47...]}', '{"data":[0.4705159664154053]}', True),
+    ('{"data":[0.47...]}', '{"data":[0.7305159664154053]}', False),
+    ('{"data":["REVIEW"]}', '{"data":["DECLINE"]}', False),
+    ('{"a":1,...}', '{"a":1,...}', True),
+])
+def test_a_shown_answer_leaves_out_only_the_digits_after_its_dots(shown, printed, matches):
+    assert bool(answer_pattern(shown).search(printed)) is matches
+
+
+def test_the_curl_example_shows_an_answer_the_test_compares():
+    [curl] = [b for b in RUN if "risk_pipeline/infer" in b.code and b.code.lstrip().startswith("curl")]
+    [shown] = shown_answers(curl)
+    assert '"name":"probability"' in shown and '"name":"decision"' in shown
+
+
 def for_server(code: str, server) -> str:
     addresses = {"http": server.http_url, "grpc": server.grpc_url, "metrics": f"localhost:{server.metrics_port}"}
     for kind, address in MAKE_SERVE_ADDRESSES.items():
@@ -145,3 +181,5 @@ def test_every_readme_block_runs_against_the_server(triton, block):
     assert done.returncode == 0, f"{block}:\n{code}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     assert done.stdout.strip(), f"{block} printed nothing"
     assert '"error"' not in done.stdout, f"{block}: {done.stdout[-2000:]}"
+    for shown in shown_answers(block):
+        assert answer_pattern(shown).search(done.stdout), f"{block} shows {shown}, the server answered {done.stdout}"

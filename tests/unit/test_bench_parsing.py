@@ -48,8 +48,9 @@ def test_wrk_script_cycles_through_every_body(tmp_path):
 
 
 def _results(triton_rps, base_rps, triton_p99, base_p50):
-    http = lambda rps, p50, p99: {"throughput": rps, "p50_ms": p50, "p99_ms": p99, "cpu_ms_per_request": 0.3,  # noqa: E731
-                                  "connections": 16}
+    def http(rps, p50, p99):
+        return {"throughput": rps, "p50_ms": p50, "p99_ms": p99, "cpu_ms_per_request": 0.3, "connections": 16}
+
     return {
         "http_triton": http(triton_rps, 4.0, triton_p99), "http_baseline": http(base_rps, base_p50, 9.0),
         "perf_analyzer": [{"model": "risk_scorer", "protocol": "grpc", "batch": 256, "concurrency": 2,

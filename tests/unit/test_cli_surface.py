@@ -152,9 +152,13 @@ def test_old_spellings_and_the_environment_still_reach_the_same_option(spelling)
     assert done.returncode == exit_codes.UNREACHABLE and url in done.stderr, done.stderr
 
 
-def test_parity_refuses_two_servers_at_once():
-    done = s2t("parity", "--saved-model", "artifacts/legacy/risk_model", "--onnx", "artifacts/onnx/risk_scorer.onnx",
-               "--data", "artifacts/data/germancredit.csv", "--http-url", "a:1", "--grpc-url", "b:2")
+def test_parity_refuses_two_servers_at_once(tmp_path):
+    # The paths only have to exist: the two servers are refused before anything is read.
+    (tmp_path / "saved_model").mkdir()
+    for name in ("scorer.onnx", "data.csv"):
+        (tmp_path / name).write_text("")
+    done = s2t("parity", "--saved-model", str(tmp_path / "saved_model"), "--onnx", str(tmp_path / "scorer.onnx"),
+               "--data", str(tmp_path / "data.csv"), "--http-url", "a:1", "--grpc-url", "b:2")
     assert done.returncode == exit_codes.USAGE and "--http-url or --grpc-url" in done.stderr
 
 

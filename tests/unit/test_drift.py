@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backends.drift import psi
+from backends.drift import SCORE_FEATURE, DriftMonitor, DriftWatch, Reference, psi
+from backends.feature_spec import CategoricalFeature, FeatureSpec
 
 
 @pytest.mark.parametrize("expected, actual, low, high", [
@@ -37,9 +38,6 @@ def test_psi_is_symmetric_and_never_negative(a, b):
 
 
 # --- live records against the training data -------------------------------------------------------------------
-
-from backends.drift import SCORE_FEATURE, DriftMonitor, DriftWatch, Reference  # noqa: E402
-from backends.feature_spec import CategoricalFeature, FeatureSpec  # noqa: E402
 
 SPEC = FeatureSpec((CategoricalFeature("purpose", {"car": 1, "tv": 2}, 0),), ("amount",))
 

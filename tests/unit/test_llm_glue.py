@@ -61,10 +61,10 @@ def pipeline(bls):
 
 
 @pytest.fixture
-def explainer(pb_utils, built_artifacts):
+def explainer(pb_utils, repositories):
     pb_utils.InferenceRequest.bls["risk_pipeline"] = pipeline
-    glue = backend.initialize(backend.load_model(LLM_REPOSITORY / "risk_explainer" / "1" / "model.py", pb_utils),
-                              LLM_REPOSITORY / "risk_explainer")
+    folder = repositories["model_repository_llm"] / "risk_explainer"
+    glue = backend.initialize(backend.load_model(folder / "1" / "model.py", pb_utils), folder)
     yield glue
     glue.finalize()
 

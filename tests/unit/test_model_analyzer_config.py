@@ -3,13 +3,13 @@ import os
 
 import yaml
 
-from tests.conftest import DATA_CSV, MODEL_REPOSITORY
 from s2t.bench import model_analyzer
 from s2t.serve.triton_server import TRITON_DIR
 
 
-def test_model_analyzer_is_pointed_at_the_embedded_server_and_the_pipeline_with_its_scorer(built_artifacts, tmp_path):
-    config = yaml.safe_load(model_analyzer.prepare(tmp_path, MODEL_REPOSITORY, DATA_CSV).read_text())
+def test_model_analyzer_is_pointed_at_the_embedded_server_and_the_pipeline_with_its_scorer(built_artifacts,
+                                                                                           model_repository, tmp_path):
+    config = yaml.safe_load(model_analyzer.prepare(tmp_path, model_repository, built_artifacts["data"]).read_text())
     assert config["triton_launch_mode"] == "local"
     assert config["triton_server_path"] == str(TRITON_DIR / "bin" / "tritonserver")
     backends = tmp_path / "backends"

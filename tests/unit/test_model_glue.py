@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from backends import fault_points
-from tests.conftest import MODEL_REPOSITORY
+from tests.conftest import ROOT
 from tests.unit import python_backend as backend
 from tests.unit.python_backend import TritonError, payloads, request
 
-RECORD = json.loads((MODEL_REPOSITORY.parent / "clients" / "examples" / "record.json").read_text())
+RECORD = json.loads((ROOT / "clients" / "examples" / "record.json").read_text())
 
 
 @pytest.fixture
@@ -21,9 +21,13 @@ def pb_utils():
     return backend.backend_utils()
 
 
-def model(pb_utils, name: str):
-    folder = MODEL_REPOSITORY / name
-    return backend.initialize(backend.load_model(folder / "1" / "model.py", pb_utils), folder)
+@pytest.fixture
+def model(pb_utils, model_repository):
+    """Loads a model of the unit level's repository (tiny scorer and specs) as Triton would."""
+    def load(name: str):
+        folder = model_repository / name
+        return backend.initialize(backend.load_model(folder / "1" / "model.py", pb_utils), folder)
+    return load
 
 
 def without(record: dict, feature: str) -> dict:
@@ -37,8 +41,8 @@ def faulty(monkeypatch):
     return arm
 
 
-def test_skill_adapter_packs_each_request_and_fails_a_bad_record_alone(pb_utils, built_artifacts):
-    adapter = model(pb_utils, "skill_adapter")
+def test_skill_adapter_packs_each_request_and_fails_a_bad_record_alone(pb_utils, model):
+    adapter = model("skill_adapter")
     responses = adapter.execute([request(payload=payloads(RECORD, RECORD)),
                                  request(payload=payloads(without(RECORD, "purpose"))),
                                  request(payload=payloads(RECORD))])
@@ -49,8 +53,8 @@ def test_skill_adapter_packs_each_request_and_fails_a_bad_record_alone(pb_utils,
     assert responses[1].error().message().startswith("features.purpose: missing")
 
 
-def test_risk_decision_decides_each_request_with_the_configured_thresholds(pb_utils, decision_thresholds):
-    decision = model(pb_utils, "risk_decision")
+def test_risk_decision_decides_each_request_with_the_configured_thresholds(model, decision_thresholds):
+    decision = model("risk_decision")
     review, decline = decision_thresholds.review, decision_thresholds.decline
     responses = decision.execute([request(probability=np.array([[0.0], [decline]], dtype=np.float32)),
                                   request(probability=np.array([[review]], dtype=np.float32))])
@@ -60,10 +64,10 @@ def test_risk_decision_decides_each_request_with_the_configured_thresholds(pb_ut
 @pytest.mark.parametrize("name, point", [("risk_decision", "risk_decision.execute"),
                                          ("risk_pipeline", "risk_pipeline.execute"),
                                          ("skill_adapter", "skill_adapter.execute")])
-def test_an_internal_failure_answers_every_request_internal_without_its_details(pb_utils, built_artifacts, faulty,
+def test_an_internal_failure_answers_every_request_internal_without_its_details(pb_utils, model, faulty,
                                                                                name, point):
     faulty(point)
-    glue = model(pb_utils, name)
+    glue = model(name)
     inputs = ({"probability": np.array([[0.5]], dtype=np.float32)} if name == "risk_decision"
               else {"payload": payloads(RECORD)})
     responses = glue.execute([request(**inputs), request(**inputs)])
@@ -74,8 +78,8 @@ def test_an_internal_failure_answers_every_request_internal_without_its_details(
     assert any("Traceback" in text for level, text in backend.Logger.lines if level == "error")
 
 
-def test_risk_pipeline_scores_each_request_and_fails_a_bad_record_alone(pb_utils, built_artifacts):
-    pipeline = model(pb_utils, "risk_pipeline")
+def test_risk_pipeline_scores_each_request_and_fails_a_bad_record_alone(pb_utils, model):
+    pipeline = model("risk_pipeline")
     bad = {**RECORD, "features": {**RECORD["features"], "duration_in_month": "twelve"}}
     responses = pipeline.execute([request(payload=payloads(RECORD)), request(payload=payloads(RECORD, bad)),
                                   request(payload=payloads(RECORD, RECORD))])
@@ -101,9 +105,9 @@ def decider(bls):
                                                      .astype(object))])
 
 
-def test_risk_router_answers_from_the_primary_and_says_which_version_served(pb_utils, built_artifacts):
+def test_risk_router_answers_from_the_primary_and_says_which_version_served(pb_utils, model):
     pb_utils.InferenceRequest.bls.update({"risk_scorer": scorer(0.75), "risk_decision": decider})
-    router = model(pb_utils, "risk_router")
+    router = model("risk_router")
     responses = router.execute([request(payload=payloads(RECORD, RECORD)),
                                 request(payload=payloads(without(RECORD, "purpose")))])
     assert responses[0].output("probability").ravel().tolist() == [0.75, 0.75]
@@ -114,20 +118,20 @@ def test_risk_router_answers_from_the_primary_and_says_which_version_served(pb_u
 
 @pytest.mark.parametrize("code, kind_code", [(TritonError.UNAVAILABLE, TritonError.UNAVAILABLE),
                                              (TritonError.INTERNAL, TritonError.INTERNAL)])
-def test_risk_router_passes_a_failed_decision_call_on_as_the_callers_error(pb_utils, built_artifacts, code, kind_code):
+def test_risk_router_passes_a_failed_decision_call_on_as_the_callers_error(pb_utils, model, code, kind_code):
     def failing(bls):
         return backend.InferenceResponse(error=TritonError("decision model gone", code))
 
     pb_utils.InferenceRequest.bls.update({"risk_scorer": scorer(0.25), "risk_decision": failing})
-    router = model(pb_utils, "risk_router")
+    router = model("risk_router")
     responses = router.execute([request(payload=payloads(RECORD)), request(payload=payloads(RECORD))])
     assert [r.error().code() for r in responses] == [kind_code, kind_code]
     assert "risk_decision: decision model gone" in responses[0].error().message()
 
 
-def test_risk_router_refuses_a_route_to_a_model_it_does_not_serve(pb_utils, built_artifacts):
+def test_risk_router_refuses_a_route_to_a_model_it_does_not_serve(pb_utils, model):
     pb_utils.InferenceRequest.bls.update({"risk_scorer": scorer(0.25), "risk_decision": decider})
-    router = model(pb_utils, "risk_router")
+    router = model("risk_router")
     responses = router.execute([request({"route": "../secrets"}, payload=payloads(RECORD)),
                                 request(payload=payloads(RECORD))])
     assert responses[0].error().code() == TritonError.INVALID_ARG and "route" in responses[0].error().message()
@@ -157,9 +161,9 @@ def answered(req) -> list[tuple[bytes, int, float, bool]]:
 
 
 @pytest.fixture
-def stream(pb_utils, built_artifacts):
+def stream(pb_utils, model):
     pb_utils.InferenceRequest.bls["risk_pipeline"] = pipeline_of(0.5)
-    glue = model(pb_utils, "risk_stream")
+    glue = model("risk_stream")
     yield glue
     glue.finalize()
 
@@ -204,12 +208,12 @@ def test_risk_stream_answers_every_request_internal_when_scoring_breaks(pb_utils
         assert flags == 1 and response.error().code() in (TritonError.INTERNAL, TritonError.UNAVAILABLE)
 
 
-def test_the_onnxruntime_backend_runs_each_request_and_fails_a_misshapen_one_alone(pb_utils, built_artifacts):
-    adapter = model(pb_utils, "skill_adapter")
+def test_the_onnxruntime_backend_runs_each_request_and_fails_a_misshapen_one_alone(pb_utils, model, model_repository):
+    adapter = model("skill_adapter")
     packed = adapter.execute([request(payload=payloads(RECORD, RECORD))])[0]
     categorical, numeric = packed.output("categorical"), packed.output("numeric")
-    folder = MODEL_REPOSITORY / "risk_scorer"
-    scorer = backend.initialize(backend.load_model(MODEL_REPOSITORY.parent / "backends" / "onnxruntime" / "model.py",
+    folder = model_repository / "risk_scorer"
+    scorer = backend.initialize(backend.load_model(ROOT / "backends" / "onnxruntime" / "model.py",
                                                    pb_utils), folder)
     responses = scorer.execute([request(categorical=categorical, numeric=numeric),
                                 request(categorical=categorical, numeric=numeric[:, :3]),

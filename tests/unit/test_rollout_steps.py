@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT
+from tests.conftest import ROOT
 from s2t.control import primary, version_store
 from s2t.control.publish import PublishError, publish
 from s2t.control.rollback import RollbackError, rollback as rollback_newest_folder
@@ -18,12 +18,11 @@ from s2t.control.version_store import VersionStore
 
 
 @pytest.fixture
-def repos(tmp_path, built_artifacts):
+def repos(tmp_path, built_artifacts, repositories):
+    """A private copy of the repositories with version 1 of risk_scorer only."""
     repo, ensembles = tmp_path / "model_repository", tmp_path / "ensembles"
-    shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ENSEMBLES, ensembles, ignore=shutil.ignore_patterns("__pycache__"))
-    for version in VersionStore(repo).served("risk_scorer")[1:]:
-        shutil.rmtree(repo / "risk_scorer" / str(version))
+    shutil.copytree(repositories["model_repository"], repo)
+    shutil.copytree(repositories["ensembles"], ensembles)
     return repo, built_artifacts["onnx"]
 
 

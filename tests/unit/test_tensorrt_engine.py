@@ -6,7 +6,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tests.conftest import GPU_REPOSITORY, ROOT, S2T, SCORER_ONNX, has_gpu
+from tests.conftest import GPU_REPOSITORY, ROOT, S2T, has_gpu
 from s2t.models import tensorrt_engine
 from s2t.models.tensorrt_engine import BatchProfile, EngineBuildError
 
@@ -21,10 +21,6 @@ def string_lookup_graph() -> onnx.ModelProto:
                               [helper.make_tensor_value_info("purpose", TensorProto.STRING, ["batch", 1])],
                               [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch", 1])])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15), helper.make_opsetid("ai.onnx.ml", 2)])
-
-
-def test_the_converted_scorer_is_a_numeric_core_that_tensorrt_takes_whole(built_artifacts):
-    assert tensorrt_engine.tensorrt_blockers(onnx.load(str(SCORER_ONNX))) == []
 
 
 def test_a_graph_with_string_lookups_is_refused_naming_the_node_and_the_input():
@@ -42,7 +38,7 @@ def test_build_refuses_a_string_graph_before_touching_tensorrt_and_says_how_to_s
 
 
 def test_profile_shapes_put_the_batch_range_on_every_input_and_keep_the_feature_dims(built_artifacts):
-    shapes = tensorrt_engine.profile_shapes(onnx.load(str(SCORER_ONNX)), BatchProfile(1, 64, 256))
+    shapes = tensorrt_engine.profile_shapes(onnx.load(str(built_artifacts["onnx"])), BatchProfile(1, 64, 256))
     assert shapes == {"categorical": ((1, 13), (64, 13), (256, 13)), "numeric": ((1, 7), (64, 7), (256, 7))}
 
 
@@ -80,7 +76,7 @@ def test_engines_are_built_for_the_image_compose_serves_and_the_gpu_venv_install
 @pytest.mark.skipif(has_gpu(), reason="a GPU is here: tests/gpu builds real engines")
 def test_build_trt_without_a_gpu_fails_clearly_and_writes_nothing(built_artifacts, tmp_path):
     out = tmp_path / "risk_scorer.plan"
-    proc = subprocess.run([str(S2T), "build-trt", str(SCORER_ONNX), "--out", str(out), "--config",
+    proc = subprocess.run([str(S2T), "build-trt", str(built_artifacts["onnx"]), "--out", str(out), "--config",
                            str(GPU_REPOSITORY / "risk_scorer_trt"), "--timing-cache", str(tmp_path / "t.cache")],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1

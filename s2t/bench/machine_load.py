@@ -1,0 +1,119 @@
+"""Whether a bench run was taken on a quiet machine: the 1-minute load average at its start, and the CPU that
+processes other than the run's own (servers, load generators, the bench itself) used during each measured round.
+
+Measured beside a test suite, the FastAPI apps lost 2-3x more than Triton: a figure from a busy machine says
+nothing about either side, so such a run is marked not publishable, with the reasons."""
+from __future__ import annotations
+
+import math
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Iterator
+
+import psutil
+
+# Over either limit the run is not publishable.
+LOAD_PER_CORE_LIMIT = 0.25
+OTHER_CPU_SHARE_LIMIT = 0.10
+
+
+@dataclass(frozen=True)
+class RoundLoad:
+    """One measured round: the whole machine's busy CPU and the run's own, over the same wall time."""
+
+    label: str
+    wall_seconds: float
+    machine_cpu_seconds: float
+    own_cpu_seconds: float
+    cores: int
+
+    @property
+    def other_cpu_share(self) -> float:
+        """The share of all cores that other processes used (0 to 1; NaN for a round of no time)."""
+        if self.wall_seconds <= 0 or self.cores <= 0:
+            return float("nan")
+        return max(0.0, self.machine_cpu_seconds - self.own_cpu_seconds) / (self.wall_seconds * self.cores)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "other_cpu_share": self.other_cpu_share}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    publishable: bool
+    reasons: tuple[str, ...]
+
+
+def verdict(load_average_1m: float, cores: int, rounds: list[RoundLoad]) -> Verdict:
+    """Publishable when the load average at the start was at most LOAD_PER_CORE_LIMIT per core and no round saw
+    other processes use more than OTHER_CPU_SHARE_LIMIT of the CPU. A round whose share cannot be told (no wall
+    time) is no evidence of a quiet machine either."""
+    reasons = []
+    per_core = load_average_1m / max(cores, 1)
+    if per_core > LOAD_PER_CORE_LIMIT:
+        reasons.append(f"load average {load_average_1m:.2f} at the start on {cores} cores: {per_core:.2f} per core "
+                       f"(limit {LOAD_PER_CORE_LIMIT})")
+    for entry in rounds:
+        share = entry.other_cpu_share
+        if math.isnan(share) or share > OTHER_CPU_SHARE_LIMIT:
+            used = "an unknown share" if math.isnan(share) else f"{share:.0%}"
+            reasons.append(f"{entry.label}: other processes used {used} of the CPU (limit {OTHER_CPU_SHARE_LIMIT:.0%})")
+    return Verdict(not reasons, tuple(reasons))
+
+
+def machine_cpu_seconds() -> float:
+    """Busy CPU seconds of the whole machine since boot, all cores (/proc/stat: everything but idle and iowait)."""
+    t = psutil.cpu_times()
+    return sum(getattr(t, field, 0.0) for field in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
+def own_cpu_seconds(pid: int) -> float:
+    """CPU seconds of `pid` and its descendants, living ones and those already reaped (a finished wrk or
+    perf_analyzer is counted in its parent's children times, so no round loses its load generator)."""
+    total = 0.0
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+class LoadWatch:
+    """The load of one run: the load average at its start and each round's other-process CPU. Everything this
+    process started (the servers, their stubs, the load generators) is the run's own."""
+
+    def __init__(self, pid: int | None = None, load_average_1m: float | None = None, cores: int | None = None):
+        self.pid = os.getpid() if pid is None else pid
+        self.load_average_1m = psutil.getloadavg()[0] if load_average_1m is None else load_average_1m
+        self.cores = cores or psutil.cpu_count() or 1
+        self.rounds: list[RoundLoad] = []
+
+    @contextmanager
+    def round(self, label: str) -> Iterator[None]:
+        machine, own, wall = machine_cpu_seconds(), own_cpu_seconds(self.pid), time.monotonic()
+        try:
+            yield
+        finally:
+            self.rounds.append(RoundLoad(label, time.monotonic() - wall, machine_cpu_seconds() - machine,
+                                         own_cpu_seconds(self.pid) - own, self.cores))
+
+    def summary(self) -> dict:
+        found = verdict(self.load_average_1m, self.cores, self.rounds)
+        return {"publishable": found.publishable, "reasons": list(found.reasons),
+                "load_average_1m_at_start": round(self.load_average_1m, 2), "cores": self.cores,
+                "limits": {"load_average_per_core": LOAD_PER_CORE_LIMIT, "other_cpu_share": OTHER_CPU_SHARE_LIMIT},
+                "rounds": [r.as_dict() for r in self.rounds]}
+
+
+def markdown_lines(summary: dict) -> list[str]:
+    """The verdict as the first lines of a printed report."""
+    if summary["publishable"]:
+        worst = max((r["other_cpu_share"] for r in summary["rounds"]), default=0.0)
+        return [f"**Publishable**: a quiet machine (load average {summary['load_average_1m_at_start']} at the start "
+                f"on {summary['cores']} cores; other processes at most {worst:.0%} of the CPU in any round).", ""]
+    return ["**NOT PUBLISHABLE: taken on a busy machine.** " + "; ".join(summary["reasons"]) + ".", ""]

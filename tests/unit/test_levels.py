@@ -1,0 +1,81 @@
+"""The unit level runs on a fresh clone: nothing here reads what `make models` builds, the stand-ins take the
+places of every built file the models read, and they fit the configs as the real ones do."""
+import ast
+import re
+from pathlib import Path
+
+from s2t.gate.model_config import check_repositories
+from tests.conftest import ROOT
+
+HERE = Path(__file__).resolve().parent
+# tests/conftest.py's paths to what `make models` builds.
+BUILT_PATH_NAMES = ("ARTIFACTS", "DATA_CSV", "SAVED_MODEL", "SCORER_ONNX")
+
+
+def test_no_unit_test_names_a_path_that_make_models_builds():
+    offenders = []
+    for path in sorted(HERE.glob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"\b(" + "|".join(BUILT_PATH_NAMES) + r")\b", line) and "BUILT_PATH_NAMES" not in line:
+                offenders.append(f"{path.name}:{number}: {line.strip()}")
+    assert offenders == [], "unit tests take the stand-ins (tests/unit/conftest.py) instead:\n" + "\n".join(offenders)
+
+
+def test_the_unit_fixtures_are_stand_ins_outside_the_checkout(built_artifacts, repositories):
+    for path in (built_artifacts["onnx"], built_artifacts["data"], *repositories.values()):
+        assert not Path(path).resolve().is_relative_to(ROOT), path
+    assert built_artifacts["saved_model"] is None, "unit tests never run the TensorFlow model"
+
+
+def test_every_file_the_makefile_builds_into_a_repository_has_a_stand_in(repositories):
+    """The Makefile's variables for files inside the repositories (specs, drift reference, reason model)."""
+    makefile = (ROOT / "Makefile").read_text()
+    built = re.findall(r"^[A-Z_]+ := ((?:model_repository\w*)/[\w/.]+)$", makefile, re.M)
+    assert len(built) >= 4, built
+    for relative in built:
+        repository, rest = relative.split("/", 1)
+        assert (repositories[repository] / rest).is_file(), relative
+    for scorer in ("risk_scorer", "risk_scorer_lite"):
+        assert (repositories["model_repository"] / scorer / "1" / "model.onnx").is_file()
+
+
+def test_the_stand_in_repositories_pass_the_config_check(repositories):
+    assert check_repositories([repositories["model_repository"], repositories["ensembles"]]) == []
+
+
+def _fixtures(path: Path) -> dict[str, set[str]]:
+    """The fixtures a conftest defines, each with the fixtures it takes."""
+    found = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and any("fixture" in ast.unparse(d) for d in node.decorator_list):
+            found[node.name] = {a.arg for a in node.args.args}
+    return found
+
+
+def test_every_shared_fixture_that_reads_the_built_artifacts_has_its_unit_stand_in():
+    """A session fixture of tests/conftest.py computed for a unit test would stay cached, stand-ins and all, for the
+    integration tests of the same run (`make test-python` runs both levels at once)."""
+    root = _fixtures(ROOT / "tests" / "conftest.py")
+    reads, grew = {"built_artifacts"}, True
+    while grew:
+        more = {name for name, takes in root.items() if takes & reads} - reads
+        reads, grew = reads | more, bool(more)
+    assert reads - set(_fixtures(HERE / "conftest.py")) == set()
+
+
+def _rule(makefile: str, target: str) -> tuple[list[str], list[str]]:
+    """A Makefile rule's prerequisites and recipe lines."""
+    match = re.search(rf"^{target}:([^\n]*)\n((?:\t[^\n]*\n)*)", makefile, re.M)
+    assert match, f"no rule for {target}"
+    return match.group(1).split(), [line.strip() for line in match.group(2).splitlines()]
+
+
+def test_make_test_runs_lint_then_unit_then_the_rest_and_the_fast_levels_build_no_model():
+    makefile = (ROOT / "Makefile").read_text()
+    _, recipe = _rule(makefile, "test")
+    assert [line.split()[-1] for line in recipe] == ["lint", "unit", "integration"]
+    for level in ("lint", "unit"):
+        prerequisites, _ = _rule(makefile, level)
+        assert "models" not in prerequisites and not any(p.startswith("$(VENV)/.installed-test") for p in prerequisites)
+    assert "models" in _rule(makefile, "integration")[0]
+    assert re.search(r"^make test\b", (ROOT / ".ci" / "run").read_text(), re.M), ".ci/run runs what the README says"

@@ -1,0 +1,81 @@
+"""A bench run is publishable only from a quiet machine: the load average at its start and the CPU other processes
+used in each round, read from /proc."""
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+
+from s2t.bench.machine_load import LoadWatch, RoundLoad, markdown_lines, verdict
+
+
+def round_of(share: float, label: str = "wrk triton round 1", cores: int = 2, wall: float = 10.0) -> RoundLoad:
+    """A round in which the run's own processes used one core and others `share` of all cores."""
+    own = wall
+    return RoundLoad(label, wall, own + share * wall * cores, own, cores)
+
+
+@pytest.mark.parametrize("load_average, cores, shares, publishable, named", [
+    (0.0, 2, [0.0, 0.02], True, []),
+    (0.5, 2, [0.10], True, []),                          # both exactly at their limits
+    (0.51, 2, [0.0], False, ["load average 0.51", "0.26 per core"]),
+    (10.0, 2, [0.0], False, ["5.00 per core"]),
+    (3.9, 16, [0.0], True, []),
+    (0.1, 2, [0.02, 0.35, 0.01], False, ["round 2: other processes used 35%"]),
+    (1.2, 2, [0.5], False, ["0.60 per core", "used 50% of the CPU"]),
+])
+def test_a_run_is_publishable_only_under_both_limits(load_average, cores, shares, publishable, named):
+    rounds = [round_of(s, f"wrk triton round {i + 1}", cores) for i, s in enumerate(shares)]
+    found = verdict(load_average, cores, rounds)
+    assert found.publishable is publishable
+    assert bool(found.reasons) is not publishable
+    for text in named:
+        assert any(text in reason for reason in found.reasons), (text, found.reasons)
+
+
+def test_other_cpu_share_is_what_the_machine_used_beyond_the_runs_own_processes():
+    assert RoundLoad("r", 10.0, 12.0, 10.0, 2).other_cpu_share == pytest.approx(0.1)
+    # /proc/stat and the processes' own times tick separately: a round can read the run's CPU a tick over the
+    # machine's. That is no negative load.
+    assert RoundLoad("r", 10.0, 9.9, 10.0, 2).other_cpu_share == 0.0
+
+
+def test_a_round_of_no_time_is_no_evidence_of_a_quiet_machine():
+    entry = RoundLoad("wrk triton round 1", 0.0, 0.0, 0.0, 2)
+    assert math.isnan(entry.other_cpu_share)
+    found = verdict(0.0, 2, [entry])
+    assert not found.publishable and "unknown share" in found.reasons[0]
+
+
+def test_cpu_burnt_outside_the_watched_processes_counts_as_other():
+    """A watch on an idle child: this process's own busy loop is another process's load."""
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        watch = LoadWatch(pid=idle.pid, load_average_1m=0.0, cores=2)
+        spent = time.process_time()
+        with watch.round("busy loop beside the watched process"):
+            deadline = time.monotonic() + 0.5
+            while time.monotonic() < deadline:
+                pass
+        spent = time.process_time() - spent
+    finally:
+        idle.kill()
+        idle.wait(timeout=30)
+    (entry,) = watch.rounds
+    other = entry.machine_cpu_seconds - entry.own_cpu_seconds
+    # Whatever else the machine runs, the loop's own CPU is in the machine's busy time and not in the child's.
+    assert other >= 0.8 * spent - 0.05
+    assert entry.own_cpu_seconds < 0.1
+
+
+def test_the_summary_and_the_printed_report_say_whether_the_run_is_publishable():
+    quiet = LoadWatch(load_average_1m=0.1, cores=2)
+    quiet.rounds.append(round_of(0.03))
+    busy = LoadWatch(load_average_1m=11.5, cores=2)
+    busy.rounds.append(round_of(0.4))
+    assert quiet.summary()["publishable"] and not busy.summary()["publishable"]
+    assert busy.summary()["rounds"][0]["other_cpu_share"] == pytest.approx(0.4)
+    assert markdown_lines(quiet.summary())[0].startswith("**Publishable**")
+    printed = markdown_lines(busy.summary())[0]
+    assert printed.startswith("**NOT PUBLISHABLE") and "load average 11.50" in printed and "40%" in printed
