@@ -12,7 +12,6 @@ import pytest
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT
 from s2t.control import primary, version_store
 from s2t.control.publish import PublishError, publish
-from s2t.control.rollback import RollbackError, rollback as rollback_newest_folder
 from s2t.control.rollout import Rollout, RolloutError, canary, promote, rollback, rollback_plan
 from s2t.control.version_store import VersionStore
 
@@ -171,9 +170,11 @@ def test_concurrent_rollout_commands_keep_a_served_primary_and_every_history_lin
     assert set(served_by_consumers(repo).values()) == {current.primary}
 
 
-def test_the_newest_folder_rollback_refuses_a_model_with_an_explicit_primary(repos):
+def test_a_rollback_after_a_plain_publish_moves_the_consumers_back_and_keeps_both_folders(repos):
     repo, onnx = repos
     publish("risk_scorer", onnx, repo, None)
-    with pytest.raises(RollbackError, match="explicit primary"):
-        rollback_newest_folder("risk_scorer", repo)
-    assert VersionStore(repo).served("risk_scorer") == [1, 2]
+    done = rollback(Rollout("risk_scorer", repo), rollback_plan(Rollout("risk_scorer", repo), None))
+    assert (done.action, done.target, done.retiring) == ("revert", 1, (2,))
+    assert served_by_consumers(repo) == {"risk_router": 1, "risk_pipeline": 1, "risk_pipeline_ensemble": 1}
+    # The demoted version drains before its folder goes: the consumers may still be reloading.
+    assert VersionStore(repo).served("risk_scorer") == [1, 2] and list(state(repo).draining) == [2]
