@@ -169,9 +169,7 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
                 state.candidate = version
             else:
                 rollout.point_consumers(version)
-                old_previous = state.previous
-                state.primary, state.previous = version, state.primary
-                rollout.drain(state, [old_previous], 0.0)  # nothing routed to it
+                rollout.make_primary(state, version, clear_candidate=False)  # a staged version stays staged
             rollout.retire_drained(state)
     except RolloutError as err:
         raise PublishError(str(err)) from None

@@ -59,6 +59,8 @@ class RolloutState:
     previous: int | None = None
     candidate: int | None = None
     draining: dict[int, float] = field(default_factory=dict)  # version -> time after which it may be retired
+    # Until then a consumer may still run `previous` (it was the primary): once it loses that role it drains.
+    previous_until: float = 0.0
     # The history event of a step that began and has not finished: set, the roles above are from before it.
     pending: dict | None = None
 
@@ -79,7 +81,8 @@ class RolloutState:
     def from_json(cls, text: str) -> "RolloutState":
         data = json.loads(text)
         return cls(data.get("primary"), data.get("previous"), data.get("candidate"),
-                   {int(k): float(v) for k, v in data.get("draining", {}).items()}, data.get("pending"))
+                   {int(k): float(v) for k, v in data.get("draining", {}).items()},
+                   float(data.get("previous_until", 0.0)), data.get("pending"))
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,8 @@ class Rollout:
         reached("recorded")
         state.pending = {"model": self.model, **event}
         if self.keeps_state():
-            intent = RolloutState(state.primary, state.previous, state.candidate, dict(state.draining), state.pending)
+            intent = RolloutState(state.primary, state.previous, state.candidate, dict(state.draining),
+                                  state.previous_until, state.pending)
             self.save(intent)
         reached("intent")
 
@@ -221,8 +225,8 @@ class Rollout:
         previous = previous if previous in served and previous != now else None
         candidate = router_candidate if router_candidate is not None else state.candidate
         candidate = candidate if candidate in served and candidate not in (now, previous) else None
-        recovered = RolloutState(now, previous, candidate)
         due = time.time() + self.drain_seconds
+        recovered = RolloutState(now, previous, candidate, previous_until=due)
         for version in served - recovered.roles():
             old_due = state.draining.get(version)
             # Draining before the step: its own time. Newly without a role: a live consumer may still use it.
@@ -271,6 +275,18 @@ class Rollout:
     def restore(self, version: int) -> None:
         self.store.restore(self.model, version)
         reached("restored")
+
+    def make_primary(self, state: RolloutState, version: int, clear_candidate: bool = True) -> None:
+        """`version` is what every consumer serves now: the primary before becomes `previous`, the previous before
+        drains (at once, unless a consumer may still run it) and, with `clear_candidate`, so does the candidate."""
+        old_previous, old_until, old_candidate = state.previous, state.previous_until, state.candidate
+        state.primary, state.previous = version, state.primary
+        state.previous_until = time.time() + self.drain_seconds
+        state.draining.pop(version, None)
+        self.drain(state, [old_previous], max(0.0, old_until - time.time()))
+        if clear_candidate or old_candidate == version:
+            state.candidate = None
+            self.drain(state, [old_candidate], self.drain_seconds)
 
     def drain(self, state: RolloutState, versions: Iterable[int | None], seconds: float) -> None:
         """Retire these versions (unless a role keeps them) once `seconds` have passed."""
@@ -354,11 +370,7 @@ def promote(rollout: Rollout, version: int) -> int:
         rollout.begin(state, {"action": "promote", "version": version, "from": state.primary, "primary": version})
         rollout.wait_loaded(version)
         rollout.point_consumers(version, dict(primary.NO_SPLIT))
-        old_previous = state.previous
-        state.primary, state.previous = version, state.primary
-        state.candidate = None
-        state.draining.pop(version, None)
-        rollout.drain(state, [old_previous], 0.0)  # nothing routed to it
+        rollout.make_primary(state, version)
         rollout.retire_drained(state)
     return version
 

@@ -5,12 +5,15 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT
 from s2t.control import primary, version_store
+from s2t.control import rollout as rollout_module
 from s2t.control.publish import PublishError, publish
 from s2t.control.rollout import Rollout, RolloutError, canary, promote, rollback, rollback_plan
 from s2t.control.version_store import VersionStore
@@ -42,13 +45,19 @@ def test_staged_version_is_loaded_but_every_consumer_keeps_the_primary(repos):
     assert (state(repo).primary, state(repo).candidate) == (1, 2)
 
 
-def test_plain_publish_moves_every_consumer_at_once_and_keeps_the_previous_version(repos):
+def test_plain_publish_moves_every_consumer_at_once_and_keeps_the_previous_version(repos, monkeypatch):
     repo, onnx = repos
     assert publish("risk_scorer", onnx, repo, None) == 2
     assert served_by_consumers(repo) == {"risk_router": 2, "risk_pipeline": 2, "risk_pipeline_ensemble": 2}
     assert (state(repo).primary, state(repo).previous) == (2, 1)
     publish("risk_scorer", onnx, repo, None)
-    assert VersionStore(repo).served("risk_scorer") == [2, 3], "the version before the previous one is retired"
+    # Version 1 was the primary moments ago: without a server to ask, a consumer may still be reloading off it.
+    assert VersionStore(repo).served("risk_scorer") == [1, 2, 3] and list(state(repo).draining) == [1]
+    later = time.time() + rollout_module.DRAIN_SECONDS + 1
+    monkeypatch.setattr(rollout_module, "time", SimpleNamespace(time=lambda: later, monotonic=time.monotonic,
+                                                                 sleep=time.sleep))
+    publish("risk_scorer", onnx, repo, None)
+    assert VersionStore(repo).served("risk_scorer") == [3, 4], "the versions before the previous one are retired"
 
 
 def test_promote_moves_every_consumer_and_clears_the_split(repos):
