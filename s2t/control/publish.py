@@ -153,7 +153,7 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
                       "previous": state.primary if managed else max(store.served(model), default=None),
                       "artifact": str(artifact.resolve()),
                       "sha256": hashlib.sha256(artifact.read_bytes()).hexdigest(), "parity": figures}
-            rollout.begin(state, {**record, **({} if stage else {"primary": version})})
+            rollout.begin(state, record)
             if managed and state.primary is not None:
                 # Consumers that still follow "the newest version" are pinned before a newer one appears.
                 rollout.point_consumers(state.primary)

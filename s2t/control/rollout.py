@@ -16,8 +16,8 @@ the newer folders instead, newest first, so the newest folder left is always one
 Every step holds the control lock and goes through `Rollout.begin` before it changes anything: the history line
 is written (or the step is refused, nothing changed), then the state file is saved with the step as `pending` (a
 write-ahead intent). The state without `pending` is written last. A command killed in between leaves `pending`
-behind; the next step then derives the roles from the repository itself (`Rollout.recover`): the consumers'
-configs say what is served, so nothing they serve is retired. With `url` every step waits until the live server
+behind; the next command first undoes what that step got done (`Rollout.recover`): the consumers serve the
+primary from before it again, and every version a consumer named drains, so nothing they may serve is retired. With `url` every step waits until the live server
 runs the change (explicit mode: it asks for the loads through the restricted API).
 """
 from __future__ import annotations
@@ -144,6 +144,14 @@ class Rollout:
         return RolloutState(current, older[-1] if older else None, None,
                             {v: 0.0 for v in older[:-1]})
 
+    def recovered_state(self) -> RolloutState:
+        """The state, put right first (under the lock) if a command died during its step: what a plan that the
+        operator confirms must be based on."""
+        if self.state().pending is None:
+            return self.state()
+        with self.step() as state:
+            return state
+
     def save(self, state: RolloutState) -> None:
         write_atomically(self.state_file, state.to_json())
 
@@ -194,43 +202,36 @@ class Rollout:
             pass  # the failure itself is reported to the caller; the step's own line is there already
 
     def recover(self, state: RolloutState) -> RolloutState:
-        """A step began and never finished (killed, or failed half-way): the roles from the repository itself.
+        """A step began and never finished (killed, or failed half-way): undo what it got done, so that running
+        the command again does it again (a rollback run twice would otherwise flip back).
 
-        The consumers' configs are what is served. If they disagree (the step died while rewriting them), the
-        ones left behind are moved to where the step was going, when that version is there, else back to the
-        primary before it. A version the step had moved away from becomes `previous`; every folder left without
-        a role drains as if it had just been routed to, so nothing a live consumer may still use is retired."""
+        The state file still holds the roles from before the step: every consumer serves that primary again
+        (confirmed on the live server with `url`, whether or not its file changed: the step may have died
+        between a write and its load). What the repository holds decides the rest: a role whose folder is gone
+        is dropped, and every folder a consumer named, or that has no role, drains as if it had just been
+        routed to, so nothing a live consumer may still run is retired under it."""
         store, pending = self.store, state.pending or {}
-        for version in {c.version for c in primary.consumers(self.model, self.repositories)} - {None}:
+        named = self.named_by_consumers()
+        for version in named:
             if version not in store.served(self.model) and version in store.retired(self.model):
                 store.restore(self.model, version)  # a consumer serves it: its folder must be there
         served = set(store.served(self.model))
-        pinned = {c.version for c in primary.consumers(self.model, self.repositories) if c.version is not None}
-        target = pending.get("primary")
-        if len(pinned) == 1 and pinned <= served:
-            now = next(iter(pinned))
-        elif target in pinned and target in served:
-            now = target
-        elif state.primary in served:
-            now = state.primary
-        else:
-            now = max(pinned & served or served, default=None)
-        split = None
+        now = state.primary if state.primary in served else max(named & served or served, default=None)
         router_candidate = _router_candidate(self)
+        split = None
         if router_candidate is not None and (router_candidate not in served or router_candidate == now):
             split, router_candidate = dict(primary.NO_SPLIT), None
         if now is not None:
             self.point_consumers(now, split, confirm_all=True)
-        previous = state.primary if now != state.primary else state.previous
-        previous = previous if previous in served and previous != now else None
+        previous = state.previous if state.previous in served and state.previous != now else None
         candidate = router_candidate if router_candidate is not None else state.candidate
         candidate = candidate if candidate in served and candidate not in (now, previous) else None
         due = time.time() + self.drain_seconds
-        recovered = RolloutState(now, previous, candidate, previous_until=due)
+        recovered = RolloutState(now, previous, candidate, previous_until=max(state.previous_until, due))
         for version in served - recovered.roles():
             old_due = state.draining.get(version)
-            # Draining before the step: its own time. Newly without a role: a live consumer may still use it.
-            recovered.draining[version] = old_due if old_due is not None and version not in state.roles() else due
+            # Draining before the step and named by no consumer since: its own time.
+            recovered.draining[version] = old_due if old_due is not None and version not in named else due
         self.record({"action": "recover", "interrupted": pending.get("action"), "primary": now,
                      "previous": previous, "candidate": candidate, "outcome": "recovered"})
         self.save(recovered)
@@ -367,7 +368,7 @@ def promote(rollout: Rollout, version: int) -> int:
         if version == state.primary:
             raise RolloutError(f"{rollout.model} version {version} is the primary already")
         _require_served(rollout, version, "promote")
-        rollout.begin(state, {"action": "promote", "version": version, "from": state.primary, "primary": version})
+        rollout.begin(state, {"action": "promote", "version": version, "from": state.primary})
         rollout.wait_loaded(version)
         rollout.point_consumers(version, dict(primary.NO_SPLIT))
         rollout.make_primary(state, version)
@@ -395,7 +396,7 @@ def rollback_plan(rollout: Rollout, to: int | None) -> RollbackPlan:
     store = rollout.store
     served = store.served(rollout.model)
     if rollout.explicit_primary():
-        state = rollout.state()
+        state = rollout.recovered_state()
         current, previous, candidate = state.primary, state.previous, state.candidate
     else:
         # The newest folder serves: going back means retiring it (and any other folder newer than the target).
@@ -432,7 +433,7 @@ def rollback(rollout: Rollout, expected: RollbackPlan) -> RollbackPlan:
             raise RolloutError(f"the rollout changed since it was planned (now: {done.describe(rollout.model)})")
         rollout.begin(state, {"action": "rollback", "from": done.primary, "to": done.target,
                               "aborted": done.action == "abort", "retiring": list(done.retiring),
-                              "restoring": done.restoring, "primary": done.target})
+                              "restoring": done.restoring})
         if done.restoring:
             rollout.restore(done.target)
         if not rollout.explicit_primary():

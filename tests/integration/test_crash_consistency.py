@@ -142,36 +142,34 @@ def explicit(built_artifacts, tmp_path):
         yield server, repo, ensembles
 
 
-def test_promote_killed_before_the_server_loaded_the_consumers_is_put_right_by_the_next_command(
+def test_a_rollback_killed_before_the_server_loaded_the_consumers_is_done_again_by_the_next_one(
         explicit, built_artifacts, german_credit_data):
     server, repo, ensembles = explicit
-    primary_before = VersionStore(repo).served(MODEL)[-1]
-    staged = publish(MODEL, built_artifacts["onnx"], repo, None, stage=True, url=server.http_url, key=KEY)
+    first = VersionStore(repo).served(MODEL)[-1]
+    second = publish(MODEL, built_artifacts["onnx"], repo, None, url=server.http_url, key=KEY)
     client = grpc.InferenceServerClient(server.grpc_url)
     probe = payloads(german_credit_data, 50, "probe")
     env = {**os.environ, ADMIN_KEY_ENV: KEY}
+    command = [str(S2T), "rollback", MODEL, "--yes", "--json", "--repository", str(repo), "--http-url", server.http_url]
     with Load(server.grpc_url, payloads(german_credit_data, 50, "load")) as load:
-        # The pipeline and the router are rewritten, the ensemble not yet, and the server was asked for nothing.
-        killed = subprocess.run([str(S2T), "promote", MODEL, str(staged), "--repository", str(repo),
-                                 "--http-url", server.http_url],
-                                env={**env, ENVIRONMENT_VARIABLE: "control.consumer.risk_router=kill"},
+        # Every consumer's file names the first version again, and the server was asked to load none of them.
+        killed = subprocess.run(command, env={**env, ENVIRONMENT_VARIABLE: "control.consumer.risk_pipeline_ensemble=kill"},
                                 capture_output=True, text=True, timeout=120)
         assert killed.returncode == -9, killed.stderr[-2000:]
-        done = subprocess.run([str(S2T), "rollback", MODEL, "--yes", "--json", "--repository", str(repo),
-                               "--http-url", server.http_url], env=env, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
-        assert json.loads(done.stdout)["serving"] == primary_before
+        assert (json.loads(done.stdout)["serving"], json.loads(done.stdout)["previous"]) == (first, second)
         routed = infer(client, "risk_router", probe)["served_by"]
     client.close()
     assert load.failures == [], (len(load.failures), sorted(set(load.failures))[:5])
-    assert set(routed) == {f"{MODEL}:{primary_before}"}
+    assert set(routed) == {f"{MODEL}:{first}"}
     # Every consumer runs, live, the config its file holds, and the version it names is loaded.
     rollout = Rollout(MODEL, repo, (ensembles,), server.http_url, KEY)
-    planned = primary.plan(MODEL, primary_before, rollout.repositories)
+    planned = primary.plan(MODEL, first, rollout.repositories)
     running = live_configs(server.http_url, [c.name for c in planned])
     assert {c.name for c in planned if c.in_force(running.get(c.name, {}))} == set(CONSUMERS)
     assert all(c.text == c.path.read_text() for c in planned)
     status = grpc.InferenceServerClient(server.grpc_url)
-    assert status.is_model_ready(MODEL, str(primary_before))
+    assert status.is_model_ready(MODEL, str(first))
     status.close()
-    assert [e["action"] for e in VersionStore(repo).history(MODEL)][-3:] == ["promote", "recover", "rollback"]
+    assert [e["action"] for e in VersionStore(repo).history(MODEL)][-3:] == ["rollback", "recover", "rollback"]
