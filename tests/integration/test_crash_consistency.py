@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,11 @@ import tritonclient.grpc as grpc
 
 from backends.fault_points import ENVIRONMENT_VARIABLE
 from s2t.control import primary
-from s2t.control.live_control import ADMIN_KEY_ENV, live_configs
+from s2t.control.live_control import ADMIN_KEY_ENV, admin_headers, live_configs
 from s2t.control.publish import publish
-from s2t.control.rollout import Rollout, canary, rollback, rollback_plan
-from s2t.control.version_store import VersionStore
+from s2t.control.rollout import Rollout, canary, promote, rollback, rollback_plan
+from s2t.control.version_store import ControlLockTimeout, VersionStore
+from s2t.serve.supervisor import Reloader
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT, S2T
 from tests.integration.servers import repository_copies, triton_server
 from tests.integration.test_staged_rollout import Load, infer, payloads
@@ -27,6 +29,7 @@ MODEL = "risk_scorer"
 CONSUMERS = ("risk_pipeline", "risk_router", "risk_pipeline_ensemble")  # the order they are written in
 KILLED = """
 import sys
+import threading
 from pathlib import Path
 from s2t.control.publish import publish
 from s2t.control.rollout import Rollout, canary, promote, rollback, rollback_plan
@@ -133,11 +136,13 @@ def test_a_command_killed_at_any_boundary_leaves_what_the_next_commands_serve_fr
 KEY = "crash-consistency-key"
 
 
-@pytest.fixture
-def explicit(built_artifacts, tmp_path):
-    repo, ensembles = repository_copies(tmp_path)
+@pytest.fixture(scope="module")
+def explicit(built_artifacts, tmp_path_factory):
+    """One explicit-mode server on private copies of the repositories; each test starts from its current primary."""
+    root = tmp_path_factory.mktemp("explicit")
+    repo, ensembles = repository_copies(root)
     server = triton_server([repo, ensembles], model_control_mode="explicit", admin_key=KEY,
-                           log_path=tmp_path / "triton.log")
+                           log_path=root / "triton.log")
     with server:
         yield server, repo, ensembles
 
@@ -145,7 +150,7 @@ def explicit(built_artifacts, tmp_path):
 def test_a_rollback_killed_before_the_server_loaded_the_consumers_is_done_again_by_the_next_one(
         explicit, built_artifacts, german_credit_data):
     server, repo, ensembles = explicit
-    first = VersionStore(repo).served(MODEL)[-1]
+    first = Rollout(MODEL, repo).state().primary
     second = publish(MODEL, built_artifacts["onnx"], repo, None, url=server.http_url, key=KEY)
     client = grpc.InferenceServerClient(server.grpc_url)
     probe = payloads(german_credit_data, 50, "probe")
@@ -173,3 +178,42 @@ def test_a_rollback_killed_before_the_server_loaded_the_consumers_is_done_again_
     assert status.is_model_ready(MODEL, str(first))
     status.close()
     assert [e["action"] for e in VersionStore(repo).history(MODEL)][-3:] == ["rollback", "recover", "rollback"]
+
+
+def test_a_supervisor_reload_cannot_undo_a_promote_made_while_it_runs(explicit, built_artifacts, german_credit_data):
+    """The supervisor's explicit-mode reload posts the live config back; a promote between its fetch and its post
+    would be undone. The hook runs at that moment: if nothing keeps the promote out, it runs whole there."""
+    server, repo, ensembles = explicit
+    rollout = Rollout(MODEL, repo, (ensembles,), server.http_url, KEY)
+    staged = publish(MODEL, built_artifacts["onnx"], repo, None, stage=True, url=server.http_url, key=KEY)
+    store = VersionStore(repo)
+    reloader = Reloader(server.http_url, explicit=True, admin_headers=admin_headers(KEY), control_lock=store.lock)
+    promoted = []
+    promoting = threading.Thread(target=lambda: promoted.append(promote(rollout, staged)))
+
+    def lock_free() -> bool:
+        try:
+            with store.lock(timeout=0):
+                return True
+        except ControlLockTimeout:
+            return False
+
+    def promote_meanwhile(model):
+        free = lock_free()
+        promoting.start()
+        if free:
+            promoting.join(300)
+
+    reloader.config_fetched = promote_meanwhile
+    client = grpc.InferenceServerClient(server.grpc_url)
+    probe = payloads(german_credit_data, 50, "probe")
+    with Load(server.grpc_url, payloads(german_credit_data, 50, "load")) as load:
+        reloader.reload("risk_router", [])
+        promoting.join(300)
+        routed = infer(client, "risk_router", probe)["served_by"]
+    client.close()
+    assert promoted == [staged]
+    assert set(routed) == {f"{MODEL}:{staged}"}, "the reload put the old primary back"
+    router = live_configs(server.http_url, ["risk_router"])["risk_router"]
+    assert router["parameters"]["primary"]["string_value"] == f"{MODEL}:{staged}"
+    assert load.failures == [], (len(load.failures), sorted(set(load.failures))[:5])
