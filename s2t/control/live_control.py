@@ -73,6 +73,8 @@ def _load_and_wait(url: str, model: str, done, what: str, timeout: float, key: s
     started = time.monotonic()
     client = http.InferenceServerClient(url, network_timeout=timeout)
     try:
+        if done(client):
+            return time.monotonic() - started  # nothing to load: a reload would only start a new stub
         explicit = _request_load(client, model, key)
         asked = time.monotonic()
         while not done(client):

@@ -156,7 +156,7 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
             rollout.begin(state, record)
             if managed and state.primary is not None:
                 # Consumers that still follow "the newest version" are pinned before a newer one appears.
-                rollout.point_consumers(state.primary)
+                rollout.point_consumers(state.primary, standby=state.previous)
             _place(store, model, config, artifact, version, record)
             reached("placed")
             if not managed:
@@ -168,7 +168,7 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
             if stage:
                 state.candidate = version
             else:
-                rollout.point_consumers(version)
+                rollout.point_consumers(version, standby=state.primary)
                 rollout.make_primary(state, version, clear_candidate=False)  # a staged version stays staged
             rollout.retire_drained(state)
     except RolloutError as err:

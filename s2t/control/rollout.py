@@ -221,9 +221,9 @@ class Rollout:
         split = None
         if router_candidate is not None and (router_candidate not in served or router_candidate == now):
             split, router_candidate = dict(primary.NO_SPLIT), None
-        if now is not None:
-            self.point_consumers(now, split, confirm_all=True)
         previous = state.previous if state.previous in served and state.previous != now else None
+        if now is not None:
+            self.point_consumers(now, split, confirm_all=True, standby=previous)
         candidate = router_candidate if router_candidate is not None else state.candidate
         candidate = candidate if candidate in served and candidate not in (now, previous) else None
         due = time.time() + self.drain_seconds
@@ -238,12 +238,16 @@ class Rollout:
         return recovered
 
     def point_consumers(self, version: int, router_split: dict[str, str] | None = None,
-                        confirm_all: bool = False) -> list[str]:
-        """Every consumer serves `version`; returns the models whose config changed (confirmed with url).
+                        confirm_all: bool = False, standby: int | None = None) -> list[str]:
+        """Every consumer serves `version` (pipelines keep `standby` warm beside it); returns the models whose
+        config changed (confirmed with url).
 
-        `confirm_all`: also wait for the live consumers whose file is already right (after a crash, a config may
-        have been written and never loaded)."""
-        planned = primary.plan(self.model, version, self.repositories, router_split)
+        The live switch goes first: a pipeline that keeps `version` warm serves it from its next batch, and its
+        reload (new config) is only waited for when it does not. `confirm_all`: also wait for the live consumers
+        whose file is already right (after a crash, a config may have been written and never loaded)."""
+        planned = primary.plan(self.model, version, self.repositories, router_split, standby)
+        primary.switch(self.store, self.model, version, primary.consumers(self.model, self.repositories))
+        reached("switched")
         changes = [c for c in planned if c.text != c.path.read_text()]
         # Only consumers the server runs now are waited for: one it has not loaded (explicit mode: the operator's
         # choice) reads the new config whenever it is loaded, and a rollout never loads it as a side effect.
@@ -370,7 +374,7 @@ def promote(rollout: Rollout, version: int) -> int:
         _require_served(rollout, version, "promote")
         rollout.begin(state, {"action": "promote", "version": version, "from": state.primary})
         rollout.wait_loaded(version)
-        rollout.point_consumers(version, dict(primary.NO_SPLIT))
+        rollout.point_consumers(version, dict(primary.NO_SPLIT), standby=state.primary)
         rollout.make_primary(state, version)
         rollout.retire_drained(state)
     return version
@@ -444,13 +448,14 @@ def rollback(rollout: Rollout, expected: RollbackPlan) -> RollbackPlan:
             if rollout.url:
                 live_control.apply(rollout.url, rollout.model, done.target, key=rollout.key)
         elif done.action == "abort":
-            rollout.point_consumers(state.primary, _router_split_of(rollout))
+            rollout.point_consumers(state.primary, _router_split_of(rollout), standby=state.previous)
             state.candidate = None
             rollout.drain(state, done.retiring, rollout.drain_seconds)
             rollout.retire_drained(state)
         else:
             state.draining.pop(done.target, None)
             rollout.wait_loaded(done.target)
+            # The target is the previous primary, which pipelines keep warm: the switch alone puts it in force.
             rollout.point_consumers(done.target, dict(primary.NO_SPLIT))
             old = [state.primary, state.candidate]
             state.primary, state.previous, state.candidate = done.target, None, None

@@ -66,13 +66,13 @@ CONSUMER_POINTS = [f"consumer.{name}" for name in CONSUMERS]
 # (what happened before, the command killed, its argument, the boundaries it passes)
 SCENARIOS = {
     "publish": ([_publish(), _aged], "publish", "",
-                ["recorded", "intent", "placed", *CONSUMER_POINTS, "retired", "saved"]),
+                ["recorded", "intent", "switched", "placed", *CONSUMER_POINTS, "retired", "saved"]),
     "stage": ([], "publish", "stage", ["recorded", "intent", "placed", "saved"]),
     "promote": ([_publish(), _publish(stage=True), _canary(3), _aged], "promote", "3",
-                ["recorded", "intent", *CONSUMER_POINTS, "retired", "saved"]),
-    "revert": ([_publish()], "rollback", "", ["recorded", "intent", *CONSUMER_POINTS, "saved"]),
-    "revert-to-retired": ([_publish(), _aged, _publish()], "rollback", "1", ["restored", *CONSUMER_POINTS]),
-    "abort": ([_publish(stage=True), _canary(2)], "rollback", "", ["intent", "consumer.risk_router", "saved"]),
+                ["recorded", "intent", "switched", *CONSUMER_POINTS, "retired", "saved"]),
+    "revert": ([_publish()], "rollback", "", ["recorded", "intent", "switched", *CONSUMER_POINTS, "saved"]),
+    "revert-to-retired": ([_publish(), _aged, _publish()], "rollback", "1", ["restored", "switched", *CONSUMER_POINTS]),
+    "abort": ([_publish(stage=True), _canary(2)], "rollback", "", ["intent", "switched", "consumer.risk_router", "saved"]),
     "canary": ([_publish(stage=True)], "canary", "2", ["intent", "consumer.risk_router", "saved"]),
 }
 CASES = [(name, point) for name, (_, _, _, points) in SCENARIOS.items() for point in points]

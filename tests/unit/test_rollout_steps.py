@@ -187,3 +187,33 @@ def test_a_rollback_after_a_plain_publish_moves_the_consumers_back_and_keeps_bot
     assert served_by_consumers(repo) == {"risk_router": 1, "risk_pipeline": 1, "risk_pipeline_ensemble": 1}
     # The demoted version drains before its folder goes: the consumers may still be reloading.
     assert VersionStore(repo).served("risk_scorer") == [1, 2] and list(state(repo).draining) == [2]
+
+
+def _pipeline_parameters(repo: Path) -> dict[str, str]:
+    from s2t.gate import model_config
+    params = model_config.backend_parameters(model_config.load(repo / "risk_pipeline"))
+    return {k: params[k]["string_value"] for k in ("scorer_version", "standby_scorer_version")}
+
+
+def test_the_pipeline_keeps_the_previous_primary_warm_and_the_live_switch_names_the_primary(repos):
+    from backends.repository_layout import live_switch_file
+    repo, onnx = repos
+    switch = live_switch_file(repo, "risk_pipeline")
+    publish("risk_scorer", onnx, repo, None)
+    assert _pipeline_parameters(repo) == {"scorer_version": "2", "standby_scorer_version": "1"}
+    assert json.loads(switch.read_text())["scorer_version"] == 2
+    rollback(Rollout("risk_scorer", repo), rollback_plan(Rollout("risk_scorer", repo), None))
+    assert json.loads(switch.read_text())["scorer_version"] == 1
+    assert _pipeline_parameters(repo) == {"scorer_version": "1", "standby_scorer_version": ""}
+
+
+@pytest.mark.parametrize("target, live, in_force", [
+    (1, {"scorer_version": "2", "standby_scorer_version": "1"}, True),  # warm: the switch alone serves it
+    (2, {"scorer_version": "2", "standby_scorer_version": "1"}, True),
+    (3, {"scorer_version": "2", "standby_scorer_version": "1"}, False),  # not loaded there: a reload is needed
+    (1, {"scorer_version": "1"}, True),
+])
+def test_a_pipeline_change_is_in_force_when_the_live_instance_keeps_the_version_warm(repos, target, live, in_force):
+    repo, _ = repos
+    (change,) = [c for c in primary.plan("risk_scorer", target, (repo,)) if c.name == "risk_pipeline"]
+    assert change.in_force({"parameters": {k: {"string_value": v} for k, v in live.items()}}) is in_force
