@@ -188,7 +188,9 @@ class Reloader:
         with ExitStack() as held:
             try:
                 held.enter_context(self.control_lock(CONTROL_LOCK_SECONDS))
-            except Exception as err:  # noqa: BLE001 - its timeout, or an unwritable control area: retried later
+            except OSError:
+                pass  # a control area that cannot be written (a read-only mount): no rollout can take it either
+            except Exception as err:  # noqa: BLE001 - the lock's timeout: a step holds it; tried again later
                 raise OSError(f"cannot take the control lock: {err}") from None
             self._post_live_config(model)
 
