@@ -160,7 +160,7 @@ class Rollout:
     def step(self) -> Iterator[RolloutState]:
         """Under the control lock: the state to change (recovered first if a command died during its step),
         saved when the body succeeds. A body that fails after `begin` gets its failure line; its intent stays,
-        so the next step derives the state from the repository."""
+        so the next step undoes what it got done (`recover`)."""
         with self.store.lock():
             managed = self.keeps_state()
             state = self.state()
