@@ -300,12 +300,13 @@ class Rollout:
             if version is not None and version not in state.roles():
                 state.draining[version] = due
 
-    def retire_drained(self, state: RolloutState) -> list[int]:
+    def retire_drained(self, state: RolloutState, wait: bool = True) -> list[int]:
         """Retire the folders whose drain time passed (and folders no step keeps, such as pre-rollout ones);
-        never one that a consumer's config names, whatever the state says."""
+        never one that a consumer's config names, whatever the state says. With `url` and `wait`, versions due
+        within SETTLE_SECONDS are waited for and retired too."""
         now = time.time()
         soon = [due - now for due in state.draining.values() if 0 < due - now <= SETTLE_SECONDS]
-        if self.url and soon:
+        if self.url and wait and soon:
             time.sleep(max(soon))
             now = time.time()
         keep = state.roles() | {v for v, due in state.draining.items() if due > now} | self.named_by_consumers()
@@ -460,7 +461,8 @@ def rollback(rollout: Rollout, expected: RollbackPlan) -> RollbackPlan:
             old = [state.primary, state.candidate]
             state.primary, state.previous, state.candidate = done.target, None, None
             rollout.drain(state, old, rollout.drain_seconds)
-            rollout.retire_drained(state)
+            # A rollback is the command in a hurry: the version it demoted drains, and the next command retires it.
+            rollout.retire_drained(state, wait=False)
     return done
 
 
