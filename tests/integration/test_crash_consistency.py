@@ -20,7 +20,7 @@ from s2t.control.live_control import ADMIN_KEY_ENV, admin_headers, live_configs
 from s2t.control.publish import publish
 from s2t.control.rollout import Rollout, canary, promote, rollback, rollback_plan
 from s2t.control.version_store import ControlLockTimeout, VersionStore
-from s2t.serve.supervisor import Reloader
+from s2t.serve.supervisor import RELOAD_PARAMETER, Reloader
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT, S2T
 from tests.integration.servers import repository_copies, triton_server
 from tests.integration.test_staged_rollout import Load, infer, payloads
@@ -217,3 +217,30 @@ def test_a_supervisor_reload_cannot_undo_a_promote_made_while_it_runs(explicit, 
     router = live_configs(server.http_url, ["risk_router"])["risk_router"]
     assert router["parameters"]["primary"]["string_value"] == f"{MODEL}:{staged}"
     assert load.failures == [], (len(load.failures), sorted(set(load.failures))[:5])
+
+
+def test_a_supervisor_reload_waits_for_the_lock_and_heals_where_no_control_area_can_be_written(explicit):
+    server, repo, _ = explicit
+    store = VersionStore(repo)
+
+    def reload_marker() -> str:
+        return live_configs(server.http_url, ["risk_router"])["risk_router"]["parameters"].get(
+            RELOAD_PARAMETER, {}).get("string_value", "")
+
+    before = reload_marker()
+    waiting = Reloader(server.http_url, explicit=True, admin_headers=admin_headers(KEY),
+                       control_lock=lambda timeout: store.lock(timeout=0.2))
+    with store.lock():  # a rollout step holding it longer than the reload waits
+        with pytest.raises(OSError, match="cannot take the control lock"):
+            waiting.reload("risk_router", [])
+    assert reload_marker() == before, "nothing was posted while the step held the lock"
+
+    def unwritable(timeout):
+        raise PermissionError(13, "Read-only file system", str(store.lock_file))
+
+    Reloader(server.http_url, explicit=True, admin_headers=admin_headers(KEY),
+             control_lock=unwritable).reload("risk_router", [])
+    assert reload_marker() not in ("", before), "a read-only control area must not stop healing"
+    client = grpc.InferenceServerClient(server.grpc_url)
+    assert client.is_model_ready("risk_router")
+    client.close()
