@@ -5,9 +5,16 @@ costs, so the hot path does all three here over the whole dynamic batch: one par
 and one comparison per batch. Which scorer runs is configuration (`scorer_model`, `scorer_version`), so that a
 publish, a promotion or a rollback changes the served version by rewriting the config; the feature spec is read
 from the ONNX file itself and so always belongs to the version that is scored.
+
+`standby_scorer_version` (the version a rollback goes back to) is loaded too and kept warm. Which of the two
+answers is the live switch: a small file in the repository's control area that the rollout commands write
+before they rewrite any config (`s2t/control/rollout.py`). It is read when it changes (one stat per batch), so a
+rollback to the standby is in force at the next batch, without waiting for a new stub and a new session.
 """
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -20,7 +27,7 @@ from backends.feature_spec import CATEGORICAL_INPUT, METADATA_KEY, NUMERIC_INPUT
 from backends.model_parameters import parameter, read_parameters, settings_of
 from backends.ort_runner import ModelConfigError, OrtSettings
 from backends.record_decoder import RecordDecoder, RecordError, max_record_bytes_parameter
-from backends.repository_layout import version_numbers
+from backends.repository_layout import live_switch_file, version_numbers
 
 SCORER_FILENAME = "model.onnx"
 
@@ -42,6 +49,8 @@ class PipelineSettings:
     scorer_model: str = parameter("scorer_model", parse=_model_folder)
     # None: the newest version folder that exists
     scorer_version: int | None = parameter("scorer_version", None, parse=_version_number)
+    # None: no standby
+    standby_scorer_version: int | None = parameter("standby_scorer_version", None, parse=_version_number)
     thresholds: Thresholds = settings_of(Thresholds)
     max_record_bytes: int = max_record_bytes_parameter()
     ort: OrtSettings = settings_of(OrtSettings)
@@ -103,3 +112,54 @@ class FusedPipeline:
                                                        NUMERIC_INPUT: decoded.numeric})[0]
         probability = np.asarray(probability, dtype=np.float32).reshape(len(payloads), 1)
         return ScoredBatch(probability, decide(probability, self.thresholds), decoded.errors)
+
+
+class LiveSwitch:
+    """The scorer version the rollout commands switched to (None: no switch file, or one that cannot be read)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._stamp: tuple[int, int] | None = None
+        self._version: int | None = None
+
+    def version(self) -> int | None:
+        try:
+            found = os.stat(self.path)
+        except OSError:
+            self._stamp, self._version = None, None
+            return None
+        stamp = (found.st_ino, found.st_mtime_ns)  # the file is replaced by a rename: a new inode each time
+        if stamp != self._stamp:
+            self._stamp = stamp
+            try:
+                self._version = int(json.loads(self.path.read_text())["scorer_version"])
+            except (OSError, ValueError, KeyError, TypeError):
+                self._version = None
+        return self._version
+
+
+class WarmPipeline:
+    """The configured scorer and a warm standby in one instance; the live switch picks the one that answers, and
+    any version it names that is not warm here leaves the configured one answering."""
+
+    def __init__(self, pipelines: dict[int, FusedPipeline], configured: int, switch: LiveSwitch):
+        self.pipelines, self.configured, self.switch = pipelines, configured, switch
+
+    def serving(self) -> int:
+        wanted = self.switch.version()
+        return wanted if wanted in self.pipelines else self.configured
+
+    def score(self, payloads: Sequence[bytes]) -> ScoredBatch:
+        return self.pipelines[self.serving()].score(payloads)
+
+
+def warm_pipeline(repository: Path, settings: PipelineSettings, model_name: str) -> WarmPipeline:
+    """The configured scorer and the standby, each if its folder is there (a config the live server still runs
+    may name a version retired since): one of them must be."""
+    wanted = [v for v in (settings.scorer_version, settings.standby_scorer_version) if v is not None]
+    folder = Path(repository) / settings.scorer_model
+    present = [v for v in dict.fromkeys(wanted) if (folder / str(v) / SCORER_FILENAME).is_file()]
+    if settings.scorer_version is None or not present:
+        present = [int(scorer_path(repository, settings).parent.name)]  # the newest folder, or the error naming it
+    pipelines = {v: FusedPipeline(folder / str(v) / SCORER_FILENAME, settings) for v in present}
+    return WarmPipeline(pipelines, present[0], LiveSwitch(live_switch_file(repository, model_name)))

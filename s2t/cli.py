@@ -351,12 +351,6 @@ def rollback(model, to, repository, consumer_repositories, url, yes, as_json) ->
     Prints the version now served."""
     require_reachable(url)
     rollout = _rollout(model, repository, consumer_repositories, url)
-    try:
-        managed = rollout.explicit_primary()
-    except _live_errors() as err:
-        raise failure(err) from None
-    if not managed:
-        return _rollback_newest_folder(model, to, repository, url, yes, as_json)
     from s2t.control.rollout import rollback as run_rollback, rollback_plan
     try:
         planned = rollback_plan(rollout, to)
@@ -368,36 +362,7 @@ def rollback(model, to, repository, consumer_repositories, url, yes, as_json) ->
     _report_timings(rollout)
     click.echo(done.describe(model).replace(": abort", ": aborted").replace(": serve", ": serving"), err=True)
     emit(as_json, {"model": model, "action": done.action, "serving": done.target, "previous": done.primary,
-                   "retired": [done.retiring] if done.retiring is not None else [],
-                   "timings_ms": _timings_ms(rollout)}, str(done.target))
-
-
-def _rollback_newest_folder(model, to, repository, url, yes, as_json) -> None:
-    from s2t.control.rollback import RollbackError, plan, rollback as run_rollback
-    from s2t.control.version_store import VersionStore
-    try:
-        current, target = plan(VersionStore(repository), model, to)
-        if not yes and sys.stdin.isatty():
-            click.confirm(f"{model}: serve version {target} instead of {current}?", abort=True)
-        result = run_rollback(model, repository, target)  # the version the operator confirmed
-    except RollbackError as err:
-        raise click.ClickException(str(err)) from None
-    click.echo(f"{model}: version {result.previous} -> {result.serving}"
-               + (f", retired {', '.join(map(str, result.retired))}" if result.retired else ""), err=True)
-    _confirm_live(url, model, result.serving)
-    emit(as_json, {"model": model, "action": "revert", "serving": result.serving, "previous": result.previous,
-                   "retired": list(result.retired)}, str(result.serving))
-
-
-def _confirm_live(url: str | None, model: str, version: int) -> None:
-    if not url:
-        return
-    from s2t.control.live_control import apply
-    try:
-        elapsed = apply(url, model, version)
-    except Exception as err:  # noqa: BLE001 - the repository change stands; say what the server did
-        raise failure(err, f"the repository now holds version {version}, but the server at {url}: ") from None
-    click.echo(f"{url} serves {model} version {version} after {elapsed * 1000:.0f} ms", err=True)
+                   "retired": list(done.retiring), "timings_ms": _timings_ms(rollout)}, str(done.target))
 
 
 @main.command()

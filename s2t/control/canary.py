@@ -1,4 +1,6 @@
-"""`s2t canary`: set risk_router's split live, by rewriting its routing parameters in config.pbtxt.
+"""risk_router's split as a config change: its routing parameters rewritten in config.pbtxt, validated.
+
+The step that writes it (under the control lock, recorded first) is `canary` in s2t/control/rollout.py.
 
 Only the value of each routing line changes (the file keeps its comments); the result is parsed with Triton's
 schema and validated before it replaces the config in one rename. Triton then reloads the router: by itself
@@ -10,7 +12,7 @@ from pathlib import Path
 
 from backends.routing_policy import RoutingSettings, Target
 from s2t.gate import model_config
-from s2t.control.config_edit import ConfigEditError, replace_config, set_string_parameter
+from s2t.control.config_edit import ConfigEditError, set_string_parameter
 from s2t.control.primary import ConfigChange
 from s2t.control.version_store import VersionStore
 
@@ -24,11 +26,6 @@ class CanaryError(Exception):
 def _split_lines(candidate: Target | None, canary_percent: float, shadow_percent: float) -> dict[str, str]:
     return {"candidate": str(candidate) if candidate else "", "canary_percent": f"{canary_percent:g}",
             "shadow_percent": f"{shadow_percent:g}"}
-
-
-def split_parameters(settings: RoutingSettings) -> dict[str, str]:
-    """The routing parameters as `set_split` writes them for this split (what a reloaded router reports)."""
-    return _split_lines(settings.candidate, settings.canary_percent, settings.shadow_percent)
 
 
 def split_change(repository: Path, candidate: Target | None, canary_percent: float = 0.0,
@@ -60,15 +57,3 @@ def split_change(repository: Path, candidate: Target | None, canary_percent: flo
     except (ConfigEditError, ValueError) as err:
         raise CanaryError(str(err)) from None
     return settings, ConfigChange(ROUTER, path, text, parameters=lines)
-
-
-def set_split(repository: Path, candidate: Target | None, canary_percent: float = 0.0,
-              shadow_percent: float = 0.0, candidate_repositories: tuple[Path, ...] = ()) -> RoutingSettings:
-    """Write the split (under the control lock, recorded first); the live router picks it up on its reload."""
-    store = VersionStore(Path(repository))
-    with store.lock():
-        settings, change = split_change(repository, candidate, canary_percent, shadow_percent,
-                                        candidate_repositories)
-        store.record({"action": "canary", "model": ROUTER, "split": settings.describe()})
-        replace_config(store, change.path, change.text)
-    return settings

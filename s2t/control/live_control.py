@@ -49,6 +49,23 @@ def loaded(url: str, models: list[str], timeout: float = 10.0) -> set[str]:
         client.close()
 
 
+def live_configs(url: str, models: list[str], timeout: float = 10.0) -> dict[str, dict]:
+    """The config each of `models` runs with now (as Triton's HTTP API returns it); absent if it has none."""
+    import tritonclient.http as http
+
+    client = http.InferenceServerClient(url, network_timeout=timeout)
+    try:
+        found = {}
+        for model in models:
+            try:
+                found[model] = client.get_model_config(model)
+            except InferenceServerException:
+                pass
+        return found
+    finally:
+        client.close()
+
+
 def _load_and_wait(url: str, model: str, done, what: str, timeout: float, key: str | None) -> float:
     """Ask for a (re)load where the mode allows it, then poll `done(client)`; seconds until it held."""
     import tritonclient.http as http
@@ -56,6 +73,8 @@ def _load_and_wait(url: str, model: str, done, what: str, timeout: float, key: s
     started = time.monotonic()
     client = http.InferenceServerClient(url, network_timeout=timeout)
     try:
+        if done(client):
+            return time.monotonic() - started  # nothing to load: a reload would only start a new stub
         explicit = _request_load(client, model, key)
         asked = time.monotonic()
         while not done(client):

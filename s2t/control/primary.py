@@ -2,13 +2,16 @@
 
 A consumer is a served model that picks a scorer version for its callers:
 - risk_router: parameter `primary` (`risk_scorer:N`);
-- a pipeline model with parameters `scorer_model` / `scorer_version` (the version it loads);
+- a pipeline model with parameters `scorer_model` / `scorer_version` (the version it loads) and, when it has
+  one, `standby_scorer_version` (the version it keeps warm beside it: the previous primary, which a rollback goes
+  back to by the live switch alone);
 - an ensemble with a step calling the scorer (that step's `model_version`).
 The primary is always written as an explicit version, never "the newest folder", so a staged candidate that is
 loaded beside it gets no primary traffic.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -17,6 +20,8 @@ from backends.routing_policy import Target
 from s2t.gate import model_config
 from s2t.control.config_edit import replace_config, set_step_version, set_string_parameter
 from s2t.control.version_store import VersionStore
+from backends.atomic_files import write_atomically
+from backends.repository_layout import live_switch_file
 
 ROUTER_KIND, PIPELINE_KIND, ENSEMBLE_KIND = "router", "pipeline", "ensemble"
 # What risk_router's split looks like with no candidate.
@@ -29,6 +34,7 @@ class Consumer:
     path: Path  # its config.pbtxt
     kind: str
     version: int | None  # the scorer version it serves now; None: the newest Triton loaded
+    keeps_standby: bool = False  # a pipeline with a standby_scorer_version parameter
 
 
 @dataclass(frozen=True)
@@ -40,11 +46,17 @@ class ConfigChange:
     text: str
     parameters: dict[str, str] = field(default_factory=dict)
     step_versions: dict[str, int] = field(default_factory=dict)
+    # A pipeline: in force once the live instance keeps this version warm (configured or standby); the live
+    # switch, written before any config, makes it the one that answers.
+    warm_version: int | None = None
 
     def in_force(self, live: dict) -> bool:
         """`live`: the model's config as Triton's HTTP API returns it (JSON)."""
         params = live.get("parameters", {})
         if any(params.get(k, {}).get("string_value") != v for k, v in self.parameters.items()):
+            return False
+        if self.warm_version is not None and str(self.warm_version) not in {
+                params.get(k, {}).get("string_value", "").strip() for k in ("scorer_version", "standby_scorer_version")}:
             return False
         steps = {s.get("model_name"): int(s.get("model_version", -1))
                  for s in live.get("ensemble_scheduling", {}).get("step", [])}
@@ -71,7 +83,8 @@ def consumers(model: str, repositories: Iterable[Path]) -> list[Consumer]:
                 found.append(Consumer(name, path, ROUTER_KIND, target.version))
         elif params.get("scorer_model", {}).get("string_value") == model:
             raw = params.get("scorer_version", {}).get("string_value", "").strip()
-            found.append(Consumer(name, path, PIPELINE_KIND, int(raw) if raw else None))
+            found.append(Consumer(name, path, PIPELINE_KIND, int(raw) if raw else None,
+                                  keeps_standby="standby_scorer_version" in params))
         elif config.platform == "ensemble":
             for step in config.ensemble_scheduling.step:
                 if step.model_name == model:
@@ -80,10 +93,11 @@ def consumers(model: str, repositories: Iterable[Path]) -> list[Consumer]:
     return found
 
 
-def plan(model: str, version: int, repositories: Iterable[Path], router_split: dict[str, str] | None = None
-         ) -> list[ConfigChange]:
+def plan(model: str, version: int, repositories: Iterable[Path], router_split: dict[str, str] | None = None,
+         standby: int | None = None) -> list[ConfigChange]:
     """The config of every consumer with `version` as the primary; `router_split` also resets risk_router's
-    canary/shadow lines in the same file (a promotion clears the split in the one step that moves the primary)."""
+    canary/shadow lines in the same file (a promotion clears the split in the one step that moves the primary);
+    `standby`: the version pipelines keep warm beside it (the previous primary)."""
     changes = []
     for consumer in consumers(model, repositories):
         text = consumer.path.read_text()
@@ -95,11 +109,25 @@ def plan(model: str, version: int, repositories: Iterable[Path], router_split: d
             changes.append(ConfigChange(consumer.name, consumer.path, text, parameters=parameters))
         elif consumer.kind == PIPELINE_KIND:
             text = set_string_parameter(text, "scorer_version", str(version), where)
-            changes.append(ConfigChange(consumer.name, consumer.path, text, parameters={"scorer_version": str(version)}))
+            if consumer.keeps_standby:
+                kept = "" if standby is None or standby == version else str(standby)
+                text = set_string_parameter(text, "standby_scorer_version", kept, where)
+                changes.append(ConfigChange(consumer.name, consumer.path, text, warm_version=version))
+            else:
+                changes.append(ConfigChange(consumer.name, consumer.path, text,
+                                            parameters={"scorer_version": str(version)}))
         else:
             text = set_step_version(text, model, version, where)
             changes.append(ConfigChange(consumer.name, consumer.path, text, step_versions={model: version}))
     return changes
+
+
+def switch(store: VersionStore, model: str, version: int, consumers_: Iterable[Consumer]) -> None:
+    """Name `version` in the live switch of every pipeline that keeps a standby: the one it serves, if warm."""
+    for consumer in consumers_:
+        if consumer.keeps_standby:
+            write_atomically(live_switch_file(store.repository, consumer.name),
+                             json.dumps({"scorer_model": model, "scorer_version": version}) + "\n")
 
 
 def write(store: VersionStore, changes: Iterable[ConfigChange]) -> None:

@@ -126,7 +126,7 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
 
     Plain: the new version becomes the primary at once (every consumer serves it). `stage`: it is loaded as the
     candidate and gets no primary traffic until `promote`."""
-    from s2t.control.rollout import Rollout, RolloutError, default_consumer_repositories
+    from s2t.control.rollout import Rollout, RolloutError, default_consumer_repositories, reached
     repository, artifact = Path(repository), Path(artifact)
     if consumer_repositories is None:
         consumer_repositories = default_consumer_repositories(repository)
@@ -153,29 +153,24 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
                       "previous": state.primary if managed else max(store.served(model), default=None),
                       "artifact": str(artifact.resolve()),
                       "sha256": hashlib.sha256(artifact.read_bytes()).hexdigest(), "parity": figures}
-            rollout.record(record)
-            try:
-                if managed and state.primary is not None:
-                    # Consumers that still follow "the newest version" are pinned before a newer one appears.
-                    rollout.point_consumers(state.primary)
-                _place(store, model, config, artifact, version, record)
-                if not managed:
-                    _archive_unloaded(store, model, config)
-                    if url:
-                        live_control.apply(url, model, version, key=key)
-                    return version
-                rollout.wait_loaded(version)
-                if stage:
-                    state.candidate = version
-                else:
-                    rollout.point_consumers(version)
-                    old_previous = state.previous
-                    state.primary, state.previous = version, state.primary
-                    rollout.drain(state, [old_previous], 0.0)  # nothing routed to it
-                rollout.retire_drained(state)
-            except Exception as err:
-                rollout.record_failure(record, err)
-                raise
+            rollout.begin(state, record)
+            if managed and state.primary is not None:
+                # Consumers that still follow "the newest version" are pinned before a newer one appears.
+                rollout.point_consumers(state.primary, standby=state.previous)
+            _place(store, model, config, artifact, version, record)
+            reached("placed")
+            if not managed:
+                _archive_unloaded(store, model, config)
+                if url:
+                    live_control.apply(url, model, version, key=key)
+                return version
+            rollout.wait_loaded(version)
+            if stage:
+                state.candidate = version
+            else:
+                rollout.point_consumers(version, standby=state.primary)
+                rollout.make_primary(state, version, clear_candidate=False)  # a staged version stays staged
+            rollout.retire_drained(state)
     except RolloutError as err:
         raise PublishError(str(err)) from None
     return version

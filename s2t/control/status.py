@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.request
 from pathlib import Path
 from typing import Iterable
@@ -21,6 +22,8 @@ from s2t.control.rollout import Rollout, default_consumer_repositories, loads_ev
 from s2t.control.version_store import VersionStore
 
 SUPERVISOR_FILE = "supervisor.json"
+# The supervisor's last events in the table (`--json` has all it keeps).
+SUPERVISOR_EVENTS_SHOWN = 5
 ROUTER = "risk_router"
 _BREAKER = re.compile(r's2t_router_breaker_state\{state="(\w+)"\}\s+1(?:\.0)?\s*$', re.MULTILINE)
 
@@ -117,6 +120,43 @@ def collect(repository: Path, consumer_repositories: tuple[Path, ...] = (), url:
             "history": store.history()[-history_lines:] if history_lines else []}
 
 
+def _when(epoch: float, now: float) -> str:
+    """ISO time (UTC) and how long ago, for a person reading the table."""
+    iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+    return f"{iso} ({_age(now - epoch)} ago)"
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "min"), (seconds, "s")]
+    shown = [f"{n} {unit}" for n, unit in parts if n][:2]
+    return " ".join(shown) or "0 s"
+
+
+def supervisor_lines(record: dict, now: float, events_shown: int = SUPERVISOR_EVENTS_SHOWN) -> list[str]:
+    """supervisor.json as lines: the server, its restarts, reloads by model and reason, the last events."""
+    started = record.get("started_at")
+    restarts = record.get("server_restarts", 0)
+    lines = [f"supervisor: server pid {record.get('server_pid') or 'unknown'}"
+             + (f", supervising since {_when(started, now)}" if started else "")
+             + f", {restarts} server restart{'' if restarts == 1 else 's'}"]
+    reloads = record.get("reloads", [])
+    lines.append("  reloads: " + (", ".join(f"{r['model']} ({r['reason']}) x{r['count']}" for r in reloads)
+                                  or "none"))
+    if record.get("reload_failures"):
+        lines.append("  failed reloads: " + ", ".join(f"{m} x{n}" for m, n in record["reload_failures"].items()))
+    if record.get("given_up"):
+        lines.append("  given up: " + ", ".join(record["given_up"]))
+    events = record.get("events", [])[-events_shown:] if events_shown else []
+    for event in events:
+        words = [event.get("event", ""), event.get("model", ""), event.get("reason", ""), event.get("detail", "")]
+        lines.append(f"  {_when(event['at'], now)} " + " ".join(w for w in words if w))
+    return lines
+
+
 def table(status: dict) -> str:
     lines = []
     for name, entry in status["models"].items():
@@ -130,7 +170,7 @@ def table(status: dict) -> str:
         if "split" in entry:
             lines.append(f"{'':<18} split: {entry['split']}; breaker: {entry['breaker']}")
     if status["supervisor"] is not None:
-        lines.append(f"supervisor: {json.dumps(status['supervisor'], sort_keys=True)}")
+        lines += supervisor_lines(status["supervisor"], time.time())
     if status["history"]:
         lines.append("history:")
         for event in status["history"]:

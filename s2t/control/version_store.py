@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 from backends.atomic_files import durable_rename
+from backends.repository_layout import control_folder
 from backends.repository_layout import version_numbers  # part of this module's interface
 
 LOCK_TIMEOUT_SECONDS = 300.0
@@ -35,8 +36,7 @@ class VersionStore:
 
     @property
     def control(self) -> Path:
-        repo = Path(self.repository).resolve()
-        return repo.parent / f".{repo.name}.s2t"
+        return control_folder(self.repository)
 
     @property
     def staging(self) -> Path:

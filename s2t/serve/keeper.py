@@ -242,7 +242,8 @@ def run(command: list[str], supervisor_port: int | None, state_dir: Path | None,
         supervisor = StubSupervisor(process.pid, http_url, option(command, "model-control-mode") == "explicit",
                                     restricted_headers(command),
                                     metrics_url=f"localhost:{option(command, 'metrics-port', '8002')}",
-                                    state=state, on_give_up=give_up)
+                                    state=state, on_give_up=give_up,
+                                    control_lock=VersionStore(Path(repositories[0])).lock if repositories else None)
         supervisor.start()
     returncode = process.wait()
     reap_group(process.pid)

@@ -5,7 +5,9 @@ Two signs of a sick model: its stub is gone while its version still reports READ
 the version unready; a reload starts the replacement stub before the old one exits), or more than 10% of its
 requests failed in the model itself (Triton's failure counters, reasons BACKEND/OTHER) for 5 s in a row.
 A reload is, in explicit mode, the repository API's `load` with the live config plus a changed `s2t_reload`
-parameter (a `load` of unchanged files does nothing, and the repository may be read-only); in poll mode, touching
+parameter (a `load` of unchanged files does nothing, and the repository may be read-only), fetched and posted
+under the control lock that every rollout step holds while it rewrites configs and waits for their loads: a
+config fetched before a promote and posted after it would undo the promote. In poll mode, touching
 the version's model file, which Triton's poller takes for a new model. A reload that fails is tried again after
 1, 2, 4 ... 30 s; after 5 heals of one model in a row, or at once when no reload can work (poll mode on a read-only
 repository), the model is given up and `on_give_up` is called (`s2t serve` starts a new tritonserver; the container
@@ -25,6 +27,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -40,6 +43,8 @@ RELOAD_GRACE_SECONDS = 15.0
 # Triton's counters are read this often for the error-rate watch.
 METRICS_INTERVAL_SECONDS = 1.0
 RELOAD_PARAMETER = "s2t_reload"
+# A rollout step holds the control lock for seconds (its loads); past this the reload is tried again later.
+CONTROL_LOCK_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -147,10 +152,16 @@ class CannotReload(OSError):
 
 
 class Reloader:
-    """Asks Triton for a new instance of a model; raises OSError (urllib's errors included) when it cannot."""
+    """Asks Triton for a new instance of a model; raises OSError (urllib's errors included) when it cannot.
 
-    def __init__(self, http_url: str, explicit: bool, admin_headers: dict[str, str] | None = None):
+    `control_lock(timeout)`: the rollout commands' lock (VersionStore.lock of the served repository).
+    `config_fetched(model)`, when set, is called between fetching the live config and posting it (tests)."""
+
+    def __init__(self, http_url: str, explicit: bool, admin_headers: dict[str, str] | None = None,
+                 control_lock: Callable[[float], AbstractContextManager] | None = None):
         self.http_url, self.explicit, self.admin_headers = http_url, explicit, admin_headers or {}
+        self.control_lock = control_lock or (lambda timeout: nullcontext())
+        self.config_fetched: Callable[[str], None] | None = None
 
     def reload(self, model: str, model_files: list[Path]) -> None:
         if self.explicit:
@@ -174,8 +185,20 @@ class Reloader:
                     raise OSError(str(err)) from None
 
     def _load_with_new_config(self, model: str) -> None:
+        with ExitStack() as held:
+            try:
+                held.enter_context(self.control_lock(CONTROL_LOCK_SECONDS))
+            except OSError:
+                pass  # a control area that cannot be written (a read-only mount): no rollout can take it either
+            except Exception as err:  # noqa: BLE001 - the lock's timeout: a step holds it; tried again later
+                raise OSError(f"cannot take the control lock: {err}") from None
+            self._post_live_config(model)
+
+    def _post_live_config(self, model: str) -> None:
         with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{model}/config", timeout=10) as resp:
             config = json.load(resp)
+        if self.config_fetched is not None:
+            self.config_fetched(model)
         config.setdefault("parameters", {})[RELOAD_PARAMETER] = {"string_value": f"{time.time():.6f}"}
         body = json.dumps({"parameters": {"config": json.dumps(config)}}).encode()
         request = urllib.request.Request(f"http://{self.http_url}/v2/repository/models/{model}/load", data=body,
@@ -190,11 +213,12 @@ class StubSupervisor(threading.Thread):
                  metrics_url: str | None = None, state: SupervisorState | None = None,
                  heal_settings: HealSettings | None = None, error_settings: ErrorRateSettings | None = None,
                  on_give_up: Callable[[str], None] | None = None, interval: float = 0.2,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None,
+                 control_lock: Callable[[float], AbstractContextManager] | None = None):
         super().__init__(name="s2t-stub-supervisor", daemon=True)
         self.server_pid, self.http_url, self.metrics_url = server_pid, http_url, metrics_url
         self.interval = interval
-        self.reloader = Reloader(http_url, explicit, admin_headers)
+        self.reloader = Reloader(http_url, explicit, admin_headers, control_lock)
         self.state = state or SupervisorState()
         self.heals: list[Heal] = []
         self._watch = DeathWatch()

@@ -189,7 +189,8 @@ class TritonServer:
             self.supervisor = StubSupervisor(self.process.pid, self.http_url, self.model_control_mode == "explicit",
                                              admin_headers(self.admin_key or ""),
                                              metrics_url=f"localhost:{self.metrics_port}",
-                                             state=self.supervisor_state, on_give_up=self.on_give_up)
+                                             state=self.supervisor_state, on_give_up=self.on_give_up,
+                                             control_lock=VersionStore(Path(self.repositories[0])).lock)
             self.supervisor.start()
         return self
 

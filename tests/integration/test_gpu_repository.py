@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from backends.routing_policy import Target
 from tests.conftest import DATA_CSV, GPU_REPOSITORY, MODEL_REPOSITORY, ROOT, S2T, SAVED_MODEL, SCORER_ONNX, has_gpu
 from s2t.gate import model_config
 from s2t.models import tensorrt_engine
-from s2t.control.canary import CanaryError, set_split
+from s2t.control.canary import CanaryError
+from s2t.control.rollout import Rollout, canary
 from s2t.gate.model_config import mc
 from s2t.control.publish import ParityGate, PublishError, publish
 
@@ -124,9 +124,9 @@ def test_the_router_can_take_a_gpu_scorer_as_canary_from_the_gpu_repository(gpu_
     shutil.copytree(MODEL_REPOSITORY, repository, ignore=shutil.ignore_patterns("__pycache__", "[0-9]*"))
     shutil.copytree(MODEL_REPOSITORY / "risk_router" / "1", repository / "risk_router" / "1")
     with pytest.raises(CanaryError, match="risk_scorer_trt has no version 1 in .*model_repository_gpu"):
-        set_split(repository, Target("risk_scorer_trt", 1), 10.0, candidate_repositories=(gpu_repository,))
+        canary(Rollout("risk_scorer_trt", repository), 1, 10.0, 0.0, candidate_repositories=(gpu_repository,))
     publish("risk_scorer_trt", _engine(tmp_path), gpu_repository, None)
-    settings = set_split(repository, Target("risk_scorer_trt", 1), 10.0, candidate_repositories=(gpu_repository,))
+    settings = canary(Rollout("risk_scorer_trt", repository), 1, 10.0, 0.0, candidate_repositories=(gpu_repository,))
     assert str(settings.candidate) == "risk_scorer_trt:1" and settings.canary_percent == 10.0
     text = (repository / "risk_router" / "config.pbtxt").read_text()
     assert 'key: "candidate" value: { string_value: "risk_scorer_trt:1" }' in text

@@ -23,10 +23,9 @@ import pytest
 import tritonclient.http as http
 import yaml
 
-from backends.routing_policy import Target
 from clients import stream_client
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT, S2T, free_port
-from s2t.control import canary
+from s2t.control.rollout import Rollout, canary
 from s2t.control.version_store import VersionStore
 
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -178,7 +177,7 @@ def exported(built_artifacts, german_credit_data, tmp_path_factory) -> dict[str,
     repo = root / "model_repository"
     shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
     lite = VersionStore(repo).served("risk_scorer_lite")[-1]
-    canary.set_split(repo, Target("risk_scorer_lite", lite), shadow_percent=100)
+    canary(Rollout("risk_scorer_lite", repo), lite, 0.0, 100.0)
     ports = {"HTTP_PORT": free_port(), "GRPC_PORT": free_port(), "METRICS_PORT": free_port()}
     env = {**os.environ, **{name: str(port) for name, port in ports.items()}}
     log_path = root / "serve.log"

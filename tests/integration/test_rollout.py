@@ -133,7 +133,7 @@ def test_ten_publishes_and_rollbacks_under_load_fail_no_request(live, built_arti
     steady = [lat for sent, lat in load.latencies if sent < steady_until]
     during = [lat for sent, lat in load.latencies if any(a <= sent <= b for a, b in swaps)]
     # A figure for the benchmark and the issue notes, not a timed assertion.
-    print(f"\nrollback command (router and pipeline reloaded, old version unloaded) "
+    print(f"\nrollback command (every consumer serving the previous version) "
           f"{', '.join(f'{s * 1000:.0f}' for s in rollback_seconds)} ms; "
           f"{load.answers} answers; risk_pipeline p99 steady {np.percentile(steady, 99) * 1000:.1f} ms, "
           f"during swaps {np.percentile(during, 99) * 1000:.1f} ms")

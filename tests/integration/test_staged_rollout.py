@@ -14,6 +14,7 @@ import tritonclient.grpc as grpc
 from tests.conftest import S2T
 from tests.integration.servers import repository_copies, triton_server
 from tests.samples import SHIFT, shifted_model
+from s2t.serve.supervisor import stubs_of
 from s2t.control.live_control import ADMIN_KEY_ENV
 from s2t.control.version_store import VersionStore
 
@@ -145,12 +146,48 @@ def test_stage_canary_promote_moves_traffic_only_when_told_and_fails_no_request(
     assert actions == ["stage", "canary", "promote"]
 
 
+def stubs(server, model) -> set[int]:
+    return {pid for pid, stub in stubs_of(server.process.pid).items() if stub.model == model}
+
+
+class InForce:
+    """The test's own clock: seconds from entering until risk_pipeline answers the probe with `expected`."""
+
+    def __init__(self, url, records, expected):
+        self.url, self.records, self.expected = url, records, np.array(expected)
+        self.seconds, self.started = None, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch)
+
+    def __enter__(self):
+        self.started = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        deadline = time.monotonic() + 60  # the command returned: the change is in force, or it never will be
+        while self.seconds is None and time.monotonic() < deadline and not exc[0]:
+            time.sleep(0.01)
+        self._stop.set()
+        self._thread.join(30)
+
+    def _watch(self):
+        client = grpc.InferenceServerClient(self.url)
+        while not self._stop.is_set() and self.seconds is None:
+            answered = np.array(infer(client, "risk_pipeline", self.records)["probability"])
+            if np.allclose(answered, self.expected, atol=1e-5):
+                self.seconds = time.monotonic() - self.started
+        client.close()
+
+
 def test_rollback_aborts_a_canary_and_after_a_promotion_serves_the_previous_version(live, built_artifacts, shifted,
                                                                                       german_credit_data):
     server, repo = live
+    mode = server.model_control_mode
     primary = VersionStore(repo).served("risk_scorer")[-1]
     old, client = f"risk_scorer:{primary}", grpc.InferenceServerClient(server.grpc_url)
     probe = payloads(german_credit_data, 300, "probe")
+    original = infer(client, "risk_pipeline", probe[:20])["probability"]
     with Load(server.grpc_url, payloads(german_credit_data, 50, "load")) as load:
         published = s2t_json(server, repo, "publish", "risk_scorer", str(shifted), "--stage", artifacts=built_artifacts)
         assert published == {"model": "risk_scorer", "version": published["version"], "staged": True}
@@ -168,8 +205,18 @@ def test_rollback_aborts_a_canary_and_after_a_promotion_serves_the_previous_vers
         again = int(s2t(server, repo, "publish", "risk_scorer", str(shifted), "--stage", artifacts=built_artifacts))
         assert s2t_json(server, repo, "promote", "risk_scorer", str(again))["primary"] == again
         assert set(infer(client, "risk_router", probe)["served_by"]) == {f"risk_scorer:{again}"}
-        reverted = s2t_json(server, repo, "rollback", "risk_scorer", "--yes")
+        pipeline_stubs = stubs(server, "risk_pipeline")
+        with InForce(server.grpc_url, probe[:20], original) as watch:
+            reverted = s2t_json(server, repo, "rollback", "risk_scorer", "--yes")
+            command_seconds = time.monotonic() - watch.started
         assert (reverted["action"], reverted["serving"], reverted["previous"]) == ("revert", primary, again)
+        assert watch.seconds is not None, "risk_pipeline never served the previous version again"
+        print(f"\nrollback ({mode}): risk_pipeline serves the previous version after {watch.seconds * 1000:.0f} ms, "
+              f"the command returned after {command_seconds * 1000:.0f} ms")
+        if mode == "explicit":
+            # The previous version was warm in the pipeline: the live switch served it, no new stub was started.
+            assert stubs(server, "risk_pipeline") <= pipeline_stubs
+            assert watch.seconds < command_seconds
         assert set(infer(client, "risk_router", probe)["served_by"]) == {old}
         time.sleep(0.5)
     client.close()

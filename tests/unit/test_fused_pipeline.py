@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from backends.decision_policy import Thresholds, decide
-from backends.fused_pipeline import FusedPipeline, PipelineSettings, scorer_path
+from backends.fused_pipeline import FusedPipeline, PipelineSettings, scorer_path, warm_pipeline
+from backends.repository_layout import live_switch_file
 from backends.ort_runner import ModelConfigError
 from backends.record_decoder import RecordDecoder
 
@@ -104,3 +105,58 @@ def test_each_bad_record_gets_its_own_error_and_its_batch_mates_their_scores(pip
         None, f"features.{pipeline.spec.categorical[0].name}: missing", None]
     np.testing.assert_array_equal(mixed.probability[[0, 2, 4]], alone.probability)
     assert mixed.decision[[0, 2, 4]].ravel().tolist() == alone.decision.ravel().tolist()
+
+
+@pytest.fixture
+def two_versions(tmp_path, built_artifacts):
+    """risk_scorer 1 (the German Credit model) and 2 (the same scores + SHIFT), told apart by their answers."""
+    from tests.samples import SHIFT, shifted_model
+    repo = tmp_path / "model_repository"
+    (repo / "risk_scorer" / "1").mkdir(parents=True)
+    (repo / "risk_scorer" / "2").mkdir(parents=True)
+    shutil.copy(built_artifacts["onnx"], repo / "risk_scorer" / "1" / "model.onnx")
+    shifted_model(built_artifacts["onnx"], repo / "risk_scorer" / "2" / "model.onnx", SHIFT)
+    return repo
+
+
+def _switch(repo, text):
+    from backends.atomic_files import write_atomically
+    write_atomically(live_switch_file(repo, "risk_pipeline"), text)
+
+
+def test_the_live_switch_serves_the_warm_standby_from_the_next_batch(two_versions, german_credit_data):
+    from tests.samples import SHIFT
+    payloads = [json.dumps({"features": r}).encode() for r in german_credit_data.records()[:32]]
+    warm = warm_pipeline(two_versions, settings(scorer_version="2", standby_scorer_version="1"), "risk_pipeline")
+    shifted = warm.score(payloads).probability
+    _switch(two_versions, json.dumps({"scorer_version": 1}))
+    assert warm.serving() == 1
+    back = warm.score(payloads).probability
+    np.testing.assert_allclose(np.minimum(back + SHIFT, 1.0), shifted, atol=1e-5)
+    for text in (json.dumps({"scorer_version": 7}), "not json", json.dumps({"scorer_version": 2})):
+        _switch(two_versions, text)  # a version not warm here, or a file that cannot be read: the configured one
+        assert warm.serving() == 2
+        np.testing.assert_array_equal(warm.score(payloads).probability, shifted)
+    live_switch_file(two_versions, "risk_pipeline").unlink()
+    assert warm.serving() == 2
+
+
+@pytest.mark.parametrize("configured, standby, warm_versions, serving", [
+    ("2", "1", [2, 1], 2),
+    ("2", "", [2], 2),
+    ("2", "9", [2], 2),  # the standby's folder was retired since: not kept warm
+    ("9", "1", [1], 1),  # a config the live server still runs names a retired version: the standby serves
+    ("", "", [2], 2),  # no version named: the newest folder, as before
+])
+def test_a_warm_pipeline_keeps_the_versions_whose_folders_are_there(two_versions, configured, standby,
+                                                                    warm_versions, serving):
+    warm = warm_pipeline(two_versions, settings(scorer_version=configured, standby_scorer_version=standby),
+                         "risk_pipeline")
+    assert list(warm.pipelines) == warm_versions and warm.serving() == serving
+
+
+def test_a_warm_pipeline_without_any_named_folder_is_refused_naming_the_path(two_versions):
+    for version in (1, 2):
+        shutil.rmtree(two_versions / "risk_scorer" / str(version))
+    with pytest.raises(ModelConfigError, match=r"version 2: .*/risk_scorer/2/model.onnx does not exist"):
+        warm_pipeline(two_versions, settings(scorer_version="2", standby_scorer_version="1"), "risk_pipeline")

@@ -5,14 +5,16 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from tests.conftest import ROOT
 from s2t.control import primary, version_store
+from s2t.control import rollout as rollout_module
 from s2t.control.publish import PublishError, publish
-from s2t.control.rollback import RollbackError, rollback as rollback_newest_folder
 from s2t.control.rollout import Rollout, RolloutError, canary, promote, rollback, rollback_plan
 from s2t.control.version_store import VersionStore
 
@@ -42,13 +44,19 @@ def test_staged_version_is_loaded_but_every_consumer_keeps_the_primary(repos):
     assert (state(repo).primary, state(repo).candidate) == (1, 2)
 
 
-def test_plain_publish_moves_every_consumer_at_once_and_keeps_the_previous_version(repos):
+def test_plain_publish_moves_every_consumer_at_once_and_keeps_the_previous_version(repos, monkeypatch):
     repo, onnx = repos
     assert publish("risk_scorer", onnx, repo, None) == 2
     assert served_by_consumers(repo) == {"risk_router": 2, "risk_pipeline": 2, "risk_pipeline_ensemble": 2}
     assert (state(repo).primary, state(repo).previous) == (2, 1)
     publish("risk_scorer", onnx, repo, None)
-    assert VersionStore(repo).served("risk_scorer") == [2, 3], "the version before the previous one is retired"
+    # Version 1 was the primary moments ago: without a server to ask, a consumer may still be reloading off it.
+    assert VersionStore(repo).served("risk_scorer") == [1, 2, 3] and list(state(repo).draining) == [1]
+    later = time.time() + rollout_module.DRAIN_SECONDS + 1
+    monkeypatch.setattr(rollout_module, "time", SimpleNamespace(time=lambda: later, monotonic=time.monotonic,
+                                                                 sleep=time.sleep))
+    publish("risk_scorer", onnx, repo, None)
+    assert VersionStore(repo).served("risk_scorer") == [3, 4], "the versions before the previous one are retired"
 
 
 def test_promote_moves_every_consumer_and_clears_the_split(repos):
@@ -170,9 +178,41 @@ def test_concurrent_rollout_commands_keep_a_served_primary_and_every_history_lin
     assert set(served_by_consumers(repo).values()) == {current.primary}
 
 
-def test_the_newest_folder_rollback_refuses_a_model_with_an_explicit_primary(repos):
+def test_a_rollback_after_a_plain_publish_moves_the_consumers_back_and_keeps_both_folders(repos):
     repo, onnx = repos
     publish("risk_scorer", onnx, repo, None)
-    with pytest.raises(RollbackError, match="explicit primary"):
-        rollback_newest_folder("risk_scorer", repo)
-    assert VersionStore(repo).served("risk_scorer") == [1, 2]
+    done = rollback(Rollout("risk_scorer", repo), rollback_plan(Rollout("risk_scorer", repo), None))
+    assert (done.action, done.target, done.retiring) == ("revert", 1, (2,))
+    assert served_by_consumers(repo) == {"risk_router": 1, "risk_pipeline": 1, "risk_pipeline_ensemble": 1}
+    # The demoted version drains before its folder goes: the consumers may still be reloading.
+    assert VersionStore(repo).served("risk_scorer") == [1, 2] and list(state(repo).draining) == [2]
+
+
+def _pipeline_parameters(repo: Path) -> dict[str, str]:
+    from s2t.gate import model_config
+    params = model_config.backend_parameters(model_config.load(repo / "risk_pipeline"))
+    return {k: params[k]["string_value"] for k in ("scorer_version", "standby_scorer_version")}
+
+
+def test_the_pipeline_keeps_the_previous_primary_warm_and_the_live_switch_names_the_primary(repos):
+    from backends.repository_layout import live_switch_file
+    repo, onnx = repos
+    switch = live_switch_file(repo, "risk_pipeline")
+    publish("risk_scorer", onnx, repo, None)
+    assert _pipeline_parameters(repo) == {"scorer_version": "2", "standby_scorer_version": "1"}
+    assert json.loads(switch.read_text())["scorer_version"] == 2
+    rollback(Rollout("risk_scorer", repo), rollback_plan(Rollout("risk_scorer", repo), None))
+    assert json.loads(switch.read_text())["scorer_version"] == 1
+    assert _pipeline_parameters(repo) == {"scorer_version": "1", "standby_scorer_version": ""}
+
+
+@pytest.mark.parametrize("target, live, in_force", [
+    (1, {"scorer_version": "2", "standby_scorer_version": "1"}, True),  # warm: the switch alone serves it
+    (2, {"scorer_version": "2", "standby_scorer_version": "1"}, True),
+    (3, {"scorer_version": "2", "standby_scorer_version": "1"}, False),  # not loaded there: a reload is needed
+    (1, {"scorer_version": "1"}, True),
+])
+def test_a_pipeline_change_is_in_force_when_the_live_instance_keeps_the_version_warm(repos, target, live, in_force):
+    repo, _ = repos
+    (change,) = [c for c in primary.plan("risk_scorer", target, (repo,)) if c.name == "risk_pipeline"]
+    assert change.in_force({"parameters": {k: {"string_value": v} for k, v in live.items()}}) is in_force

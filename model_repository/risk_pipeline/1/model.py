@@ -7,7 +7,7 @@ import triton_python_backend_utils as pb_utils
 
 from backends import fault_points
 from backends.errors import InternalError, InvalidInput, triton_error
-from backends.fused_pipeline import FusedPipeline, PipelineSettings, scorer_path
+from backends.fused_pipeline import PipelineSettings, warm_pipeline
 from backends.record_decoder import request_error
 from backends.request_rows import RequestRows
 from wire.names import PAYLOAD
@@ -17,9 +17,9 @@ class TritonPythonModel:
     def initialize(self, args):
         settings = PipelineSettings.from_parameters(json.loads(args["model_config"]).get("parameters", {}))
         # args["model_repository"] is this model's folder; the scorer is a sibling in the same repository.
-        path = scorer_path(Path(args["model_repository"]).parent, settings)
-        self._pipeline = FusedPipeline(path, settings)
-        pb_utils.Logger.log_info(f"risk_pipeline scores with {path}")
+        self._pipeline = warm_pipeline(Path(args["model_repository"]).parent, settings, args["model_name"])
+        pb_utils.Logger.log_info(f"risk_pipeline keeps {settings.scorer_model} versions "
+                                 f"{sorted(self._pipeline.pipelines)} warm, serves {self._pipeline.serving()}")
 
     def execute(self, requests):
         try:
