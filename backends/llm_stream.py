@@ -108,8 +108,11 @@ class GenerationStream:
             self.sender.fail(f"llm: {completion.error}", self.internal_code)
             self.metrics.request("failed")
             return
+        text = "".join(self.pieces)
+        if self.generation.include_input and not self.generation.stream:
+            text = self.generation.prompt + text
         self.sender.finish([
-            self._text("".join(self.pieces)),
+            self._text(text),
             self.tensor("input_tokens", np.array([completion.prompt_tokens], dtype=np.int32)),
             self.tensor("output_tokens", np.array([completion.completion_tokens], dtype=np.int32)),
             self.tensor("finish_reason", np.array([completion.finish_reason.encode()], dtype=object)),

@@ -2,6 +2,7 @@
 import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,6 +48,11 @@ BAD = [
     ({"text_input": PROMPT, "max_tokens": 0}, "max_tokens: must be between 1 and 512"),
     ({"text_input": PROMPT, "max_tokens": 100000}, "max_tokens: must be between 1 and 512"),
     ({"text_input": PROMPT, "max_tokens": 4, "top_p": 3.0}, "top_p: must be between"),
+    ({"text_input": PROMPT, "max_tokens": 4, "beam_width": 2}, "beam_width: must be between 1 and 1"),
+    ({"text_input": PROMPT, "return_log_probs": True}, "return_log_probs: not supported by this engine"),
+    ({"text_input": PROMPT, "sampling_parameters": '{"best_of": 2}'}, "sampling_parameters.best_of: unknown"),
+    ({"text_input": PROMPT, "sampling_parameters": '{"max_tokens": 9999}'}, "sampling_parameters.max_tokens: must"),
+    ({"text_input": PROMPT, "seed": 1, "random_seed": 2}, "random_seed: also given as seed"),
 ]
 
 
@@ -63,6 +69,29 @@ def test_bad_requests_get_their_own_error_while_concurrent_good_ones_complete(tr
     for result in good_results:
         assert result.error is None and result.final["output_tokens"] == 4
     assert generate_stream(triton_llm.http_url, {"text_input": PROMPT, "max_tokens": 2}).error is None
+
+
+def test_tensorrt_llm_and_vllm_inputs_steer_the_generation(triton_llm):
+    url = triton_llm.http_url
+    plain = generate_stream(url, {"text_input": PROMPT, "max_tokens": 16})
+    words = plain.text.split()
+    assert plain.error is None and len(words) > 5
+    # Stop words (empty strings are "none", as genai-perf sends them): the text ends before the word.
+    stopped = generate_stream(url, {"text_input": PROMPT, "max_tokens": 16, "stop_words": [words[4], ""]})
+    assert stopped.final["finish_reason"] == "stop" and stopped.final["output_tokens"] < 16
+    assert plain.text.startswith(stopped.text) and words[4] not in stopped.text.split()
+    # Banned words are never generated.
+    banned = generate_stream(url, {"text_input": PROMPT, "max_tokens": 16, "bad_words": [words[1]]})
+    assert banned.error is None and not re.search(rf"\b{re.escape(words[1])}\b", banned.text), banned.text
+    # vLLM's sampling_parameters, with a seed: sampling at temperature 1 gives the same text twice.
+    sampling = json.dumps({"max_tokens": 5, "temperature": 1.0, "seed": 11})
+    seeded = [generate_stream(url, {"text_input": PROMPT, "sampling_parameters": sampling,
+                                    "exclude_input_in_output": True}) for _ in range(2)]
+    assert [r.final["output_tokens"] for r in seeded] == [5, 5] and seeded[0].text == seeded[1].text
+    # exclude_input_in_output false: the single answer starts with the prompt.
+    whole = generate_stream(url, {"text_input": PROMPT, "max_tokens": 4, "stream": False,
+                                  "exclude_input_in_output": False, "random_seed": 5, "runtime_top_k": 1})
+    assert whole.text.startswith(PROMPT) and len(whole.text) > len(PROMPT)
 
 
 def test_four_concurrent_prompts_of_very_different_lengths_all_complete(triton_llm):

@@ -16,11 +16,10 @@ from backends.decoupled_sender import Outbox, StreamSender
 from backends.llm_batching import BatchingSettings
 from backends.llm_engine import EngineSettings, LlmEngine, QueueFull
 from backends.llm_metrics import LlmMetrics
-from backends.llm_request import GenerationError, GenerationLimits, check_prompt_tokens, parse_generation
+from backends.llm_request import INPUTS, GenerationError, GenerationLimits, check_prompt_tokens, parse_generation
 from backends.llm_stream import CANCEL_POLL_S, GenerationStream, LiveStreams
 from backends.model_parameters import read_parameters
 
-INPUTS = ("text_input", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream")
 METRICS_PERIOD_S = 1.0
 
 
