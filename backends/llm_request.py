@@ -68,7 +68,9 @@ class GenerationRequest:
 # The same setting under the names of Triton's other LLM backends (TensorRT-LLM's inputs).
 ALIASES = {"runtime_top_k": "top_k", "runtime_top_p": "top_p", "random_seed": "seed"}
 # vLLM's backend takes its sampling settings as one JSON object, `sampling_parameters`; these keys are understood.
-SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+SAMPLING_KEYS = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+# As vLLM's backend does, numbers and flags may come as strings there (genai-perf sends {"max_tokens": "16"}).
+_NUMERIC_KEYS = {"max_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed"}
 # Asked for but not computed by this engine: refused when true rather than silently left out.
 UNSUPPORTED_WHEN_TRUE = ("return_log_probs", "return_context_logits", "return_generation_logits")
 # Always answered (input_tokens, output_tokens, finish_reason on the final response): accepted either way.
@@ -76,7 +78,7 @@ ALWAYS_RETURNED = ("return_num_input_tokens", "return_num_output_tokens", "retur
 MAX_WORDS, MAX_WORD_BYTES = 8, 128
 MAX_SAMPLING_PARAMETERS_BYTES = 4096
 INPUTS = ("text_input", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream", "exclude_input_in_output",
-          "sampling_parameters", "stop_words", "bad_words", "beam_width", *ALIASES, *UNSUPPORTED_WHEN_TRUE,
+          "sampling_parameters", "stop_words", "bad_words", "beam_width", "min_length", *ALIASES, *UNSUPPORTED_WHEN_TRUE,
           *ALWAYS_RETURNED)
 
 
@@ -157,11 +159,19 @@ def _sampling_parameters(inputs: Mapping[str, np.ndarray]) -> dict:
         raise GenerationError("sampling_parameters", f"not JSON ({err})") from None
     if not isinstance(parsed, dict):
         raise GenerationError("sampling_parameters", f"expected a JSON object, got {type(parsed).__name__}")
-    for key in parsed:
+    for key, value in parsed.items():
+        field = f"sampling_parameters.{key}"
         if key not in SAMPLING_KEYS:
-            raise GenerationError(f"sampling_parameters.{key}", f"unknown; known: {', '.join(SAMPLING_KEYS)}")
+            raise GenerationError(field, f"unknown; known: {', '.join(SAMPLING_KEYS)}")
         if key in inputs:
-            raise GenerationError(f"sampling_parameters.{key}", f"also given as the input {key}: give one")
+            raise GenerationError(field, f"also given as the input {key}: give one")
+        if isinstance(value, str) and key in _NUMERIC_KEYS:
+            try:
+                parsed[key] = float(value) if any(c in value for c in ".eE") else int(value)
+            except ValueError:
+                raise GenerationError(field, f"expected a number, got {value!r}") from None
+        elif isinstance(value, str) and key == "ignore_eos" and value.lower() in ("true", "false"):
+            parsed[key] = value.lower() == "true"
     return parsed
 
 
@@ -207,6 +217,10 @@ def parse_generation(inputs: Mapping[str, np.ndarray], limits: GenerationLimits)
     ignore_eos = sampling.get("ignore_eos")
     if ignore_eos is not None and not isinstance(ignore_eos, bool):
         raise GenerationError("sampling_parameters.ignore_eos", f"expected true or false, got {ignore_eos!r}")
+    # TensorRT-LLM's min_length, vLLM's min_tokens: llama.cpp has no minimum, so any minimum ignores the end of
+    # sequence and the answer runs to max_tokens or a stop word (genai-perf asks for min = max).
+    minimum = number("min_tokens", 0, int, 0, limits.max_tokens_limit) if "min_tokens" in sampling else \
+        _number("min_length", _scalar(inputs, "min_length"), 0, int, 0, limits.max_tokens_limit)
     exclude_input = _flag("exclude_input_in_output", _scalar(inputs, "exclude_input_in_output"), True)
     return GenerationRequest(
         prompt=prompt,
@@ -218,7 +232,7 @@ def parse_generation(inputs: Mapping[str, np.ndarray], limits: GenerationLimits)
         stream=_flag("stream", _scalar(inputs, "stream"), limits.stream_by_default),
         stop=_words(stop_field, stop),
         bad_words=_words("bad_words", inputs.get("bad_words")),
-        ignore_eos=bool(ignore_eos),
+        ignore_eos=bool(ignore_eos) or minimum > 0,
         include_input=not exclude_input,
     )
 

@@ -75,6 +75,20 @@ def test_vllm_sampling_parameters_are_one_json_object():
     assert parse_generation({"text_input": tensor(b"hi"), "sampling_parameters": tensor(b"")}, LIMITS).max_tokens == 64
 
 
+def test_numbers_and_flags_may_come_as_strings_in_sampling_parameters_as_vllm_takes_them():
+    request = parse_generation({"text_input": tensor(b"hi"), "sampling_parameters": tensor(
+        b'{"max_tokens": "16", "min_tokens": "16", "temperature": "0.5", "ignore_eos": "false"}')}, LIMITS)
+    assert (request.max_tokens, request.ignore_eos) == (16, True) and request.temperature == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("minimum, ignore_eos", [(None, False), (0, False), (1, True), (16, True)])
+def test_a_minimum_length_ignores_the_end_of_sequence(minimum, ignore_eos):
+    inputs = {"text_input": tensor(b"hi"), "max_tokens": tensor(16, np.int32)}
+    if minimum is not None:
+        inputs["min_length"] = tensor(minimum, np.int32)
+    assert parse_generation(inputs, LIMITS).ignore_eos is ignore_eos
+
+
 def test_banned_words_become_llama_cpp_logit_biases():
     request = parse_generation({"text_input": tensor(b"hi"), "bad_words": words("credit", "loan")}, LIMITS)
     assert request.sampling()["logit_bias"] == [["credit", False], [" credit", False], ["loan", False],
@@ -93,6 +107,8 @@ def test_banned_words_become_llama_cpp_logit_biases():
     ({"sampling_parameters": tensor(b'{"max_tokens": 0}')}, "sampling_parameters.max_tokens: must be between 1"),
     ({"sampling_parameters": tensor(b'{"temperature": "hot"}')}, "sampling_parameters.temperature: expected a number"),
     ({"sampling_parameters": tensor(b'{"ignore_eos": 1}')}, "sampling_parameters.ignore_eos: expected true or false"),
+    ({"sampling_parameters": tensor(b'{"max_tokens": "many"}')}, "sampling_parameters.max_tokens: expected a number"),
+    ({"min_length": tensor(600, np.int32)}, "min_length: must be between 0 and 512"),
     ({"sampling_parameters": tensor(b'{"stop": 5}')}, "sampling_parameters.stop: expected text or a list"),
     ({"sampling_parameters": tensor(b'{"max_tokens": 8}'), "max_tokens": tensor(8, np.int32)},
      "sampling_parameters.max_tokens: also given as the input max_tokens"),
