@@ -141,8 +141,9 @@ def test_a_client_that_disconnects_stops_its_generation(triton_llm):
 
 def test_s2t_serve_llm_serves_the_language_model_beside_the_risk_models(built_artifacts, tmp_path):
     http_port = free_port()
+    openai_port = free_port()
     env = {**os.environ, "HTTP_PORT": str(http_port), "GRPC_PORT": str(free_port()),
-           "METRICS_PORT": str(free_port())}
+           "METRICS_PORT": str(free_port()), "OPENAI_PORT": str(openai_port)}
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
         process = subprocess.Popen([str(Path(sys.executable).parent / "s2t"), "serve", "--llm", "--exit-timeout", "5"],
@@ -159,6 +160,14 @@ def test_s2t_serve_llm_serves_the_language_model_beside_the_risk_models(built_ar
             assert response.status == 200
         with urllib.request.urlopen(f"http://{url}/v2/models/risk_pipeline/ready", timeout=10) as response:
             assert response.status == 200
+        # The OpenAI-compatible API on its own port, in front of the same llm.
+        with urllib.request.urlopen(f"http://localhost:{openai_port}/v1/models", timeout=10) as response:
+            assert [m["id"] for m in json.loads(response.read())["data"]] == ["llm"]
+        chat = urllib.request.Request(f"http://localhost:{openai_port}/v1/chat/completions", data=json.dumps(
+            {"model": "llm", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 3}).encode(),
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(chat, timeout=120) as response:
+            assert json.loads(response.read())["usage"]["completion_tokens"] == 3
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(60)
