@@ -4,7 +4,7 @@ Triton's HTTP endpoint (backends/openai_protocol.py translates both ways). A cli
 handler, which closes the call to Triton, and `llm` stops the generation (docs/llm.md).
 
 `s2t serve --llm --openai-port N` runs it in a thread of its own beside the server; `python -m
-s2t.serve.openai_server --port N --triton-url HOST:PORT` runs it alone.
+s2t.serve.openai_server --port N --http-url HOST:PORT` runs it alone.
 """
 from __future__ import annotations
 
@@ -162,9 +162,9 @@ async def _send(response: web.StreamResponse, payload: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=9000)
-    parser.add_argument("--triton-url", default="localhost:8000", help="Triton's HTTP endpoint, HOST:PORT")
+    parser.add_argument("--http-url", default="localhost:8000", help="Triton's HTTP endpoint, HOST:PORT")
     args = parser.parse_args()
-    web.run_app(OpenAIFrontend(args.triton_url, args.port).app(), port=args.port, handler_cancellation=True)
+    web.run_app(OpenAIFrontend(args.http_url, args.port).app(), port=args.port, handler_cancellation=True)
 
 
 if __name__ == "__main__":
