@@ -1,5 +1,6 @@
 """`llm`'s admission queue under a flood of clients that leave: they leave the queue at once, the queue is bounded,
-a short valid prompt beside them still gets its first token soon, and the server then stops cleanly."""
+a short valid prompt beside them still gets its first token soon, and the server then stops cleanly (the last test:
+it stops this module's server)."""
 from __future__ import annotations
 
 import http.client
@@ -97,6 +98,35 @@ def test_a_request_over_the_queue_bound_is_refused_at_once_naming_the_queue(llm_
     assert generate_stream(url, {"text_input": "Say hi.", "max_tokens": 2}).error is None
 
 
+def test_a_grpc_stream_cancelled_while_queued_leaves_the_queue_within_a_second(llm_server):
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    url = llm_server.http_url
+    before = outcome(llm_metrics(llm_server.metrics_port), "cancelled")
+    # Two long prompts ahead: evaluated one at a time (max_prefill_tokens), seconds of work the queued one waits for.
+    with ThreadPoolExecutor(2) as pool:
+        ahead = [pool.submit(generate_stream, url, {"text_input": long_prompt(100 + n), "max_tokens": 2}, "llm", 300)
+                 for n in range(2)]
+        time.sleep(0.3)
+        client = grpcclient.InferenceServerClient(llm_server.grpc_url)
+        answers = []
+        client.start_stream(callback=lambda result, error: answers.append((result, error)))
+        prompt = grpcclient.InferInput("text_input", [1], "BYTES")
+        prompt.set_data_from_numpy(np.array([b"Say hi."], dtype=object))
+        client.async_stream_infer("llm", [prompt])
+        time.sleep(0.5)
+        client.stop_stream(cancel_requests=True)
+        cancelled_at = time.monotonic()
+        while outcome(llm_metrics(llm_server.metrics_port), "cancelled") == before:
+            assert time.monotonic() - cancelled_at < 3, "the cancelled request is still queued"
+            time.sleep(0.1)
+        left_after = time.monotonic() - cancelled_at
+        client.close()
+        assert all(f.result().error is None for f in ahead)
+    assert left_after < 1.5 and not any(result is not None and result.as_numpy("text_output") is not None
+                                        and result.as_numpy("text_output")[0] for result, _ in answers)
+
+
 def test_clients_that_leave_free_the_queue_and_a_short_prompt_beside_them_is_served(llm_server):
     url = llm_server.http_url
     before = llm_metrics(llm_server.metrics_port)
@@ -142,3 +172,4 @@ def test_clients_that_leave_free_the_queue_and_a_short_prompt_beside_them_is_ser
     assert time.monotonic() - stopping < EXIT_TIMEOUT_S / 2
     log = llm_server.log_path.read_text(errors="replace")
     assert "Signal (11)" not in log and "Exit timeout expired" not in log, log[-3000:]
+
