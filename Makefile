@@ -9,6 +9,7 @@ SUPPORTED_PYTHON := import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= 
 PYTHON ?= $(shell for p in python3.11 python3.12 python3; do \
   command -v $$p >/dev/null 2>&1 && $$p -c '$(SUPPORTED_PYTHON)' 2>/dev/null && { echo $$p; break; }; done)
 VENV := .venv
+GENAI_VENV := .venv-genai
 BIN := $(VENV)/bin
 S2T := $(BIN)/s2t
 # `make test` only: libb64-0d: perf_analyzer from the tritonclient wheel; docker-compose: validating docker-compose.yml offline;
@@ -37,7 +38,7 @@ EXPLAINER_REASONS := model_repository_llm/risk_explainer/1/reason_model.onnx
 DRIFT_REFERENCE := model_repository/risk_router/1/drift_reference.json
 PROTO_PY := wire/skill_pb2.py wire/skill_pb2_grpc.py wire/tf_example_pb2.py
 
-.PHONY: serve test lint unit integration system venv models clean gpu-venv gpu-models test-gpu test-python
+.PHONY: serve test lint unit integration system venv models clean gpu-venv gpu-models test-gpu test-python genai-venv
 
 serve: models
 	$(S2T) serve
@@ -57,7 +58,7 @@ unit: $(VENV)/.installed-dev proto
 	$(call pytest,unit,tests/unit)
 
 # Everything else: the real tritonserver, the built models, the deployment files, the GPU tests (skipped without one).
-integration: models $(VENV)/.installed-test
+integration: models $(VENV)/.installed-test $(GENAI_VENV)/.installed
 	$(call pytest,integration,--ignore=tests/unit)
 
 # $(call pytest,LEVEL,ARGS): one level of the suite. pytest's exit status stays the target's, and is named: 5 (no
@@ -68,6 +69,15 @@ define pytest
 	  5) echo "== $(1): no tests collected" >&2;; *) echo "== $(1): pytest error (exit $$status)" >&2;; esac; \
 	  exit $$status
 endef
+
+# genai-perf (s2t bench --mode llm profiles `llm` with it) in its own environment: its transformers, pandas and
+# plotting stack stay out of .venv. tritonclient brings the perf_analyzer binary it runs.
+genai-venv: $(GENAI_VENV)/.installed
+$(GENAI_VENV)/.installed: constraints.txt | $(VENV)/.installed
+	[ -x $(GENAI_VENV)/bin/python ] || $(BIN)/python -m venv $(GENAI_VENV)
+	$(GENAI_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt genai-perf gguf \
+	  "tritonclient[all]" nvidia-cuda-runtime-cu12
+	touch $@
 
 # The other supported Python: `make test-python PY=python3.12` builds .venv-python3.12 and runs the unit tests and
 # the server tests of the public pipeline with it (the stub for that Python, the pinned stack's wheels for it).

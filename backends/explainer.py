@@ -25,6 +25,9 @@ from backends.record_decoder import RecordDecoder, RecordError, max_record_bytes
 
 SOURCES = ("llm", "template", "error")
 _END = object()
+# Language-model streams given up on (Triton 2.51's BLS cannot cancel them) that may still hold a thread, per worker:
+# beyond this the explainer answers with the template without asking the model, so a dead model leaks nothing more.
+ABANDONED_PER_WORKER = 4
 
 
 @dataclass(frozen=True)
@@ -38,12 +41,20 @@ class ExplainerSettings:
     degrade_ttft_s: float = parameter("degrade_ttft_s", 1.0)
     probe_interval_s: float = parameter("probe_interval_s", 5.0)
     workers: int = parameter("workers", 4, parse=positive_integer)
+    # The longest wait for the language model's next word once it has started (its words come every ~20-100 ms):
+    # a model that dies mid-answer costs each stream at most this long, never its worker for good.
+    token_timeout_s: float = parameter("token_timeout_s", 5.0)
+
+    def __post_init__(self):
+        if not self.token_timeout_s > 0:
+            raise ValueError(f"token_timeout_s must be > 0, got {self.token_timeout_s}")
 
 
 @dataclass(frozen=True)
 class TritonCodes:
     invalid: object
     internal: object
+    unavailable: object = None
 
 
 class RequestFailed(Exception):
@@ -78,6 +89,7 @@ class Explainer:
         self.policy = DegradePolicy(settings.degrade_ttft_s, settings.probe_interval_s)
         self.outbox, self.metrics, self.tensor, self.codes = outbox, metrics, tensor, codes
         self.log_warn, self.log_error = log_warn, log_error
+        self._pumps = threading.BoundedSemaphore(settings.workers * (1 + ABANDONED_PER_WORKER))
 
     def _array(self, name, value, dtype=object):
         return self.tensor(name, np.array(value, dtype=dtype))
@@ -128,6 +140,10 @@ class Explainer:
         post, model = self.outbox.put, self.settings.llm_model
         tokens: queue.SimpleQueue = queue.SimpleQueue()
         started = time.monotonic()
+        if not self._pumps.acquire(blocking=False):
+            self.log_warn(f"risk_explainer: too many {model} streams left unanswered; answering with the template")
+            post(lambda: self.metrics.degraded[LLM_ERROR].increment(1))
+            return False
 
         def pump():
             try:
@@ -137,6 +153,7 @@ class Explainer:
                 tokens.put(err)
             finally:
                 tokens.put(_END)
+                self._pumps.release()
 
         threading.Thread(target=pump, name="explainer-llm", daemon=True).start()
         try:
@@ -154,9 +171,24 @@ class Explainer:
         text = first
         while text is not _END:
             if isinstance(text, Exception):
-                self.log_warn(f"risk_explainer: {model} failed mid-stream: {text}")
-                break
+                self._stopped_mid_answer(sender, f"failed ({text})")
+                return True
             post(lambda t=text: sender.send([self._array("text_output", [t.encode()])]))
-            text = tokens.get()
+            try:
+                text = tokens.get(timeout=self.settings.token_timeout_s)
+            except queue.Empty:
+                # The stream is dropped (BLS cannot cancel it); its pump ends when the model's stream does.
+                self._stopped_mid_answer(sender, f"sent no word for {self.settings.token_timeout_s:g} s")
+                return True
         post(lambda: (sender.finish([self._array("source", [b"llm"])]), self.metrics.answered["llm"].increment(1)))
         return True
+
+    def _stopped_mid_answer(self, sender: StreamSender, what: str) -> None:
+        """The model's words already went out: the template cannot follow them, so the stream ends with an error
+        that says the score and reasons sent first stand."""
+        message = (f"risk_explainer: the language model {self.settings.llm_model} {what} mid-explanation; the "
+                   "score and reasons sent first stand")
+        self.log_warn(message)
+        code = self.codes.unavailable if self.codes.unavailable is not None else self.codes.internal
+        self.outbox.put(lambda: (sender.fail(message, code), self.metrics.answered["error"].increment(1),
+                                 self.metrics.degraded[LLM_ERROR].increment(1)))

@@ -13,7 +13,7 @@ starved).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 from backends.model_parameters import parameter, read_parameters
 
@@ -34,6 +34,11 @@ class BatchingSettings:
     max_length_ratio: float = parameter("max_length_ratio", 3.0)
     max_group_size: int = parameter("max_group_size", 32)
     max_queue_delay_ms: float = parameter("max_queue_delay_ms", 200.0)
+    # Requests waiting for a slot; one more is refused at once, so a flood cannot hold everyone else for minutes.
+    max_queue_size: int = parameter("max_queue_size", 64)
+    # Prompt tokens admitted for evaluation at once (one prompt at least): the engine cannot stop a prompt's
+    # evaluation, so this bounds how long a new request waits behind prompts already admitted.
+    max_prefill_tokens: int = parameter("max_prefill_tokens", 1024)
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -44,6 +49,10 @@ class BatchingSettings:
             raise BatchingSettingsError(f"max_group_size must be at least 1, got {self.max_group_size}")
         if not self.max_queue_delay_ms >= 0:
             raise BatchingSettingsError(f"max_queue_delay_ms must be >= 0, got {self.max_queue_delay_ms}")
+        if self.max_queue_size < 1:
+            raise BatchingSettingsError(f"max_queue_size must be at least 1, got {self.max_queue_size}")
+        if self.max_prefill_tokens < 1:
+            raise BatchingSettingsError(f"max_prefill_tokens must be at least 1, got {self.max_prefill_tokens}")
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]]) -> "BatchingSettings":
@@ -67,8 +76,20 @@ class LengthAwareQueue:
     def __len__(self) -> int:
         return len(self._waiting)
 
+    @property
+    def full(self) -> bool:
+        return len(self._waiting) >= self.settings.max_queue_size
+
     def add(self, key: object, prompt_tokens: int, now_ms: float) -> None:
         self._waiting.append(Queued(key, max(int(prompt_tokens), 1), now_ms))
+
+    def remove(self, gone: Callable[[object], bool]) -> list[Queued]:
+        """Takes out every waiting request whose key `gone` says has left (its client disconnected)."""
+        left = [q for q in self._waiting if gone(q.key)]
+        if left:
+            taken = {id(q) for q in left}
+            self._waiting = [q for q in self._waiting if id(q) not in taken]
+        return left
 
     def groups(self) -> list[list[Queued]]:
         """The waiting requests split into groups, each within the length ratio and the size bound."""
@@ -92,7 +113,8 @@ class LengthAwareQueue:
         group's prompts be evaluated at a time. It admits when some group is full or has waited
         `max_queue_delay_ms`, and then takes the group with the shortest prompts, unless a group has waited
         `STARVATION_DELAYS` times the delay: the oldest such group goes first. FIFO admits the oldest requests
-        whenever a slot is free.
+        whenever a slot is free. Either way the requests taken hold at most `max_prefill_tokens` prompt tokens
+        together (at least one request).
         """
         if free_slots <= 0 or not self._waiting:
             return []
@@ -111,9 +133,20 @@ class LengthAwareQueue:
             starving = [g for g in groups if now_ms - oldest(g) >= delay * STARVATION_DELAYS]
             group = min(starving, key=oldest) if starving else groups[0]
             chosen = sorted(group, key=lambda q: q.arrived_ms)[:free_slots]
+        chosen = self._within_prefill_budget(chosen)
         taken = {id(q) for q in chosen}
         self._waiting = [q for q in self._waiting if id(q) not in taken]
         return chosen
+
+    def _within_prefill_budget(self, chosen: list[Queued]) -> list[Queued]:
+        """The first of `chosen` whose prompts together stay within max_prefill_tokens (the first one always)."""
+        total, kept = 0, []
+        for q in chosen:
+            total += q.prompt_tokens
+            if kept and total > self.settings.max_prefill_tokens:
+                break
+            kept.append(q)
+        return kept
 
     def drain(self) -> list[Queued]:
         """Every waiting request, oldest first (the engine is stopping: each still gets its answer)."""

@@ -24,10 +24,16 @@ from backends.llm_request import GenerationRequest
 from backends.model_parameters import parameter, read_parameters
 
 PACKAGED_MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# How often the scheduler takes requests whose client has gone out of the queue (they must leave within 1 s).
+CANCEL_CHECK_S = 0.1
 
 
 class EngineError(RuntimeError):
     pass
+
+
+class QueueFull(EngineError):
+    """The admission queue holds its configured maximum: this request is refused at once, to retry later."""
 
 
 def packaged_model_path() -> Path:
@@ -120,34 +126,54 @@ class LlmEngine:
             return len(json.loads(response.read())["tokens"])
 
     def submit(self, job: Job) -> None:
+        """Queues the job, or raises QueueFull (the queue is at max_queue_size) or EngineError (stopping)."""
         with self._condition:
             if self._stopping:
                 raise EngineError("the engine is stopping")
+            if self._queue.full:
+                raise QueueFull(f"the admission queue is full ({len(self._queue)} requests waiting for "
+                                f"{self.settings.slots} slots); retry in a few seconds")
             self._queue.add(job, job.prompt_tokens, self._clock() * 1000.0)
             self._condition.notify()
 
     def stop(self) -> None:
+        """Queued requests get an error at once; running generations stop at their next token."""
         with self._condition:
             self._stopping = True
             self._condition.notify()
         self._scheduler.join(timeout=5)
         self._workers.shutdown(wait=True, cancel_futures=False)
 
+    def _finish_cancelled(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            try:
+                job.on_finish(Completion(job.prompt_tokens, 0, "cancelled"))
+            except Exception:  # noqa: BLE001 - the other cancelled requests still get their answer
+                traceback.print_exc()
+
     def _schedule_loop(self) -> None:
         while True:
             with self._condition:
                 if self._stopping:
                     break
+                # A request whose client has gone leaves the queue before it costs a prompt evaluation.
+                gone = [q.key for q in self._queue.remove(lambda job: job.is_cancelled())]
                 now_ms = self._clock() * 1000.0
                 taken = self._queue.take(self.settings.slots - len(self._active), self._prefilling, now_ms)
                 for queued in taken:
                     self._active.add(id(queued.key))
                     self._prefilling += 1
-                if not taken:
+                if not taken and not gone:
+                    # Woken by a submit, a prompt evaluated or a slot freed; while requests wait, also often
+                    # enough to notice the cancelled ones.
                     deadline = self._queue.next_deadline_ms()
-                    wait = None if deadline is None else max(deadline - now_ms, 1.0) / 1000.0
-                    self._condition.wait(wait)
+                    if deadline is None:
+                        self._condition.wait()
+                    else:
+                        self._condition.wait(min(max(deadline - now_ms, 0.0) / 1000.0, CANCEL_CHECK_S)
+                                             if deadline > now_ms else CANCEL_CHECK_S)
                     continue
+            self._finish_cancelled(gone)
             for queued in taken:
                 self._workers.submit(self._generate, queued.key)
         with self._condition:
@@ -186,8 +212,8 @@ class LlmEngine:
                         return True
                 if choice.get("finish_reason"):
                     usage.setdefault("finish_reason", choice["finish_reason"])
-            # True stops the generation: the client has gone.
-            return bool(job.is_cancelled())
+            # True stops the generation: the client has gone, or the server is stopping.
+            return bool(job.is_cancelled()) or self._stopping
 
         body = {**job.request.sampling(), "stream": True, "stream_options": {"include_usage": True}}
         completion = None
@@ -202,6 +228,8 @@ class LlmEngine:
                 completion = Completion(job.prompt_tokens, tokens, "error", failure)
             elif isinstance(result, dict) and "error" in result:
                 completion = Completion(job.prompt_tokens, tokens, "error", str(result["error"].get("message")))
+            elif self._stopping and not job.is_cancelled():
+                completion = Completion(job.prompt_tokens, tokens, "error", "stopped by the server's shutdown")
             else:
                 reason = "cancelled" if job.is_cancelled() else usage.get("finish_reason", "stop")
                 completion = Completion(int(usage.get("prompt_tokens", job.prompt_tokens)),

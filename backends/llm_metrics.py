@@ -65,7 +65,7 @@ class TtftEstimate:
         self.value = seconds if self.value is None else (1 - self.weight) * self.value + self.weight * seconds
 
 
-OUTCOMES = ("completed", "cancelled", "invalid", "failed")
+OUTCOMES = ("completed", "cancelled", "invalid", "refused", "failed")
 
 
 class LlmMetrics:

@@ -600,8 +600,10 @@ def check_config(repositories) -> None:
 @click.option("--max-restarts", type=int, default=5, show_default=True,
               help="tritonserver is started again after it dies, at most this often within 10 minutes")
 @click.option("--llm", "with_llm", is_flag=True, help=f"also serve {LLM_REPOSITORY}/ (llm, risk_explainer)")
+@click.option("--openai-port", type=int, envvar="OPENAI_PORT", default=9000, show_default=True,
+              help="with --llm: the OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models); 0: none")
 def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mode, repositories, exit_timeout,
-          rate_limit, max_restarts, with_llm) -> None:
+          rate_limit, max_restarts, with_llm, openai_port) -> None:
     """Run the embedded tritonserver until SIGINT/SIGTERM, then drain in-flight requests.
 
     Supervised: a model whose stub died or that fails over 10% of its requests for 5 s is reloaded; a dead
@@ -639,13 +641,26 @@ def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mod
                f"metrics http://localhost:{metrics_port}/metrics"
                + (f"  supervisor http://localhost:{supervisor_port}/metrics" if metrics else ""), err=True)
     click.echo(f"try: curl -s localhost:{http_port}/v2/models/risk_pipeline", err=True)
+    openai = None
+    if with_llm and openai_port:
+        from s2t.serve.openai_server import OpenAIFrontend
+        try:
+            openai = OpenAIFrontend(f"localhost:{http_port}", openai_port).start()
+        except RuntimeError as err:
+            server.stop()
+            raise click.ClickException(str(err)) from None
+        click.echo(f"OpenAI API: http://localhost:{openai_port}/v1 (model llm)", err=True)
     code = keep(server, stop, replace, RestartPolicy(max_restarts=max_restarts), state,
                 log=lambda line: click.echo(line, err=True))
     if code:
         server.stop()
+        if openai is not None:
+            openai.stop()
         raise click.ClickException(f"tritonserver could not be kept running (last exit code {code})")
     click.echo("stopping: draining in-flight requests", err=True)
     code = server.stop()
+    if openai is not None:
+        openai.stop()
     if metrics is not None:
         metrics.stop()
     sys.exit(0 if code in (0, None) else exit_codes.FAILED)

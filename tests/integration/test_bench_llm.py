@@ -3,7 +3,7 @@ measured, and its progress heard step by step up to the whole."""
 import json
 
 from tests.conftest import DATA_CSV, ENSEMBLES, LLM_REPOSITORY, MODEL_REPOSITORY
-from s2t.bench import llm
+from s2t.bench import genai_perf, llm
 
 
 def test_llm_bench_measures_both_policies_and_risk_pipeline_and_reports_every_step(built_artifacts, tmp_path):
@@ -15,8 +15,15 @@ def test_llm_bench_measures_both_policies_and_risk_pipeline_and_reports_every_st
     assert set(results["mixed"]) == {"length_aware", "fifo"}
     assert results["risk_beside_llm"]["alone"]["throughput"] > 0
     assert json.loads((tmp_path / "results.json").read_text())["mixed"] == results["mixed"]
+    # genai-perf profiled `llm` in both conventions, its token counts from the GGUF file's own tokenizer.
+    assert [p["backend"] for p in results["genai_perf"]] == list(genai_perf.BACKENDS)
+    for point in results["genai_perf"]:
+        assert point["output_tokens_per_s"] > 0 and point["ttft_p50_ms"] > 0 and point["requests"] == 4
+        assert point["output_sequence_length"] == point["max_tokens"]
+    assert "genai-perf (kserve" in (tmp_path / "results.md").read_text()
     assert [label for _, _, label in heard] == [
         "length_aware: tritonserver starting", "length_aware: llm c=1", "length_aware: llm c=2",
-        "length_aware: llm c=4", "length_aware: mixed prompts", "fifo: tritonserver starting", "fifo: mixed prompts",
+        "length_aware: llm c=4", "genai-perf --backend tensorrtllm", "genai-perf --backend vllm",
+        "length_aware: mixed prompts", "fifo: tritonserver starting", "fifo: mixed prompts",
         "risk_pipeline alone", "risk_pipeline beside 4 LLM streams", f"results in {tmp_path}"]
     assert [(done, total) for done, total, _ in heard] == [(n, llm.STEPS) for n in range(llm.STEPS + 1)]

@@ -2,6 +2,7 @@
 import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,8 +22,9 @@ PROMPT = "What is credit risk? Answer in one sentence."
 def test_generate_stream_sends_tokens_one_by_one_and_ends_with_the_counts(triton_llm):
     result = generate_stream(triton_llm.http_url, {"text_input": PROMPT, "max_tokens": 8})
     assert result.error is None
-    tokens = [e for _, e in result.events[:-1]]
-    assert len(tokens) == 8 and all(e["text_output"] for e in tokens)
+    # Events with empty text are the probes a request gets while it waits for its first token.
+    tokens = [e for _, e in result.events[:-1] if e["text_output"]]
+    assert len(tokens) == 8
     assert result.final["output_tokens"] == 8 and result.final["finish_reason"] == "length"
     assert result.final["input_tokens"] > 5
     assert result.ttft is not None and result.ttft < 30
@@ -46,6 +48,11 @@ BAD = [
     ({"text_input": PROMPT, "max_tokens": 0}, "max_tokens: must be between 1 and 512"),
     ({"text_input": PROMPT, "max_tokens": 100000}, "max_tokens: must be between 1 and 512"),
     ({"text_input": PROMPT, "max_tokens": 4, "top_p": 3.0}, "top_p: must be between"),
+    ({"text_input": PROMPT, "max_tokens": 4, "beam_width": 2}, "beam_width: must be between 1 and 1"),
+    ({"text_input": PROMPT, "return_log_probs": True}, "return_log_probs: not supported by this engine"),
+    ({"text_input": PROMPT, "sampling_parameters": '{"best_of": 2}'}, "sampling_parameters.best_of: unknown"),
+    ({"text_input": PROMPT, "sampling_parameters": '{"max_tokens": 9999}'}, "sampling_parameters.max_tokens: must"),
+    ({"text_input": PROMPT, "seed": 1, "random_seed": 2}, "random_seed: also given as seed"),
 ]
 
 
@@ -62,6 +69,29 @@ def test_bad_requests_get_their_own_error_while_concurrent_good_ones_complete(tr
     for result in good_results:
         assert result.error is None and result.final["output_tokens"] == 4
     assert generate_stream(triton_llm.http_url, {"text_input": PROMPT, "max_tokens": 2}).error is None
+
+
+def test_tensorrt_llm_and_vllm_inputs_steer_the_generation(triton_llm):
+    url = triton_llm.http_url
+    plain = generate_stream(url, {"text_input": PROMPT, "max_tokens": 16})
+    words = plain.text.split()
+    assert plain.error is None and len(words) > 5
+    # Stop words (empty strings are "none", as genai-perf sends them): the text ends before the word.
+    stopped = generate_stream(url, {"text_input": PROMPT, "max_tokens": 16, "stop_words": [words[4], ""]})
+    assert stopped.final["finish_reason"] == "stop" and stopped.final["output_tokens"] < 16
+    assert plain.text.startswith(stopped.text) and words[4] not in stopped.text.split()
+    # Banned words are never generated.
+    banned = generate_stream(url, {"text_input": PROMPT, "max_tokens": 16, "bad_words": [words[1]]})
+    assert banned.error is None and not re.search(rf"\b{re.escape(words[1])}\b", banned.text), banned.text
+    # vLLM's sampling_parameters, with a seed: sampling at temperature 1 gives the same text twice.
+    sampling = json.dumps({"max_tokens": 5, "temperature": 1.0, "seed": 11})
+    seeded = [generate_stream(url, {"text_input": PROMPT, "sampling_parameters": sampling,
+                                    "exclude_input_in_output": True}) for _ in range(2)]
+    assert [r.final["output_tokens"] for r in seeded] == [5, 5] and seeded[0].text == seeded[1].text
+    # exclude_input_in_output false: the single answer starts with the prompt.
+    whole = generate_stream(url, {"text_input": PROMPT, "max_tokens": 4, "stream": False,
+                                  "exclude_input_in_output": False, "random_seed": 5, "runtime_top_k": 1})
+    assert whole.text.startswith(PROMPT) and len(whole.text) > len(PROMPT)
 
 
 def test_four_concurrent_prompts_of_very_different_lengths_all_complete(triton_llm):
@@ -111,8 +141,9 @@ def test_a_client_that_disconnects_stops_its_generation(triton_llm):
 
 def test_s2t_serve_llm_serves_the_language_model_beside_the_risk_models(built_artifacts, tmp_path):
     http_port = free_port()
+    openai_port = free_port()
     env = {**os.environ, "HTTP_PORT": str(http_port), "GRPC_PORT": str(free_port()),
-           "METRICS_PORT": str(free_port())}
+           "METRICS_PORT": str(free_port()), "OPENAI_PORT": str(openai_port)}
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
         process = subprocess.Popen([str(Path(sys.executable).parent / "s2t"), "serve", "--llm", "--exit-timeout", "5"],
@@ -129,6 +160,14 @@ def test_s2t_serve_llm_serves_the_language_model_beside_the_risk_models(built_ar
             assert response.status == 200
         with urllib.request.urlopen(f"http://{url}/v2/models/risk_pipeline/ready", timeout=10) as response:
             assert response.status == 200
+        # The OpenAI-compatible API on its own port, in front of the same llm.
+        with urllib.request.urlopen(f"http://localhost:{openai_port}/v1/models", timeout=10) as response:
+            assert [m["id"] for m in json.loads(response.read())["data"]] == ["llm"]
+        chat = urllib.request.Request(f"http://localhost:{openai_port}/v1/chat/completions", data=json.dumps(
+            {"model": "llm", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 3}).encode(),
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(chat, timeout=120) as response:
+            assert json.loads(response.read())["usage"]["completion_tokens"] == 3
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(60)

@@ -1,5 +1,12 @@
-"""risk_explainer on the real server: reason codes, the streamed explanation, the forced light path, bad records."""
+"""risk_explainer on the real server: reason codes, the streamed explanation, the forced light path, bad records,
+and answers in time when the language model dies."""
+import http.client
 import json
+import os
+import re
+import signal
+import threading
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -10,7 +17,10 @@ from backends.explanation_text import template_explanation
 from backends.reason_codes import LinearReasons
 from backends.record_decoder import RecordDecoder, parse_record
 from clients.llm_client import generate_stream
+from s2t.serve.supervisor import stubs_of
 from tests.conftest import MODEL_REPOSITORY, ROOT
+from tests.integration.conftest import _llm_repository_for_tests
+from tests.integration.servers import repository_copies, serving, triton_server
 
 
 RECORD = json.loads((ROOT / "clients" / "examples" / "record.json").read_text())
@@ -114,3 +124,76 @@ def test_bad_records_get_their_own_error_while_concurrent_good_ones_are_explaine
         for future in good_futures:
             assert future.result().error is None and future.result().final["source"] == "template"
     assert np.isfinite(pipeline_score(triton_llm.http_url, RECORD)[0])
+
+
+# A stream mid-generation waits at most token_timeout_s for its next word; a new request at most degrade_ttft_s for
+# its first; both then answer (the template, or an error after words already sent). Margin for a busy machine.
+KILL_TTFT_S, KILL_TOKEN_S = 10, 3
+ANSWER_DEADLINE_S = KILL_TTFT_S + KILL_TOKEN_S + 20
+
+
+@pytest.fixture(scope="module")
+def supervised_llm(built_artifacts, tmp_path_factory):
+    """The risk and LLM repositories on a server whose supervisor reloads a model whose stub died."""
+    tmp = tmp_path_factory.mktemp("supervised_llm")
+    repository, ensembles = repository_copies(tmp)
+    llm_repository = _llm_repository_for_tests(tmp / "model_repository_llm")
+    config = llm_repository / "risk_explainer" / "config.pbtxt"
+    text = config.read_text()
+    for key, value in (("degrade_ttft_s", KILL_TTFT_S), ("token_timeout_s", KILL_TOKEN_S)):
+        text, count = re.subn(rf'(key: "{key}"\s*value: \{{ string_value: )"[^"]*"', rf'\1"{value}"', text)
+        assert count == 1, key
+    config.write_text(text)
+    server = triton_server([repository, ensembles, llm_repository], log_path=tmp / "tritonserver.log",
+                           supervise=True, exit_timeout_seconds=10)
+    with serving(server):
+        yield server
+
+
+def explain_timed(url: str, started=None) -> tuple[dict, float]:
+    """One explanation over generate_stream: (its events, error included, and when it ended). `started` is released
+    at the language model's first word."""
+    host, port = url.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=ANSWER_DEADLINE_S + 60)
+    events = []
+    try:
+        connection.request("POST", "/v2/models/risk_explainer/generate_stream", json.dumps(body(RECORD)),
+                           {"Content-Type": "application/json"})
+        for line in connection.getresponse():
+            if line.startswith(b"data:"):
+                events.append(json.loads(line[5:]))
+                if started is not None and sum(bool(e.get("text_output")) for e in events) == 1:
+                    started.release()
+                if "error" in events[-1] or "source" in events[-1]:
+                    break
+    finally:
+        connection.close()
+    return events, time.monotonic()
+
+
+def test_explainer_streams_and_new_requests_answer_when_the_language_model_dies_mid_generation(supervised_llm):
+    url, streams, started = supervised_llm.http_url, 4, threading.Semaphore(0)
+    with ThreadPoolExecutor(streams + 10) as pool:
+        running = [pool.submit(explain_timed, url, started) for _ in range(streams)]
+        for _ in range(streams):
+            assert started.acquire(timeout=120), "every stream reaches the language model's words"
+        victim = next(s for s in stubs_of(supervised_llm.process.pid).values() if s.model == "llm")
+        os.kill(victim.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        fresh = [pool.submit(explain_timed, url) for _ in range(10)]
+        answers = [f.result() for f in running + fresh]
+    for events, ended in answers:
+        # The score and the reasons first, then the model's words, the template or a clear error, all in time.
+        assert "reasons" in events[0] and "probability" in events[0], events[0]
+        final = events[-1]
+        assert final.get("source") in ("llm", "template") or "language model" in final.get("error", ""), final
+        assert ended - killed < ANSWER_DEADLINE_S, f"answered {ended - killed:.1f} s after the kill"
+    # Once the supervisor has reloaded `llm`, explanations come from the model again (probed within the interval).
+    deadline = time.monotonic() + 2 * ANSWER_DEADLINE_S
+    while True:
+        events, _ = explain_timed(url)
+        assert "reasons" in events[0] and "error" not in events[-1], events[-1]
+        if events[-1]["source"] == "llm" or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert events[-1]["source"] == "llm"

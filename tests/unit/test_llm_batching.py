@@ -96,6 +96,8 @@ def test_drain_returns_everyone_oldest_first():
     ({"max_length_ratio": {"string_value": "0.5"}}, "max_length_ratio"),
     ({"max_group_size": {"string_value": "0"}}, "max_group_size"),
     ({"max_queue_delay_ms": {"string_value": "soon"}}, "max_queue_delay_ms: expected a number"),
+    ({"max_queue_size": {"string_value": "0"}}, "max_queue_size must be at least 1"),
+    ({"max_prefill_tokens": {"string_value": "0"}}, "max_prefill_tokens must be at least 1"),
 ])
 def test_bad_batching_parameters_refuse_to_load(parameters, message):
     with pytest.raises(BatchingSettingsError, match=message):
@@ -103,4 +105,39 @@ def test_bad_batching_parameters_refuse_to_load(parameters, message):
 
 
 def test_batching_parameters_default_to_the_design():
-    assert BatchingSettings.from_parameters({}) == BatchingSettings("length_aware", 3.0, 32, 200.0)
+    assert BatchingSettings.from_parameters({}) == BatchingSettings("length_aware", 3.0, 32, 200.0, 64, 1024)
+
+
+def test_the_queue_is_full_at_its_configured_size():
+    queue = queue_of([10, 11], BatchingSettings(max_queue_size=3))
+    assert not queue.full
+    queue.add("r2", 12, 2.0)
+    assert queue.full
+
+
+def test_requests_whose_client_left_are_taken_out_and_the_others_keep_their_place():
+    queue = queue_of([10, 800, 11, 900])
+    assert keys(queue.remove(lambda key: key in ("r1", "r2"))) == ["r1", "r2"]
+    assert keys(queue.drain()) == ["r0", "r3"]
+    assert queue.remove(lambda key: True) == []
+
+
+@pytest.mark.parametrize("lengths, budget, admitted", [
+    ([600, 700, 650], 1024, ["r0"]),
+    ([600, 700, 650], 1300, ["r0", "r1"]),
+    ([2000], 1024, ["r0"]),
+    ([100] * 12, 1024, [f"r{i}" for i in range(8)]),
+    ([100] * 12, 350, ["r0", "r1", "r2"]),
+])
+def test_admitted_prompts_stay_within_the_prefill_budget_and_one_always_goes(lengths, budget, admitted):
+    for policy in ("length_aware", FIFO):
+        queue = queue_of(lengths, BatchingSettings(policy=policy, max_prefill_tokens=budget))
+        assert keys(queue.take(free_slots=8, prefilling=0, now_ms=10_000)) == admitted
+
+
+@given(st.lists(st.integers(1, 1024), min_size=1, max_size=40), st.integers(1, 4096))
+@settings(max_examples=200, deadline=None)
+def test_admission_never_takes_more_prompt_tokens_than_the_budget_unless_one_prompt_alone(lengths, budget):
+    queue = queue_of(lengths, BatchingSettings(max_prefill_tokens=budget))
+    taken = queue.take(free_slots=8, prefilling=0, now_ms=100_000)
+    assert taken and (len(taken) == 1 or sum(q.prompt_tokens for q in taken) <= budget)

@@ -4,6 +4,7 @@ GGUF model on llama.cpp; `risk_explainer`'s two BLS calls go to stand-ins."""
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -48,7 +49,9 @@ def test_llm_streams_tokens_then_one_final_answer_and_refuses_a_bad_request_alon
     assert llm.execute([good, over, empty]) is None
     streamed = finished(good)
     final = streamed[-1]
-    assert int(final.output("output_tokens")[0]) == len(streamed) - 1 >= 1
+    # Empty parts are the probes sent while a request waits for its first token.
+    tokens = [r for r in streamed[:-1] if r.output("text_output")[0]]
+    assert int(final.output("output_tokens")[0]) == len(tokens) >= 1
     assert final.output("finish_reason")[0] in (b"length", b"stop")
     for refused, field in ((over, "max_tokens"), (empty, "text_input")):
         (response,) = finished(refused)
@@ -100,3 +103,62 @@ def test_risk_explainer_fails_a_bad_record_alone_naming_the_field(pb_utils, expl
     for req, message in ((bad, "features.age_in_years: "), (two, "payload: one record per request, got 2")):
         (response,) = finished(req)
         assert response.error().code() == TritonError.INVALID_ARG and message in response.error().message()
+
+
+@pytest.fixture
+def hanging_llm(pb_utils):
+    """`llm` as a killed stub leaves it: one word, then a stream that never yields again (until the test ends)."""
+    release, calls = threading.Event(), []
+
+    def stream(bls):
+        calls.append(bls)
+        yield backend.InferenceResponse([backend.Tensor("text_output", np.array([b"The "], dtype=object))])
+        release.wait(60)
+
+    pb_utils.InferenceRequest.bls["llm"] = stream
+    yield calls
+    release.set()
+
+
+def impatient_explainer(pb_utils, workers: int):
+    from google.protobuf import json_format
+
+    from s2t.gate.model_config import load
+    config = json_format.MessageToDict(load(LLM_REPOSITORY / "risk_explainer"), preserving_proto_field_name=True)
+    config["parameters"]["token_timeout_s"] = {"string_value": "0.3"}
+    config["parameters"]["workers"] = {"string_value": str(workers)}
+    pb_utils.InferenceRequest.bls["risk_pipeline"] = pipeline
+    return backend.initialize(backend.load_model(LLM_REPOSITORY / "risk_explainer" / "1" / "model.py", pb_utils),
+                              LLM_REPOSITORY / "risk_explainer", config=config)
+
+
+def test_risk_explainer_ends_a_stream_whose_language_model_stops_mid_answer_and_frees_its_worker(
+        pb_utils, built_artifacts, hanging_llm):
+    glue = impatient_explainer(pb_utils, workers=1)
+    try:
+        first, second = request(payload=payloads(RECORD)), request(payload=payloads(RECORD))
+        glue.execute([first, second])
+        for req in (first, second):
+            head, word, final = finished(req, timeout=30)
+            assert head.output("decision")[0] == b"REVIEW" and word.output("text_output")[0] == b"The "
+            assert final.error().code() == TritonError.UNAVAILABLE
+            assert "sent no word for 0.3 s mid-explanation" in final.error().message()
+    finally:
+        glue.finalize()
+
+
+def test_risk_explainer_stops_asking_a_model_that_left_too_many_streams_unanswered(pb_utils, built_artifacts,
+                                                                                  hanging_llm):
+    from backends.explainer import ABANDONED_PER_WORKER
+    glue = impatient_explainer(pb_utils, workers=1)
+    try:
+        bound = 1 + ABANDONED_PER_WORKER
+        requests = [request(payload=payloads(RECORD)) for _ in range(bound + 2)]
+        glue.execute(requests)
+        sources = []
+        for req in requests:
+            final = finished(req, timeout=30)[-1]
+            sources.append("error" if final.has_error() else final.output("source")[0].decode())
+        assert sources == ["error"] * bound + ["template"] * 2 and len(hanging_llm) == bound
+    finally:
+        glue.finalize()

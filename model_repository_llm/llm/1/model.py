@@ -14,13 +14,12 @@ import triton_python_backend_utils as pb_utils
 
 from backends.decoupled_sender import Outbox, StreamSender
 from backends.llm_batching import BatchingSettings
-from backends.llm_engine import EngineSettings, LlmEngine
+from backends.llm_engine import EngineSettings, LlmEngine, QueueFull
 from backends.llm_metrics import LlmMetrics
-from backends.llm_request import GenerationError, GenerationLimits, check_prompt_tokens, parse_generation
-from backends.llm_stream import GenerationStream
+from backends.llm_request import INPUTS, GenerationError, GenerationLimits, check_prompt_tokens, parse_generation
+from backends.llm_stream import CANCEL_POLL_S, GenerationStream, LiveStreams
 from backends.model_parameters import read_parameters
 
-INPUTS = ("text_input", "max_tokens", "temperature", "top_p", "top_k", "seed", "stream")
 METRICS_PERIOD_S = 1.0
 
 
@@ -37,8 +36,10 @@ class TritonPythonModel:
         labels = {"model": args["model_name"], "version": args["model_version"]}
         self._metrics = LlmMetrics(pb_utils.MetricFamily, labels)
         self._outbox = Outbox(pb_utils.Logger.log_error, "llm-outbox")
+        self._live = LiveStreams()
         self._stopping = threading.Event()
         threading.Thread(target=self._report_loop, name="llm-metrics", daemon=True).start()
+        threading.Thread(target=self._sweep_loop, name="llm-cancel-sweep", daemon=True).start()
 
     def execute(self, requests):
         for request in requests:
@@ -47,13 +48,16 @@ class TritonPythonModel:
                 self._admit(request, sender)
             except GenerationError as err:
                 self._outbox.put(lambda s=sender, m=str(err): self._refuse(s, m, "invalid"))
+            except QueueFull as err:
+                self._outbox.put(lambda s=sender, m=f"llm: {err}": self._refuse(s, m, "refused"))
             except Exception:  # noqa: BLE001 - log it; the client gets a plain message and its final answer
                 pb_utils.Logger.log_error(traceback.format_exc())
                 self._outbox.put(lambda s=sender: self._refuse(s, "llm: internal error", "failed"))
         return None
 
     def _refuse(self, sender: StreamSender, message: str, outcome: str) -> None:
-        code = pb_utils.TritonError.INVALID_ARG if outcome == "invalid" else pb_utils.TritonError.INTERNAL
+        code = {"invalid": pb_utils.TritonError.INVALID_ARG,
+                "refused": pb_utils.TritonError.UNAVAILABLE}.get(outcome, pb_utils.TritonError.INTERNAL)
         sender.fail(message, code)
         self._metrics.request(outcome)
 
@@ -71,13 +75,23 @@ class TritonPythonModel:
         generation = parse_generation(inputs, self._limits)
         prompt_tokens = self._engine.count_tokens(generation.prompt)
         check_prompt_tokens(prompt_tokens, self._limits)
-        self._engine.submit(GenerationStream(generation, prompt_tokens, sender, self._outbox, self._metrics,
-                                             request.is_cancelled, pb_utils.Tensor,
-                                             pb_utils.TritonError.INTERNAL).job())
+        stream = GenerationStream(generation, prompt_tokens, sender, self._outbox, self._metrics,
+                                  request.is_cancelled, pb_utils.Tensor, pb_utils.TritonError.INTERNAL,
+                                  live=self._live)
+        self._live.add(stream)
+        try:
+            self._engine.submit(stream.job())
+        except Exception:
+            self._live.discard(stream)
+            raise
 
     def _report_loop(self):
         while not self._stopping.wait(METRICS_PERIOD_S):
             self._outbox.put(self._report)
+
+    def _sweep_loop(self):
+        while not self._stopping.wait(CANCEL_POLL_S):
+            self._outbox.put(self._live.sweep)
 
     def _report(self):
         self._metrics.engine(self._engine.queue_depth, self._engine.active)

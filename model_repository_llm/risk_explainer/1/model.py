@@ -33,7 +33,8 @@ class TritonPythonModel:
                                                             "version": args["model_version"]})
         self._explainer = Explainer(
             settings, LinearReasons(reason_model, settings.top_reasons), self._score, self._llm_tokens, self._outbox,
-            metrics, pb_utils.Tensor, TritonCodes(pb_utils.TritonError.INVALID_ARG, pb_utils.TritonError.INTERNAL),
+            metrics, pb_utils.Tensor, TritonCodes(pb_utils.TritonError.INVALID_ARG, pb_utils.TritonError.INTERNAL,
+                                                pb_utils.TritonError.UNAVAILABLE),
             pb_utils.Logger.log_warn, pb_utils.Logger.log_error)
         self._workers = ThreadPoolExecutor(settings.workers, thread_name_prefix="explainer")
 

@@ -1,0 +1,171 @@
+"""An OpenAI-compatible API in front of Triton's `llm`: `/v1/models`, `/v1/chat/completions`, `/v1/completions`,
+streamed (server-sent events) or not. A small aiohttp server: each request becomes one generate_stream call to
+Triton's HTTP endpoint (backends/openai_protocol.py translates both ways). A client that disconnects cancels its
+handler, which closes the call to Triton, and `llm` stops the generation (docs/llm.md).
+
+`s2t serve --llm --openai-port N` runs it in a thread of its own beside the server; `python -m
+s2t.serve.openai_server --port N --http-url HOST:PORT` runs it alone.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+
+import aiohttp
+from aiohttp import web
+
+from backends.openai_protocol import OpenAIError, OpenAIRequest, finish_reason, parse_request, upstream_error, usage
+
+MODELS = ("llm",)
+# Triton answers a generate_stream call at once; only a generation can take long (bounded by max_tokens).
+UPSTREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=300)
+
+
+def _error(err: OpenAIError) -> web.Response:
+    return web.json_response(err.body(), status=err.status)
+
+
+async def _events(session: aiohttp.ClientSession, triton_url: str, request: OpenAIRequest):
+    """`llm`'s events: each token's text, then the final one (counts, finish reason); OpenAIError when refused."""
+    async with session.post(f"http://{triton_url}/v2/models/{request.model}/generate_stream",
+                            json=request.triton_body()) as response:
+        async for line in response.content:
+            if not line.startswith(b"data:"):
+                continue
+            event = json.loads(line[5:])
+            if "error" in event:
+                raise upstream_error(response.status, str(event["error"]))
+            yield event
+        if response.status != 200:
+            raise upstream_error(response.status, f"HTTP {response.status} from Triton")
+
+
+class OpenAIFrontend:
+    def __init__(self, triton_url: str, port: int, host: str = "0.0.0.0"):
+        self.triton_url, self.port, self.host = triton_url, port, host
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=1 << 20)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/completions", self.completions)
+        app.cleanup_ctx.append(self._session)
+        return app
+
+    async def _session(self, app):
+        # One connection pool to Triton for every request.
+        self.session = aiohttp.ClientSession(timeout=UPSTREAM_TIMEOUT)
+        yield
+        await self.session.close()
+
+    async def models(self, _request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "skill2triton"} for name in MODELS]})
+
+    async def chat_completions(self, http_request: web.Request) -> web.StreamResponse:
+        return await self.complete(http_request, chat=True)
+
+    async def completions(self, http_request: web.Request) -> web.StreamResponse:
+        return await self.complete(http_request, chat=False)
+
+    async def complete(self, http_request: web.Request, chat: bool) -> web.StreamResponse:
+        try:
+            request = parse_request(await http_request.read(), chat, MODELS)
+        except OpenAIError as err:
+            return _error(err)
+        events = _events(self.session, self.triton_url, request)
+        try:
+            if request.stream:
+                return await self._stream(http_request, request, events)
+            pieces, final = [], {}
+            async for event in events:
+                if "finish_reason" in event:
+                    final = event
+                elif event.get("text_output"):
+                    pieces.append(event["text_output"])
+            return web.json_response(request.whole("".join(pieces), finish_reason(final), usage(final)))
+        except OpenAIError as err:
+            return _error(err)
+        except aiohttp.ClientError as err:
+            return _error(OpenAIError(503, f"the model server cannot be reached: {err}", kind="server_error"))
+
+    async def _stream(self, http_request: web.Request, request: OpenAIRequest, events) -> web.StreamResponse:
+        response = None
+        try:
+            async for event in events:
+                if response is None:
+                    # Headers go once Triton has accepted the request, so a refusal is still a plain HTTP error.
+                    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                                           "Cache-Control": "no-cache"})
+                    await response.prepare(http_request)
+                if "finish_reason" in event:
+                    await _send(response, request.chunk("", finish_reason(event)))
+                    if request.include_usage:
+                        await _send(response, request.usage_chunk(usage(event)))
+                elif event.get("text_output"):
+                    await _send(response, request.chunk(event["text_output"]))
+        except OpenAIError as err:
+            if response is None:
+                return _error(err)
+            await _send(response, err.body())
+        if response is None:
+            return _error(OpenAIError(502, "the model server ended the stream without an answer", kind="server_error"))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    def start(self, timeout: float = 30.0) -> "OpenAIFrontend":
+        """Serves from a thread of its own until stop()."""
+        self._thread = threading.Thread(target=self._run, name="openai-frontend", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout) or self._failure is not None:
+            raise RuntimeError(f"the OpenAI API could not start on port {self.port}: {self._failure}")
+        return self
+
+    def _run(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        try:
+            # handler_cancellation: a client that disconnects cancels its handler, which closes the call to Triton.
+            self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
+            self._loop.run_until_complete(self._runner.setup())
+            self._loop.run_until_complete(web.TCPSite(self._runner, self.host, self.port).start())
+        except BaseException as err:  # noqa: BLE001 - reported by start() to its caller
+            self._failure = err
+            self._ready.set()
+            return
+        self._ready.set()
+        self._loop.run_forever()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._loop is None or self._runner is None:
+            return
+        future = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+        try:
+            future.result(timeout)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._thread is not None:
+                self._thread.join(timeout)
+
+
+async def _send(response: web.StreamResponse, payload: dict) -> None:
+    await response.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=9000)
+    parser.add_argument("--http-url", default="localhost:8000", help="Triton's HTTP endpoint, HOST:PORT")
+    args = parser.parse_args()
+    web.run_app(OpenAIFrontend(args.http_url, args.port).app(), port=args.port, handler_cancellation=True)
+
+
+if __name__ == "__main__":
+    main()

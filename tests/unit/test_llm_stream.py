@@ -1,0 +1,86 @@
+"""How a generation stream notices that its client has gone while it waits: asked every sweep, probed with an empty
+text_output when it has had no token for PROBE_AFTER_S (an HTTP client's departure shows only on a failed send)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backends.decoupled_sender import StreamSender
+from backends.llm_metrics import LlmMetrics
+from backends.llm_request import GenerationRequest
+from backends.llm_stream import PROBE_AFTER_S, GenerationStream, LiveStreams
+from tests.unit import python_backend as backend
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+def stream_of(clock, client_gone, stream=True, live=None):
+    pb = backend.backend_utils()
+    sender = backend.ResponseSender()
+    generation = GenerationRequest("Say hi.", max_tokens=4, stream=stream)
+    made = GenerationStream(generation, 5, StreamSender(sender, pb), outbox=None,
+                            metrics=LlmMetrics(pb.MetricFamily, {"model": "llm", "version": "1"}, clock),
+                            client_cancelled=lambda: client_gone[0], tensor=pb.Tensor, internal_code=0,
+                            clock=clock, live=live)
+    return made, sender
+
+
+def texts(sender) -> list[str]:
+    return [r.output("text_output")[0].decode() for r, _ in sender.sent]
+
+
+def test_a_waiting_stream_is_probed_with_empty_text_once_per_interval(clock):
+    made, sender = stream_of(clock, [False])
+    made.check_client()
+    assert sender.sent == []
+    clock.now += PROBE_AFTER_S
+    made.check_client()
+    made.check_client()
+    assert texts(sender) == [""]
+    clock.now += PROBE_AFTER_S
+    made.check_client()
+    assert texts(sender) == ["", ""] and not made.cancelled.is_set()
+
+
+def test_a_stream_whose_client_left_is_cancelled_and_not_probed(clock):
+    gone = [False]
+    made, sender = stream_of(clock, gone)
+    gone[0] = True
+    clock.now += PROBE_AFTER_S
+    made.check_client()
+    assert made.cancelled.is_set() and made.job().is_cancelled() and sender.sent == []
+
+
+@pytest.mark.parametrize("streaming, first_token", [(False, False), (True, True)])
+def test_no_probe_for_a_single_response_request_or_once_tokens_flow(clock, streaming, first_token):
+    made, sender = stream_of(clock, [False], stream=streaming)
+    if first_token:
+        made.timing.token(clock.now)
+    clock.now += 10 * PROBE_AFTER_S
+    made.check_client()
+    assert sender.sent == []
+
+
+def test_the_sweep_checks_every_live_stream_and_forgets_finished_ones(clock):
+    live = LiveStreams()
+    gone = [False]
+    streams = [stream_of(clock, gone, live=live)[0] for _ in range(3)]
+    for made in streams:
+        live.add(made)
+    live.discard(streams[0])
+    gone[0] = True
+    live.sweep()
+    assert len(live) == 2
+    assert [s.cancelled.is_set() for s in streams] == [False, True, True]
+    assert np.all([s.job().is_cancelled() for s in streams[1:]])
