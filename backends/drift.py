@@ -144,6 +144,8 @@ class BinPlan:
     merge: np.ndarray
     labels: tuple[str, ...]
     reference: np.ndarray  # training counts per drift bin
+    raw_labels: tuple[str, ...] = ()
+    raw_reference: np.ndarray | None = None  # training counts per reference bin
 
     @classmethod
     def of(cls, raw_counts: np.ndarray, raw_labels: Sequence[str], min_share: float = MIN_BIN_SHARE) -> "BinPlan":
@@ -164,7 +166,7 @@ class BinPlan:
         for j, group in enumerate(groups):
             merge[group] = j
         labels = tuple(" | ".join(raw_labels[i] for i in group) for group in groups)
-        return cls(merge, labels, np.bincount(merge, weights=counts, minlength=len(groups)))
+        return cls(merge, labels, np.bincount(merge, weights=counts, minlength=len(groups)), tuple(raw_labels), counts)
 
     @property
     def seen(self) -> np.ndarray:
@@ -198,7 +200,8 @@ class Figure:
     noise_psi: float
     alert_psi: float
     top_bins: tuple[MovedBin, ...]
-    live_shares: tuple[float, ...] = ()  # per drift bin, in the plan's order
+    live_shares: tuple[float, ...] = ()  # per reference bin (before pooling), in the plan's raw order
+    sampled: int = 0  # records sampled since the monitor started, the window's and older ones
 
     @property
     def state(self) -> str:
@@ -225,11 +228,11 @@ def plans_of(reference: Reference, spec) -> dict[str, BinPlan]:
 
 
 class DriftMonitor:
-    """The drift bins of the last `window_records` sampled records, against the reference, in fixed memory.
+    """The bins of the last `window_records` sampled records, against the reference, in fixed memory.
 
     Every `1 / sample_rate`-th record is sampled (a stride, so the cost is one slice per batch). The window is a
-    ring of drift-bin indices, one row per sampled record; its counts are kept as records enter and leave, so a
-    figure is a sum over a few bins. A record's score is counted only where it is finite (the caller gives NaN
+    ring of reference-bin indices, one row per sampled record; its counts are kept as records enter and leave, so a
+    figure is a sum over a few bins (pooled into the drift bins for the PSI, as they are for the top moved bins). A record's score is counted only where it is finite (the caller gives NaN
     for a score that does not belong to the reference's version).
     """
 
@@ -247,7 +250,7 @@ class DriftMonitor:
         self._stride, self._offset = max(1, round(1 / sample_rate)), 0
         self._rows = np.full((window_records, len(self._names)), -1, np.int16)
         self._next = 0
-        self._counts = [np.zeros(len(self.plans[n].reference)) for n in self._names]
+        self._counts = [np.zeros(len(self.plans[n].merge)) for n in self._names]
         self.sampled = 0
 
     def observe(self, categorical: np.ndarray, numeric: np.ndarray, scores: np.ndarray) -> None:
@@ -260,17 +263,16 @@ class DriftMonitor:
         bins = np.empty((len(rows), len(self._names)), np.int16)
         column = 0
         for i, name in enumerate(self._categorical_order):
-            merge = self.plans[name].merge
-            bins[:, column] = merge[np.clip(categorical[rows, i], 0, len(merge) - 1)]
+            bins[:, column] = np.clip(categorical[rows, i], 0, len(self.plans[name].merge) - 1)
             column += 1
         for i, name in enumerate(self._numeric_order):
-            raw = np.searchsorted(self.reference.numeric_edges[name], numeric[rows, i].astype(np.float64), side="left")
-            bins[:, column] = self.plans[name].merge[raw]
+            values = numeric[rows, i].astype(np.float64)
+            bins[:, column] = np.searchsorted(self.reference.numeric_edges[name], values, side="left")
             column += 1
         score = np.asarray(scores, np.float64).ravel()[rows]
         finite = np.isfinite(score)
         raw = np.searchsorted(np.array(SCORE_EDGES), np.where(finite, score, 0.0), side="left")
-        bins[:, column] = np.where(finite, self.plans[SCORE_FEATURE].merge[raw], -1)
+        bins[:, column] = np.where(finite, raw, -1)
         self._enter(bins)
         self.sampled += len(rows)
 
@@ -287,16 +289,17 @@ class DriftMonitor:
     def figures(self) -> dict[str, Figure]:
         """Each series' figure over the window (see the module docstring for the rule)."""
         out = {}
-        for name, counts in zip(self._names, self._counts):
+        for name, raw_counts in zip(self._names, self._counts):
             plan = self.plans[name]
-            sample = int(round(counts.sum()))
-            live = counts / sample if sample else np.zeros_like(counts)
-            expected = plan.reference / plan.reference.sum()
+            counts = np.bincount(plan.merge, weights=raw_counts, minlength=len(plan.reference))
+            sample = int(round(raw_counts.sum()))
+            live = raw_counts / sample if sample else np.zeros_like(raw_counts)
+            expected = plan.raw_reference / plan.raw_reference.sum()
             moved = np.argsort(-np.abs(live - expected), kind="stable")[:TOP_BINS]
             out[name] = Figure(psi(plan.reference, counts, PSEUDO_COUNT), sample, plan.min_sample,
                                noise_psi(plan.dof, sample, plan.reference.sum()), self.alert_psi,
-                               tuple(MovedBin(plan.labels[b], float(expected[b]), float(live[b])) for b in moved),
-                               tuple(float(x) for x in live))
+                               tuple(MovedBin(plan.raw_labels[b], float(expected[b]), float(live[b])) for b in moved),
+                               tuple(float(x) for x in live), self.sampled)
         return out
 
 

@@ -109,11 +109,16 @@ class DriftMetrics:
     - `s2t_feature_psi_noise`: the PSI sampling noise alone exceeds once in a thousand at this sample size;
     - `s2t_feature_drift_sample` / `s2t_feature_drift_min_sample`: records in the window, and the minimum;
     - `s2t_feature_drifted`: 1 where the PSI is over both the noise level and the alert level, else 0;
-    - `s2t_feature_bin_share{feature, bin, side="live"|"reference"}`: each drift bin's share, for what moved;
-    - `s2t_feature_drift_window_records{reference}`: the window's size, labelled with what the reference is.
+    - `s2t_feature_bin_share{feature, bin, side="live"|"reference"}`: each reference bin's share (before rare bins
+      are pooled, so that the labels stay the same from one reference to the next), for what moved;
+    - `s2t_feature_drift_window_records`: the window's size;
+    - `s2t_feature_drift_reference{reference}`: when (Unix time) the router loaded that reference; the newest is the
+      one in use (a series a reloaded router left behind keeps its older time: Triton keeps it after the unload);
+    - `s2t_feature_drift_sampled_records`: records sampled since the router started (the figures are up to date
+      once it counts every record sent).
     """
 
-    def __init__(self, metric_family, plans: dict, window_records: int, reference: str):
+    def __init__(self, metric_family, plans: dict, window_records: int, reference: str, loaded_at: float):
         gauge = metric_family.GAUGE
         # The families must outlive their metrics (Triton refuses to set a metric whose family was collected).
         self._families = {name: metric_family(name=name, kind=gauge, description=description) for name, description in (
@@ -123,24 +128,30 @@ class DriftMetrics:
             ("s2t_feature_drift_sample", "Records in the drift window, per feature (and score)"),
             ("s2t_feature_drift_min_sample", "Records a figure needs before it is published"),
             ("s2t_feature_drifted", "1 where PSI is over both its noise level and the alert level"),
-            ("s2t_feature_bin_share", "Share of each drift bin, live window or reference"),
-            ("s2t_feature_drift_window_records", "Records the drift window holds at most, by reference"))}
+            ("s2t_feature_bin_share", "Share of each reference bin, live window or reference"),
+            ("s2t_feature_drift_window_records", "Records the drift window holds at most"),
+            ("s2t_feature_drift_reference", "When (Unix time) risk_router loaded the drift reference named"),
+            ("s2t_feature_drift_sampled_records", "Records the drift monitor sampled since it started"))}
         self._series = {(family, name): self._families[family].Metric(labels={"feature": name})
                         for family in ("s2t_feature_psi", "s2t_feature_psi_noise", "s2t_feature_drift_sample",
                                        "s2t_feature_drift_min_sample", "s2t_feature_drifted") for name in plans}
         share = self._families["s2t_feature_bin_share"]
         self._live, self._reference = {}, []  # held: a metric that is collected leaves the registry
         for name, plan in plans.items():
-            for b, label in enumerate(plan.labels):
+            for b, label in enumerate(plan.raw_labels):
                 self._live[(name, b)] = share.Metric(labels={"feature": name, "bin": label, "side": "live"})
                 self._reference.append(share.Metric(labels={"feature": name, "bin": label, "side": "reference"}))
-                self._reference[-1].set(float(plan.reference[b] / plan.reference.sum()))
+                self._reference[-1].set(float(plan.raw_reference[b] / plan.raw_reference.sum()))
             self._series[("s2t_feature_drift_min_sample", name)].set(float(plan.min_sample))
-        self._window = self._families["s2t_feature_drift_window_records"].Metric(labels={"reference": reference})
+        self._window = self._families["s2t_feature_drift_window_records"].Metric(labels={})
         self._window.set(float(window_records))
+        self._reference_loaded = self._families["s2t_feature_drift_reference"].Metric(labels={"reference": reference})
+        self._reference_loaded.set(float(loaded_at))
+        self._sampled = self._families["s2t_feature_drift_sampled_records"].Metric(labels={})
 
     def publish(self, figures: dict) -> None:
         for name, figure in figures.items():
+            self._sampled.set(float(figure.sampled))
             enough = figure.sample >= figure.min_sample
             self._series[("s2t_feature_psi", name)].set(float(figure.psi) if enough else float("nan"))
             self._series[("s2t_feature_psi_noise", name)].set(float(figure.noise_psi) if enough else float("nan"))

@@ -35,15 +35,15 @@ def build_reference(data_csv: Path, onnx_model: Path, out: Path, source: str | N
     return reference
 
 
-def write_version_reference(model: str, version: int, version_dir: Path, data_csv: Path) -> Path | None:
-    """The version's own reference, from the data its parity gate ran on: risk_router compares the version's
-    scores with it while that version is primary. None for a model file that is not ONNX (nothing to score with
-    here); the router then keeps the training reference."""
-    onnx_file = Path(version_dir) / "model.onnx"
-    if not onnx_file.is_file():
+def write_version_reference(model: str, version: int, model_file: Path, data_csv: Path) -> Path | None:
+    """The version's own reference, beside its model file, from the data its parity gate ran on: risk_router
+    compares the version's scores with it while that version is primary. None for a model file that is not ONNX
+    (nothing to score it with here); the router then keeps the training reference."""
+    model_file = Path(model_file)
+    if model_file.suffix != ".onnx":
         return None
-    out = Path(version_dir) / REFERENCE_FILE
-    build_reference(data_csv, onnx_file, out, source=f"({model}:{version} scores of {Path(data_csv).name})")
+    out = model_file.parent / REFERENCE_FILE
+    build_reference(data_csv, model_file, out, source=f"({model}:{version} scores of {Path(data_csv).name})")
     return out
 
 
@@ -58,12 +58,17 @@ def live_report(metrics_text_or_url: str) -> dict:
     """What risk_router publishes: the reference, the window, and each series' figure with its top moved bins."""
     metrics = (parse_metrics(metrics_text_or_url) if "\n" in metrics_text_or_url
                else scrape(metrics_address(metrics_text_or_url)))
-    report: dict = {"reference": None, "window_records": None, "features": {}}
+    report: dict = {"reference": None, "window_records": None, "sampled_records": 0, "features": {}}
     shares: dict[str, dict[str, dict[str, float]]] = {}
+    loaded_at = -math.inf
     for (name, labels), value in metrics.items():
         labels = dict(labels)
-        if name == "s2t_feature_drift_window_records":
-            report["reference"], report["window_records"] = labels.get("reference"), int(value)
+        if name == "s2t_feature_drift_reference" and value > loaded_at:  # the newest load is the one in use
+            report["reference"], loaded_at = labels.get("reference"), value
+        elif name == "s2t_feature_drift_window_records":
+            report["window_records"] = int(value)
+        elif name == "s2t_feature_drift_sampled_records":
+            report["sampled_records"] = int(value)
         elif name in PER_FEATURE:
             figure = report["features"].setdefault(labels["feature"], {})
             figure[PER_FEATURE[name]] = None if math.isnan(value) else value
@@ -86,8 +91,8 @@ def table(report: dict) -> str:
     if not features:
         return "no s2t_feature_psi metrics: risk_router has no drift reference, or is not loaded"
     lines = [f"reference: {report['reference']}",
-             f"window: the last {report['window_records']} records routed (PSI over the window; drift = PSI over "
-             "both the noise level and the alert level)"]
+             f"window: the last {report['window_records']} records routed ({report['sampled_records']} sampled "
+             "since the router started); drift = PSI over both its noise level and the alert level"]
     width = max(len(name) for name in features)
     lines.append(f"{'feature':<{width}}  {'PSI':>6}  {'noise':>6}  {'sample':>7}  {'min':>5}  state")
     order = {DRIFT: 0, NO_DRIFT: 1, NOT_ENOUGH_DATA: 2}

@@ -338,19 +338,23 @@ s2t_feature_bin_share{bin="<= 900",feature="amount",side="live"} 0.01
 s2t_feature_bin_share{bin="<= 900",feature="amount",side="reference"} 0.1
 s2t_feature_bin_share{bin="> 7000",feature="amount",side="live"} 0.6
 s2t_feature_bin_share{bin="> 7000",feature="amount",side="reference"} 0.1
-s2t_feature_drift_window_records{reference="risk_scorer/2/drift_reference.json (risk_scorer:2 scores)"} 2000
+s2t_feature_drift_window_records 2000
+s2t_feature_drift_reference{reference="risk_router/1/drift_reference.json"} 1790000000
+s2t_feature_drift_reference{reference="risk_scorer/2/drift_reference.json (risk_scorer:2 scores)"} 1790000600
+s2t_feature_drift_sampled_records 5100
 """
 
 
 def test_the_report_says_reference_window_sample_state_and_the_top_moved_bins():
     report = live_report(METRICS)
     assert report["reference"].startswith("risk_scorer/2/") and report["window_records"] == 2000
+    assert report["sampled_records"] == 5100
     amount, purpose = report["features"]["amount"], report["features"]["purpose"]
     assert amount["state"] == DRIFT and amount["sample"] == 2000 and amount["noise_psi"] == 0.03
     assert [b["bin"] for b in amount["top_bins"]] == ["> 7000", "<= 900"]
     assert purpose["state"] == NOT_ENOUGH_DATA and purpose["psi"] is None
     assert report["features"]["age"]["state"] == NO_DRIFT
     text = table(report)
-    assert "risk_scorer:2" in text and "last 2000 records" in text
+    assert "risk_scorer:2" in text and "last 2000 records" in text and "5100 sampled" in text
     assert "> 7000: 10.0% -> 60.0%" in text and "not enough data" in text
     assert text.splitlines()[3].startswith("amount")

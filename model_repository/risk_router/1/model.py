@@ -1,5 +1,6 @@
 """risk_router: canary / shadow / breaker routing of legacy records over the scorers (BLS)."""
 import json
+import time
 import traceback
 from pathlib import Path
 
@@ -50,7 +51,8 @@ class TritonPythonModel:
         monitor = DriftMonitor(Reference.from_json(reference.read_text()), spec, settings.drift_window_records,
                                settings.drift_sample_rate, settings.drift_alert_psi)
         described = " ".join(filter(None, (str(reference.relative_to(self._repository)), monitor.reference.source)))
-        metrics = DriftMetrics(pb_utils.MetricFamily, monitor.plans, settings.drift_window_records, described)
+        metrics = DriftMetrics(pb_utils.MetricFamily, monitor.plans, settings.drift_window_records, described,
+                               time.time())
         self._drift = DriftWatch(monitor, metrics.publish, settings.drift_publish_seconds,
                                  lambda text: pb_utils.Logger.log_error(f"risk_router: {text}"),
                                  score_source=str(primary) if primary.version is not None else None)
