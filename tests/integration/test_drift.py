@@ -165,6 +165,7 @@ def test_a_known_shift_flags_exactly_the_moved_feature_within_one_window(drift_s
     done = subprocess.run([str(S2T), "drift", "--metrics-url", f"localhost:{server.metrics_port}"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+    print("\n" + done.stdout)
     assert f"{top['bin']}: {top['reference_share']:.1%} -> {top['live_share']:.1%}" in done.stdout, done.stdout
 
 
