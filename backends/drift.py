@@ -232,8 +232,8 @@ class DriftMonitor:
 
     Every `1 / sample_rate`-th record is sampled (a stride, so the cost is one slice per batch). The window is a
     ring of reference-bin indices, one row per sampled record; its counts are kept as records enter and leave, so a
-    figure is a sum over a few bins (pooled into the drift bins for the PSI, as they are for the top moved bins). A record's score is counted only where it is finite (the caller gives NaN
-    for a score that does not belong to the reference's version).
+    figure is a sum over a few bins (pooled into the drift bins for the PSI). A record's score is counted only where
+    it is finite (the caller gives NaN for a score that does not belong to the reference's version).
     """
 
     def __init__(self, reference: Reference, spec, window_records: int = 2000, sample_rate: float = 1.0,
@@ -259,7 +259,8 @@ class DriftMonitor:
         self._offset = (self._offset - len(scores)) % self._stride
         if not len(rows):
             return
-        rows = rows[-self.window_records:]
+        self.sampled += len(rows)
+        rows = rows[-self.window_records:]  # a batch larger than the window: only its last records stay
         bins = np.empty((len(rows), len(self._names)), np.int16)
         column = 0
         for i, name in enumerate(self._categorical_order):
@@ -274,7 +275,6 @@ class DriftMonitor:
         raw = np.searchsorted(np.array(SCORE_EDGES), np.where(finite, score, 0.0), side="left")
         bins[:, column] = np.where(finite, raw, -1)
         self._enter(bins)
-        self.sampled += len(rows)
 
     def _enter(self, bins: np.ndarray) -> None:
         slots = (self._next + np.arange(len(bins))) % self.window_records
@@ -339,8 +339,10 @@ class DriftWatch:
                 return
             self._published_at, self._dirty = self._clock(), False
             figures = self._guarded(self.monitor.figures)
-            if figures is not None:
-                self._guarded(self._publish, figures)
+        # Outside the lock: handing the gauges over is one message each, and a batch must not wait for them. At
+        # most one publication passes the check above per interval, so they cannot overtake each other.
+        if figures is not None:
+            self._guarded(self._publish, figures)
 
     def _guarded(self, action, *args):
         if self.monitor is None:

@@ -6,6 +6,7 @@ the gate brings its own score reference."""
 import json
 import math
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -100,6 +101,25 @@ def requests_of(rows):
     return [{"request_id": f"r-{i}", "features": row} for i, row in enumerate(rows)]
 
 
+def _bad_records(server, rows, answers):
+    """A hostile client beside the replay: records that cannot be decoded, one per request; each must fail alone."""
+    client = grpc.InferenceServerClient(server.grpc_url)
+    bad = [b"{not json", json.dumps({"features": {**rows[0], "credit_amount": "many"}}).encode(),
+           json.dumps({"features": {k: v for k, v in rows[0].items() if k != "purpose"}}).encode(),
+           json.dumps({"features": {**rows[0], "age_in_years": float("nan")}}).encode()]
+    try:
+        for i in range(60):
+            tensor = grpc.InferInput("payload", [1, 1], "BYTES")
+            tensor.set_data_from_numpy(np.array([[bad[i % len(bad)]]], dtype=object))
+            try:
+                client.infer("risk_router", [tensor])
+                answers.append("answered")
+            except grpc.InferenceServerException as err:
+                answers.append(err.message())
+    finally:
+        client.close()
+
+
 def test_replaying_the_training_rows_flags_nothing_and_fires_no_alert(drift_server, german_credit_data):
     server, _ = drift_server
     rows = german_credit_data.records()
@@ -110,7 +130,16 @@ def test_replaying_the_training_rows_flags_nothing_and_fires_no_alert(drift_serv
         replay = [rows[i % len(rows)] for i in range(count)]
         if order == "shuffled":
             rng.shuffle(replay)
+        hostile, refused = None, []
+        if total == 0:
+            hostile = threading.Thread(target=_bad_records, args=(server, rows, refused))
+            hostile.start()
         send(server, requests_of(replay), protocol)
+        if hostile is not None:
+            hostile.join(timeout=SETTLE_SECONDS)
+            # Every bad record answered with its own error naming the field; none of them reached the drift window.
+            assert len(refused) == 60 and all(a != "answered" for a in refused), refused
+            assert all(name in " ".join(refused) for name in ("credit_amount", "purpose", "age_in_years")), refused
         total += count
         latest = settled(server, total)
         assert latest["window_records"] == WINDOW and "drift_reference.json" in latest["reference"]

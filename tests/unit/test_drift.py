@@ -201,6 +201,7 @@ def test_window_counts_equal_the_counts_of_the_last_records_whatever_the_batches
     for size in batch_sizes:
         watched.observe(*replay(rows[start:start + size]))
         start += size
+    assert watched.sampled == sum(batch_sizes)
     fresh = DriftMonitor(REFERENCE, SPEC, window_records=window)
     fresh.observe(*replay(rows[-window:]))
     for mine, theirs in zip(watched._counts, fresh._counts):
