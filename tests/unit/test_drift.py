@@ -1,3 +1,4 @@
+import json
 import math
 import threading
 import time
@@ -11,6 +12,9 @@ from backends.drift import (DRIFT, NO_DRIFT, NOT_ENOUGH_DATA, SCORE_FEATURE, Bin
                             Reference, chi_square_quantile, choose_reference, noise_psi, psi, range_labels)
 from backends.feature_spec import CategoricalFeature, FeatureSpec
 from s2t.gate.drift import live_report, metrics_address, table
+from tests.conftest import MODEL_REPOSITORY
+from tests.unit import python_backend as backend
+from tests.unit.python_backend import payloads, request
 
 
 @pytest.mark.parametrize("expected, actual, low, high", [
@@ -359,3 +363,36 @@ def test_the_report_says_reference_window_sample_state_and_the_top_moved_bins():
     assert "risk_scorer:2" in text and "last 2000 records" in text and "5100 sampled" in text
     assert "> 7000: 10.0% -> 60.0%" in text and "not enough data" in text
     assert text.splitlines()[3].startswith("amount")
+
+
+# --- risk_router's glue, through the wheel's triton_python_backend_utils (no server) ------------------------------
+
+def test_risk_router_counts_the_primarys_scored_records_and_says_not_enough_data_below_the_minimum(built_artifacts):
+    record = json.loads((MODEL_REPOSITORY.parent / "clients" / "examples" / "record.json").read_text())
+    bad = {**record, "features": {**record["features"], "credit_amount": "lots"}}
+    pb_utils = backend.backend_utils()
+    pb_utils.InferenceRequest.bls.update({
+        "risk_scorer": lambda bls: backend.InferenceResponse([backend.Tensor("probability", np.full(
+            (len(next(t for t in bls.inputs() if t.name() == "numeric").as_numpy()), 1), 0.3, np.float32))]),
+        "risk_decision": lambda bls: backend.InferenceResponse([backend.Tensor("decision", np.full(
+            bls.inputs()[0].as_numpy().shape, b"APPROVE", dtype=object))])})
+    folder = MODEL_REPOSITORY / "risk_router"
+    router = backend.initialize(backend.load_model(folder / "1" / "model.py", pb_utils), folder)
+    try:
+        responses = router.execute([request(payload=payloads(record, record)), request(payload=payloads(bad))])
+        assert [r.has_error() for r in responses] == [False, True]
+        families = pb_utils.MetricFamily.families
+
+        def value(name, **labels):
+            return next(m._value for m in families[name].metrics if m.labels == labels)
+
+        assert value("s2t_feature_drift_sampled_records") == 2  # the bad record's request is not counted
+        assert value("s2t_feature_drift_sample", feature="score") == 2
+        assert math.isnan(value("s2t_feature_psi", feature="credit_amount"))  # 2 records: not enough data
+        assert value("s2t_feature_drifted", feature="credit_amount") == 0
+        assert value("s2t_feature_drift_window_records") == 2000
+        assert any(m.labels["reference"].startswith("risk_router/1/drift_reference.json")
+                   for m in families["s2t_feature_drift_reference"].metrics)
+    finally:
+        router.finalize()
+    assert not router._drift._timer.is_alive()
