@@ -112,13 +112,13 @@ class DriftMetrics:
     - `s2t_feature_bin_share{feature, bin, side="live"|"reference"}`: each reference bin's share (before rare bins
       are pooled, so that the labels stay the same from one reference to the next), for what moved;
     - `s2t_feature_drift_window_records`: the window's size;
-    - `s2t_feature_drift_reference{reference}`: when (Unix time) the router loaded that reference; the newest is the
-      one in use (a series a reloaded router left behind keeps its older time: Triton keeps it after the unload);
+    - `s2t_feature_drift_reference_version`: the primary version whose own reference is compared with, 0 for the
+      training reference (a number, not a label: a label per version would add a series at every promotion);
     - `s2t_feature_drift_sampled_records`: records sampled since the router started (the figures are up to date
       once it counts every record sent).
     """
 
-    def __init__(self, metric_family, plans: dict, window_records: int, reference: str, loaded_at: float):
+    def __init__(self, metric_family, plans: dict, window_records: int, reference_version: int):
         gauge = metric_family.GAUGE
         # The families must outlive their metrics (Triton refuses to set a metric whose family was collected).
         self._families = {name: metric_family(name=name, kind=gauge, description=description) for name, description in (
@@ -130,7 +130,8 @@ class DriftMetrics:
             ("s2t_feature_drifted", "1 where PSI is over both its noise level and the alert level"),
             ("s2t_feature_bin_share", "Share of each reference bin, live window or reference"),
             ("s2t_feature_drift_window_records", "Records the drift window holds at most"),
-            ("s2t_feature_drift_reference", "When (Unix time) risk_router loaded the drift reference named"),
+            ("s2t_feature_drift_reference_version", "Version whose own drift reference is in use, 0: the training "
+                                                    "reference"),
             ("s2t_feature_drift_sampled_records", "Records the drift monitor sampled since it started"))}
         self._series = {(family, name): self._families[family].Metric(labels={"feature": name})
                         for family in ("s2t_feature_psi", "s2t_feature_psi_noise", "s2t_feature_drift_sample",
@@ -145,8 +146,8 @@ class DriftMetrics:
             self._series[("s2t_feature_drift_min_sample", name)].set(float(plan.min_sample))
         self._window = self._families["s2t_feature_drift_window_records"].Metric(labels={})
         self._window.set(float(window_records))
-        self._reference_loaded = self._families["s2t_feature_drift_reference"].Metric(labels={"reference": reference})
-        self._reference_loaded.set(float(loaded_at))
+        self._reference_version = self._families["s2t_feature_drift_reference_version"].Metric(labels={})
+        self._reference_version.set(float(reference_version))
         self._sampled = self._families["s2t_feature_drift_sampled_records"].Metric(labels={})
 
     def publish(self, figures: dict) -> None:

@@ -58,13 +58,16 @@ def live_report(metrics_text_or_url: str) -> dict:
     """What risk_router publishes: the reference, the window, and each series' figure with its top moved bins."""
     metrics = (parse_metrics(metrics_text_or_url) if "\n" in metrics_text_or_url
                else scrape(metrics_address(metrics_text_or_url)))
-    report: dict = {"reference": None, "window_records": None, "sampled_records": 0, "features": {}}
+    report: dict = {"reference": None, "reference_version": None, "window_records": None, "sampled_records": 0,
+                    "features": {}}
     shares: dict[str, dict[str, dict[str, float]]] = {}
-    loaded_at = -math.inf
     for (name, labels), value in metrics.items():
         labels = dict(labels)
-        if name == "s2t_feature_drift_reference" and value > loaded_at:  # the newest load is the one in use
-            report["reference"], loaded_at = labels.get("reference"), value
+        if name == "s2t_feature_drift_reference_version":
+            report["reference_version"] = int(value)
+            report["reference"] = (f"version {int(value)}'s own: its scores on its parity gate's data" if value
+                                   else "the training data (risk_router/1/drift_reference.json, scored by the "
+                                        "model `make` built)")
         elif name == "s2t_feature_drift_window_records":
             report["window_records"] = int(value)
         elif name == "s2t_feature_drift_sampled_records":

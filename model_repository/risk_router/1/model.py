@@ -1,6 +1,5 @@
 """risk_router: canary / shadow / breaker routing of legacy records over the scorers (BLS)."""
 import json
-import time
 import traceback
 from pathlib import Path
 
@@ -42,17 +41,17 @@ class TritonPythonModel:
         gate's data), else the training reference `make` writes beside this file. Only the primary's scores are
         compared with it: a canary's or the fallback's would read as drift of the served model."""
         primary = settings.routing.primary
-        reference = choose_reference(self._repository, primary.model, primary.version,
-                                     version_dir / settings.drift_reference, settings.drift_reference)
+        training = version_dir / settings.drift_reference
+        reference = choose_reference(self._repository, primary.model, primary.version, training,
+                                     settings.drift_reference)
         if reference is None:
-            pb_utils.Logger.log_warn(f"risk_router: no drift reference at {version_dir / settings.drift_reference}; "
+            pb_utils.Logger.log_warn(f"risk_router: no drift reference at {training}; "
                                      "feature drift is not watched")
             return None
         monitor = DriftMonitor(Reference.from_json(reference.read_text()), spec, settings.drift_window_records,
                                settings.drift_sample_rate, settings.drift_alert_psi)
-        described = " ".join(filter(None, (str(reference.relative_to(self._repository)), monitor.reference.source)))
-        metrics = DriftMetrics(pb_utils.MetricFamily, monitor.plans, settings.drift_window_records, described,
-                               time.time())
+        metrics = DriftMetrics(pb_utils.MetricFamily, monitor.plans, settings.drift_window_records,
+                               0 if reference == training else primary.version)
         self._drift = DriftWatch(monitor, metrics.publish, settings.drift_publish_seconds,
                                  lambda text: pb_utils.Logger.log_error(f"risk_router: {text}"),
                                  score_source=str(primary) if primary.version is not None else None)
