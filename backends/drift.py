@@ -250,7 +250,18 @@ class DriftMonitor:
         self._stride, self._offset = max(1, round(1 / sample_rate)), 0
         self._rows = np.full((window_records, len(self._names)), -1, np.int16)
         self._next = 0
-        self._counts = [np.zeros(len(self.plans[n].merge)) for n in self._names]
+        # One flat array of counts for every series (one bincount per batch), `_counts` its per-series views.
+        sizes = [len(self.plans[n].merge) for n in self._names]
+        self._starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        self._flat = np.zeros(sum(sizes))
+        self._counts = np.split(self._flat, np.cumsum(sizes)[:-1])
+        self._largest_index = np.array([len(self.plans[n].merge) - 1 for n in self._categorical_order])
+        # Edges padded with +inf to one width: a record's bin is the number of its feature's edges below the value,
+        # as np.searchsorted(side="left") gives it, for all numeric features in one comparison.
+        widest = max((len(self.reference.numeric_edges[n]) for n in self._numeric_order), default=0)
+        self._edges = np.full((len(self._numeric_order), widest), np.inf)
+        for i, name in enumerate(self._numeric_order):
+            self._edges[i, :len(self.reference.numeric_edges[name])] = self.reference.numeric_edges[name]
         self.sampled = 0
 
     def observe(self, categorical: np.ndarray, numeric: np.ndarray, scores: np.ndarray) -> None:
@@ -262,27 +273,22 @@ class DriftMonitor:
         self.sampled += len(rows)
         rows = rows[-self.window_records:]  # a batch larger than the window: only its last records stay
         bins = np.empty((len(rows), len(self._names)), np.int16)
-        column = 0
-        for i, name in enumerate(self._categorical_order):
-            bins[:, column] = np.clip(categorical[rows, i], 0, len(self.plans[name].merge) - 1)
-            column += 1
-        for i, name in enumerate(self._numeric_order):
-            values = numeric[rows, i].astype(np.float64)
-            bins[:, column] = np.searchsorted(self.reference.numeric_edges[name], values, side="left")
-            column += 1
+        n_categorical = len(self._categorical_order)
+        bins[:, :n_categorical] = np.clip(categorical[rows, :n_categorical], 0, self._largest_index)
+        values = numeric[rows, :len(self._numeric_order)].astype(np.float64)
+        bins[:, n_categorical:-1] = (values[:, :, None] > self._edges[None]).sum(axis=2)
         score = np.asarray(scores, np.float64).ravel()[rows]
         finite = np.isfinite(score)
         raw = np.searchsorted(np.array(SCORE_EDGES), np.where(finite, score, 0.0), side="left")
-        bins[:, column] = np.where(finite, raw, -1)
+        bins[:, -1] = np.where(finite, raw, -1)
         self._enter(bins)
 
     def _enter(self, bins: np.ndarray) -> None:
         slots = (self._next + np.arange(len(bins))) % self.window_records
         leaving = self._rows[slots]
-        for s, counts in enumerate(self._counts):
-            out, into = leaving[:, s], bins[:, s]
-            counts -= np.bincount(out[out >= 0], minlength=len(counts))
-            counts += np.bincount(into[into >= 0], minlength=len(counts))
+        for rows, sign in ((leaving, -1.0), (bins, 1.0)):
+            flat = rows + self._starts
+            self._flat += sign * np.bincount(flat[rows >= 0], minlength=len(self._flat))
         self._rows[slots] = bins
         self._next = (self._next + len(bins)) % self.window_records
 
