@@ -30,7 +30,7 @@ def build_reference(data_csv: Path, onnx_model: Path, out: Path, source: str | N
     session = ort.InferenceSession(str(onnx_model), providers=["CPUExecutionProvider"])
     scores = session.run(["probability"], {"categorical": categorical, "numeric": numeric})[0]
     reference = Reference.build(spec, categorical, numeric, np.asarray(scores),
-                                source=source or f"({Path(data_csv).name} scored by {Path(onnx_model).name})")
+                                source=source or f"{Path(data_csv).name} scored by {Path(onnx_model).name}")
     write_atomically(out, reference.to_json() + "\n")
     return reference
 
@@ -43,7 +43,7 @@ def write_version_reference(model: str, version: int, model_file: Path, data_csv
     if model_file.suffix != ".onnx":
         return None
     out = model_file.parent / REFERENCE_FILE
-    build_reference(data_csv, model_file, out, source=f"({model}:{version} scores of {Path(data_csv).name})")
+    build_reference(data_csv, model_file, out, source=f"{model}:{version} scores of {Path(data_csv).name}")
     return out
 
 
