@@ -144,6 +144,8 @@ class DriftMetrics:
                 self._reference.append(share.Metric(labels={"feature": name, "bin": label, "side": "reference"}))
                 self._reference[-1].set(float(plan.raw_reference[b] / plan.raw_reference.sum()))
             self._series[("s2t_feature_drift_min_sample", name)].set(float(plan.min_sample))
+            for family in ("s2t_feature_psi", "s2t_feature_psi_noise"):  # not enough data until the first figures
+                self._series[(family, name)].set(float("nan"))
         self._window = self._families["s2t_feature_drift_window_records"].Metric(labels={})
         self._window.set(float(window_records))
         self._reference_version = self._families["s2t_feature_drift_reference_version"].Metric(labels={})
@@ -151,8 +153,8 @@ class DriftMetrics:
         self._sampled = self._families["s2t_feature_drift_sampled_records"].Metric(labels={})
 
     def publish(self, figures: dict) -> None:
+        self._sampled.set(float(max((figure.sampled for figure in figures.values()), default=0)))
         for name, figure in figures.items():
-            self._sampled.set(float(figure.sampled))
             enough = figure.sample >= figure.min_sample
             self._series[("s2t_feature_psi", name)].set(float(figure.psi) if enough else float("nan"))
             self._series[("s2t_feature_psi_noise", name)].set(float(figure.noise_psi) if enough else float("nan"))
