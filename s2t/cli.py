@@ -501,8 +501,8 @@ def status(repository, consumer_repositories, url, metrics_url, history_lines, a
 @click.option("--metrics-url", metavar="HOST:PORT",
               help="where risk_router's metrics are (HOST:PORT or a URL) [default: the --http-url host, port + 2]")
 @click.option("--json", "as_json", is_flag=True,
-              help="{reference, window_records, sampled_records, features: {name: {psi, noise_psi, sample, "
-                   "min_sample, state, top_bins}}}, for scripts")
+              help="{reference, reference_version, window_records, sampled_records, features: {name: {psi, "
+                   "noise_psi, sample, min_sample, state, top_bins}}}, for scripts")
 @click.option("--build-reference", "reference_out", type=click.Path(dir_okay=False, path_type=Path),
               help="instead: write the training data's distributions (the reference risk_router compares with)")
 @click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True,
