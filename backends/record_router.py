@@ -20,8 +20,8 @@ from backends.router_core import BatchAnswer, Router
 
 # probability [rows, 1] -> decision labels [rows, 1]; raises ServingError.
 Decide = Callable[[np.ndarray], np.ndarray]
-# categorical, numeric, probability of the scored rows.
-WatchDrift = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+# categorical, numeric, probability and served_by ("model:version") of the scored rows.
+WatchDrift = Callable[[np.ndarray, np.ndarray, np.ndarray, list], None]
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class RecordRouter:
                     batch.errors[k] = of_kind(err.kind, f"{self.decision_model}: {err.message}")
             if self.watch_drift is not None:
                 self.watch_drift(decoded.categorical[valid][scored], decoded.numeric[valid][scored],
-                                 batch.probability[scored])
+                                 batch.probability[scored], [batch.served_by[k] for k in scored])
         row_of = {i: k for k, i in enumerate(valid)}
         return [self._request_answer(decoded.errors[part], [row_of.get(i) for i in range(part.start, part.stop)],
                                      batch, decisions) for part in rows.slices], batch

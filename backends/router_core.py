@@ -42,8 +42,10 @@ class RouterModelSettings:
     max_record_bytes: int = max_record_bytes_parameter()
     decision_model: str = parameter("decision_model", "risk_decision")
     drift_reference: str = parameter("drift_reference", "drift_reference.json")
-    drift_sample_rate: float = parameter("drift_sample_rate", 0.1)
+    drift_sample_rate: float = parameter("drift_sample_rate", 1.0)
     drift_publish_seconds: float = parameter("drift_publish_seconds", 5.0)
+    drift_window_records: int = parameter("drift_window_records", 2000)
+    drift_alert_psi: float = parameter("drift_alert_psi", 0.2)
     routing: RoutingSettings = settings_of(RoutingSettings)
     breaker: BreakerSettings = settings_of(BreakerSettings)
 
@@ -52,6 +54,8 @@ class RouterModelSettings:
             raise ValueError(f"parameter drift_sample_rate: must be within 0..1, got {self.drift_sample_rate}")
         if self.drift_publish_seconds <= 0:
             raise ValueError(f"parameter drift_publish_seconds: must be positive, got {self.drift_publish_seconds}")
+        if self.drift_window_records < 1:
+            raise ValueError(f"parameter drift_window_records: must be at least 1, got {self.drift_window_records}")
 
 
 @dataclass

@@ -117,16 +117,63 @@ class RouterMetrics:
 
 
 class DriftMetrics:
-    """`s2t_feature_psi{feature=...}`: PSI of the live sample against the training data, per feature and `score`."""
+    """risk_router's drift figures, one series per feature (and `score`), bounded by the reference's bins:
 
-    def __init__(self, metric_family, features):
-        # The family must outlive its metrics (Triton refuses to set a metric whose family was collected).
-        self._family = metric_family(name="s2t_feature_psi", kind=metric_family.GAUGE,
-                                     description="PSI of live records against the training data, per feature "
-                                                 "(and score)")
-        self._gauges = {name: self._family.Metric(labels={"feature": name}) for name in features}
+    - `s2t_feature_psi`: PSI of the window against the reference; NaN while the window holds fewer records than
+      the feature's minimum sample ("not enough data": no comparison with NaN is true, so no alert fires);
+    - `s2t_feature_psi_noise`: the PSI sampling noise alone exceeds once in a thousand at this sample size;
+    - `s2t_feature_drift_sample` / `s2t_feature_drift_min_sample`: records in the window, and the minimum;
+    - `s2t_feature_drifted`: 1 where the PSI is over both the noise level and the alert level, else 0;
+    - `s2t_feature_bin_share{feature, bin, side="live"|"reference"}`: each reference bin's share (before rare bins
+      are pooled, so that the labels stay the same from one reference to the next), for what moved;
+    - `s2t_feature_drift_window_records`: the window's size;
+    - `s2t_feature_drift_reference_version`: the primary version whose own reference is compared with, 0 for the
+      training reference (a number, not a label: a label per version would add a series at every promotion);
+    - `s2t_feature_drift_sampled_records`: records sampled since the router started (the figures are up to date
+      once it counts every record sent).
+    """
 
-    def publish(self, values: dict[str, float]) -> None:
-        for name, value in values.items():
-            if name in self._gauges and value == value:  # NaN: no record sampled yet, leave the gauge alone
-                self._gauges[name].set(float(value))
+    def __init__(self, metric_family, plans: dict, window_records: int, reference_version: int):
+        gauge = metric_family.GAUGE
+        # The families must outlive their metrics (Triton refuses to set a metric whose family was collected).
+        self._families = {name: metric_family(name=name, kind=gauge, description=description) for name, description in (
+            ("s2t_feature_psi", "PSI of the drift window against the reference, per feature (and score); NaN "
+                                "while the window is under the minimum sample"),
+            ("s2t_feature_psi_noise", "PSI that sampling noise alone exceeds once in a thousand at this sample"),
+            ("s2t_feature_drift_sample", "Records in the drift window, per feature (and score)"),
+            ("s2t_feature_drift_min_sample", "Records a figure needs before it is published"),
+            ("s2t_feature_drifted", "1 where PSI is over both its noise level and the alert level"),
+            ("s2t_feature_bin_share", "Share of each reference bin, live window or reference"),
+            ("s2t_feature_drift_window_records", "Records the drift window holds at most"),
+            ("s2t_feature_drift_reference_version", "Version whose own drift reference is in use, 0: the training "
+                                                    "reference"),
+            ("s2t_feature_drift_sampled_records", "Records the drift monitor sampled since it started"))}
+        self._series = {(family, name): self._families[family].Metric(labels={"feature": name})
+                        for family in ("s2t_feature_psi", "s2t_feature_psi_noise", "s2t_feature_drift_sample",
+                                       "s2t_feature_drift_min_sample", "s2t_feature_drifted") for name in plans}
+        share = self._families["s2t_feature_bin_share"]
+        self._live, self._reference = {}, []  # held: a metric that is collected leaves the registry
+        for name, plan in plans.items():
+            for b, label in enumerate(plan.raw_labels):
+                self._live[(name, b)] = share.Metric(labels={"feature": name, "bin": label, "side": "live"})
+                self._reference.append(share.Metric(labels={"feature": name, "bin": label, "side": "reference"}))
+                self._reference[-1].set(float(plan.raw_reference[b] / plan.raw_reference.sum()))
+            self._series[("s2t_feature_drift_min_sample", name)].set(float(plan.min_sample))
+            for family in ("s2t_feature_psi", "s2t_feature_psi_noise"):  # not enough data until the first figures
+                self._series[(family, name)].set(float("nan"))
+        self._window = self._families["s2t_feature_drift_window_records"].Metric(labels={})
+        self._window.set(float(window_records))
+        self._reference_version = self._families["s2t_feature_drift_reference_version"].Metric(labels={})
+        self._reference_version.set(float(reference_version))
+        self._sampled = self._families["s2t_feature_drift_sampled_records"].Metric(labels={})
+
+    def publish(self, figures: dict) -> None:
+        self._sampled.set(float(max((figure.sampled for figure in figures.values()), default=0)))
+        for name, figure in figures.items():
+            enough = figure.sample >= figure.min_sample
+            self._series[("s2t_feature_psi", name)].set(float(figure.psi) if enough else float("nan"))
+            self._series[("s2t_feature_psi_noise", name)].set(float(figure.noise_psi) if enough else float("nan"))
+            self._series[("s2t_feature_drift_sample", name)].set(float(figure.sample))
+            self._series[("s2t_feature_drifted", name)].set(1.0 if figure.drifted else 0.0)
+            for b, share in enumerate(figure.live_shares):
+                self._live[(name, b)].set(float(share))

@@ -473,8 +473,11 @@ def status(repository, consumer_repositories, url, metrics_url, history_lines, a
 
 @main.command()
 @http_url_option("Triton's HTTP endpoint; its metrics are read on port + 2")
-@click.option("--metrics-url", help="where risk_router's metrics are [default: the --http-url host, port + 2]")
-@click.option("--json", "as_json", is_flag=True, help="{feature: PSI}, for scripts")
+@click.option("--metrics-url", metavar="HOST:PORT",
+              help="where risk_router's metrics are (HOST:PORT or a URL) [default: the --http-url host, port + 2]")
+@click.option("--json", "as_json", is_flag=True,
+              help="{reference, reference_version, window_records, sampled_records, features: {name: {psi, "
+                   "noise_psi, sample, min_sample, state, top_bins}}}, for scripts")
 @click.option("--build-reference", "reference_out", type=click.Path(dir_okay=False, path_type=Path),
               help="instead: write the training data's distributions (the reference risk_router compares with)")
 @click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True,
@@ -482,7 +485,8 @@ def status(repository, consumer_repositories, url, metrics_url, history_lines, a
 @click.option("--onnx", "onnx_model", type=click.Path(path_type=Path), default=Path("artifacts/onnx/risk_scorer.onnx"),
               show_default=True, help="--build-reference: the model whose training scores are the score reference")
 def drift(url, metrics_url, as_json, reference_out, data_csv, onnx_model) -> None:
-    """PSI per feature and of the score, live records against the training data (over 0.2: drift)."""
+    """PSI per feature and of the score over the last records routed, against the served version's reference:
+    drift where PSI is over both its sampling-noise level and 0.2; the top moved bins of each drifted feature."""
     from s2t.gate import drift as feature_drift
     from s2t.control.status import default_metrics_url
     if reference_out:
@@ -493,10 +497,10 @@ def drift(url, metrics_url, as_json, reference_out, data_csv, onnx_model) -> Non
     if not source:
         raise click.UsageError("give --http-url (or --metrics-url)")
     try:
-        values = feature_drift.live_psi(source)
-    except OSError as err:
+        report = feature_drift.live_report(source)
+    except (OSError, ValueError) as err:
         raise failure(err, f"cannot read {source}: ") from None
-    click.echo(json.dumps(values, indent=2, sort_keys=True) if as_json else feature_drift.table(values))
+    click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else feature_drift.table(report))
 
 
 @main.command()

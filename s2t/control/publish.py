@@ -71,7 +71,7 @@ def validate(model_dir: Path, config, artifact: Path, gate: ParityGate | None,
             raise ArtifactRefused("parity gate failed:\n" + report.table())
         comparison = report.comparisons[0]
         figures = {"rows": comparison.rows, "max_abs": comparison.max_abs, "max_rel": comparison.max_rel,
-                   "atol": gate.atol, "reference": str(gate.saved_model)}
+                   "atol": gate.atol, "reference": str(gate.saved_model), "data": str(gate.data_csv)}
     return figures
 
 
@@ -193,6 +193,7 @@ def _place(store: VersionStore, model: str, config, artifact: Path, version: int
             from s2t.models.tensorrt_engine import report_path
             shutil.copyfile(report_path(artifact), report_path(staging / filename))
         (staging / RECORD_NAME).write_text(json.dumps(record, indent=2) + "\n")
+        _write_drift_reference(model, version, staging / filename, record)
         _fsync_tree(staging)
         target = model_dir / str(version)
         if target.exists():
@@ -219,3 +220,12 @@ def _archive_unloaded(store: VersionStore, model: str, config) -> list[int]:
     for version in archived:
         store.retire(model, version)
     return archived
+
+
+def _write_drift_reference(model: str, version: int, model_file: Path, record: dict) -> None:
+    """risk_router compares this version's live scores with its scores on the data its parity gate ran on
+    (s2t/gate/drift.py); written in the staging folder, so the version arrives with it."""
+    data = record.get("parity", {}).get("data")
+    if data:
+        from s2t.gate.drift import write_version_reference
+        write_version_reference(model, version, model_file, Path(data))

@@ -1,12 +1,20 @@
+import json
 import math
+import threading
+import time
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.drift import SCORE_FEATURE, DriftMonitor, DriftWatch, Reference, psi
+from backends.drift import (DRIFT, NO_DRIFT, NOT_ENOUGH_DATA, SCORE_FEATURE, BinPlan, DriftMonitor, DriftWatch,
+                            Reference, chi_square_quantile, choose_reference, noise_psi, psi, range_labels)
 from backends.feature_spec import CategoricalFeature, FeatureSpec
+from s2t.gate.drift import live_report, metrics_address, table
+from tests.conftest import MODEL_REPOSITORY
+from tests.unit import python_backend as backend
+from tests.unit.python_backend import payloads, request
 
 
 @pytest.mark.parametrize("expected, actual, low, high", [
@@ -35,60 +43,197 @@ def test_psi_is_symmetric_and_never_negative(a, b):
     if sum(a) == 0 or sum(b) == 0:
         return
     assert psi(a, b) >= 0 and np.isclose(psi(a, b), psi(b, a))
+    assert psi(a, b, 0.5) >= 0 and np.isclose(psi(a, b, 0.5), psi(b, a, 0.5))
 
 
-# --- live records against the training data -------------------------------------------------------------------
+def test_a_bin_a_small_sample_missed_adds_a_small_term_with_smoothing_and_a_large_one_when_real():
+    # The floor of 1e-4 made one empty live bin (share 5% in the reference) worth 0.05 * ln(500) = 0.31 at any size.
+    reference = [50, 300, 300, 350]
+    small, large = [0, 10, 10, 10], [0, 1000, 1000, 1000]
+    assert psi(reference, small) > 0.2
+    assert psi(reference, small, 0.5) < 0.1 < 0.2 < psi(reference, large, 0.5)
 
-SPEC = FeatureSpec((CategoricalFeature("purpose", {"car": 1, "tv": 2}, 0),), ("amount",))
+
+@pytest.mark.parametrize("dof, quantile", [(1, 10.83), (2, 13.82), (3, 16.27), (5, 20.52), (9, 27.88), (20, 45.31)])
+def test_chi_square_quantile_is_the_99_9th_percentile(dof, quantile):
+    assert chi_square_quantile(dof) == pytest.approx(quantile, rel=0.06)
 
 
-def training(n=2000, seed=0):
+def test_noise_level_falls_with_the_sample_and_the_reference():
+    assert noise_psi(4, 200, 1000) > noise_psi(4, 2000, 1000) > noise_psi(4, 2000, 100_000)
+    assert noise_psi(4, 0, 1000) == float("inf")
+
+
+@pytest.mark.parametrize("counts, labels, min_sample", [
+    ([0, 500, 300, 200], ["new", "a", "b", "c"], 25),  # the unseen bin stays apart and does not set the minimum
+    ([0, 900, 90, 5, 5], ["new", "a", "b", "c", "d"], 50),  # c and d (0.5% each) pooled with b: 10%
+    ([600, 380, 10, 10], ["a", "b", "c", "d"], 13),  # c and d (2% together) join the smallest bin, b: 40%
+])
+def test_rare_bins_are_pooled_and_the_minimum_sample_expects_five_records_in_the_rarest(counts, labels, min_sample):
+    plan = BinPlan.of(np.array(counts, float), labels)
+    assert plan.min_sample == min_sample
+    assert plan.reference.sum() == sum(counts)
+    assert all(share >= 0.02 or share == 0 for share in plan.reference / plan.reference.sum())
+
+
+def test_bins_with_shares_under_the_minimum_share_are_pooled_into_one_labelled_bin():
+    plan = BinPlan.of(np.array([0, 900, 90, 5, 5], float), ["new", "a", "b", "c", "d"])
+    assert plan.labels == ("new", "a", "b | c | d")
+    assert list(plan.merge) == [0, 1, 2, 2, 2] and plan.dof == 1
+
+
+def test_range_labels_say_which_values_each_bin_holds():
+    assert range_labels([1.0, 2.5]) == ["<= 1", "(1, 2.5]", "> 2.5"]
+
+
+# --- a German-Credit-like reference: 1,000 training rows ----------------------------------------------------------
+
+PURPOSE = {"car": 1, "tv": 2, "furniture": 3, "business": 4, "repairs": 5}
+HOUSING = {"own": 1, "rent": 2, "free": 3}
+SPEC = FeatureSpec((CategoricalFeature("purpose", PURPOSE, 0), CategoricalFeature("housing", HOUSING, 0)),
+                   ("amount", "age"))
+TRAINING_ROWS = 1000
+
+
+def training(n=TRAINING_ROWS, seed=0):
     rng = np.random.default_rng(seed)
-    categorical = rng.choice([1, 2], size=(n, 1), p=[0.7, 0.3]).astype(np.int64)
-    numeric = rng.normal(3000, 500, size=(n, 1)).astype(np.float32)
-    scores = rng.uniform(0, 0.6, size=(n, 1)).astype(np.float32)
+    categorical = np.column_stack([rng.choice([1, 2, 3, 4, 5], size=n, p=[0.3, 0.28, 0.2, 0.19, 0.03]),
+                                   rng.choice([1, 2, 3], size=n, p=[0.7, 0.2, 0.1])]).astype(np.int64)
+    numeric = np.column_stack([rng.lognormal(7.8, 0.7, size=n), rng.integers(19, 75, size=n)]).astype(np.float32)
+    scores = rng.beta(2, 5, size=(n, 1)).astype(np.float32)
     return categorical, numeric, scores
 
 
-def monitor(sample_rate=1.0, max_rows=20_000):
-    reference = Reference.build(SPEC, *training())
-    return DriftMonitor(Reference.from_json(reference.to_json()), ("purpose",), ("amount",), sample_rate, max_rows)
+TRAINING = training()
+REFERENCE = Reference.from_json(Reference.build(SPEC, *TRAINING, source="(test)").to_json())
 
 
-def test_live_records_like_the_training_data_show_no_drift():
-    watched = monitor()
-    watched.observe(*training(seed=1))
-    assert all(value < 0.05 for value in watched.psi().values()), watched.psi()
+def replay(rows):
+    return tuple(part[rows] for part in TRAINING)
 
 
-def test_a_shifted_feature_shows_drift_and_the_others_do_not():
-    watched = monitor()
-    categorical, numeric, scores = training(seed=1)
-    watched.observe(categorical, numeric + 1000, scores)
-    values = watched.psi()
-    assert values["amount"] > 0.2 and values["purpose"] < 0.05 and values[SCORE_FEATURE] < 0.05
+def flagged(watched):
+    return {name for name, figure in watched.figures().items() if figure.drifted}
+
+
+@pytest.mark.parametrize("records", [200, 1000, 5000])
+@pytest.mark.parametrize("order", ["file", "shuffled", "resampled"])
+def test_replaying_the_training_rows_flags_nothing(records, order):
+    rng = np.random.default_rng(records)
+    rows = np.arange(records) % TRAINING_ROWS
+    if order == "shuffled":
+        rng.shuffle(rows)
+    elif order == "resampled":
+        rows = rng.integers(0, TRAINING_ROWS, size=records)
+    watched = DriftMonitor(REFERENCE, SPEC)
+    for start in range(0, records, 100):
+        watched.observe(*replay(rows[start:start + 100]))
+        assert flagged(watched) == set(), start
+    figures = watched.figures()
+    assert {f.sample for f in figures.values()} == {min(records, watched.window_records)}
+    assert all(f.state == NO_DRIFT for f in figures.values())
+
+
+def test_sampling_noise_rarely_exceeds_the_noise_level():
+    """Resampled training rows at sizes from the minimum up: the noise level is exceeded about once in 1,000."""
+    rng = np.random.default_rng(7)
+    over, total = 0, 0
+    for trial in range(300):
+        watched = DriftMonitor(REFERENCE, SPEC)
+        watched.observe(*replay(rng.integers(0, TRAINING_ROWS, size=int(rng.choice([150, 400, 1000, 2000])))))
+        for figure in watched.figures().values():
+            over += figure.psi > figure.noise_psi
+            total += 1
+    assert over / total < 0.01, (over, total)
+
+
+def test_below_the_minimum_sample_nothing_is_flagged_however_far_the_records_moved():
+    watched = DriftMonitor(REFERENCE, SPEC)
+    categorical, numeric, scores = replay(np.arange(10))
+    watched.observe(categorical, numeric * 10, scores)
+    figures = watched.figures()
+    assert figures["amount"].psi > 1 and figures["amount"].state == NOT_ENOUGH_DATA
+    assert flagged(watched) == set()
+
+
+def _shifted(kind, records=2000, seed=3):
+    rng = np.random.default_rng(seed)
+    categorical, numeric, scores = (part.copy() for part in replay(rng.integers(0, TRAINING_ROWS, size=records)))
+    if kind == "amount scaled x4":
+        numeric[:, 0] *= 4
+    elif kind == "purpose car doubled":
+        others = np.flatnonzero(categorical[:, 0] != 1)
+        share = np.mean(categorical[:, 0] == 1)
+        categorical[rng.choice(others, size=int(share * records), replace=False), 0] = 1
+    elif kind == "unseen housing at 10%":
+        categorical[rng.choice(records, size=records // 10, replace=False), 1] = 0
+    elif kind == "score shifted":
+        scores = np.clip(scores + 0.2, 0, 1)
+    return categorical, numeric, scores
+
+
+@pytest.mark.parametrize("kind, moved", [
+    ("amount scaled x4", {"amount"}),
+    ("purpose car doubled", {"purpose"}),
+    ("unseen housing at 10%", {"housing"}),
+    ("score shifted", {SCORE_FEATURE}),
+])
+def test_a_known_shift_flags_exactly_the_moved_feature_within_the_window(kind, moved):
+    watched = DriftMonitor(REFERENCE, SPEC)
+    watched.observe(*replay(np.arange(TRAINING_ROWS)))
+    categorical, numeric, scores = _shifted(kind)
+    watched.observe(categorical, numeric, scores)  # one window of shifted records replaces the training rows
+    assert flagged(watched) == moved
+    top = watched.figures()[next(iter(moved))].top_bins[0]
+    assert abs(top.live_share - top.reference_share) > 0.05
+
+
+def test_the_window_forgets_records_older_than_its_size():
+    watched = DriftMonitor(REFERENCE, SPEC, window_records=500)
+    watched.observe(*_shifted("amount scaled x4", records=500))
+    assert flagged(watched) == {"amount"}
+    watched.observe(*replay(np.arange(500)))
+    assert flagged(watched) == set() and watched.figures()["amount"].sample == 500
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(1, 400), min_size=1, max_size=12), st.integers(1, 700))
+def test_window_counts_equal_the_counts_of_the_last_records_whatever_the_batches(batch_sizes, window):
+    watched = DriftMonitor(REFERENCE, SPEC, window_records=window)
+    rows = np.arange(sum(batch_sizes)) % TRAINING_ROWS
+    start = 0
+    for size in batch_sizes:
+        watched.observe(*replay(rows[start:start + size]))
+        start += size
+    assert watched.sampled == sum(batch_sizes)
+    fresh = DriftMonitor(REFERENCE, SPEC, window_records=window)
+    fresh.observe(*replay(rows[-window:]))
+    for mine, theirs in zip(watched._counts, fresh._counts):
+        assert np.array_equal(mine, theirs)
 
 
 def test_only_the_sampled_stride_is_counted_across_batches():
-    watched = monitor(sample_rate=0.1)
-    categorical, numeric, scores = training(seed=1)
+    watched = DriftMonitor(REFERENCE, SPEC, sample_rate=0.1)
     for start in range(0, 2000, 7):  # batches of 7 records: the stride carries over
-        watched.observe(categorical[start:start + 7], numeric[start:start + 7], scores[start:start + 7])
+        watched.observe(*replay(np.arange(start, min(start + 7, 2000)) % TRAINING_ROWS))
     assert watched.sampled == 200
 
 
-def test_memory_is_bounded_by_halving_the_counts():
-    watched = monitor(max_rows=1000)
-    for seed in range(10):
-        watched.observe(*training(seed=seed))
-    assert watched._score.sum() <= 1000
-    assert watched.psi()["amount"] < 0.05
-
-
 def test_an_unknown_category_index_and_a_nan_score_are_counted_safely():
-    watched = monitor()
-    watched.observe(np.array([[99]], np.int64), np.array([[3000.0]], np.float32), np.array([[np.nan]], np.float32))
-    assert watched.sampled == 1 and np.isnan(watched.psi()[SCORE_FEATURE])
+    watched = DriftMonitor(REFERENCE, SPEC)
+    watched.observe(np.array([[99, 1]], np.int64), np.array([[3000.0, 30]], np.float32),
+                    np.array([[np.nan]], np.float32))
+    figures = watched.figures()
+    assert watched.sampled == 1 and figures[SCORE_FEATURE].sample == 0 and figures["purpose"].sample == 1
+
+
+def test_scores_of_another_version_than_the_references_are_not_counted():
+    published = []
+    watch = DriftWatch(DriftMonitor(REFERENCE, SPEC), published.append, 0.01, print, score_source="risk_scorer:2")
+    categorical, numeric, scores = replay(np.arange(4))
+    watch(categorical, numeric, scores, ["risk_scorer:2", "risk_scorer:3", "risk_scorer_lite:1", "risk_scorer:2"])
+    figures = watch.monitor.figures()
+    assert figures[SCORE_FEATURE].sample == 2 and figures["purpose"].sample == 4
 
 
 class _Monitor:
@@ -100,11 +245,11 @@ class _Monitor:
         if self.fail_after is not None and self.batches > self.fail_after:
             raise RuntimeError("bad bins")
 
-    def psi(self):
+    def figures(self):
         return {"score": float(self.batches)}
 
 
-def test_drift_watch_publishes_at_most_every_interval_and_stops_on_its_first_error():
+def test_drift_watch_publishes_new_records_at_most_every_interval_and_stops_on_its_first_error():
     now, published, logged = [0.0], [], []
     monitor = _Monitor(fail_after=3)
     watch = DriftWatch(monitor, published.append, 5.0, logged.append, clock=lambda: now[0])
@@ -113,7 +258,139 @@ def test_drift_watch_publishes_at_most_every_interval_and_stops_on_its_first_err
         now[0] = t
         watch(rows, rows, rows)
     assert published == [{"score": 1.0}, {"score": 3.0}]
+    now[0] = 20.0
+    watch.tick()  # nothing new since: nothing published
+    assert len(published) == 2
     watch(rows, rows, rows)  # fails: logged, then no more watching
     watch(rows, rows, rows)
+    watch.tick()
     assert monitor.batches == 4 and len(logged) == 1 and "bad bins" in logged[0]
     watch(rows, rows, np.zeros((0, 1)))
+
+
+def test_the_timer_publishes_a_bursts_last_records_after_traffic_stops():
+    published, arrived = [], threading.Event()
+
+    def publish(figures):
+        published.append(figures)
+        if figures["amount"].sample == 1000:
+            arrived.set()
+
+    watch = DriftWatch(DriftMonitor(REFERENCE, SPEC), publish, 0.2, print)
+    watch.start()
+    try:
+        for start in range(0, 1000, 100):  # a burst far shorter than the interval
+            watch(*replay(np.arange(start, start + 100)))
+        assert arrived.wait(timeout=30), [f["amount"].sample for f in published]
+        assert published[0]["amount"].sample <= 100  # the first batch was published at once, the rest by the timer
+    finally:
+        watch.stop()
+
+
+def test_the_timer_publishes_the_empty_window_as_not_enough_data():
+    published = []
+    watch = DriftWatch(DriftMonitor(REFERENCE, SPEC), published.append, 0.1, print)
+    watch.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not published and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        watch.stop()
+    assert published and all(f.state == NOT_ENOUGH_DATA for f in published[0].values())
+
+
+def test_the_served_versions_own_reference_is_chosen_before_the_training_reference(tmp_path):
+    training_file = tmp_path / "risk_router" / "1" / "drift_reference.json"
+    training_file.parent.mkdir(parents=True)
+    assert choose_reference(tmp_path, "risk_scorer", 2, training_file, "drift_reference.json") is None
+    training_file.write_text("{}")
+    assert choose_reference(tmp_path, "risk_scorer", 2, training_file, "drift_reference.json") == training_file
+    own = tmp_path / "risk_scorer" / "2" / "drift_reference.json"
+    own.parent.mkdir(parents=True)
+    own.write_text("{}")
+    assert choose_reference(tmp_path, "risk_scorer", 2, training_file, "drift_reference.json") == own
+    assert choose_reference(tmp_path, "risk_scorer", None, training_file, "drift_reference.json") == training_file
+
+
+@pytest.mark.parametrize("address, url", [
+    ("localhost:8002", "http://localhost:8002/metrics"),
+    ("10.0.0.5:9102", "http://10.0.0.5:9102/metrics"),
+    ("http://localhost:8002/metrics", "http://localhost:8002/metrics"),
+    ("https://triton.example/metrics", "https://triton.example/metrics"),
+])
+def test_the_metrics_address_is_host_port_or_a_url(address, url):
+    assert metrics_address(address) == url
+
+
+METRICS = """# HELP s2t_feature_psi PSI
+s2t_feature_psi{feature="amount"} 1.25
+s2t_feature_psi{feature="age"} 0.01
+s2t_feature_psi{feature="purpose"} nan
+s2t_feature_psi_noise{feature="amount"} 0.03
+s2t_feature_psi_noise{feature="age"} 0.03
+s2t_feature_psi_noise{feature="purpose"} nan
+s2t_feature_drift_sample{feature="amount"} 2000
+s2t_feature_drift_sample{feature="age"} 2000
+s2t_feature_drift_sample{feature="purpose"} 40
+s2t_feature_drift_min_sample{feature="amount"} 50
+s2t_feature_drift_min_sample{feature="age"} 50
+s2t_feature_drift_min_sample{feature="purpose"} 100
+s2t_feature_drifted{feature="amount"} 1
+s2t_feature_drifted{feature="age"} 0
+s2t_feature_drifted{feature="purpose"} 0
+s2t_feature_bin_share{bin="<= 900",feature="amount",side="live"} 0.01
+s2t_feature_bin_share{bin="<= 900",feature="amount",side="reference"} 0.1
+s2t_feature_bin_share{bin="> 7000",feature="amount",side="live"} 0.6
+s2t_feature_bin_share{bin="> 7000",feature="amount",side="reference"} 0.1
+s2t_feature_drift_window_records 2000
+s2t_feature_drift_reference_version 2
+s2t_feature_drift_sampled_records 5100
+"""
+
+
+def test_the_report_says_reference_window_sample_state_and_the_top_moved_bins():
+    report = live_report(METRICS)
+    assert report["reference_version"] == 2 and report["window_records"] == 2000
+    assert report["sampled_records"] == 5100
+    amount, purpose = report["features"]["amount"], report["features"]["purpose"]
+    assert amount["state"] == DRIFT and amount["sample"] == 2000 and amount["noise_psi"] == 0.03
+    assert [b["bin"] for b in amount["top_bins"]] == ["> 7000", "<= 900"]
+    assert purpose["state"] == NOT_ENOUGH_DATA and purpose["psi"] is None
+    assert report["features"]["age"]["state"] == NO_DRIFT
+    text = table(report)
+    assert "version 2's own" in text and "last 2000 records" in text and "5100 sampled" in text
+    assert "> 7000: 10.0% -> 60.0%" in text and "not enough data" in text
+    assert text.splitlines()[3].startswith("amount")
+
+
+# --- risk_router's glue, through the wheel's triton_python_backend_utils (no server) ------------------------------
+
+def test_risk_router_counts_the_primarys_scored_records_and_says_not_enough_data_below_the_minimum(built_artifacts):
+    record = json.loads((MODEL_REPOSITORY.parent / "clients" / "examples" / "record.json").read_text())
+    bad = {**record, "features": {**record["features"], "credit_amount": "lots"}}
+    pb_utils = backend.backend_utils()
+    pb_utils.InferenceRequest.bls.update({
+        "risk_scorer": lambda bls: backend.InferenceResponse([backend.Tensor("probability", np.full(
+            (len(next(t for t in bls.inputs() if t.name() == "numeric").as_numpy()), 1), 0.3, np.float32))]),
+        "risk_decision": lambda bls: backend.InferenceResponse([backend.Tensor("decision", np.full(
+            bls.inputs()[0].as_numpy().shape, b"APPROVE", dtype=object))])})
+    folder = MODEL_REPOSITORY / "risk_router"
+    router = backend.initialize(backend.load_model(folder / "1" / "model.py", pb_utils), folder)
+    try:
+        responses = router.execute([request(payload=payloads(record, record)), request(payload=payloads(bad))])
+        assert [r.has_error() for r in responses] == [False, True]
+        families = pb_utils.MetricFamily.families
+
+        def value(name, **labels):
+            return next(m._value for m in families[name].metrics if m.labels == labels)
+
+        assert value("s2t_feature_drift_sampled_records") == 2  # the bad record's request is not counted
+        assert value("s2t_feature_drift_sample", feature="score") == 2
+        assert math.isnan(value("s2t_feature_psi", feature="credit_amount"))  # 2 records: not enough data
+        assert value("s2t_feature_drifted", feature="credit_amount") == 0
+        assert value("s2t_feature_drift_window_records") == 2000
+        assert value("s2t_feature_drift_reference_version") == 0  # the training reference
+    finally:
+        router.finalize()
+    assert not router._drift._timer.is_alive()

@@ -8,7 +8,7 @@ import triton_python_backend_utils as pb_utils
 
 from backends import fault_points
 from backends.circuit_breaker import CircuitBreaker
-from backends.drift import SCORE_FEATURE, DriftMonitor, DriftWatch, Reference
+from backends.drift import DriftMonitor, DriftWatch, Reference, choose_reference
 from backends.errors import InternalError, from_triton_code, triton_error
 from backends.feature_spec import FeatureSpec
 from backends.model_parameters import read_parameters
@@ -37,16 +37,30 @@ class TritonPythonModel:
         self._metrics = RouterMetrics(pb_utils.MetricFamily)
 
     def _drift_watch(self, version_dir, settings, spec):
-        """Drift is watched only where the training reference was built (`make` writes it beside this file)."""
-        reference = version_dir / settings.drift_reference
-        if not reference.is_file():
-            pb_utils.Logger.log_warn(f"risk_router: no drift reference at {reference}; feature drift is not watched")
+        """Drift is watched only where a reference exists: the primary version's own (publish writes it from the
+        gate's data), else the training reference `make` writes beside this file. Only the primary's scores are
+        compared with it: a canary's or the fallback's would read as drift of the served model."""
+        primary = settings.routing.primary
+        training = version_dir / settings.drift_reference
+        reference = choose_reference(self._repository, primary.model, primary.version, training,
+                                     settings.drift_reference)
+        if reference is None:
+            pb_utils.Logger.log_warn(f"risk_router: no drift reference at {training}; "
+                                     "feature drift is not watched")
             return None
-        monitor = DriftMonitor(Reference.from_json(reference.read_text()), tuple(f.name for f in spec.categorical),
-                               spec.numeric, settings.drift_sample_rate)
-        metrics = DriftMetrics(pb_utils.MetricFamily, (*spec.names, SCORE_FEATURE))
-        return DriftWatch(monitor, metrics.publish, settings.drift_publish_seconds,
-                          lambda text: pb_utils.Logger.log_error(f"risk_router: {text}"))
+        monitor = DriftMonitor(Reference.from_json(reference.read_text()), spec, settings.drift_window_records,
+                               settings.drift_sample_rate, settings.drift_alert_psi)
+        metrics = DriftMetrics(pb_utils.MetricFamily, monitor.plans, settings.drift_window_records,
+                               0 if reference == training else primary.version)
+        self._drift = DriftWatch(monitor, metrics.publish, settings.drift_publish_seconds,
+                                 lambda text: pb_utils.Logger.log_error(f"risk_router: {text}"),
+                                 score_source=str(primary) if primary.version is not None else None)
+        self._drift.start()
+        return self._drift
+
+    def finalize(self):
+        if getattr(self, "_drift", None) is not None:
+            self._drift.stop()
 
     def _versions(self, model):
         # `model` is one of the configured targets (routing_policy refuses any other route): never client text.
