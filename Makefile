@@ -184,8 +184,9 @@ $(GPU_VENV)/.installed: $(GPU_WHEELS) | $(VENV)/.installed-test
 	  --disable-pip-version-check $$($(BIN)/python -m s2t.models.serving_image)
 	touch $@
 
-# Engines for this host's GPU (FP32 and FP16, one timing cache), rebuilt when the ONNX model changes.
-$(ENGINE_DIR)/risk_scorer.%.plan: $(SCORER_ONNX) | $(GPU_VENV)/.installed
+# Engines for this host's GPU (FP32 and FP16, one timing cache), rebuilt when the ONNX model or the serving image's
+# TensorRT changes (an engine loads only in the TensorRT that built it).
+$(ENGINE_DIR)/risk_scorer.%.plan: $(SCORER_ONNX) $(GPU_WHEELS) | $(GPU_VENV)/.installed
 	$(GPU_S2T) build-trt $(SCORER_ONNX) --precision $* --out $@ --timing-cache $(ENGINE_DIR)/timing.cache
 
 # $(call publish_gpu_if_new,MODEL,ARTIFACT,FILE): as publish_if_new, into the GPU repository, through publish's
