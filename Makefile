@@ -198,16 +198,15 @@ clean:
 
 # ---- The GPU path (TensorRT, ONNX Runtime CUDA EP; docs/tensorrt.md). Not part of `make test`: it needs a GPU.
 # .venv-gpu layers the GPU wheels over .venv: its own site-packages come first, so onnxruntime-gpu (ONNX Runtime
-# with the CUDA and CPU providers, the 24.10 image's 1.19.2) shadows the CPU wheel, and everything else
-# (Polygraphy included) is .venv's.
-# tensorrt-cu12 10.5.0 is the TensorRT of nvcr.io/nvidia/tritonserver:24.10-py3 (engines load only there). On PyPI
-# it (and tensorrt-cu12-libs) is only a source stub whose build fetches the libraries from NVIDIA's index, hence
-# TRT_INDEX: a host that builds engines must reach it (checked here: pypi.org has no binary of 10.5).
+# with the CUDA and CPU providers) shadows the CPU wheel, and everything else (Polygraphy included) is .venv's.
+# The wheels are the serving image's TensorRT and ONNX Runtime release, with the CUDA libraries they load:
+# s2t/models/serving_image.py holds them (`python -m s2t.models.serving_image` prints them), so moving the image and
+# its pins is one change there, and that change rebuilds .venv-gpu from scratch (a TensorRT of another CUDA build
+# left beside the new one would shadow it). On PyPI, tensorrt-cu13 (and tensorrt-cu13-libs) is only a source stub
+# whose build fetches the libraries from NVIDIA's index, hence TRT_INDEX: a host that builds engines must reach it.
 TRT_INDEX := https://pypi.nvidia.com
 GPU_VENV := .venv-gpu
-# The CUDA libraries at the 24.10 image's versions (CUDA 12.6, cuDNN 9.5): onnxruntime-gpu loads them by name.
-GPU_PACKAGES := tensorrt-cu12==10.5.0 onnxruntime-gpu==1.19.2 nvidia-cudnn-cu12==9.5.0.50 \
-  nvidia-cublas-cu12==12.6.3.3 nvidia-cufft-cu12==11.3.0.4 nvidia-curand-cu12==10.3.7.77
+GPU_WHEELS := s2t/models/serving_image.py
 GPU_PYTHON := LD_LIBRARY_PATH=$$($(GPU_VENV)/bin/python -m s2t.models.gpu_libraries) $(GPU_VENV)/bin/python
 GPU_S2T := $(GPU_PYTHON) -m s2t.cli
 ENGINE_DIR := artifacts/tensorrt
@@ -215,17 +214,18 @@ GPU_REPOSITORY := model_repository_gpu
 
 gpu-venv: $(GPU_VENV)/.installed
 
-$(GPU_VENV)/.installed: | $(VENV)/.installed-test
-	[ -x $(GPU_VENV)/bin/python ] || $(BIN)/python -m venv $(GPU_VENV)  # the same Python as .venv: its site-packages are layered in
+$(GPU_VENV)/.installed: $(GPU_WHEELS) | $(VENV)/.installed-test
+	rm -rf $(GPU_VENV) && $(BIN)/python -m venv $(GPU_VENV)  # the same Python as .venv: its site-packages are layered in
 	base=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	own=$$($(GPU_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	echo "import site; site.addsitedir('$$base')" > $$own/skill2triton-base.pth
 	PIP_EXTRA_INDEX_URL="$(TRT_INDEX) $$PIP_EXTRA_INDEX_URL" $(GPU_VENV)/bin/pip install --quiet \
-	  --disable-pip-version-check $(GPU_PACKAGES)
+	  --disable-pip-version-check $$($(BIN)/python -m s2t.models.serving_image)
 	touch $@
 
-# Engines for this host's GPU (FP32 and FP16, one timing cache), rebuilt when the ONNX model changes.
-$(ENGINE_DIR)/risk_scorer.%.plan: $(SCORER_ONNX) | $(GPU_VENV)/.installed
+# Engines for this host's GPU (FP32 and FP16, one timing cache), rebuilt when the ONNX model or the serving image's
+# TensorRT changes (an engine loads only in the TensorRT that built it).
+$(ENGINE_DIR)/risk_scorer.%.plan: $(SCORER_ONNX) $(GPU_WHEELS) | $(GPU_VENV)/.installed
 	$(GPU_S2T) build-trt $(SCORER_ONNX) --precision $* --out $@ --timing-cache $(ENGINE_DIR)/timing.cache
 
 # $(call publish_gpu_if_new,MODEL,ARTIFACT,FILE): as publish_if_new, into the GPU repository, through publish's

@@ -3,8 +3,8 @@ over a batch sweep, with CUDA graphs on and off; and, given a Triton that serves
 on risk_scorer_trt / risk_scorer_cuda / risk_scorer at the same batch sizes.
 
 Every in-process call goes from rows in host memory to probabilities in host memory (copies included), the work
-a serving instance does per batch. Needs a GPU, TensorRT (tensorrt-cu12, the serving image's version) and
-onnxruntime-gpu: `make gpu-venv`.
+a serving instance does per batch. Needs a GPU, TensorRT (the serving image's version) and onnxruntime-gpu:
+`make gpu-venv` (s2t/models/serving_image.py).
 """
 from __future__ import annotations
 

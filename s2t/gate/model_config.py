@@ -26,6 +26,7 @@ from backends.record_decoder import AdapterSettings
 from backends.router_core import RouterModelSettings
 from backends.stream_session import StreamModelSettings, check_sequence_batching
 from s2t.control.version_store import version_numbers
+from s2t.models.serving_image import SERVING_IMAGE, release_of, same_release
 
 ONNX_TO_CONFIG = {
     1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16", 6: "TYPE_INT32",
@@ -126,7 +127,9 @@ def engine_report_path(engine_path: Path) -> Path:
 def check_engine_against_config(config: mc.ModelConfig, plan: Path) -> list[str]:
     """A TensorRT engine against its config, from the build report beside it (`s2t build-trt` writes it).
 
-    The engine itself can only be opened by TensorRT on a GPU; the report says what it was built for.
+    The engine itself can only be opened by TensorRT on a GPU; the report says what it was built for. The
+    repositories are served by SERVING_IMAGE, whose TensorRT refuses an engine of any other release (and a parity
+    gate run with another local TensorRT would not notice).
     """
     report_path = engine_report_path(plan)
     if not report_path.is_file():
@@ -134,6 +137,11 @@ def check_engine_against_config(config: mc.ModelConfig, plan: Path) -> list[str]
                 "profile built it is unknown)"]
     report = json.loads(report_path.read_text())
     problems = []
+    built_with, served_with = str(report.get("tensorrt", "unknown")), release_of(SERVING_IMAGE).tensorrt
+    if not same_release(built_with, served_with):
+        problems.append(f"{config.name}: the engine was built with TensorRT {built_with}, but {SERVING_IMAGE} runs "
+                        f"TensorRT {served_with} and loads only its own engines: rebuild it in .venv-gpu "
+                        "(`make gpu-models`)")
     shapes = report.get("shapes", {})
     declared = {t.name: tuple(t.dims) for t in config.input}
     if set(shapes) != set(declared):

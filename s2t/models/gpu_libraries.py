@@ -1,7 +1,8 @@
 """`python -m s2t.models.gpu_libraries`: LD_LIBRARY_PATH for the CUDA libraries that PyPI's nvidia-* wheels install.
 
-onnxruntime-gpu 1.19.2 loads cuBLAS, cuDNN, cuFFT and cuRAND by name and ships none of them; TensorRT and
-Polygraphy need libcudart. The wheels put each under site-packages/nvidia/<name>/lib, in .venv and .venv-gpu.
+onnxruntime-gpu loads cuBLAS, cuDNN, cuFFT and cuRAND by name and ships none of them; TensorRT and Polygraphy need
+libcudart. The CUDA 12 wheels put each under site-packages/nvidia/<name>/lib, the CUDA 13 ones all under
+site-packages/nvidia/cu13/lib, in .venv and .venv-gpu (s2t/models/serving_image.py lists them).
 """
 from __future__ import annotations
 

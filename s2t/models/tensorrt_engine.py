@@ -24,14 +24,14 @@ import onnx
 from backends.atomic_files import write_atomically
 from s2t.gate import model_config
 from s2t.gate.model_config import engine_report_path as report_path  # part of this module's interface
+from s2t.models.serving_image import SERVING_IMAGE, release_of, same_release
 
-# The image deploy/triton builds on (25.08: 24.10 and older are exposed to CVE-2025-23319/23320/23334).
-# TENSORRT_VERSION and ONNXRUNTIME_GPU_VERSION are still 24.10's (TensorRT 10.5.0.18, per the NGC framework support
-# matrix; PyPI's tensorrt-cu12==10.5.0; ONNX Runtime 1.19.2): an engine loads only in the TensorRT release that built
-# it, so they have to move to 25.08's (its support-matrix entry) before engines are built for this image.
-SERVING_IMAGE = "nvcr.io/nvidia/tritonserver:25.08-py3"
-TENSORRT_VERSION = "10.5.0"
-ONNXRUNTIME_GPU_VERSION = "1.19.2"
+# The versions of the image deploy/triton builds on (s2t/models/serving_image.py): an engine loads only in the
+# TensorRT release that built it.
+SERVING_RELEASE = release_of(SERVING_IMAGE)
+TENSORRT_VERSION = SERVING_RELEASE.tensorrt
+TENSORRT_REQUIREMENT = f"tensorrt-cu{SERVING_RELEASE.cuda_major}=={TENSORRT_VERSION}"
+ONNXRUNTIME_GPU_VERSION = SERVING_RELEASE.onnxruntime
 PRECISIONS = ("fp32", "fp16")
 # Ops that take or make strings (ai.onnx.ml lookups, string ops): TensorRT has no string type.
 STRING_OPS = {"CategoryMapper", "LabelEncoder", "StringNormalizer", "TfIdfVectorizer", "RegexFullMatch",
@@ -153,8 +153,8 @@ def import_tensorrt(allow_version_mismatch: bool = False):
         import tensorrt as trt
     except ImportError:
         raise EngineBuildError(f"the TensorRT Python API is not installed: `make gpu-venv` installs "
-                               f"tensorrt-cu12=={TENSORRT_VERSION}, the TensorRT of {SERVING_IMAGE}") from None
-    if not trt.__version__.startswith(TENSORRT_VERSION) and not allow_version_mismatch:
+                               f"{TENSORRT_REQUIREMENT}, the TensorRT of {SERVING_IMAGE}") from None
+    if not same_release(trt.__version__, TENSORRT_VERSION) and not allow_version_mismatch:
         raise EngineBuildError(f"TensorRT {trt.__version__} is installed, but {SERVING_IMAGE} runs "
                                f"{TENSORRT_VERSION}: its engines would not load there (engines are tied to the "
                                "TensorRT version); pass --allow-version-mismatch for an engine used elsewhere")

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 7's one prepared check for a GPU machine: engines, parity, publish and the GPU benchmark, well inside
 # 10 minutes. Writes everything under $OUT (default bench/results/gpu-run). Needs what `make gpu-venv` installs
-# (tensorrt-cu12 10.5.0 from pypi.nvidia.com, onnxruntime-gpu 1.19.2 and CUDA libraries from PyPI) on top of
-# `make venv`'s .venv; it says what is missing first rather than failing half-way.
+# (the serving image's TensorRT from pypi.nvidia.com, its ONNX Runtime release and CUDA libraries from PyPI:
+# `python -m s2t.models.serving_image`) on top of `make venv`'s .venv; it says what is missing first rather than
+# failing half-way.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-bench/results/gpu-run}

@@ -49,7 +49,8 @@ def test_check_config_says_only_that_the_gpu_versions_are_still_to_be_built():
         "`s2t publish`)"])
 
 
-def _engine(tmp_path: Path, *, shapes=None, maximum=256, precision="fp32", onnx_path=SCORER_ONNX) -> Path:
+def _engine(tmp_path: Path, *, shapes=None, maximum=256, precision="fp32", onnx_path=SCORER_ONNX,
+            tensorrt=tensorrt_engine.TENSORRT_VERSION) -> Path:
     """An engine file as build-trt leaves it: the plan and its build report. The plan's bytes are not TensorRT's
     (that needs a GPU); everything checked here reads the report, and the parity gate, which would run the
     plan, must refuse without a GPU."""
@@ -58,7 +59,7 @@ def _engine(tmp_path: Path, *, shapes=None, maximum=256, precision="fp32", onnx_
     shapes = shapes or {"categorical": [[1, 13], [64, 13], [maximum, 13]], "numeric": [[1, 7], [64, 7], [maximum, 7]]}
     tensorrt_engine.report_path(plan).write_text(json.dumps({
         "onnx": str(onnx_path), "onnx_sha256": hashlib.sha256(Path(onnx_path).read_bytes()).hexdigest(),
-        "tensorrt": tensorrt_engine.TENSORRT_VERSION, "gpu": "NVIDIA H200 (sm_90)", "precision": precision,
+        "tensorrt": tensorrt, "gpu": "NVIDIA H200 (sm_90)", "precision": precision,
         "profile": {"minimum": 1, "optimum": 64, "maximum": maximum}, "shapes": shapes}))
     return plan
 
@@ -87,6 +88,22 @@ def test_publish_refuses_an_engine_built_for_other_shapes(gpu_repository, tmp_pa
     with pytest.raises(PublishError, match=reason):
         publish("risk_scorer_trt", _engine(tmp_path, **kwargs), gpu_repository, None)
     assert model_config.versions(gpu_repository / "risk_scorer_trt") == []
+
+
+# 24.10's TensorRT (what `make gpu-models` built before the image moved to 25.08), and a lookalike of the pinned one.
+@pytest.mark.parametrize("built_with", ["10.5.0.18", tensorrt_engine.TENSORRT_VERSION + "0"])
+def test_an_engine_of_another_tensorrt_is_refused_by_publish_and_flagged_by_check_config(
+        gpu_repository, tmp_path, built_artifacts, built_with):
+    reason = f"built with TensorRT {built_with}, but .*{tensorrt_engine.TENSORRT_VERSION}"
+    with pytest.raises(PublishError, match=reason):
+        publish("risk_scorer_trt", _engine(tmp_path, tensorrt=built_with), gpu_repository, None)
+    assert model_config.versions(gpu_repository / "risk_scorer_trt") == []
+    # One already in the repository (published before the image moved): check-config names it.
+    version = publish("risk_scorer_trt", _engine(tmp_path), gpu_repository, None)
+    report = gpu_repository / "risk_scorer_trt" / str(version) / "model.plan.json"
+    report.write_text(json.dumps({**json.loads(report.read_text()), "tensorrt": built_with}))
+    problems = [p for p in model_config.check_repositories([gpu_repository]) if p.startswith("risk_scorer_trt")]
+    assert len(problems) == 1 and f"built with TensorRT {built_with}" in problems[0], problems
 
 
 def test_publish_refuses_an_engine_whose_onnx_source_changed(gpu_repository, tmp_path, built_artifacts):
