@@ -87,7 +87,7 @@ def _call_outcome(call) -> str:
         return CLIENT_GAVE_UP if own else err.code().name
     from wire import skill_pb2
     statuses = Counter(skill_pb2.SkillStatus.Name(r.status) for r in result.results)
-    return "answered: " + ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
+    return "call OK (records: " + ", ".join(f"{n} {status}" for status, n in sorted(statuses.items())) + ")"
 
 
 def idle_gateway_calls(gateway_url: str, records: Sequence[Mapping], count: int, hold_until: float) -> dict:

@@ -249,8 +249,8 @@ def _paths(calls: Calls, rate: float) -> dict[str, tuple[Callable[[int], list[Ou
     # A stream or a gateway call carries 4 records: a quarter of the rate keeps the records per second alike; llm
     # answers take a CPU core each, so it gets a tenth.
     return {"risk_pipeline_http": (calls.pipeline_http, rate), "risk_pipeline_grpc": (calls.pipeline_grpc, rate),
-            "risk_stream": (calls.stream, rate / RECORDS_PER_STREAM), "gateway": (calls.gateway, rate / RECORDS_PER_CALL),
-            "llm": (calls.llm, rate / 10)}
+            "risk_stream": (calls.stream, rate / RECORDS_PER_STREAM),
+            "gateway": (calls.gateway, rate / RECORDS_PER_CALL), "llm": (calls.llm, rate / 10)}
 
 
 # ---------------------------------------------------------------------------------------------------- processes
@@ -264,8 +264,10 @@ class Seen:
 
 
 def _alive(seen: Seen) -> bool:
+    """Still running: the same process (not a new one with its pid), and not a zombie waiting to be reaped."""
     try:
-        return psutil.Process(seen.pid).create_time() == seen.created
+        proc = psutil.Process(seen.pid)
+        return proc.create_time() == seen.created and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 
@@ -477,7 +479,7 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
         if gateway is not None:
             exit_codes["gateway"] = _stop(gateway)
         exit_codes["serve"] = _stop(serve)
-    leftovers, regions_left = _leftovers(watch)
+    left, regions_left = leftovers(watch)
     shm_after = shm_entries()
     paths_summary = {path.path: soak_report.path_summary(path.samples) for path in paths}
     bogus = flood_results.get("bogus_routes", {})
@@ -492,7 +494,7 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
                 "new": sorted(set(shm_after) - set(shm_before)), "gone": sorted(set(shm_before) - set(shm_after)),
                 "regions_of_the_run": sorted(watch.regions), "regions_left": regions_left},
         "processes": {"before": processes_before, "after": run_processes(),
-                      "seen": len(watch.seen), "left": leftovers},
+                      "seen": len(watch.seen), "left": left},
     }
     report["verdicts"] = {
         "every_request_answered": soak_report.every_request_answered(paths_summary, flood_results),
@@ -504,7 +506,7 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
             ["x"] * bogus.get("leaked_labels", 0), bogus.get("sent", 0)),
         "admin_apis_restricted": soak_report.apis_restricted(flood_results["api_probes"]["probes"]),
         "no_shm_region_left": soak_report.nothing_left("shared-memory regions", regions_left),
-        "no_process_left": soak_report.nothing_left("processes", leftovers + report["processes"]["after"]),
+        "no_process_left": soak_report.nothing_left("processes", left + report["processes"]["after"]),
     }
     return report
 
@@ -525,11 +527,11 @@ def _stop(process) -> int | str:
         return "killed: still running 60 s after SIGTERM"
 
 
-def _leftovers(watch: Watch | None) -> tuple[list[str], list[str]]:
-    """Processes of the run still alive and regions of its stubs still in /dev/shm, after a grace for exits."""
+def leftovers(watch: Watch | None, grace_s: float = SHUTDOWN_GRACE_S) -> tuple[list[str], list[str]]:
+    """Processes of the run still alive and regions of its stubs still in /dev/shm, after `grace_s` for exits."""
     if watch is None:
         return [], []
-    deadline = time.monotonic() + SHUTDOWN_GRACE_S
+    deadline = time.monotonic() + grace_s
     while True:
         alive = [f"{s.pid} {s.name}" for s in watch.seen.values() if _alive(s) and s.pid != os.getpid()]
         regions = sorted(r for r in watch.regions if (SHM_DIR / r).exists())

@@ -163,7 +163,7 @@ def table(report: Mapping) -> str:
             for p in PHASES))
     lines.append("floods:")
     for name, flood in report["floods"].items():
-        counts = ", ".join(f"{k} {v}" for k, v in sorted(flood.get("outcomes", {}).items()))
+        counts = ", ".join(f"{v} x {k}" for k, v in sorted(flood.get("outcomes", {}).items()))
         lines.append(f"  {name:<22} sent {flood.get('sent', 0)}: {counts}")
     lines.append("verdicts:")
     for name, verdict in report["verdicts"].items():

@@ -107,5 +107,5 @@ def test_table_shows_every_path_phase_rss_flood_and_verdict():
                            {"holds": False, "detail": "open"}, "latency_targets_kept": {"holds": None, "detail": "-"}}}
     text = soak_report.table(report)
     assert sum(line.startswith("risk_pipeline_http") for line in text.splitlines()) == 3
-    assert "300/290" in text and "bogus_routes" in text and "StatusCode.INVALID_ARGUMENT 100" in text
+    assert "300/290" in text and "bogus_routes" in text and "100 x StatusCode.INVALID_ARGUMENT" in text
     assert "admin_apis_restricted             FAILS" in text and "not measured" in text
