@@ -580,14 +580,26 @@ def score(record, url, grpc_url, protocol, model, timeout_s) -> None:
 @click.option("--latency-target", "latency_targets", multiple=True, metavar="PATH=MS",
               help="with --hostile: a path's p99 target in ms (risk_pipeline_http, risk_pipeline_grpc, risk_stream, "
                    "gateway, llm); repeatable")
-def soak(minutes, rate, data_csv, report, hostile, floods, latency_targets) -> None:
+@click.option("--http-url", "http_url", metavar="HOST:PORT",
+              help="with --hostile: soak a running `s2t serve --llm` (also give --grpc-url, --metrics-url and "
+                   "--gateway) instead of starting one; nothing is stopped")
+@click.option("--grpc-url", "grpc_url", metavar="HOST:PORT", help="with --http-url: its gRPC endpoint")
+@click.option("--metrics-url", "metrics_url", metavar="HOST:PORT", help="with --http-url: its metrics endpoint")
+@click.option("--gateway", "gateway_url", metavar="HOST:PORT", help="with --http-url: a running `s2t gateway`")
+def soak(minutes, rate, data_csv, report, hostile, floods, latency_targets, http_url, grpc_url, metrics_url,
+         gateway_url) -> None:
     """Serve (supervised, free ports) and send a fixed rate for MINUTES; RSS growth of every process, errors.
 
     With --hostile, valid traffic on risk_pipeline (HTTP and gRPC), risk_stream, the legacy gateway and llm beside
     idle streams and calls, 1 MiB records, abandoned LLM requests, bogus routes, oversized bodies and admin-API
     probes; exit 0 only when every guarantee held."""
+    urls = {"http": http_url, "grpc": grpc_url, "metrics": metrics_url, "gateway": gateway_url}
+    given = {name for name, url in urls.items() if url}
+    if given and (not hostile or len(given) < len(urls)):
+        raise click.UsageError("--http-url, --grpc-url, --metrics-url and --gateway go together, with --hostile")
     if hostile:
-        _hostile_soak(minutes, 4.0 if rate is None else rate, data_csv, report, floods, latency_targets)
+        _hostile_soak(minutes, 4.0 if rate is None else rate, data_csv, report, floods, latency_targets,
+                      urls if given else None)
         return
     from s2t.bench.soak import soak as run_soak
     from s2t.serve.triton_server import TritonServer, free_port
@@ -610,7 +622,7 @@ def soak(minutes, rate, data_csv, report, hostile, floods, latency_targets) -> N
     sys.exit(0 if not result.errors and worst < 0.05 else GATE_REFUSED)
 
 
-def _hostile_soak(minutes, rate, data_csv, report, floods, latency_targets) -> None:
+def _hostile_soak(minutes, rate, data_csv, report, floods, latency_targets, urls) -> None:
     from s2t.bench import hostile_soak, soak_report
     from s2t.models import german_credit
     targets = {}
@@ -627,7 +639,7 @@ def _hostile_soak(minutes, rate, data_csv, report, floods, latency_targets) -> N
     report.parent.mkdir(parents=True, exist_ok=True)
     options = hostile_soak.Options(minutes * 60, rate, floods, targets)
     with progress("soak", "s") as on_progress:
-        result = hostile_soak.run(options, german_credit.load(data_csv).records(), on_progress)
+        result = hostile_soak.run(options, german_credit.load(data_csv).records(), on_progress, urls)
     report.write_text(json.dumps(result, indent=2, default=str))
     click.echo(soak_report.table(result))
     click.echo(f"report: {report}")

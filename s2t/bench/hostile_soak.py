@@ -17,9 +17,10 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -276,7 +277,7 @@ class Watch(threading.Thread):
     """Samples, every `every_s`, the RSS of the serving tree (s2t serve, tritonserver, stubs) and of the gateway,
     and remembers every process of both trees and every stub's shared-memory region."""
 
-    def __init__(self, serve_pid: int, gateway_pid: int, clock: Clock, every_s: float):
+    def __init__(self, serve_pid: int | None, gateway_pid: int | None, clock: Clock, every_s: float):
         super().__init__(name="soak-watch", daemon=True)
         self.serve_pid, self.gateway_pid, self.clock, self.every_s = serve_pid, gateway_pid, clock, every_s
         self.rss: dict[str, dict[str, dict[str, int]]] = {"serving": {}, "gateway": {}}
@@ -286,6 +287,8 @@ class Watch(threading.Thread):
 
     def look(self) -> None:
         for root in (self.serve_pid, self.gateway_pid):
+            if root is None:
+                continue
             try:
                 tree = [psutil.Process(root)] + psutil.Process(root).children(recursive=True)
             except psutil.NoSuchProcess:
@@ -307,6 +310,8 @@ class Watch(threading.Thread):
     def sample(self) -> None:
         phase = self.clock.phase()
         for group, pid in (("serving", self.serve_pid), ("gateway", self.gateway_pid)):
+            if pid is None:
+                continue
             try:
                 size = rss_bytes(pid)
             except psutil.NoSuchProcess:
@@ -327,14 +332,20 @@ def _name(proc: psutil.Process) -> str:
     return stub or " ".join(cmd[:3])[:80] or proc.name()
 
 
-def tritonserver_pid(serve_pid: int) -> int | None:
+def tritonserver_pid(serving_pid: int | None) -> int | None:
+    """tritonserver: the process itself, or the child of `s2t serve` by that name."""
+    if serving_pid is None:
+        return None
     try:
-        return next((p.pid for p in psutil.Process(serve_pid).children() if p.name() == "tritonserver"), None)
+        root = psutil.Process(serving_pid)
+        if root.name() == "tritonserver":
+            return serving_pid
+        return next((p.pid for p in root.children() if p.name() == "tritonserver"), None)
     except psutil.NoSuchProcess:
         return None
 
 
-def serving_pids(serve_pid: int) -> dict[str, int]:
+def serving_pids(serve_pid: int | None) -> dict[str, int]:
     """tritonserver's pid and each stub's, by model instance and version."""
     server = tritonserver_pid(serve_pid)
     if server is None:
@@ -434,68 +445,93 @@ class Options:
     sample_every_s: float = 2.0
 
 
-def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = no_progress) -> dict:
-    """Start the services, soak them, stop them; the report as a dict (JSON-ready)."""
-    targets = {**LATENCY_TARGETS_MS, **(options.latency_targets_ms or {})}
-    shm_before, processes_before = shm_entries(), run_processes()
+@dataclass
+class Services:
+    """Where the soak sends its traffic ("http", "grpc", "metrics", "gateway": HOST:PORT) and the roots of the two
+    process trees it watches: `s2t serve` (or tritonserver itself) and the gateway; None where not found."""
+    urls: Mapping[str, str]
+    serving_pid: int | None
+    gateway_pid: int | None
+    started: bool
+    exit_codes: dict[str, int | str] = field(default_factory=dict)
+
+
+@contextmanager
+def started_services(on_progress: OnProgress, planned: int) -> Iterator[Services]:
+    """`s2t serve --llm` and `s2t gateway` on free ports, stopped with SIGTERM at the end (exit codes recorded)."""
     ports = {name: free_port() for name in ("http", "grpc", "metrics", "gateway")}
-    urls = {"http": f"localhost:{ports['http']}", "grpc": f"localhost:{ports['grpc']}",
-            "metrics": f"localhost:{ports['metrics']}", "gateway": f"localhost:{ports['gateway']}"}
-    planned = int(options.seconds)
+    urls = {name: f"localhost:{port}" for name, port in ports.items()}
     on_progress(0, planned, "starting s2t serve --llm and s2t gateway")
     serve, _ = service_process.start(["serve", "--llm", "--http-port", str(ports["http"]), "--grpc-port",
                                       str(ports["grpc"]), "--metrics-port", str(ports["metrics"]),
                                       "--supervisor-port", "0", "--exit-timeout", "10"], "ready:", timeout=300)
-    gateway = watch = None
-    exit_codes: dict[str, int | str] = {}
+    gateway = None
+    services = Services(urls, serve.pid, None, started=True)
     try:
         gateway, _ = service_process.start(["gateway", "--port", str(ports["gateway"]), "--grpc-url", urls["grpc"]],
                                            "ready:", timeout=120)
-        calls = Calls(urls["http"], urls["grpc"], urls["gateway"], records)
-        try:
-            for call, _rate in _paths(calls, options.rate).values():
-                call(0)  # warm every path once: first-use costs are not the floods' doing
-            clock = Clock(options.seconds)
-            pids_before = serving_pids(serve.pid)
-            watch = Watch(serve.pid, gateway.pid, clock, options.sample_every_s)
-            watch.look()
-            watch.start()
-            paths = [ValidPath(name, call, rate, clock) for name, (call, rate) in _paths(calls, options.rate).items()]
-            for path in paths:
-                path.start()
-            _wait_for_phase(clock, "during", on_progress, planned)
-            flood_results = run_floods(FLOOD_SIZES[options.floods], urls, records, clock)
-            _wait_for_phase(clock, None, on_progress, planned)
-            for path in paths:
-                path.join(VALID_TIMEOUT_S + 30)
-            pids_after = serving_pids(serve.pid)
-            watch.stop.set()
-            watch.join(10)
-            watch.look()
-        finally:
-            calls.close()
+        services.gateway_pid = gateway.pid
+        yield services
     finally:
         on_progress(planned, planned, "stopping the services")
         if gateway is not None:
-            exit_codes["gateway"] = _stop(gateway)
-        exit_codes["serve"] = _stop(serve)
-    left, regions_left = leftovers(watch)
+            services.exit_codes["gateway"] = _stop(gateway)
+        services.exit_codes["serve"] = _stop(serve)
+
+
+def running_services(urls: Mapping[str, str]) -> Services:
+    """Services started by someone else: their processes found by the ports they listen on (when this user can
+    see them), never stopped here."""
+    listening = {}
+    try:
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.pid:
+                listening[conn.laddr.port] = conn.pid
+    except psutil.AccessDenied:
+        pass  # another user's processes: RSS, restarts and leftovers are then reported not measured
+    server = listening.get(_host_port(urls["http"])[1])
+    if server is not None:
+        parent = psutil.Process(server).parent()
+        # `s2t serve` keeps tritonserver as its child: watch the whole tree, its supervisor included.
+        if parent is not None and "serve" in parent.cmdline():
+            server = parent.pid
+    return Services(dict(urls), server, listening.get(_host_port(urls["gateway"])[1]), started=False)
+
+
+def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = no_progress,
+        urls: Mapping[str, str] | None = None) -> dict:
+    """Soak the services at `urls` ("http", "grpc", "metrics", "gateway"), or start them (and stop them) when
+    None; the report as a dict (JSON-ready)."""
+    planned = int(options.seconds)
+    shm_before, processes_before = shm_entries(), run_processes()
+    if urls is None:
+        with started_services(on_progress, planned) as services:
+            measured = _soak(options, records, services, on_progress)
+    else:
+        services = running_services(urls)
+        measured = _soak(options, records, services, on_progress)
+    watch, pids_before, pids_after, paths, flood_results = measured
+    left, regions_left = leftovers(watch) if services.started else ([], [])
     shm_after = shm_entries()
+    targets = {**LATENCY_TARGETS_MS, **(options.latency_targets_ms or {})}
     paths_summary = {path.path: soak_report.path_summary(path.samples) for path in paths}
     bogus = flood_results.get("bogus_routes", {})
     report = {
         "seconds": options.seconds, "rate": options.rate, "floods_size": options.floods,
-        "flood_sizes": asdict(FLOOD_SIZES[options.floods]), "phases_s": clock.phases_s,
+        "flood_sizes": asdict(FLOOD_SIZES[options.floods]), "phases_s": watch.clock.phases_s,
+        "services": {"urls": dict(services.urls), "started_by_the_soak": services.started,
+                     "serving_pid": services.serving_pid, "gateway_pid": services.gateway_pid},
         "latency_targets_ms": targets, "paths": paths_summary, "floods": flood_results,
         "rss": {group: {p: phases[p] for p in soak_report.PHASES if p in phases}
                 for group, phases in watch.rss.items()},
-        "pids": {"before": pids_before, "after": pids_after}, "exit_codes": exit_codes,
+        "pids": {"before": pids_before, "after": pids_after}, "exit_codes": services.exit_codes,
         "shm": {"before": len(shm_before), "after": len(shm_after),
                 "new": sorted(set(shm_after) - set(shm_before)), "gone": sorted(set(shm_before) - set(shm_after)),
                 "regions_of_the_run": sorted(watch.regions), "regions_left": regions_left},
         "processes": {"before": processes_before, "after": run_processes(),
                       "seen": len(watch.seen), "left": left},
     }
+    not_stopped = soak_report.not_measured("the services were not started, so not stopped, by this run")
     report["verdicts"] = {
         "every_request_answered": soak_report.every_request_answered(paths_summary, flood_results),
         "valid_requests_succeeded": soak_report.valid_requests_succeeded(paths_summary),
@@ -505,10 +541,41 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
         "metric_labels_from_configuration": soak_report.labels_from_configuration(
             ["x"] * bogus.get("leaked_labels", 0), bogus.get("sent", 0)),
         "admin_apis_restricted": soak_report.apis_restricted(flood_results["api_probes"]["probes"]),
-        "no_shm_region_left": soak_report.nothing_left("shared-memory regions", regions_left),
-        "no_process_left": soak_report.nothing_left("processes", left + report["processes"]["after"]),
+        "no_shm_region_left": soak_report.nothing_left("shared-memory regions", regions_left)
+        if services.started else not_stopped,
+        "no_process_left": soak_report.nothing_left("processes", left + report["processes"]["after"])
+        if services.started else not_stopped,
     }
     return report
+
+
+def _soak(options: Options, records: Sequence[Mapping], services: Services, on_progress: OnProgress):
+    """Valid traffic through the three phases, floods in the middle one, the process trees watched throughout."""
+    planned, urls = int(options.seconds), services.urls
+    calls = Calls(urls["http"], urls["grpc"], urls["gateway"], records)
+    try:
+        for call, _rate in _paths(calls, options.rate).values():
+            call(0)  # warm every path once: first-use costs are not the floods' doing
+        clock = Clock(options.seconds)
+        pids_before = serving_pids(services.serving_pid)
+        watch = Watch(services.serving_pid, services.gateway_pid, clock, options.sample_every_s)
+        watch.look()
+        watch.start()
+        paths = [ValidPath(name, call, rate, clock) for name, (call, rate) in _paths(calls, options.rate).items()]
+        for path in paths:
+            path.start()
+        _wait_for_phase(clock, "during", on_progress, planned)
+        flood_results = run_floods(FLOOD_SIZES[options.floods], urls, records, clock)
+        _wait_for_phase(clock, None, on_progress, planned)
+        for path in paths:
+            path.join(VALID_TIMEOUT_S + 30)
+        pids_after = serving_pids(services.serving_pid)
+        watch.stop.set()
+        watch.join(10)
+        watch.look()
+    finally:
+        calls.close()
+    return watch, pids_before, pids_after, paths, flood_results
 
 
 def _wait_for_phase(clock: Clock, phase: str | None, on_progress: OnProgress, planned: int) -> None:

@@ -56,6 +56,10 @@ def _verdict(holds: bool | None, detail: str) -> dict:
     return {"holds": holds, "detail": detail}
 
 
+def not_measured(why: str) -> dict:
+    return _verdict(None, why)
+
+
 def every_request_answered(paths: Mapping[str, dict], floods: Mapping[str, dict]) -> dict:
     """Every valid request and every flood request got a reply (an error status counts as a reply)."""
     lost = {f"{path} {phase}": summary[phase][UNANSWERED] for path, summary in paths.items() for phase in PHASES

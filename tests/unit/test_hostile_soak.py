@@ -74,3 +74,19 @@ def test_the_rss_of_both_process_groups_is_sampled_per_phase():
         size = watch.rss[group]["before"]
         assert size["samples"] == 2 and size["max"] >= size["last"] > 0
     assert set(watch.rss["serving"]) == {"before"}, "a sample belongs to the phase it was taken in"
+
+
+def test_services_pointed_at_are_found_by_the_port_they_listen_on_and_not_started():
+    import os
+    import socket
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        services = hostile_soak.running_services({"http": f"localhost:{port}", "grpc": "localhost:1",
+                                                  "metrics": "localhost:1", "gateway": "localhost:1"})
+    finally:
+        listener.close()
+    assert services.serving_pid == os.getpid() and services.gateway_pid is None
+    assert services.started is False and services.exit_codes == {}
