@@ -102,6 +102,16 @@ class Clock:
 Outcome = tuple[str, float | None, str]  # (outcome, latency_s, detail)
 
 
+def _guarded(call: Callable[[int], list[Outcome]]) -> Callable[[int], list[Outcome]]:
+    """`call`, with a client that broke counted as a request without an answer instead of ending the soak."""
+    def guarded(k: int) -> list[Outcome]:
+        try:
+            return call(k)
+        except Exception as err:  # noqa: BLE001 - any client failure is that request's outcome
+            return [(UNANSWERED, None, f"{type(err).__name__}: {err}")]
+    return guarded
+
+
 class ValidPath(threading.Thread):
     """Calls `call(k)` `rate` times a second until the run is over, at most MAX_IN_FLIGHT at once; each call
     returns the outcomes of the requests it made, tagged with the phase it was started in."""
@@ -130,9 +140,7 @@ class ValidPath(threading.Thread):
 
     def _one(self, k: int, phase: str) -> None:
         try:
-            outcomes = self.call(k)
-        except Exception as err:  # noqa: BLE001 - a client that broke is a request without an answer, not a crash
-            outcomes = [(UNANSWERED, None, f"{type(err).__name__}: {err}")]
+            outcomes = _guarded(self.call)(k)
         finally:
             with self._lock:
                 self._in_flight -= 1
@@ -510,7 +518,7 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
     else:
         services = running_services(urls)
         measured = _soak(options, records, services, on_progress)
-    watch, pids_before, pids_after, paths, flood_results = measured
+    watch, pids_before, pids_after, paths, flood_results, warm_up = measured
     left, regions_left = leftovers(watch) if services.started else ([], [])
     shm_after = shm_entries()
     targets = {**LATENCY_TARGETS_MS, **(options.latency_targets_ms or {})}
@@ -522,6 +530,7 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
         "services": {"urls": dict(services.urls), "started_by_the_soak": services.started,
                      "serving_pid": services.serving_pid, "gateway_pid": services.gateway_pid},
         "latency_targets_ms": targets, "paths": paths_summary, "floods": flood_results,
+        "warm_up_failures": {name: [f"{o[0]}: {o[2]}"[:200] for o in out] for name, out in warm_up.items() if out},
         "rss": {group: {p: phases[p] for p in soak_report.PHASES if p in phases}
                 for group, phases in watch.rss.items()},
         "pids": {"before": pids_before, "after": pids_after}, "exit_codes": services.exit_codes,
@@ -554,8 +563,10 @@ def _soak(options: Options, records: Sequence[Mapping], services: Services, on_p
     planned, urls = int(options.seconds), services.urls
     calls = Calls(urls["http"], urls["grpc"], urls["gateway"], records)
     try:
-        for call, _rate in _paths(calls, options.rate).values():
-            call(0)  # warm every path once: first-use costs are not the floods' doing
+        # Every path warmed once: first-use costs are not the floods' doing. A path that cannot answer yet is not
+        # a reason to stop; its phases' counts will show it.
+        warm_up = {name: [o for o in _guarded(call)(0) if o[0] != ANSWERED]
+                   for name, (call, _rate) in _paths(calls, options.rate).items()}
         clock = Clock(options.seconds)
         pids_before = serving_pids(services.serving_pid)
         watch = Watch(services.serving_pid, services.gateway_pid, clock, options.sample_every_s)
@@ -565,8 +576,11 @@ def _soak(options: Options, records: Sequence[Mapping], services: Services, on_p
         for path in paths:
             path.start()
         _wait_for_phase(clock, "during", on_progress, planned)
-        flood_results = run_floods(FLOOD_SIZES[options.floods], urls, records, clock)
+        flooding = ThreadPoolExecutor(1, thread_name_prefix="soak-floods")
+        flood_results = flooding.submit(run_floods, FLOOD_SIZES[options.floods], urls, records, clock)
         _wait_for_phase(clock, None, on_progress, planned)
+        flood_results = flood_results.result()
+        flooding.shutdown()
         for path in paths:
             path.join(VALID_TIMEOUT_S + 30)
         pids_after = serving_pids(services.serving_pid)
@@ -575,7 +589,7 @@ def _soak(options: Options, records: Sequence[Mapping], services: Services, on_p
         watch.look()
     finally:
         calls.close()
-    return watch, pids_before, pids_after, paths, flood_results
+    return watch, pids_before, pids_after, paths, flood_results, warm_up
 
 
 def _wait_for_phase(clock: Clock, phase: str | None, on_progress: OnProgress, planned: int) -> None:
