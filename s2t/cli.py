@@ -639,10 +639,13 @@ def _hostile_soak(minutes, rate, data_csv, report, floods, latency_targets, urls
     report.parent.mkdir(parents=True, exist_ok=True)
     options = hostile_soak.Options(minutes * 60, rate, floods, targets)
     with progress("soak", "s") as on_progress:
-        result = hostile_soak.run(options, german_credit.load(data_csv).records(), on_progress, urls)
+        result = hostile_soak.run(options, german_credit.load(data_csv).records(), on_progress, urls,
+                                  log_base=report)
     report.write_text(json.dumps(result, indent=2, default=str))
     click.echo(soak_report.table(result))
     click.echo(f"report: {report}")
+    if not urls:
+        click.echo(f"services' output: {report.with_suffix('.serve.log')}, {report.with_suffix('.gateway.log')}")
     sys.exit(0 if all(v["holds"] for v in result["verdicts"].values()) else GATE_REFUSED)
 
 

@@ -465,19 +465,22 @@ class Services:
 
 
 @contextmanager
-def started_services(on_progress: OnProgress, planned: int) -> Iterator[Services]:
-    """`s2t serve --llm` and `s2t gateway` on free ports, stopped with SIGTERM at the end (exit codes recorded)."""
+def started_services(on_progress: OnProgress, planned: int, log_base: Path | None = None) -> Iterator[Services]:
+    """`s2t serve --llm` and `s2t gateway` on free ports, stopped with SIGTERM at the end (exit codes recorded);
+    their output in `log_base` with suffixes .serve.log and .gateway.log when given."""
     ports = {name: free_port() for name in ("http", "grpc", "metrics", "gateway")}
     urls = {name: f"localhost:{port}" for name, port in ports.items()}
     on_progress(0, planned, "starting s2t serve --llm and s2t gateway")
     serve, _ = service_process.start(["serve", "--llm", "--http-port", str(ports["http"]), "--grpc-port",
                                       str(ports["grpc"]), "--metrics-port", str(ports["metrics"]),
-                                      "--supervisor-port", "0", "--exit-timeout", "10"], "ready:", timeout=300)
+                                      "--supervisor-port", "0", "--exit-timeout", "10"], "ready:", timeout=300,
+                                     log=log_base.with_suffix(".serve.log") if log_base else None)
     gateway = None
     services = Services(urls, serve.pid, None, started=True)
     try:
         gateway, _ = service_process.start(["gateway", "--port", str(ports["gateway"]), "--grpc-url", urls["grpc"]],
-                                           "ready:", timeout=120)
+                                           "ready:", timeout=120,
+                                           log=log_base.with_suffix(".gateway.log") if log_base else None)
         services.gateway_pid = gateway.pid
         yield services
     finally:
@@ -507,13 +510,13 @@ def running_services(urls: Mapping[str, str]) -> Services:
 
 
 def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = no_progress,
-        urls: Mapping[str, str] | None = None) -> dict:
+        urls: Mapping[str, str] | None = None, log_base: Path | None = None) -> dict:
     """Soak the services at `urls` ("http", "grpc", "metrics", "gateway"), or start them (and stop them) when
-    None; the report as a dict (JSON-ready)."""
+    None (their output then next to `log_base`); the report as a dict (JSON-ready)."""
     planned = int(options.seconds)
     shm_before, processes_before = shm_entries(), run_processes()
     if urls is None:
-        with started_services(on_progress, planned) as services:
+        with started_services(on_progress, planned, log_base) as services:
             measured = _soak(options, records, services, on_progress)
     else:
         services = running_services(urls)
@@ -547,8 +550,8 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
         "latency_targets_kept": soak_report.latency_targets_kept(paths_summary, targets),
         "no_process_restarts": soak_report.no_restarts(pids_before, pids_after),
         "rss_flat": soak_report.rss_flat(report["rss"]),
-        "metric_labels_from_configuration": soak_report.labels_from_configuration(
-            ["x"] * bogus.get("leaked_labels", 0), bogus.get("sent", 0)),
+        "metric_labels_from_configuration": soak_report.labels_from_configuration(bogus.get("leaked_labels", 0),
+                                                                                  bogus.get("sent", 0)),
         "admin_apis_restricted": soak_report.apis_restricted(flood_results["api_probes"]["probes"]),
         "no_shm_region_left": soak_report.nothing_left("shared-memory regions", regions_left)
         if services.started else not_stopped,

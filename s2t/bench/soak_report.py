@@ -136,12 +136,12 @@ def apis_restricted(probes: Sequence[Mapping]) -> dict:
     return _verdict(not open_, "all refused" if not open_ else "open without the key: " + ", ".join(open_))
 
 
-def labels_from_configuration(leaked: Sequence[str], probed: int) -> dict:
-    """No text a client sent (a bogus route) shows up in the metrics page."""
+def labels_from_configuration(leaked: int, probed: int) -> dict:
+    """No text a client sent (`leaked` of `probed` bogus routes found in the metrics page) became a label."""
     if not probed:
         return _verdict(None, "no bogus route was sent")
     return _verdict(not leaked, f"none of {probed} bogus routes in the metrics" if not leaked else
-                    f"{len(leaked)} of {probed} bogus routes became metric labels")
+                    f"{leaked} of {probed} bogus routes became metric labels")
 
 
 def table(report: Mapping) -> str:

@@ -86,6 +86,10 @@ def test_hostile_soak_reports_every_path_phase_and_guarantee_and_leaves_nothing_
     for name in ASSERTED:
         assert verdicts[name]["holds"] is True, (name, verdicts[name])
 
+    # The services' output is kept beside the report, for what the verdicts point at.
+    assert "ready: HTTP" in report.with_suffix(".serve.log").read_text()
+    assert "ready: legacy Skill service" in report.with_suffix(".gateway.log").read_text()
+
     # The printed table and the exit code say the same as the report.
     assert "verdicts:" in done.stdout and all(name in done.stdout for name in verdicts)
     every = all(v["holds"] is True for v in verdicts.values())

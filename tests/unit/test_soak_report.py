@@ -90,9 +90,10 @@ def test_admin_apis_are_restricted_only_when_every_probe_was_refused(probes, hol
 
 
 def test_labels_and_leftovers_verdicts():
-    assert soak_report.labels_from_configuration([], 100)["holds"] is True
-    assert soak_report.labels_from_configuration(["soak-bogus-1"], 100)["holds"] is False
-    assert soak_report.labels_from_configuration([], 0)["holds"] is None
+    assert soak_report.labels_from_configuration(0, 100)["holds"] is True
+    assert soak_report.labels_from_configuration(3, 100) == {"holds": False,
+                                                             "detail": "3 of 100 bogus routes became metric labels"}
+    assert soak_report.labels_from_configuration(0, 0)["holds"] is None
     assert soak_report.nothing_left("processes", [])["holds"] is True
     left = soak_report.nothing_left("processes", ["123 risk_stream_0_0"])
     assert left["holds"] is False and "123 risk_stream_0_0" in left["detail"]
