@@ -393,6 +393,12 @@ def _metrics_page(metrics_url: str) -> str:
         connection.close()
 
 
+def supervisor_counts(supervisor_url: str) -> list[str]:
+    """What `s2t serve`'s supervisor did during the run (reloads by model and reason, models given up, server
+    restarts), as its metric samples: a changed stub pid is explained here or nowhere."""
+    return [line for line in _metrics_page(supervisor_url).splitlines() if line and not line.startswith("#")]
+
+
 def run_floods(sizes: FloodSizes, urls: Mapping[str, str], records: Sequence[Mapping], clock: Clock) -> dict:
     """Every flood in its own thread from the start of `during`; each lets go by its end."""
     hold_until = clock.during_ends()
@@ -468,12 +474,13 @@ class Services:
 def started_services(on_progress: OnProgress, planned: int, log_base: Path | None = None) -> Iterator[Services]:
     """`s2t serve --llm` and `s2t gateway` on free ports, stopped with SIGTERM at the end (exit codes recorded);
     their output in `log_base` with suffixes .serve.log and .gateway.log when given."""
-    ports = {name: free_port() for name in ("http", "grpc", "metrics", "gateway")}
+    ports = {name: free_port() for name in ("http", "grpc", "metrics", "gateway", "supervisor")}
     urls = {name: f"localhost:{port}" for name, port in ports.items()}
     on_progress(0, planned, "starting s2t serve --llm and s2t gateway")
     serve, _ = service_process.start(["serve", "--llm", "--http-port", str(ports["http"]), "--grpc-port",
                                       str(ports["grpc"]), "--metrics-port", str(ports["metrics"]),
-                                      "--supervisor-port", "0", "--exit-timeout", "10"], "ready:", timeout=300,
+                                      "--supervisor-port", str(ports["supervisor"]), "--exit-timeout", "10"],
+                                     "ready:", timeout=300,
                                      log=log_base.with_suffix(".serve.log") if log_base else None)
     gateway = None
     services = Services(urls, serve.pid, None, started=True)
@@ -521,7 +528,7 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
     else:
         services = running_services(urls)
         measured = _soak(options, records, services, on_progress)
-    watch, pids_before, pids_after, paths, flood_results, warm_up = measured
+    watch, pids_before, pids_after, paths, flood_results, warm_up, supervisor = measured
     left, regions_left = leftovers(watch) if services.started else ([], [])
     shm_after = shm_entries()
     targets = {**LATENCY_TARGETS_MS, **(options.latency_targets_ms or {})}
@@ -536,7 +543,8 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
         "warm_up_failures": {name: [f"{o[0]}: {o[2]}"[:200] for o in out] for name, out in warm_up.items() if out},
         "rss": {group: {p: phases[p] for p in soak_report.PHASES if p in phases}
                 for group, phases in watch.rss.items()},
-        "pids": {"before": pids_before, "after": pids_after}, "exit_codes": services.exit_codes,
+        "pids": {"before": pids_before, "after": pids_after}, "supervisor": supervisor,
+        "exit_codes": services.exit_codes,
         "shm": {"before": len(shm_before), "after": len(shm_after),
                 "new": sorted(set(shm_after) - set(shm_before)), "gone": sorted(set(shm_before) - set(shm_after)),
                 "regions_of_the_run": sorted(watch.regions), "regions_left": regions_left},
@@ -587,12 +595,13 @@ def _soak(options: Options, records: Sequence[Mapping], services: Services, on_p
         for path in paths:
             path.join(VALID_TIMEOUT_S + 30)
         pids_after = serving_pids(services.serving_pid)
+        supervisor = supervisor_counts(urls["supervisor"]) if "supervisor" in urls else []
         watch.stop.set()
         watch.join(10)
         watch.look()
     finally:
         calls.close()
-    return watch, pids_before, pids_after, paths, flood_results, warm_up
+    return watch, pids_before, pids_after, paths, flood_results, warm_up, supervisor
 
 
 def _wait_for_phase(clock: Clock, phase: str | None, on_progress: OnProgress, planned: int) -> None:

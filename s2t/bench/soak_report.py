@@ -165,6 +165,8 @@ def table(report: Mapping) -> str:
         lines.append(f"{group:<20} " + " ".join(
             f"{phases[p]['max'] / 2**20:>7.0f}/{phases[p]['last'] / 2**20:<7.0f}" if p in phases else f"{'-':>15}"
             for p in PHASES))
+    if report.get("supervisor"):
+        lines.append("supervisor: " + ", ".join(report["supervisor"]))
     lines.append("floods:")
     for name, flood in report["floods"].items():
         counts = ", ".join(f"{v} x {k}" for k, v in sorted(flood.get("outcomes", {}).items()))
