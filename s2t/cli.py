@@ -576,7 +576,7 @@ def score(record, url, grpc_url, protocol, model, timeout_s) -> None:
               help="start `s2t serve --llm` and `s2t gateway`, send valid traffic on every path and, in the middle "
                    "half of the run, every flood; a verdict per reliability guarantee")
 @click.option("--floods", type=click.Choice(["full", "light"]), default="full", show_default=True,
-              help="with --hostile: flood sizes (full: as found in review; light: a few of each)")
+              help="with --hostile: flood sizes (full: the sizes that showed each weakness; light: a few of each)")
 @click.option("--latency-target", "latency_targets", multiple=True, metavar="PATH=MS",
               help="with --hostile: a path's p99 target in ms (risk_pipeline_http, risk_pipeline_grpc, risk_stream, "
                    "gateway, llm); repeatable")
