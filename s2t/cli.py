@@ -542,15 +542,44 @@ def score(record, url, grpc_url, protocol, model, timeout_s) -> None:
 @main.command()
 @click.option("--minutes", type=float, default=10.0, show_default=True,
               help="how long the load runs")
-@click.option("--rate", type=float, default=100.0, show_default=True, help="records per second (open loop)")
+@click.option("--rate", type=float,
+              help="records per second (open loop) [default: 100]; with --hostile: requests per second on each "
+                   "risk path, records per second in streams and gateway calls, a tenth of it on llm [default: 4]")
 @click.option("--data", "data_csv", type=click.Path(exists=True, path_type=Path), default=DEFAULT_DATA,
               show_default=True,
               help="records sent, cycled")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench/results/soak.json"),
               show_default=True,
               help="the JSON report: RSS samples, growth, errors")
-def soak(minutes, rate, data_csv, report) -> None:
-    """Serve (supervised, free ports) and send a fixed rate for MINUTES; RSS growth of every process, errors."""
+@click.option("--hostile", is_flag=True,
+              help="start `s2t serve --llm` and `s2t gateway`, send valid traffic on every path and, in the middle "
+                   "half of the run, every flood; a verdict per reliability guarantee")
+@click.option("--floods", type=click.Choice(["full", "light"]), default="full", show_default=True,
+              help="with --hostile: flood sizes (full: the sizes that showed each weakness; light: a few of each)")
+@click.option("--latency-target", "latency_targets", multiple=True, metavar="PATH=MS",
+              help="with --hostile: a path's p99 target in ms (risk_pipeline_http, risk_pipeline_grpc, risk_stream, "
+                   "gateway, llm); repeatable")
+@click.option("--http-url", "http_url", metavar="HOST:PORT",
+              help="with --hostile: soak a running `s2t serve --llm` (also give --grpc-url, --metrics-url and "
+                   "--gateway) instead of starting one; nothing is stopped")
+@click.option("--grpc-url", "grpc_url", metavar="HOST:PORT", help="with --http-url: its gRPC endpoint")
+@click.option("--metrics-url", "metrics_url", metavar="HOST:PORT", help="with --http-url: its metrics endpoint")
+@click.option("--gateway", "gateway_url", metavar="HOST:PORT", help="with --http-url: a running `s2t gateway`")
+def soak(minutes, rate, data_csv, report, hostile, floods, latency_targets, http_url, grpc_url, metrics_url,
+         gateway_url) -> None:
+    """Serve (supervised, free ports) and send a fixed rate for MINUTES; RSS growth of every process, errors.
+
+    With --hostile, valid traffic on risk_pipeline (HTTP and gRPC), risk_stream, the legacy gateway and llm beside
+    idle streams and calls, 1 MiB records, abandoned LLM requests, bogus routes, oversized bodies and admin-API
+    probes; exit 0 only when every guarantee held."""
+    urls = {"http": http_url, "grpc": grpc_url, "metrics": metrics_url, "gateway": gateway_url}
+    given = {name for name, url in urls.items() if url}
+    if given and (not hostile or len(given) < len(urls)):
+        raise click.UsageError("--http-url, --grpc-url, --metrics-url and --gateway go together, with --hostile")
+    if hostile:
+        _hostile_soak(minutes, 4.0 if rate is None else rate, data_csv, report, floods, latency_targets,
+                      urls if given else None)
+        return
     from s2t.bench.soak import soak as run_soak
     from s2t.serve.triton_server import TritonServer, free_port
 
@@ -561,7 +590,7 @@ def soak(minutes, rate, data_csv, report) -> None:
         server.start()
     try:
         with progress("soak", "s") as on_progress:
-            result = run_soak(server.process.pid, server.grpc_url, data_csv, minutes * 60, rate,
+            result = run_soak(server.process.pid, server.grpc_url, data_csv, minutes * 60, rate or 100.0,
                               on_progress=on_progress)
     finally:
         server.stop()
@@ -570,6 +599,33 @@ def soak(minutes, rate, data_csv, report) -> None:
     click.echo(f"report: {report}")
     worst = max(result.growth().values(), default=0.0)
     sys.exit(0 if not result.errors and worst < 0.05 else GATE_REFUSED)
+
+
+def _hostile_soak(minutes, rate, data_csv, report, floods, latency_targets, urls) -> None:
+    from s2t.bench import hostile_soak, soak_report
+    from s2t.models import german_credit
+    targets = {}
+    for item in latency_targets:
+        path, _, ms = item.partition("=")
+        if path not in hostile_soak.LATENCY_TARGETS_MS:
+            raise click.BadParameter(f"{path!r} is none of {', '.join(hostile_soak.LATENCY_TARGETS_MS)}",
+                                     param_hint="--latency-target")
+        try:
+            targets[path] = float(ms)
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: the target is milliseconds, e.g. {path}=500",
+                                     param_hint="--latency-target") from None
+    report.parent.mkdir(parents=True, exist_ok=True)
+    options = hostile_soak.Options(minutes * 60, rate, floods, targets)
+    with progress("soak", "s") as on_progress:
+        result = hostile_soak.run(options, german_credit.load(data_csv).records(), on_progress, urls,
+                                  log_base=report)
+    report.write_text(json.dumps(result, indent=2, default=str))
+    click.echo(soak_report.table(result))
+    click.echo(f"report: {report}")
+    if not urls:
+        click.echo(f"services' output: {report.with_suffix('.serve.log')}, {report.with_suffix('.gateway.log')}")
+    sys.exit(0 if all(v["holds"] for v in result["verdicts"].values()) else GATE_REFUSED)
 
 
 @main.command("check-config")

@@ -17,9 +17,11 @@ class ServiceError(RuntimeError):
     pass
 
 
-def start(args: list[str], ready_prefix: str, timeout: float = 120.0) -> tuple[subprocess.Popen, str]:
+def start(args: list[str], ready_prefix: str, timeout: float = 120.0,
+          log: Path | None = None) -> tuple[subprocess.Popen, str]:
     """`s2t ARGS...` started; returns once a line starting with `ready_prefix` came out (stdout or stderr), with
-    that line. Fails fast, with what the process said, when it exits first."""
+    that line. Fails fast, with what the process said, when it exits first. With `log`, everything it says (the
+    lines before ready included) is also written there."""
     process = subprocess.Popen([str(S2T), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + timeout
     seen = []
@@ -30,7 +32,8 @@ def start(args: list[str], ready_prefix: str, timeout: float = 120.0) -> tuple[s
             seen.append(line)
             if line.startswith(ready_prefix):
                 # Keep reading: a service that logs into a full pipe would block.
-                threading.Thread(target=process.stdout.read, name="service-output", daemon=True).start()
+                reader = process.stdout.read if log is None else lambda: _copy(process.stdout, seen, log)
+                threading.Thread(target=reader, name="service-output", daemon=True).start()
                 return process, line
         if process.poll() is not None:
             raise ServiceError(f"s2t {' '.join(args)} exited with {process.returncode}: {''.join(seen)}"
@@ -38,6 +41,14 @@ def start(args: list[str], ready_prefix: str, timeout: float = 120.0) -> tuple[s
     process.kill()
     process.wait()
     raise ServiceError(f"s2t {' '.join(args)} did not say {ready_prefix!r} within {timeout:.0f} s: {''.join(seen)}")
+
+
+def _copy(output, seen: list[str], log: Path) -> None:
+    with log.open("w") as out:
+        out.writelines(seen)
+        for line in output:
+            out.write(line)
+            out.flush()
 
 
 def stop(process: subprocess.Popen, timeout: float = 30.0) -> int:

@@ -28,3 +28,73 @@ def test_short_soak_reports_rss_of_the_server_and_every_stub_and_no_errors(built
     assert done.stdout.startswith("soak: 15 s at 50 records/s: ") and "/15 s (" not in done.stdout
     grew = max(result["growth"].values()) >= 0.05
     assert done.returncode == (GATE_REFUSED if grew else 0), done.stdout + done.stderr
+
+
+# Asserted here, under light floods: the verdicts in ASSERTED hold, every valid request on RISK_PATHS is answered,
+# idle streams hold their slots while new streams are served, bogus routes are each refused INVALID_ARGUMENT, every
+# admin-API probe is answered, no tritonserver restart. The other verdicts (latency targets, RSS flat, admin APIs
+# restricted, valid requests succeeded) and the llm path beside abandoned requests are only checked to be reported,
+# True, False or None with their figures: the report must say what the server does, whatever it does.
+ASSERTED = ("no_process_restarts", "metric_labels_from_configuration", "no_shm_region_left", "no_process_left")
+RISK_PATHS = ("risk_pipeline_http", "risk_pipeline_grpc", "risk_stream", "gateway")
+
+
+def test_hostile_soak_reports_every_path_phase_and_guarantee_and_leaves_nothing_behind(built_artifacts, tmp_path):
+    report = tmp_path / "hostile.json"
+    done = subprocess.run([str(S2T), "soak", "--hostile", "--floods", "light", "--minutes", "0.75", "--rate", "4",
+                           "--report", str(report)],
+                          check=False, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert report.is_file(), done.stdout + done.stderr
+    result = json.loads(report.read_text())
+    print(done.stdout)
+    phases = ("before", "during", "after")
+
+    # Structure: every valid path in every phase, every flood, both process groups' RSS, every verdict.
+    assert set(result["paths"]) == set(RISK_PATHS) | {"llm"}
+    for path, summary in result["paths"].items():
+        for phase in phases:
+            row = summary[phase]
+            assert {"answered", "failed", "unanswered", "not_sent", "p50_ms", "p99_ms", "errors"} <= set(row)
+            # A path whose requests are all still in flight (llm behind abandoned requests) counts ticks not sent.
+            assert row["answered"] + row["failed"] + row["unanswered"] + row["not_sent"] > 0, (path, phase, row)
+    assert set(result["floods"]) == {"idle_streams", "idle_gateway_calls", "big_records", "llm_disconnects",
+                                     "bogus_routes", "oversized_bodies", "api_probes"}
+    assert all(result["floods"][name]["sent"] > 0 for name in result["floods"])
+    assert {"serving", "gateway"} == set(result["rss"]) and all(set(r) == set(phases) for r in result["rss"].values())
+    assert "tritonserver" in result["pids"]["before"] and any("@" in name for name in result["pids"]["before"])
+    assert any(line.startswith("s2t_server_restarts_total ") for line in result["supervisor"]), result["supervisor"]
+    verdicts = result["verdicts"]
+    assert set(ASSERTED) <= set(verdicts) and {"every_request_answered", "latency_targets_kept", "rss_flat",
+                                               "admin_apis_restricted", "valid_requests_succeeded"} <= set(verdicts)
+    assert all(v["holds"] in (True, False, None) and v["detail"] for v in verdicts.values())
+
+    # Asserted: every valid request on the risk paths and the gateway answered, in every phase.
+    for path in RISK_PATHS:
+        assert all(result["paths"][path][phase]["unanswered"] == 0 for phase in phases), result["paths"][path]
+    # Asserted: the idle-stream flood held its streams (every first record answered) and new streams went on being
+    # served beside it.
+    idle = result["floods"]["idle_streams"]
+    assert idle["outcomes"].get("first record answered") == idle["sent"] and idle["unanswered"] == 0
+    assert result["paths"]["risk_stream"]["during"]["answered"] > 0
+    # Asserted: bogus routes are the callers' mistake, each answered on its own.
+    routes = result["floods"]["bogus_routes"]["outcomes"]
+    assert routes.get("StatusCode.INVALID_ARGUMENT", 0) > 0, routes
+    assert set(routes) <= {"StatusCode.INVALID_ARGUMENT", "not sent (flood time over)"}, routes
+    # Asserted: every admin-API probe got an answer (refused or not, that is the admin_apis_restricted verdict).
+    assert result["floods"]["api_probes"]["unanswered"] == 0
+    # Asserted: same server and stubs throughout, and after shutdown no process of the run and no stub's
+    # shared-memory region left.
+    assert result["processes"]["before"] == [] and result["processes"]["after"] == []
+    assert result["shm"]["regions_of_the_run"], "the stubs' regions were never seen"
+    for name in ASSERTED:
+        assert verdicts[name]["holds"] is True, (name, verdicts[name])
+    assert "s2t_server_restarts_total 0" in result["supervisor"]
+
+    # The services' output is kept beside the report, for what the verdicts point at.
+    assert "ready: HTTP" in report.with_suffix(".serve.log").read_text()
+    assert "ready: legacy Skill service" in report.with_suffix(".gateway.log").read_text()
+
+    # The printed table and the exit code say the same as the report.
+    assert "verdicts:" in done.stdout and all(name in done.stdout for name in verdicts)
+    every = all(v["holds"] is True for v in verdicts.values())
+    assert done.returncode == (0 if every else GATE_REFUSED), done.stdout + done.stderr[-3000:]

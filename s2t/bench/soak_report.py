@@ -1,0 +1,178 @@
+"""What `s2t soak --hostile` reports, computed from plain samples: latency and outcome counts per valid path and
+phase, RSS per phase, and a verdict per reliability guarantee. No clients and no processes here, so that the rules
+that turn measurements into verdicts are tested on tables.
+
+A verdict is `holds` True or False with the figures that decided it, or None when the run could not measure it
+(a path that sent nothing): an unmeasured guarantee is never reported as kept.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from s2t.bench.llm import percentile
+
+PHASES = ("before", "during", "after")
+# A valid request is answered (with a result), failed (answered with an error status) or unanswered (the client
+# gave up waiting, or the connection ended without a reply): only the last breaks "every request gets an answer".
+ANSWERED, FAILED, UNANSWERED = "answered", "failed", "unanswered"
+OUTCOMES = (ANSWERED, FAILED, UNANSWERED)
+# A tick of the valid load skipped because the path already had its cap of requests in flight (a slow server).
+NOT_SENT = "not_sent"
+# RSS at the end of the run may exceed RSS at the end of the quiet first phase by this fraction before it counts
+# as growth: allocator arenas and caches settle for a while.
+RSS_GROWTH_TOLERANCE = 0.25
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One valid request: the phase it was sent in, how it ended, its latency (None when unanswered)."""
+    phase: str
+    outcome: str
+    latency_s: float | None = None
+    detail: str = ""
+
+
+def phase_of(elapsed_s: float, before_s: float, during_s: float) -> str:
+    if elapsed_s < before_s:
+        return "before"
+    return "during" if elapsed_s < before_s + during_s else "after"
+
+
+def path_summary(samples: Iterable[Sample]) -> dict:
+    """Per phase: counts of each outcome, p50/p99 in ms of the answered ones, and up to 5 distinct error details."""
+    out = {}
+    samples = list(samples)
+    for phase in PHASES:
+        mine = [s for s in samples if s.phase == phase]
+        ms = [s.latency_s * 1000 for s in mine if s.outcome == ANSWERED and s.latency_s is not None]
+        details = sorted({s.detail[:200] for s in mine if s.outcome in (FAILED, UNANSWERED) and s.detail})
+        out[phase] = {**{o: sum(s.outcome == o for s in mine) for o in (*OUTCOMES, NOT_SENT)},
+                      "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "errors": details[:5]}
+    return out
+
+
+def _verdict(holds: bool | None, detail: str) -> dict:
+    return {"holds": holds, "detail": detail}
+
+
+def not_measured(why: str) -> dict:
+    return _verdict(None, why)
+
+
+def every_request_answered(paths: Mapping[str, dict], floods: Mapping[str, dict]) -> dict:
+    """Every valid request and every flood request got a reply (an error status counts as a reply)."""
+    lost = {f"{path} {phase}": summary[phase][UNANSWERED] for path, summary in paths.items() for phase in PHASES
+            if summary[phase][UNANSWERED]}
+    lost.update({f"flood {name}": flood.get(UNANSWERED, 0) for name, flood in floods.items()
+                 if flood.get(UNANSWERED, 0)})
+    sent = sum(summary[phase][o] for summary in paths.values() for phase in PHASES for o in OUTCOMES)
+    if not sent:
+        return _verdict(None, "no valid request was sent")
+    return _verdict(not lost, "all answered" if not lost else
+                    ", ".join(f"{where}: {n} unanswered" for where, n in sorted(lost.items())))
+
+
+def valid_requests_succeeded(paths: Mapping[str, dict]) -> dict:
+    """Valid requests are answered with a result, not an error, whatever the floods do."""
+    failed = {f"{path} {phase}": summary[phase][FAILED] for path, summary in paths.items() for phase in PHASES
+              if summary[phase][FAILED]}
+    return _verdict(not failed, "none failed" if not failed else
+                    ", ".join(f"{where}: {n} failed" for where, n in sorted(failed.items())))
+
+
+def latency_targets_kept(paths: Mapping[str, dict], targets_ms: Mapping[str, float]) -> dict:
+    """p99 of every valid path within its target in every phase."""
+    over, unmeasured = [], []
+    for path, summary in sorted(paths.items()):
+        for phase in PHASES:
+            p99 = summary[phase]["p99_ms"]
+            if p99 is None:
+                unmeasured.append(f"{path} {phase}")
+            elif p99 > targets_ms[path]:
+                over.append(f"{path} {phase}: p99 {p99:.0f} ms > {targets_ms[path]:.0f} ms")
+    if over:
+        return _verdict(False, "; ".join(over))
+    if unmeasured:
+        return _verdict(None, "no answered request in " + ", ".join(unmeasured))
+    return _verdict(True, "every p99 within its target")
+
+
+def no_restarts(before: Mapping[str, int], after: Mapping[str, int]) -> dict:
+    """The same tritonserver and stub processes (name -> pid) at the end as at the start."""
+    changed = sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
+    if not before:
+        return _verdict(None, "no serving process was seen")
+    return _verdict(not changed, "same pids" if not changed else "changed: " + ", ".join(
+        f"{name} {before.get(name)} -> {after.get(name)}" for name in changed))
+
+
+def rss_flat(rss: Mapping[str, Mapping[str, Mapping[str, int]]], tolerance: float = RSS_GROWTH_TOLERANCE) -> dict:
+    """Per process group, RSS at the end of `after` within `tolerance` of RSS at the end of `before`.
+    `rss` is {group: {phase: {"max": bytes, "last": bytes}}}."""
+    grown, unmeasured = [], []
+    for group, phases in sorted(rss.items()):
+        start, end = phases.get("before", {}).get("last"), phases.get("after", {}).get("last")
+        if not start or end is None:
+            unmeasured.append(group)
+        elif end > start * (1 + tolerance):
+            grown.append(f"{group} {start / 2**20:.0f} -> {end / 2**20:.0f} MiB")
+    if grown:
+        return _verdict(False, "; ".join(grown))
+    if unmeasured:
+        return _verdict(None, "not sampled: " + ", ".join(unmeasured))
+    return _verdict(True, f"within {tolerance:.0%} of the quiet phase")
+
+
+def nothing_left(kind: str, left: Sequence[str]) -> dict:
+    return _verdict(not left, f"no {kind} left" if not left else f"{len(left)} {kind} left: " + ", ".join(left[:10]))
+
+
+def apis_restricted(probes: Sequence[Mapping]) -> dict:
+    """Every probe of an admin API without the key was refused before it did anything."""
+    if not probes:
+        return _verdict(None, "not probed")
+    open_ = [p["probe"] for p in probes if not p["refused"]]
+    return _verdict(not open_, "all refused" if not open_ else "open without the key: " + ", ".join(open_))
+
+
+def labels_from_configuration(leaked: int, probed: int) -> dict:
+    """No text a client sent (`leaked` of `probed` bogus routes found in the metrics page) became a label."""
+    if not probed:
+        return _verdict(None, "no bogus route was sent")
+    return _verdict(not leaked, f"none of {probed} bogus routes in the metrics" if not leaked else
+                    f"{leaked} of {probed} bogus routes became metric labels")
+
+
+def table(report: Mapping) -> str:
+    """The printed form: latency and counts per path and phase, RSS per phase, then the verdicts."""
+    phases_s = report["phases_s"]
+    lines = [(f"hostile soak: {report['seconds']:.0f} s (before {phases_s['before']:.0f} s, during "
+              f"{phases_s['during']:.0f} s, after {phases_s['after']:.0f} s)"),
+             (f"{'path':<20} {'phase':<7} {'p50 ms':>8} {'p99 ms':>8} {'target':>7} {'answered':>9} {'failed':>7} "
+              f"{'unanswered':>10} {'not sent':>8}")]
+
+    def ms(value):
+        return "-" if value is None else f"{value:.0f}"
+    for path, summary in report["paths"].items():
+        for phase in PHASES:
+            row = summary[phase]
+            lines.append(f"{path:<20} {phase:<7} {ms(row['p50_ms']):>8} {ms(row['p99_ms']):>8} "
+                         f"{report['latency_targets_ms'][path]:>7.0f} {row[ANSWERED]:>9} {row[FAILED]:>7} "
+                         f"{row[UNANSWERED]:>10} {row[NOT_SENT]:>8}")
+    lines.append(f"{'RSS MiB (max/last)':<20} " + " ".join(f"{phase:>15}" for phase in PHASES))
+    for group, phases in report["rss"].items():
+        lines.append(f"{group:<20} " + " ".join(
+            f"{phases[p]['max'] / 2**20:>7.0f}/{phases[p]['last'] / 2**20:<7.0f}" if p in phases else f"{'-':>15}"
+            for p in PHASES))
+    if report.get("supervisor"):
+        lines.append("supervisor: " + ", ".join(report["supervisor"]))
+    lines.append("floods:")
+    for name, flood in report["floods"].items():
+        counts = ", ".join(f"{v} x {k}" for k, v in sorted(flood.get("outcomes", {}).items()))
+        lines.append(f"  {name:<22} sent {flood.get('sent', 0)}: {counts}")
+    lines.append("verdicts:")
+    for name, verdict in report["verdicts"].items():
+        mark = {True: "holds", False: "FAILS", None: "not measured"}[verdict["holds"]]
+        lines.append(f"  {name:<33} {mark:<13} {verdict['detail']}")
+    return "\n".join(lines)

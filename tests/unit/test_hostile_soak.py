@@ -1,0 +1,92 @@
+"""The hostile soak's own machinery on plain callables and real processes, without a server: valid paths keep
+their pace and cap, a broken client is an unanswered request, and leftovers are found by pid and by region."""
+import subprocess
+import sys
+import threading
+
+from s2t.bench import hostile_soak
+from s2t.bench.soak_report import ANSWERED, NOT_SENT, UNANSWERED
+
+
+def test_a_valid_path_counts_ticks_over_its_in_flight_cap_as_not_sent_and_waits_for_every_request():
+    release, started = threading.Event(), []
+
+    def held(k):
+        started.append(k)
+        release.wait(10)
+        return [(ANSWERED, 0.001, "")]
+
+    path = hostile_soak.ValidPath("held", held, rate=40, clock=hostile_soak.Clock(0.5))
+    path.start()
+    # 20 ticks in 0.5 s: the first MAX_IN_FLIGHT are held, the rest find the cap reached.
+    path.join(5)
+    release.set()
+    path.join(10)
+    assert not path.is_alive()
+    outcomes = [s.outcome for s in path.samples]
+    assert outcomes.count(ANSWERED) == hostile_soak.MAX_IN_FLIGHT == len(started)
+    assert outcomes.count(NOT_SENT) == 20 - hostile_soak.MAX_IN_FLIGHT
+    assert {s.phase for s in path.samples} <= {"before", "during", "after"}
+
+
+def test_a_client_that_raises_is_an_unanswered_request_and_the_path_goes_on():
+    def broken(k):
+        if k % 2:
+            raise ConnectionResetError("peer went away")
+        return [(ANSWERED, 0.001, "")]
+
+    path = hostile_soak.ValidPath("broken", broken, rate=20, clock=hostile_soak.Clock(0.5))
+    path.start()
+    path.join(10)
+    unanswered = [s for s in path.samples if s.outcome == UNANSWERED]
+    assert len(unanswered) == 5 and len(path.samples) == 10
+    assert unanswered[0].detail == "ConnectionResetError: peer went away"
+
+
+def test_leftovers_name_a_process_of_the_run_still_alive_and_a_stub_region_still_in_shm(tmp_path, monkeypatch):
+    monkeypatch.setattr(hostile_soak, "SHM_DIR", tmp_path)
+    (tmp_path / "triton_python_backend_shm_region_soak").write_bytes(b"\0")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        watch = hostile_soak.Watch(child.pid, child.pid, hostile_soak.Clock(1.0), every_s=1.0)
+        watch.look()
+        watch.regions.add("triton_python_backend_shm_region_soak")
+        processes, regions = hostile_soak.leftovers(watch, grace_s=0)
+        assert processes == [f"{child.pid} {watch.seen[child.pid].name}"]
+        assert regions == ["triton_python_backend_shm_region_soak"]
+    finally:
+        child.kill()
+        child.wait()
+    (tmp_path / "triton_python_backend_shm_region_soak").unlink()
+    assert hostile_soak.leftovers(watch, grace_s=0) == ([], [])
+
+
+def test_the_rss_of_both_process_groups_is_sampled_per_phase():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        watch = hostile_soak.Watch(child.pid, child.pid, hostile_soak.Clock(10.0), every_s=1.0)
+        watch.sample()
+        watch.sample()
+    finally:
+        child.kill()
+        child.wait()
+    for group in ("serving", "gateway"):
+        size = watch.rss[group]["before"]
+        assert size["samples"] == 2 and size["max"] >= size["last"] > 0
+    assert set(watch.rss["serving"]) == {"before"}, "a sample belongs to the phase it was taken in"
+
+
+def test_services_pointed_at_are_found_by_the_port_they_listen_on_and_not_started():
+    import os
+    import socket
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        services = hostile_soak.running_services({"http": f"localhost:{port}", "grpc": "localhost:1",
+                                                  "metrics": "localhost:1", "gateway": "localhost:1"})
+    finally:
+        listener.close()
+    assert services.serving_pid == os.getpid() and services.gateway_pid is None
+    assert services.started is False and services.exit_codes == {}

@@ -1,0 +1,112 @@
+"""The rules that turn a hostile soak's measurements into verdicts: a guarantee holds only when it was measured and
+kept, and the printed table shows every path, phase and verdict."""
+import pytest
+
+from s2t.bench import soak_report
+from s2t.bench.soak_report import ANSWERED, FAILED, NOT_SENT, PHASES, UNANSWERED, Sample
+
+
+@pytest.mark.parametrize("elapsed, phase", [(0.0, "before"), (9.99, "before"), (10.0, "during"), (29.9, "during"),
+                                            (30.0, "after"), (99.0, "after")])
+def test_phase_of_splits_the_run_at_the_flood_window(elapsed, phase):
+    assert soak_report.phase_of(elapsed, before_s=10.0, during_s=20.0) == phase
+
+
+def test_path_summary_counts_outcomes_and_takes_percentiles_of_answered_requests_only():
+    samples = ([Sample("before", ANSWERED, i / 1000) for i in range(1, 101)]
+               + [Sample("during", FAILED, 5.0, "RESOURCE_EXHAUSTED"), Sample("during", UNANSWERED, None, "timed out"),
+                  Sample("during", ANSWERED, 0.002), Sample("during", NOT_SENT)])
+    summary = soak_report.path_summary(samples)
+    assert summary["before"][ANSWERED] == 100 and summary["before"]["p50_ms"] == pytest.approx(51)
+    assert summary["before"]["p99_ms"] == pytest.approx(99)
+    during = summary["during"]
+    assert (during[ANSWERED], during[FAILED], during[UNANSWERED], during[NOT_SENT]) == (1, 1, 1, 1)
+    assert during["p99_ms"] == pytest.approx(2.0), "a failed request's latency is not a served latency"
+    assert during["errors"] == ["RESOURCE_EXHAUSTED", "timed out"]
+    assert summary["after"][ANSWERED] == 0 and summary["after"]["p99_ms"] is None
+
+
+def _paths(**phase_counts):
+    """{path: summary} with the given (answered, failed, unanswered, p99) in every phase."""
+    answered, failed, unanswered, p99 = phase_counts.get("counts", (10, 0, 0, 50.0))
+    row = {ANSWERED: answered, FAILED: failed, UNANSWERED: unanswered, NOT_SENT: 0, "p50_ms": p99, "p99_ms": p99,
+           "errors": []}
+    return {"risk_pipeline_http": {phase: dict(row) for phase in PHASES}}
+
+
+@pytest.mark.parametrize("counts, floods, holds", [
+    ((10, 0, 0, 50.0), {}, True),
+    ((10, 3, 0, 50.0), {}, True),  # an error status is an answer
+    ((10, 0, 1, 50.0), {}, False),
+    ((10, 0, 0, 50.0), {"big_records": {"unanswered": 2}}, False),
+    ((0, 0, 0, None), {}, None),  # nothing sent: not measured, never "holds"
+])
+def test_every_request_answered_counts_valid_and_flood_requests(counts, floods, holds):
+    assert soak_report.every_request_answered(_paths(counts=counts), floods)["holds"] is holds
+
+
+@pytest.mark.parametrize("p99, target, holds", [(50.0, 100.0, True), (150.0, 100.0, False), (None, 100.0, None)])
+def test_latency_targets_compare_each_phase_p99_with_the_path_target(p99, target, holds):
+    verdict = soak_report.latency_targets_kept(_paths(counts=(10, 0, 0, p99)), {"risk_pipeline_http": target})
+    assert verdict["holds"] is holds
+    if holds is False:
+        assert "risk_pipeline_http before: p99 150 ms > 100 ms" in verdict["detail"]
+
+
+def test_a_failed_valid_request_breaks_valid_requests_succeeded_and_names_where():
+    verdict = soak_report.valid_requests_succeeded(_paths(counts=(10, 2, 0, 50.0)))
+    assert verdict["holds"] is False and "risk_pipeline_http during: 2 failed" in verdict["detail"]
+
+
+@pytest.mark.parametrize("before, after, holds", [
+    ({"tritonserver": 1, "llm_0_0@1": 2}, {"tritonserver": 1, "llm_0_0@1": 2}, True),
+    ({"tritonserver": 1, "llm_0_0@1": 2}, {"tritonserver": 1, "llm_0_0@1": 3}, False),  # a stub was replaced
+    ({"tritonserver": 1, "llm_0_0@1": 2}, {"tritonserver": 1}, False),  # a stub is gone
+    ({}, {}, None),
+])
+def test_no_restarts_compares_the_pids_of_the_server_and_every_stub(before, after, holds):
+    assert soak_report.no_restarts(before, after)["holds"] is holds
+
+
+MIB = 2**20
+
+
+@pytest.mark.parametrize("before_last, after_last, holds", [
+    (100 * MIB, 120 * MIB, True), (100 * MIB, 125 * MIB, True), (100 * MIB, 126 * MIB, False),
+    (100 * MIB, None, None)])
+def test_rss_is_flat_when_the_end_of_the_run_is_within_tolerance_of_the_quiet_phase(before_last, after_last, holds):
+    rss = {"gateway": {"before": {"max": before_last, "last": before_last}}}
+    if after_last is not None:
+        rss["gateway"]["after"] = {"max": after_last, "last": after_last}
+    assert soak_report.rss_flat(rss)["holds"] is holds
+
+
+@pytest.mark.parametrize("probes, holds", [
+    ([{"probe": "HTTP GET /v2/logging", "refused": True}], True),
+    ([{"probe": "HTTP GET /v2/logging", "refused": True}, {"probe": "gRPC LogSettings", "refused": False}], False),
+    ([], None)])
+def test_admin_apis_are_restricted_only_when_every_probe_was_refused(probes, holds):
+    assert soak_report.apis_restricted(probes)["holds"] is holds
+
+
+def test_labels_and_leftovers_verdicts():
+    assert soak_report.labels_from_configuration(0, 100)["holds"] is True
+    assert soak_report.labels_from_configuration(3, 100) == {"holds": False,
+                                                             "detail": "3 of 100 bogus routes became metric labels"}
+    assert soak_report.labels_from_configuration(0, 0)["holds"] is None
+    assert soak_report.nothing_left("processes", [])["holds"] is True
+    left = soak_report.nothing_left("processes", ["123 risk_stream_0_0"])
+    assert left["holds"] is False and "123 risk_stream_0_0" in left["detail"]
+
+
+def test_table_shows_every_path_phase_rss_flood_and_verdict():
+    report = {"seconds": 60, "phases_s": {"before": 15, "during": 30, "after": 15},
+              "latency_targets_ms": {"risk_pipeline_http": 1000.0}, "paths": _paths(),
+              "rss": {"serving": {p: {"max": 300 * MIB, "last": 290 * MIB} for p in PHASES}},
+              "floods": {"bogus_routes": {"sent": 100, "outcomes": {"StatusCode.INVALID_ARGUMENT": 100}}},
+              "verdicts": {"rss_flat": {"holds": True, "detail": "ok"}, "admin_apis_restricted":
+                           {"holds": False, "detail": "open"}, "latency_targets_kept": {"holds": None, "detail": "-"}}}
+    text = soak_report.table(report)
+    assert sum(line.startswith("risk_pipeline_http") for line in text.splitlines()) == 3
+    assert "300/290" in text and "bogus_routes" in text and "100 x StatusCode.INVALID_ARGUMENT" in text
+    assert "admin_apis_restricted             FAILS" in text and "not measured" in text
