@@ -7,7 +7,7 @@ LD_LIBRARY_PATH. The backend directory is assembled per server from the wheel pl
 from __future__ import annotations
 
 import os
-import py_compile
+import compileall
 import shutil
 import signal
 import socket
@@ -80,13 +80,12 @@ def precompile_models(repositories: list[Path]) -> None:
     A stub importing model.py writes __pycache__ into the version folder (it ignores PYTHONDONTWRITEBYTECODE), and in
     poll mode Triton takes that for a changed model and reloads it a second after start-up. Compiled beforehand,
     the cache is current and nothing is written. A read-only repository is fine: then the stub cannot write either.
+    Bytecode that is already current is left as it is: rewriting it would make a poll-mode server already serving
+    the same repository reload every python model.
     """
     for repository in repositories:
         for model_py in Path(repository).glob("*/[0-9]*/model.py"):
-            try:
-                py_compile.compile(str(model_py), doraise=True)
-            except (OSError, py_compile.PyCompileError):
-                continue
+            compileall.compile_file(str(model_py), quiet=2)
 
 
 def server_env() -> dict[str, str]:
