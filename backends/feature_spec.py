@@ -16,11 +16,17 @@ METADATA_KEY = "skill2triton.feature_spec"
 CATEGORICAL_INPUT, NUMERIC_INPUT, PROBABILITY_OUTPUT = CATEGORICAL, NUMERIC, PROBABILITY
 
 
+# How a categorical feature reaches the graph: its vocabulary index, or (an int64 feature of a tf.Example
+# signature) the integer itself, which the graph looks up or computes with as the SavedModel does.
+VOCABULARY, INTEGER = "vocabulary", "integer"
+
+
 @dataclass(frozen=True)
 class CategoricalFeature:
     name: str
     vocabulary: dict[str, int]
     default_index: int
+    kind: str = VOCABULARY
 
     def index_of(self, value: str) -> int:
         return self.vocabulary.get(value, self.default_index)
@@ -42,8 +48,8 @@ class FeatureSpec:
         raw = {
             "categorical_input": CATEGORICAL_INPUT,
             "numeric_input": NUMERIC_INPUT,
-            "categorical": [{"name": f.name, "vocabulary": f.vocabulary, "default_index": f.default_index}
-                            for f in self.categorical],
+            "categorical": [{"name": f.name, "vocabulary": f.vocabulary, "default_index": f.default_index,
+                             **({"kind": f.kind} if f.kind != VOCABULARY else {})} for f in self.categorical],
             "numeric": list(self.numeric),
         }
         if self.defaults:
@@ -55,7 +61,8 @@ class FeatureSpec:
         raw = json.loads(text)
         return cls(
             tuple(CategoricalFeature(c["name"], {str(k): int(v) for k, v in c["vocabulary"].items()},
-                                     int(c["default_index"])) for c in raw["categorical"]),
+                                     int(c["default_index"]), _kind(c.get("kind", VOCABULARY)))
+                  for c in raw["categorical"]),
             tuple(str(n) for n in raw["numeric"]),
             {str(k): v for k, v in raw.get("defaults", {}).items()},
         )
@@ -63,3 +70,9 @@ class FeatureSpec:
     @classmethod
     def from_file(cls, path: str | Path) -> "FeatureSpec":
         return cls.from_json(Path(path).read_text())
+
+
+def _kind(kind: object) -> str:
+    if kind not in (VOCABULARY, INTEGER):
+        raise ValueError(f"unknown categorical feature kind {kind!r} (expected {VOCABULARY!r} or {INTEGER!r})")
+    return str(kind)

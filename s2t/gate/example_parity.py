@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from backends.decision_policy import Thresholds
-from backends.feature_spec import FeatureSpec
+from backends.feature_spec import INTEGER, FeatureSpec
 from backends.record_decoder import RecordDecoder
 from s2t.gate.parity_report import LIVE_BATCH, Comparison, ParityReport, compare
 from s2t.on_progress import OnProgress, no_progress
@@ -48,9 +48,20 @@ def example_input(onnx_model) -> str | None:
     return {p.key: p.value for p in onnx_model.metadata_props}.get(EXAMPLE_INPUT_KEY)
 
 
-def example_features(cells: Mapping[str, str | None], spec: FeatureSpec) -> dict[str, str | float]:
+def example_features(cells: Mapping[str, str | None], spec: FeatureSpec) -> dict[str, str | float | int]:
     """The features of one CSV row; columns that are no feature are left out, and so are empty cells."""
-    features: dict[str, str | float] = {f.name: cells[f.name] for f in spec.categorical if cells.get(f.name)}
+    features: dict[str, str | float | int] = {}
+    for feature in spec.categorical:
+        cell = cells.get(feature.name)
+        if not cell:
+            continue
+        if feature.kind != INTEGER:
+            features[feature.name] = cell
+            continue
+        try:
+            features[feature.name] = int(cell)
+        except ValueError:
+            raise RowError(f"column {feature.name}: {cell[:40]!r} is not an integer") from None
     for name in spec.numeric:
         cell = cells.get(name)
         if not cell:
@@ -65,14 +76,17 @@ def example_features(cells: Mapping[str, str | None], spec: FeatureSpec) -> dict
     return features
 
 
-def serialize_example(features: Mapping[str, str | float]) -> bytes:
-    """A tf.Example holding one value per feature, as TensorFlow serializes it."""
+def serialize_example(features: Mapping[str, str | float | int]) -> bytes:
+    """A tf.Example holding one value per feature, as TensorFlow serializes it: text as bytes_list, a Python int
+    as int64_list, a float as float_list."""
     from wire.tf_example_pb2 import Example
     example = Example()
     for name, value in features.items():
         feature = example.features.feature[name]
         if isinstance(value, str):
             feature.bytes_list.value.append(value.encode("utf-8"))
+        elif isinstance(value, int) and not isinstance(value, bool):
+            feature.int64_list.value.append(value)
         else:
             feature.float_list.value.append(value)
     return example.SerializeToString(deterministic=True)

@@ -21,13 +21,18 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from backends.atomic_files import write_atomically
-from backends.feature_spec import (CATEGORICAL_INPUT, METADATA_KEY, NUMERIC_INPUT, PROBABILITY_OUTPUT,
+from backends.feature_spec import (CATEGORICAL_INPUT, INTEGER, METADATA_KEY, NUMERIC_INPUT, PROBABILITY_OUTPUT,
                                    CategoricalFeature, FeatureSpec)
 from s2t.models import example_signature
 
 BATCH_DIM = "batch"
 MIN_OPSET = 15
 _UNSUPPORTED_OP = re.compile(r"Tensorflow op \[(?P<node>[^:\]]+): (?P<op>[^\]]+)\] is not supported")
+# A construct our tf2onnx handlers (s2t/models/tf2onnx_handlers.py) refuse: op|node|reason|way out.
+_REFUSAL = re.compile(r"s2t-refusal\|(?P<op>[^|\n]+)\|(?P<node>[^|\n]+)\|(?P<reason>[^|\n]+)\|(?P<way_out>[^\n]+)")
+# Any other handler failure: tf2onnx logs the node, then its own assertion, which is no help to the user.
+_FAILED_NODE = re.compile(r"Failed to convert node '(?P<node>[^']+)'")
+_NODE_OP = re.compile(r"OP=(?P<op>[A-Za-z0-9_]+)")
 # Ops that tf2onnx maps to onnxruntime-extensions custom ops when asked for the contrib opset.
 _CONTRIB_OPS = {"StringSplit", "StringSplitV2", "StaticRegexReplace", "RegexReplace", "StringJoin", "StringLower",
                 "StringUpper", "StringToHashBucketFast", "StringStrip", "WordpieceTokenizeWithOffsets",
@@ -54,15 +59,24 @@ def run_tf2onnx(saved_model: Path, opset: int, lifted_ops: frozenset[str] = froz
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "raw.onnx"
         proc = subprocess.run(
-            [sys.executable, "-m", "tf2onnx.convert", "--saved-model", str(saved_model), "--signature_def",
+            [sys.executable, "-m", "s2t.models.tf2onnx_handlers", "--saved-model", str(saved_model), "--signature_def",
              "serving_default", "--opset", str(opset), "--output", str(out)],
             capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
         )
         log = proc.stdout + proc.stderr
+        refusal = _REFUSAL.search(log)
+        if refusal:
+            raise ConversionError(f"op {refusal['op']} at node {refusal['node']} cannot be converted exactly: "
+                                  f"{refusal['reason']}; {refusal['way_out']}")
         unsupported = [(m["op"], m["node"]) for m in _UNSUPPORTED_OP.finditer(log) if m["op"] not in lifted_ops]
         if unsupported:
             details = "; ".join(f"op {op} at node {node}: {_way_out(op)}" for op, node in dict.fromkeys(unsupported))
             raise ConversionError(f"tf2onnx cannot convert {len(set(unsupported))} op(s): {details}")
+        failed = _FAILED_NODE.search(log)
+        if proc.returncode != 0 and failed:
+            op = _NODE_OP.search(log[failed.end():failed.end() + 2000])
+            raise ConversionError(f"{'op ' + op['op'] if op else 'the op'} at node {failed['node']} cannot be "
+                                  f"converted by tf2onnx: {_way_out(op['op'] if op else '')}")
         if proc.returncode != 0 or not out.exists():
             tail = "\n".join(log.strip().splitlines()[-8:])
             raise ConversionError(f"tf2onnx failed on {saved_model}:\n{tail}")
@@ -96,23 +110,27 @@ def pack_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FeatureSpec]:
     for inp in graph.input:
         kind = _elem_type(inp)
         if kind == TensorProto.STRING:
-            users = consumers[inp.name]
-            if not users or any(u.op_type != "CategoryMapper" for u in users):
-                ops = sorted({u.op_type for u in users}) or ["nothing"]
-                raise ConversionError(
-                    f"string input {inp.name!r} feeds {', '.join(ops)}; only vocabulary lookups "
-                    "(StringLookup -> CategoryMapper) can be moved out of the graph")
-            vocabularies = {_vocabulary(u) for u in users}
+            mappers = _lookups_of(inp.name, consumers, {o.name for o in graph.output})
+            vocabularies = {_vocabulary(u) for u in mappers}
             if len(vocabularies) != 1:
                 raise ConversionError(f"string input {inp.name!r} is looked up in {len(vocabularies)} vocabularies")
             vocab, default = vocabularies.pop()
             categorical.append(CategoricalFeature(inp.name, dict(vocab), default))
-            index = len(categorical) - 1
-            for user in users:
-                node, const = _column(CATEGORICAL_INPUT, index, _rank(inp), user.output[0])
-                new_nodes.append(node)
-                consts.append(const)
-                removed.add(id(user))
+            # The column of indices takes the input's place; reshaping ops between it and the lookups work on
+            # indices as they did on strings, and each lookup becomes the identity.
+            node, const = _column(CATEGORICAL_INPUT, len(categorical) - 1, _rank(inp), inp.name)
+            new_nodes.append(node)
+            consts.append(const)
+            for mapper in mappers:
+                mapper.op_type, mapper.domain = "Identity", ""
+                del mapper.attribute[:]
+        elif kind == TensorProto.INT64:
+            # An int64 feature travels as itself in the int64 `categorical` input; the graph's own use of it
+            # (a lookup, a modulo, a cast) stays in the graph, exact.
+            categorical.append(CategoricalFeature(inp.name, {}, 0, INTEGER))
+            node, const = _column(CATEGORICAL_INPUT, len(categorical) - 1, _rank(inp), inp.name)
+            new_nodes.append(node)
+            consts.append(const)
         elif kind == TensorProto.FLOAT:
             numeric.append(inp.name)
             node, const = _column(NUMERIC_INPUT, len(numeric) - 1, _rank(inp), inp.name)
@@ -120,7 +138,7 @@ def pack_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FeatureSpec]:
             consts.append(const)
         else:
             raise ConversionError(f"input {inp.name!r} has ONNX type "
-                                  f"{TensorProto.DataType.Name(kind)}; only strings and float32 can be packed")
+                                  f"{TensorProto.DataType.Name(kind)}; only strings, int64 and float32 can be packed")
 
     kept = [n for n in graph.node if id(n) not in removed]
     del graph.node[:]
@@ -137,6 +155,35 @@ def pack_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FeatureSpec]:
         del model.opset_import[:]
         model.opset_import.extend(kept_opsets)
     return model, FeatureSpec(tuple(categorical), tuple(numeric))
+
+
+# Ops that only move or reshape values; tf2onnx puts them between a string input and its lookup (a Keras layer
+# that squeezes its input first, say).
+_RESHAPING_OPS = frozenset({"Slice", "Squeeze", "Unsqueeze", "Reshape", "Flatten"})
+
+
+def _lookups_of(name: str, consumers: dict[str, list[onnx.NodeProto]], outputs: set[str]) -> list[onnx.NodeProto]:
+    """The CategoryMappers a string input reaches, through reshaping ops only; anything else is refused."""
+    mappers, pending, seen = [], [name], set()
+    while pending:
+        tensor = pending.pop()
+        users = consumers[tensor]
+        bad = sorted({u.op_type for u in users if u.op_type != "CategoryMapper" and u.op_type not in _RESHAPING_OPS
+                      or u.op_type in _RESHAPING_OPS and u.input[0] != tensor})
+        if not users or bad or tensor in outputs:
+            ops = sorted({u.op_type for u in users}) or ["nothing"]
+            raise ConversionError(
+                f"string input {name!r} feeds {', '.join(ops)}; only vocabulary lookups "
+                "(StringLookup -> CategoryMapper), reached through reshaping ops, can be moved out of the graph")
+        for user in users:
+            if id(user) in seen:
+                continue
+            seen.add(id(user))
+            if user.op_type == "CategoryMapper":
+                mappers.append(user)
+            else:
+                pending.extend(user.output)
+    return mappers
 
 
 def _vocabulary(node: onnx.NodeProto) -> tuple[tuple[tuple[str, int], ...], int]:
@@ -161,7 +208,7 @@ def name_output(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def shape_for_serving(raw: onnx.ModelProto, defaults: dict[str, str | float] | None = None,
+def shape_for_serving(raw: onnx.ModelProto, defaults: dict[str, str | float | int] | None = None,
                       metadata: dict[str, str] | None = None) -> tuple[onnx.ModelProto, FeatureSpec]:
     model, spec = pack_inputs(raw)
     if defaults:

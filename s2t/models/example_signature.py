@@ -26,7 +26,7 @@ EXAMPLE_INPUT_KEY = "skill2triton.tf_example_input"
 BATCH_DIM = "batch"
 # ParseExampleV2(serialized, names, sparse_keys, dense_keys, ragged_keys, dense_defaults...)
 _SERIALIZED, _SPARSE_KEYS, _DENSE_KEYS, _RAGGED_KEYS, _FIRST_DEFAULT = 0, 2, 3, 4, 5
-_LIFTED_TYPES = frozenset({TensorProto.FLOAT, TensorProto.STRING})
+_LIFTED_TYPES = frozenset({TensorProto.FLOAT, TensorProto.STRING, TensorProto.INT64})
 
 
 class SignatureError(Exception):
@@ -38,7 +38,7 @@ class DenseFeature:
     key: str
     elem_type: int  # ONNX TensorProto type of the parsed tensor
     shape: tuple[int, ...]  # per example, as tf.io.FixedLenFeature says: () or (1,)
-    default: str | float | None  # the parse default; None: the feature is required
+    default: str | float | int | None  # the parse default; None: the feature is required
 
 
 def parse_node(model: onnx.ModelProto) -> onnx.NodeProto | None:
@@ -71,7 +71,7 @@ def dense_features(node: onnx.NodeProto, initializers: Mapping[str, np.ndarray],
         elem_type = TensorProto.STRING if is_text else helper.np_dtype_to_tensor_dtype(default.dtype)
         if elem_type not in _LIFTED_TYPES:
             raise SignatureError(f"feature {key!r} is parsed as {TensorProto.DataType.Name(elem_type)}; a record "
-                                 "carries float32 numbers and strings")
+                                 "carries float32 numbers, int64 integers and strings")
         if key not in shapes:
             raise SignatureError(f"the SavedModel declares no shape for feature {key!r} (default {default_name})")
         shape = tuple(shapes[key])
@@ -119,7 +119,7 @@ def lift_parse_example(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, .
 
 
 def lift_from_saved_model(model: onnx.ModelProto, saved_model: Path
-                          ) -> tuple[onnx.ModelProto, dict[str, str | float], dict[str, str]]:
+                          ) -> tuple[onnx.ModelProto, dict[str, str | float | int], dict[str, str]]:
     """The converted graph with its tf.Example parsing lifted out, the parse defaults and the metadata to keep; the
     graph unchanged (no defaults, no metadata) when its signature takes no serialized tf.Example."""
     if parse_node(model) is None:
@@ -167,7 +167,7 @@ def _texts(values: np.ndarray) -> list[str]:
     return [v.decode() if isinstance(v, bytes) else str(v) for v in values.ravel()]
 
 
-def _one_value(key: str, default: np.ndarray) -> str | float | None:
+def _one_value(key: str, default: np.ndarray) -> str | float | int | None:
     if default.size == 0:
         return None
     if default.size != 1:
@@ -180,4 +180,6 @@ def _one_value(key: str, default: np.ndarray) -> str | float | None:
             return value.decode("utf-8")
         except UnicodeDecodeError:
             raise SignatureError(f"the default of feature {key!r} is not UTF-8 text") from None
+    if default.dtype.kind in "iu":
+        return int(value)
     return float(value)

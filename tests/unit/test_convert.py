@@ -67,3 +67,43 @@ def test_tf2onnx_unsupported_op_lines_are_parsed_into_op_and_node():
     line = "2026-11-29 16:42:51,542 - ERROR - Tensorflow op [PartitionedCall/Lgamma: Lgamma] is not supported"
     match = _UNSUPPORTED_OP.search(line)
     assert (match["node"], match["op"]) == ("PartitionedCall/Lgamma", "Lgamma")
+
+
+def lookups_behind_reshapes_and_int64_keys():
+    """What tf2onnx (with s2t's handlers) makes of Keras StringLookup on a squeezed input and of an int64-keyed table:
+    string -> Squeeze -> CategoryMapper, and int64 -> Cast to text -> CategoryMapper of the keys' decimal text."""
+    nodes = [
+        helper.make_node("Squeeze", ["purpose", "axis"], ["purpose_flat"]),
+        helper.make_node("CategoryMapper", ["purpose_flat"], ["purpose_index"], domain="ai.onnx.ml",
+                         cats_strings=["car", "boat"], cats_int64s=[1, 2], default_int64=0),
+        helper.make_node("Cast", ["branch"], ["branch_text"], to=TensorProto.STRING),
+        helper.make_node("CategoryMapper", ["branch_text"], ["branch_value"], domain="ai.onnx.ml",
+                         cats_strings=[str(2 ** 40 + 7), "-3"], cats_int64s=[5, 6], default_int64=9),
+        helper.make_node("Unsqueeze", ["purpose_index", "axis"], ["purpose_column"]),
+        helper.make_node("Add", ["purpose_column", "branch_value"], ["sum"]),
+        helper.make_node("Cast", ["sum"], ["output_0"], to=TensorProto.FLOAT),
+    ]
+    graph = helper.make_graph(
+        nodes, "tf2onnx",
+        [helper.make_tensor_value_info("purpose", TensorProto.STRING, ["n", 1]),
+         helper.make_tensor_value_info("branch", TensorProto.INT64, ["n", 1])],
+        [helper.make_tensor_value_info("output_0", TensorProto.FLOAT, ["n", 1])],
+        [numpy_helper.from_array(np.array([1], np.int64), "axis")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15), helper.make_opsetid("ai.onnx.ml", 2)])
+
+
+def test_lookups_behind_reshapes_and_int64_inputs_are_packed_and_score_as_before():
+    raw = lookups_behind_reshapes_and_int64_keys()
+    purposes = np.array([["car"], ["boat"], ["yacht"], ["car"]], dtype=object)
+    branches = np.array([[2 ** 40 + 7], [2 ** 40 + 8], [-3], [7]], dtype=np.int64)
+    expected = ort.InferenceSession(raw.SerializeToString()).run(None, {"purpose": purposes, "branch": branches})[0]
+
+    served, spec = shape_for_serving(raw)
+
+    assert [(f.name, f.kind) for f in spec.categorical] == [("purpose", "vocabulary"), ("branch", "integer")]
+    assert spec.categorical[0].vocabulary == {"car": 1, "boat": 2}
+    categorical, _ = encode_columns(spec, {"purpose": purposes.ravel(), "branch": branches.ravel()})
+    assert categorical[:, 1].tolist() == branches.ravel().tolist()  # the integers themselves, exact
+    got = ort.InferenceSession(served.SerializeToString()).run(None, {"categorical": categorical})[0]
+    np.testing.assert_array_equal(got, expected)
+    assert expected.ravel().tolist() == [1 + 5, 2 + 9, 0 + 6, 1 + 9]

@@ -5,8 +5,10 @@ import numpy as np
 import pytest
 
 from backends.example_record import as_example
+from backends.feature_spec import INTEGER, CategoricalFeature, FeatureSpec
 from backends.record_decoder import RecordDecoder, RecordError, parse_record
 from clients.legacy_record import to_protobuf
+from s2t.gate import example_parity
 from tests.samples import tf_example
 from wire import skill_pb2
 
@@ -58,3 +60,58 @@ def test_a_skill_record_without_features_is_never_taken_for_a_tf_example(request
     assert as_example(payload) is None
     decoded = RecordDecoder(feature_spec).decode([payload])
     assert decoded.errors[0] is not None and decoded.errors[0].field.startswith("features")
+
+
+INTEGER_SPEC = FeatureSpec((CategoricalFeature("branch", {}, 0, INTEGER), CategoricalFeature("purpose", {"car": 0}, 1)),
+                           ("amount",), {"branch": -1})
+
+
+def _json(features) -> bytes:
+    return json.dumps({"features": features}).encode()
+
+
+@pytest.mark.parametrize("features, branch", [
+    ({"branch": 2 ** 40 + 7}, 2 ** 40 + 7),  # beyond float32's exact integers: carried as it is
+    ({"branch": -(2 ** 63)}, -(2 ** 63)),
+    ({"branch": 2 ** 63 - 1}, 2 ** 63 - 1),
+    ({}, -1),  # the parse default
+])
+def test_an_int64_feature_travels_as_the_integer_itself(features, branch):
+    record = {"purpose": "car", "amount": 1.5, **features}
+    decoded = RecordDecoder(INTEGER_SPEC).decode([_json(record), example_parity.serialize_example(record)])
+    assert decoded.errors == (None, None)
+    assert decoded.categorical.tolist() == [[branch, 0], [branch, 0]]
+
+
+@pytest.mark.parametrize("branch, reason", [
+    (2.0, "expected an integer, got number"),
+    ("7", "expected an integer, got string"),
+    (True, "expected an integer, got boolean"),
+    (None, "missing"),
+    (2 ** 63, "outside the int64 range"),
+    (-(2 ** 63) - 1, "outside the int64 range"),
+])
+def test_an_int64_feature_that_is_no_int64_is_refused_for_that_record_alone(branch, reason):
+    good = {"purpose": "car", "amount": 1.5, "branch": 3}
+    decoded = RecordDecoder(INTEGER_SPEC).decode([_json(good), _json({**good, "branch": branch}), _json(good)])
+    assert decoded.errors[0] is None and decoded.errors[2] is None
+    assert decoded.errors[1].field == "features.branch" and reason in decoded.errors[1].reason
+    assert decoded.categorical[[0, 2]].tolist() == [[3, 0], [3, 0]]
+
+
+def test_a_float_sent_for_an_int64_feature_of_a_tf_example_is_refused_naming_it():
+    payload = example_parity.serialize_example({"purpose": "car", "amount": 1.5, "branch": 3.0})
+    assert str(RecordDecoder(INTEGER_SPEC).decode([payload]).errors[0]) == \
+        "features.branch: expected an integer, got number"
+
+
+@pytest.mark.parametrize("spec", [INTEGER_SPEC, FeatureSpec((CategoricalFeature("p", {"a": 1}, 0),), ("x",))])
+def test_a_spec_with_integer_features_reads_back_as_written(spec):
+    assert FeatureSpec.from_json(spec.to_json()) == spec
+    assert ('"kind"' in spec.to_json()) == any(f.kind == INTEGER for f in spec.categorical)
+
+
+def test_a_spec_with_an_unknown_feature_kind_is_refused():
+    text = INTEGER_SPEC.to_json().replace('"integer"', '"bitmap"')
+    with pytest.raises(ValueError, match="unknown categorical feature kind 'bitmap'"):
+        FeatureSpec.from_json(text)
