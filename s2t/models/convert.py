@@ -43,7 +43,16 @@ class ConversionError(Exception):
     """The SavedModel cannot be served as converted; the message says what and the way out."""
 
 
+# Keras Hashing (FarmHash; SipHash when salted), StringLookup/IntegerLookup with num_oov_indices > 1 on strings,
+# tf.feature_column's hash buckets: no ONNX operator computes these fingerprints.
+_HASH_BUCKET_OPS = {"StringToHashBucketFast", "StringToHashBucketStrong", "StringToHashBucket", "Fingerprint"}
+
+
 def _way_out(op: str) -> str:
+    if op in _HASH_BUCKET_OPS:
+        return ("no ONNX operator computes TensorFlow's string hash buckets: have the caller send the bucket as an "
+                "int64 feature, or replace the hashing by a vocabulary lookup (StringLookup or IntegerLookup with "
+                "num_oov_indices=1, a StaticHashTable), which s2t convert lifts exactly")
     if op == "ParseExample":
         return "export the signature with tf.io.parse_example (ParseExampleV2), whose parsing s2t convert lifts out"
     if op in _CONTRIB_OPS:
@@ -51,6 +60,25 @@ def _way_out(op: str) -> str:
                 "custom op library (model config parameter `custom_op_library`)")
     return ("move the op out of the serving signature (do it in the caller or the adapter), or register a custom op "
             "with tf2onnx (`--custom-ops`) and provide its kernel as an ONNX Runtime custom op library")
+
+
+def refusal_in_log(log: str, returncode: int, lifted_ops: frozenset[str] = frozenset()) -> ConversionError | None:
+    """s2t's own refusal for what tf2onnx's log shows it could not convert (op, node, way out); None when it shows
+    nothing of the kind. tf2onnx's own assertions never reach the user."""
+    refusal = _REFUSAL.search(log)
+    if refusal:
+        return ConversionError(f"op {refusal['op']} at node {refusal['node']} cannot be converted exactly: "
+                               f"{refusal['reason']}; {refusal['way_out']}")
+    unsupported = [(m["op"], m["node"]) for m in _UNSUPPORTED_OP.finditer(log) if m["op"] not in lifted_ops]
+    if unsupported:
+        details = "; ".join(f"op {op} at node {node}: {_way_out(op)}" for op, node in dict.fromkeys(unsupported))
+        return ConversionError(f"tf2onnx cannot convert {len(set(unsupported))} op(s): {details}")
+    failed = _FAILED_NODE.search(log)
+    if returncode != 0 and failed:
+        op = _NODE_OP.search(log[failed.end():failed.end() + 2000])
+        return ConversionError(f"{'op ' + op['op'] if op else 'the op'} at node {failed['node']} cannot be "
+                               f"converted by tf2onnx: {_way_out(op['op'] if op else '')}")
+    return None
 
 
 def run_tf2onnx(saved_model: Path, opset: int, lifted_ops: frozenset[str] = frozenset()) -> onnx.ModelProto:
@@ -64,19 +92,9 @@ def run_tf2onnx(saved_model: Path, opset: int, lifted_ops: frozenset[str] = froz
             capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
         )
         log = proc.stdout + proc.stderr
-        refusal = _REFUSAL.search(log)
-        if refusal:
-            raise ConversionError(f"op {refusal['op']} at node {refusal['node']} cannot be converted exactly: "
-                                  f"{refusal['reason']}; {refusal['way_out']}")
-        unsupported = [(m["op"], m["node"]) for m in _UNSUPPORTED_OP.finditer(log) if m["op"] not in lifted_ops]
-        if unsupported:
-            details = "; ".join(f"op {op} at node {node}: {_way_out(op)}" for op, node in dict.fromkeys(unsupported))
-            raise ConversionError(f"tf2onnx cannot convert {len(set(unsupported))} op(s): {details}")
-        failed = _FAILED_NODE.search(log)
-        if proc.returncode != 0 and failed:
-            op = _NODE_OP.search(log[failed.end():failed.end() + 2000])
-            raise ConversionError(f"{'op ' + op['op'] if op else 'the op'} at node {failed['node']} cannot be "
-                                  f"converted by tf2onnx: {_way_out(op['op'] if op else '')}")
+        refused = refusal_in_log(log, proc.returncode, lifted_ops)
+        if refused is not None:
+            raise refused
         if proc.returncode != 0 or not out.exists():
             tail = "\n".join(log.strip().splitlines()[-8:])
             raise ConversionError(f"tf2onnx failed on {saved_model}:\n{tail}")

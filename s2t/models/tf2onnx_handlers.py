@@ -26,7 +26,7 @@ from tf2onnx.handler import tf_op
 # The line the runner prints for a refusal: `s2t convert` turns it into its own message.
 REFUSAL_PREFIX = "s2t-refusal"
 _INTEGER_KEYS = (TensorProto.INT64, TensorProto.INT32)
-_GATHERED_VALUES = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.STRING)
+_GATHERED_VALUES = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.STRING, TensorProto.BOOL)
 _ALL_INTEGERS = (TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8,
                  TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64)
 
@@ -67,7 +67,7 @@ class LookupTableFind:
                           "look up strings or integers (cast the keys in the caller)")
         if value_type not in (*_INTEGER_KEYS, *_GATHERED_VALUES):
             raise Refusal(node.type, node.name, f"its values are {TensorProto.DataType.Name(value_type)}",
-                          "store int32, int64, float or string values")
+                          "store int32, int64, float, bool or string values")
         if default.size != 1:
             raise Refusal(node.type, node.name, f"its default has {default.size} values", "use a scalar default")
         name, keys_in, outputs, shape = node.name, node.input[1], node.output, ctx.get_shape(node.input[1])

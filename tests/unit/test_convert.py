@@ -4,7 +4,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from backends.record_decoder import encode_columns
-from s2t.models.convert import _UNSUPPORTED_OP, ConversionError, read_spec, shape_for_serving
+from s2t.models.convert import _UNSUPPORTED_OP, ConversionError, read_spec, refusal_in_log, shape_for_serving
 
 
 def tf2onnx_like_model(extra_string_consumer=False):
@@ -107,3 +107,29 @@ def test_lookups_behind_reshapes_and_int64_inputs_are_packed_and_score_as_before
     got = ort.InferenceSession(served.SerializeToString()).run(None, {"categorical": categorical})[0]
     np.testing.assert_array_equal(got, expected)
     assert expected.ravel().tolist() == [1 + 5, 2 + 9, 0 + 6, 1 + 9]
+
+
+HANDLER_FAILURE = """2026-12-01 15:45:48,158 - ERROR - Failed to convert node 'StatefulPartitionedCall/None_Lookup/LookupTableFindV2' (fct=<bound method LookupTableFind.version_8 of <class 'tf2onnx.custom_opsets.onnx_ml.LookupTableFind'>>)
+'OP=LookupTableFindV2\\nName=StatefulPartitionedCall/None_Lookup/LookupTableFindV2\\nInputs:\\n'
+Traceback (most recent call last):
+ValueError: make_sure failure: Only lookup tables of type string<->int64 are currently supported.
+"""
+
+
+@pytest.mark.parametrize("log, returncode, expected", [
+    ("s2t-refusal|LookupTableFindV2|model/lookup|its keys are FLOAT|look up strings or integers\n", 3,
+     "op LookupTableFindV2 at node model/lookup cannot be converted exactly: its keys are FLOAT; look up strings"),
+    (HANDLER_FAILURE, 1, "op LookupTableFindV2 at node StatefulPartitionedCall/None_Lookup/LookupTableFindV2 cannot be "
+                         "converted by tf2onnx: move the op out"),
+    ("ERROR - Tensorflow op [model/hashing/hash: StringToHashBucketFast] is not supported", 1,
+     "op StringToHashBucketFast at node model/hashing/hash: no ONNX operator computes TensorFlow's string hash"),
+    ("ERROR - Tensorflow op [p/ParseExampleV2: ParseExampleV2] is not supported", 0, None),  # lifted by s2t convert
+    ("all fine", 0, None),
+])
+def test_what_tf2onnx_could_not_convert_is_refused_in_s2ts_words(log, returncode, expected):
+    refused = refusal_in_log(log, returncode, frozenset({"ParseExampleV2"}))
+    if expected is None:
+        assert refused is None
+    else:
+        assert expected in str(refused)
+        assert "make_sure" not in str(refused)
