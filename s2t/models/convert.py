@@ -124,24 +124,31 @@ def pack_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FeatureSpec]:
         for name in node.input:
             consumers[name].append(node)
 
-    categorical, numeric, new_nodes, consts, removed = [], [], [], [], set()
+    categorical, numeric, new_nodes, consts = [], [], [], []
     for inp in graph.input:
         kind = _elem_type(inp)
         if kind == TensorProto.STRING:
             mappers = _lookups_of(inp.name, consumers, {o.name for o in graph.output})
             vocabularies = {_vocabulary(u) for u in mappers}
-            if len(vocabularies) != 1:
-                raise ConversionError(f"string input {inp.name!r} is looked up in {len(vocabularies)} vocabularies")
-            vocab, default = vocabularies.pop()
+            if len(vocabularies) == 1:
+                vocab, default = vocabularies.pop()
+                remaps = {}
+            else:
+                vocab, default, remaps = _shared_vocabulary(inp.name, mappers)
             categorical.append(CategoricalFeature(inp.name, dict(vocab), default))
             # The column of indices takes the input's place; reshaping ops between it and the lookups work on
-            # indices as they did on strings, and each lookup becomes the identity.
+            # indices as they did on strings, and each lookup becomes the identity (one vocabulary) or a gather
+            # of its own values by the shared index (several).
             node, const = _column(CATEGORICAL_INPUT, len(categorical) - 1, _rank(inp), inp.name)
             new_nodes.append(node)
             consts.append(const)
             for mapper in mappers:
-                mapper.op_type, mapper.domain = "Identity", ""
+                mapper.op_type, mapper.domain = ("Gather" if remaps else "Identity"), ""
                 del mapper.attribute[:]
+                if remaps:
+                    consts.append(remaps[id(mapper)])
+                    mapper.input[:] = [remaps[id(mapper)].name, mapper.input[0]]
+                    mapper.attribute.append(helper.make_attribute("axis", 0))
         elif kind == TensorProto.INT64:
             # An int64 feature travels as itself in the int64 `categorical` input; the graph's own use of it
             # (a lookup, a modulo, a cast) stays in the graph, exact.
@@ -158,7 +165,7 @@ def pack_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FeatureSpec]:
             raise ConversionError(f"input {inp.name!r} has ONNX type "
                                   f"{TensorProto.DataType.Name(kind)}; only strings, int64 and float32 can be packed")
 
-    kept = [n for n in graph.node if id(n) not in removed]
+    kept = list(graph.node)
     del graph.node[:]
     graph.node.extend(new_nodes + kept)
     graph.initializer.extend(consts)
@@ -202,6 +209,18 @@ def _lookups_of(name: str, consumers: dict[str, list[onnx.NodeProto]], outputs: 
             else:
                 pending.extend(user.output)
     return mappers
+
+
+def _shared_vocabulary(name: str, mappers: list[onnx.NodeProto]
+                       ) -> tuple[tuple[tuple[str, int], ...], int, dict[int, onnx.TensorProto]]:
+    """One string looked up in several tables: the index of each key in the union of their keys (the keys of none
+    share the index after the last), and per table its values (its default last) to gather by that index."""
+    tables = [(m, dict(_vocabulary(m)[0]), _vocabulary(m)[1]) for m in mappers]
+    keys = list(dict.fromkeys(k for _, table, _ in tables for k in table))
+    remaps = {id(m): numpy_helper.from_array(np.array([table.get(k, default) for k in keys] + [default], np.int64),
+                                             name=f"{name}__table{i}__values") for i, (m, table, default) in
+              enumerate(tables)}
+    return tuple((k, i) for i, k in enumerate(keys)), len(keys), remaps
 
 
 def _vocabulary(node: onnx.NodeProto) -> tuple[tuple[tuple[str, int], ...], int]:

@@ -133,3 +133,38 @@ def test_what_tf2onnx_could_not_convert_is_refused_in_s2ts_words(log, returncode
     else:
         assert expected in str(refused)
         assert "make_sure" not in str(refused)
+
+
+def one_string_in_two_tables():
+    """purpose looked up in two tables (a risk weight by position and a group id), as models that mix a Keras
+    lookup and a StaticHashTable on the same feature hold."""
+    nodes = [
+        helper.make_node("CategoryMapper", ["purpose"], ["position"], domain="ai.onnx.ml",
+                         cats_strings=["car", "boat", "tv"], cats_int64s=[0, 1, 2], default_int64=3),
+        helper.make_node("Gather", ["weights", "position"], ["weight"], axis=0),
+        helper.make_node("CategoryMapper", ["purpose"], ["group"], domain="ai.onnx.ml",
+                         cats_strings=["tv", "house"], cats_int64s=[7, 8], default_int64=-1),
+        helper.make_node("Cast", ["group"], ["group_float"], to=TensorProto.FLOAT),
+        helper.make_node("Add", ["weight", "group_float"], ["output_0"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "tf2onnx", [helper.make_tensor_value_info("purpose", TensorProto.STRING, ["n", 1])],
+        [helper.make_tensor_value_info("output_0", TensorProto.FLOAT, ["n", 1])],
+        [numpy_helper.from_array(np.array([0.25, 0.5, 0.75, 0.125], np.float32), "weights")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15), helper.make_opsetid("ai.onnx.ml", 2)])
+
+
+def test_one_string_in_several_tables_is_lifted_to_one_shared_index_and_scores_as_before():
+    raw = one_string_in_two_tables()
+    purposes = np.array([["car"], ["tv"], ["house"], ["yacht"], ["boat"]], dtype=object)
+    expected = ort.InferenceSession(raw.SerializeToString()).run(None, {"purpose": purposes})[0]
+
+    served, spec = shape_for_serving(raw)
+
+    assert spec.categorical[0].vocabulary == {"car": 0, "boat": 1, "tv": 2, "house": 3}
+    assert spec.categorical[0].default_index == 4
+    assert not any(n.op_type == "CategoryMapper" for n in served.graph.node)
+    categorical, _ = encode_columns(spec, {"purpose": purposes.ravel()})
+    got = ort.InferenceSession(served.SerializeToString()).run(None, {"categorical": categorical})[0]
+    np.testing.assert_array_equal(got, expected)
+    assert expected.ravel().tolist() == [0.25 - 1, 0.75 + 7, 0.125 + 8, 0.125 - 1, 0.5 - 1]
