@@ -89,6 +89,13 @@ def _integer_lookup(tf, keras):
     return {"lookup": layer}, lambda p: tf.cast(layer(p["branch"][:, 0]), tf.float32)
 
 
+def _integer_lookup_multi_hot(tf, keras):
+    # multi_hot over the feature and its neighbour id: Keras counts them with a bincount.
+    layer = keras.layers.IntegerLookup(vocabulary=BRANCHES, num_oov_indices=1, output_mode="multi_hot")
+    return {"lookup": layer}, lambda p: tf.cast(layer(tf.concat([p["branch"], p["branch"] + 101], axis=1)),
+                                                tf.float32)
+
+
 def _discretization(tf, keras):
     layer = keras.layers.Discretization(bin_boundaries=BOUNDARIES)
     return {"bins": layer}, lambda p: tf.one_hot(tf.cast(layer(p["amount"])[:, 0], tf.int32), len(BOUNDARIES) + 1)
@@ -121,6 +128,7 @@ CORPUS = (
     Construct("table_int64_keys", {"branch": ("int64", 0)}, _table_int64_keys, 5),
     Construct("keras_string_lookup", PURPOSE, _string_lookup, 5),
     Construct("keras_integer_lookup", {"branch": ("int64", -1)}, _integer_lookup, 6),
+    Construct("keras_integer_lookup_multi_hot", {"branch": ("int64", -1)}, _integer_lookup_multi_hot, 5),
     Construct("keras_discretization", {"amount": ("float", 1000.0)}, _discretization, 4),
     Construct("keras_normalization", {"amount": ("float", 1000.0)}, _normalization, 1),
     Construct("keras_category_encoding", {"rank": ("int64", 0)}, _category_encoding, 6),
