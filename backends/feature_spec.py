@@ -38,11 +38,20 @@ class FeatureSpec:
     numeric: tuple[str, ...]
     # The value a record without the feature takes, for models that had one (a tf.Example parse default); a
     # feature without a default is required.
-    defaults: dict[str, str | float] = field(default_factory=dict)
+    defaults: dict[str, str | float | int] = field(default_factory=dict)
+    # Features of more than one value per record (tf.io.FixedLenFeature([n])): key -> n. Value i is the column
+    # named value_column(key, i); a record carries the key with a list of n values.
+    values: dict[str, int] = field(default_factory=dict)
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.categorical) + self.numeric
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The features as a record carries them: a feature of several values once, under its key."""
+        columns = {value_column(key, i): key for key, n in self.values.items() for i in range(n)}
+        return tuple(dict.fromkeys(columns.get(name, name) for name in self.names))
 
     def to_json(self) -> str:
         raw = {
@@ -54,6 +63,8 @@ class FeatureSpec:
         }
         if self.defaults:
             raw["defaults"] = self.defaults
+        if self.values:
+            raw["values"] = self.values
         return json.dumps(raw, indent=1, sort_keys=True)
 
     @classmethod
@@ -65,11 +76,17 @@ class FeatureSpec:
                   for c in raw["categorical"]),
             tuple(str(n) for n in raw["numeric"]),
             {str(k): v for k, v in raw.get("defaults", {}).items()},
+            {str(k): int(v) for k, v in raw.get("values", {}).items()},
         )
 
     @classmethod
     def from_file(cls, path: str | Path) -> "FeatureSpec":
         return cls.from_json(Path(path).read_text())
+
+
+def value_column(key: str, index: int) -> str:
+    """The column of value `index` of a feature of several values per record."""
+    return f"{key}/{index}"
 
 
 def _kind(kind: object) -> str:

@@ -16,7 +16,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from backends.example_record import as_example
-from backends.feature_spec import INTEGER, CategoricalFeature, FeatureSpec
+from backends.feature_spec import INTEGER, CategoricalFeature, FeatureSpec, value_column
 from backends.model_parameters import parameter, positive_integer
 from backends.record_types import LegacyRecord, RecordError  # noqa: F401 - the decoder's interface
 
@@ -111,6 +111,8 @@ class RecordDecoder:
         return parse_record(payload, self.max_record_bytes)
 
     def _row(self, features: Mapping[str, object]) -> tuple[list[int], list[float]]:
+        if self.spec.values:
+            features = _spread(features, self.spec.values)
         if self.spec.defaults:
             features = {**self.spec.defaults, **features}
         cats = []
@@ -138,6 +140,20 @@ class RecordDecoder:
                 raise RecordError(f"features.{name}", f"not a finite float32 number ({_shown(value)})")
             nums.append(number)
         return cats, nums
+
+
+def _spread(features: Mapping[str, object], values: Mapping[str, int]) -> dict[str, object]:
+    """Each feature of several values as its columns; a feature sent with another number of values is refused."""
+    spread = dict(features)
+    for key, count in values.items():
+        value = spread.pop(key, None)
+        if value is None:
+            continue
+        if not isinstance(value, list) or len(value) != count:
+            got = f"{len(value)}" if isinstance(value, list) else f"a {_type_name(value)}"
+            raise RecordError(f"features.{key}", f"expected a list of {count} values, got {got}")
+        spread.update({value_column(key, i): v for i, v in enumerate(value)})
+    return spread
 
 
 def _integer(name: str, value: object) -> int:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from backends.atomic_files import write_atomically
 from backends.feature_spec import (CATEGORICAL_INPUT, INTEGER, METADATA_KEY, NUMERIC_INPUT, PROBABILITY_OUTPUT,
-                                   CategoricalFeature, FeatureSpec)
+                                   CategoricalFeature, FeatureSpec, value_column)
 from s2t.models import example_signature
 
 BATCH_DIM = "batch"
@@ -109,10 +110,22 @@ def _rank(value_info: onnx.ValueInfoProto) -> int:
     return len(value_info.type.tensor_type.shape.dim)
 
 
-def _column(source: str, index: int, rank: int, output: str) -> tuple[onnx.NodeProto, onnx.TensorProto]:
-    """Gather one column of a packed input, keeping the rank the original input had ([batch] or [batch, 1])."""
-    const = numpy_helper.from_array(np.array(index if rank == 1 else [index], dtype=np.int64),
-                                    name=f"{output}__column")
+def _count(value_info: onnx.ValueInfoProto) -> int:
+    """Values per record: the last dimension of a [batch, n] input with n > 1, else 1."""
+    dims = value_info.type.tensor_type.shape.dim
+    return dims[1].dim_value if len(dims) == 2 and dims[1].dim_value > 1 else 1
+
+
+def _columns_of(name: str, count: int) -> list[str]:
+    return [name] if count == 1 else [value_column(name, i) for i in range(count)]
+
+
+def _column(source: str, index: int, rank: int, output: str, count: int = 1
+            ) -> tuple[onnx.NodeProto, onnx.TensorProto]:
+    """Gather the `count` columns of one feature from a packed input, keeping the rank the original input had
+    ([batch], [batch, 1] or [batch, count])."""
+    const = numpy_helper.from_array(np.array(index if rank == 1 else list(range(index, index + count)),
+                                             dtype=np.int64), name=f"{output}__column")
     return helper.make_node("Gather", [source, const.name], [output], axis=1, name=f"{output}__unpack"), const
 
 
@@ -124,9 +137,12 @@ def pack_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FeatureSpec]:
         for name in node.input:
             consumers[name].append(node)
 
-    categorical, numeric, new_nodes, consts = [], [], [], []
+    categorical, numeric, new_nodes, consts, values = [], [], [], [], {}
     for inp in graph.input:
         kind = _elem_type(inp)
+        count = _count(inp)
+        if count > 1:
+            values[inp.name] = count
         if kind == TensorProto.STRING:
             mappers = _lookups_of(inp.name, consumers, {o.name for o in graph.output})
             vocabularies = {_vocabulary(u) for u in mappers}
@@ -135,11 +151,11 @@ def pack_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FeatureSpec]:
                 remaps = {}
             else:
                 vocab, default, remaps = _shared_vocabulary(inp.name, mappers)
-            categorical.append(CategoricalFeature(inp.name, dict(vocab), default))
+            categorical.extend(CategoricalFeature(c, dict(vocab), default) for c in _columns_of(inp.name, count))
             # The column of indices takes the input's place; reshaping ops between it and the lookups work on
             # indices as they did on strings, and each lookup becomes the identity (one vocabulary) or a gather
             # of its own values by the shared index (several).
-            node, const = _column(CATEGORICAL_INPUT, len(categorical) - 1, _rank(inp), inp.name)
+            node, const = _column(CATEGORICAL_INPUT, len(categorical) - count, _rank(inp), inp.name, count)
             new_nodes.append(node)
             consts.append(const)
             for mapper in mappers:
@@ -152,13 +168,13 @@ def pack_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FeatureSpec]:
         elif kind == TensorProto.INT64:
             # An int64 feature travels as itself in the int64 `categorical` input; the graph's own use of it
             # (a lookup, a modulo, a cast) stays in the graph, exact.
-            categorical.append(CategoricalFeature(inp.name, {}, 0, INTEGER))
-            node, const = _column(CATEGORICAL_INPUT, len(categorical) - 1, _rank(inp), inp.name)
+            categorical.extend(CategoricalFeature(c, {}, 0, INTEGER) for c in _columns_of(inp.name, count))
+            node, const = _column(CATEGORICAL_INPUT, len(categorical) - count, _rank(inp), inp.name, count)
             new_nodes.append(node)
             consts.append(const)
         elif kind == TensorProto.FLOAT:
-            numeric.append(inp.name)
-            node, const = _column(NUMERIC_INPUT, len(numeric) - 1, _rank(inp), inp.name)
+            numeric.extend(_columns_of(inp.name, count))
+            node, const = _column(NUMERIC_INPUT, len(numeric) - count, _rank(inp), inp.name, count)
             new_nodes.append(node)
             consts.append(const)
         else:
@@ -179,7 +195,7 @@ def pack_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FeatureSpec]:
         kept_opsets = [o for o in model.opset_import if o.domain != "ai.onnx.ml"]
         del model.opset_import[:]
         model.opset_import.extend(kept_opsets)
-    return model, FeatureSpec(tuple(categorical), tuple(numeric))
+    return model, FeatureSpec(tuple(categorical), tuple(numeric), values=values)
 
 
 # Ops that only move or reshape values; tf2onnx puts them between a string input and its lookup (a Keras layer
@@ -249,7 +265,7 @@ def shape_for_serving(raw: onnx.ModelProto, defaults: dict[str, str | float | in
                       metadata: dict[str, str] | None = None) -> tuple[onnx.ModelProto, FeatureSpec]:
     model, spec = pack_inputs(raw)
     if defaults:
-        spec = FeatureSpec(spec.categorical, spec.numeric, dict(defaults))
+        spec = replace(spec, defaults=dict(defaults))
     model = name_output(model)
     helper.set_model_props(model, {**(metadata or {}), METADATA_KEY: spec.to_json()})
     model.producer_name = "skill2triton"

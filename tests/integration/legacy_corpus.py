@@ -72,6 +72,12 @@ def _var_len(tf, keras):
     return {}, lambda p: tf.cast(tf.sparse.to_dense(p["tags"], default_value="")[:, :1] == "car", tf.float32)
 
 
+def _several_values(tf, keras):
+    table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(PURPOSES, [1, 2, 3, 4]), default_value=0)
+    return {"table": table}, lambda p: tf.concat([p["history"] / 1000.0, tf.cast(p["codes"], tf.float32) / 5.0,
+                                                  tf.cast(table.lookup(p["purposes"]), tf.float32)], axis=1)
+
+
 def _main_constructs(tf, keras):
     """The constructs legacy risk models hold most: an int32-valued table, an int64-keyed lookup, bucketing."""
     parts = [_table_int32_values(tf, keras), _integer_lookup(tf, keras), _discretization(tf, keras)]
@@ -133,6 +139,9 @@ CORPUS = (
     Construct("keras_normalization", {"amount": ("float", 1000.0)}, _normalization, 1),
     Construct("keras_category_encoding", {"rank": ("int64", 0)}, _category_encoding, 6),
     Construct("table_bool_values", PURPOSE, _table_bool_values, 1),
+    Construct("fixed_len_several_values", {"history": ("float[3]", [1000.0, 1000.0, 1000.0]),
+                                           "codes": ("int64[2]", None), "purposes": ("string[2]", ["other", "other"])},
+              _several_values, 3 + 2 + 2),
     Construct("main_constructs", {**PURPOSE, "branch": ("int64", -1), "amount": ("float", 1000.0)}, _main_constructs,
               9 + 6 + 4, main=True),
     Construct("dense_hash_table", PURPOSE, _dense_hash_table, 1),
@@ -155,9 +164,14 @@ def build(construct: Construct, path: Path, seed: int = 7) -> None:
     keras.utils.set_random_seed(seed)
     kinds = {"string": tf.string, "float": tf.float32, "int64": tf.int64}
     features = {**construct.features, **COMMON}
-    spec = {name: tf.io.VarLenFeature(tf.string) if kind == "varlen_string" else
-            tf.io.FixedLenFeature([1], kinds[kind], default_value=None if default is None else [default])
-            for name, (kind, default) in features.items()}
+    spec = {}
+    for name, (kind, default) in features.items():
+        base, count = _kind_and_count(kind)
+        if base == "varlen_string":
+            spec[name] = tf.io.VarLenFeature(tf.string)
+        else:
+            spec[name] = tf.io.FixedLenFeature([count], kinds[base], default_value=default if default is None or
+                                               count > 1 else [default])
     attributes, transform = construct.build(tf, keras)
 
     class LegacyModel(tf.Module):
@@ -179,6 +193,23 @@ def build(construct: Construct, path: Path, seed: int = 7) -> None:
     tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve})
 
 
+def _kind_and_count(kind: str) -> tuple[str, int]:
+    """'float' -> ('float', 1); 'float[3]' -> ('float', 3): a feature of three values per example."""
+    base, _, count = kind.partition("[")
+    return base, int(count.rstrip("]") or 1)
+
+
+def _cell(rng, name: str, kind: str, count: int) -> str:
+    if kind == "string":
+        # "car " (a trailing space) is out of vocabulary too, where a cell holds one value.
+        return str(rng.choice(PURPOSES + ["yacht", "Car"] + (["car "] if count == 1 else [])))
+    if name == "branch":
+        return str(rng.choice(BRANCHES + [7, -3, 2 ** 40 + 8, 2 ** 62]))
+    if kind == "int64":
+        return str(int(rng.integers(-2, 9)))
+    return f"{rng.choice([rng.uniform(0, 6000), rng.choice(BOUNDARIES)]):.2f}"
+
+
 def rows(construct: Construct, n: int, seed: int = 3) -> list[dict[str, str]]:
     """CSV rows: in-vocabulary values, out-of-vocabulary ones, and (every 10th row) the construct's feature left
     out for its parse default; every 50th row (another one) leaves out `age`, which no side may score."""
@@ -186,16 +217,11 @@ def rows(construct: Construct, n: int, seed: int = 3) -> list[dict[str, str]]:
     out = []
     for i in range(n):
         row = {"age": str(int(rng.integers(18, 80)))}
-        for name, (kind, _) in construct.features.items():
-            if kind == "string":
-                row[name] = str(rng.choice(PURPOSES + ["yacht", "Car", "car "]))
-            elif name == "branch":
-                row[name] = str(rng.choice(BRANCHES + [7, -3, 2 ** 40 + 8, 2 ** 62]))
-            elif kind == "int64":
-                row[name] = str(int(rng.integers(-2, 9)))
-            else:
-                row[name] = f"{rng.choice([rng.uniform(0, 6000), rng.choice(BOUNDARIES)]):.2f}"
-            if i % 10 == 9:
+        for name, (kind, default) in construct.features.items():
+            base, count = _kind_and_count(kind)
+            # A feature of several values is one cell of them separated by spaces (as `s2t parity` reads it).
+            row[name] = " ".join(_cell(rng, name, base, count) for _ in range(count))
+            if i % 10 == 9 and default is not None:
                 row[name] = ""
         if i % 50 == 24:
             row["age"] = ""

@@ -168,3 +168,24 @@ def test_one_string_in_several_tables_is_lifted_to_one_shared_index_and_scores_a
     got = ort.InferenceSession(served.SerializeToString()).run(None, {"categorical": categorical})[0]
     np.testing.assert_array_equal(got, expected)
     assert expected.ravel().tolist() == [0.25 - 1, 0.75 + 7, 0.125 + 8, 0.125 - 1, 0.5 - 1]
+
+
+def test_an_input_of_several_values_per_record_takes_that_many_columns():
+    """history [n, 3] (a FixedLenFeature([3])) beside age [n, 1]: columns history/0..2 and age, the graph unchanged."""
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["history"], ["total"], axes=[1], keepdims=1),
+         helper.make_node("Add", ["total", "age"], ["output_0"])], "tf2onnx",
+        [helper.make_tensor_value_info("history", TensorProto.FLOAT, ["n", 3]),
+         helper.make_tensor_value_info("age", TensorProto.FLOAT, ["n", 1])],
+        [helper.make_tensor_value_info("output_0", TensorProto.FLOAT, ["n", 1])])
+    raw = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+    history = np.array([[1.0, 2.0, 4.0], [8.0, 16.0, 32.0]], np.float32)
+    age = np.array([[0.5], [0.25]], np.float32)
+    expected = ort.InferenceSession(raw.SerializeToString()).run(None, {"history": history, "age": age})[0]
+
+    served, spec = shape_for_serving(raw)
+
+    assert spec.numeric == ("history/0", "history/1", "history/2", "age") and spec.values == {"history": 3}
+    got = ort.InferenceSession(served.SerializeToString()).run(None, {"numeric": np.hstack([history, age])})[0]
+    np.testing.assert_array_equal(got, expected)
+    assert expected.ravel().tolist() == [7.5, 56.25]

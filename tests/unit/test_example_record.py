@@ -33,8 +33,7 @@ def test_json_skill_record_and_tf_example_mix_in_one_batch(feature_spec, german_
 
 
 @pytest.mark.parametrize("features, field, reason", [
-    ({"purpose": ["a", "b"]}, "features.purpose", "holds one value, got 2"),
-    ({"purpose": []}, "features.purpose", "holds one value, got 0"),
+    ({"purpose": []}, "features.purpose", "holds at least one value, got 0"),
 ])
 def test_a_tf_example_feature_that_is_not_one_value_is_that_records_error(features, field, reason):
     import tensorflow as tf
@@ -44,6 +43,14 @@ def test_a_tf_example_feature_that_is_not_one_value_is_that_records_error(featur
     with pytest.raises(RecordError) as err:
         parse_record(payload)
     assert err.value.field == field and reason in err.value.reason
+
+
+def test_several_values_for_a_feature_of_one_value_are_that_records_error(feature_spec, german_credit_data):
+    record = german_credit_data.records()[0]
+    name = feature_spec.categorical[0].name
+    payload = example_parity.serialize_example({**record, name: [record[name], record[name]]})
+    decoded = RecordDecoder(feature_spec).decode([tf_example(record), payload])
+    assert decoded.errors[0] is None and str(decoded.errors[1]) == f"features.{name}: expected a string, got array"
 
 
 def test_non_utf8_bytes_in_a_tf_example_name_the_feature():
@@ -115,3 +122,41 @@ def test_a_spec_with_an_unknown_feature_kind_is_refused():
     text = INTEGER_SPEC.to_json().replace('"integer"', '"bitmap"')
     with pytest.raises(ValueError, match="unknown categorical feature kind 'bitmap'"):
         FeatureSpec.from_json(text)
+
+
+SEVERAL = FeatureSpec((CategoricalFeature("purposes/0", {"car": 0}, 1), CategoricalFeature("purposes/1", {"car": 0}, 1),
+                       CategoricalFeature("codes/0", {}, 0, INTEGER), CategoricalFeature("codes/1", {}, 0, INTEGER)),
+                      ("history/0", "history/1", "history/2", "age"),
+                      {"history/0": 1.0, "history/1": 2.0, "history/2": 3.0},
+                      {"purposes": 2, "codes": 2, "history": 3})
+
+
+@pytest.mark.parametrize("features, categorical, numeric", [
+    ({"purposes": ["car", "boat"], "codes": [2 ** 40, -1], "history": [4.0, 5.0, 6.5], "age": 30},
+     [0, 1, 2 ** 40, -1], [4.0, 5.0, 6.5, 30.0]),
+    ({"purposes": ["boat", "car"], "codes": [0, 0], "age": 30}, [1, 0, 0, 0], [1.0, 2.0, 3.0, 30.0]),  # default
+])
+def test_a_feature_of_several_values_spreads_over_its_columns_in_every_form(features, categorical, numeric):
+    payloads = [_json(features), example_parity.serialize_example(features)]
+    decoded = RecordDecoder(SEVERAL).decode(payloads)
+    assert decoded.errors == (None, None)
+    assert decoded.categorical.tolist() == [categorical] * 2 and decoded.numeric.tolist() == [numeric] * 2
+
+
+@pytest.mark.parametrize("change, field, reason", [
+    ({"history": [1.0, 2.0]}, "features.history", "expected a list of 3 values, got 2"),
+    ({"history": 1.0}, "features.history", "expected a list of 3 values, got a number"),
+    ({"codes": [1, 2.5]}, "features.codes/1", "expected an integer, got number"),
+    ({"purposes": None}, "features.purposes/0", "missing"),
+])
+def test_a_feature_of_several_values_sent_otherwise_is_that_records_error(change, field, reason):
+    good = {"purposes": ["car", "car"], "codes": [1, 2], "history": [4.0, 5.0, 6.0], "age": 30}
+    bad = {k: v for k, v in {**good, **change}.items() if v is not None}
+    decoded = RecordDecoder(SEVERAL).decode([_json(good), _json(bad), _json(good)])
+    assert decoded.errors[0] is None and decoded.errors[2] is None
+    assert decoded.errors[1].field == field and reason in decoded.errors[1].reason
+
+
+def test_a_spec_with_features_of_several_values_reads_back_as_written():
+    assert FeatureSpec.from_json(SEVERAL.to_json()) == SEVERAL
+    assert SEVERAL.keys == ("purposes", "codes", "history", "age")

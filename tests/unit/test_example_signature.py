@@ -56,7 +56,7 @@ def test_parsed_features_come_from_the_keys_defaults_and_declared_shapes(keys, d
 
 
 @pytest.mark.parametrize("keys, defaults, shapes, sparse_keys, message", [
-    (["amount"], [REQUIRED_FLOAT], {"amount": (3,)}, EMPTY_TEXT, "feature 'amount' has shape [3] per example"),
+    (["amount"], [REQUIRED_FLOAT], {"amount": (2, 3)}, EMPTY_TEXT, "feature 'amount' has shape [2, 3] per example"),
     (["count"], [np.array([], np.float64)], {"count": (1,)}, EMPTY_TEXT, "feature 'count' is parsed as DOUBLE"),
     (["amount"], [REQUIRED_FLOAT], {}, EMPTY_TEXT, "declares no shape for feature 'amount'"),
     (["amount"], [REQUIRED_FLOAT], {"amount": (1,)}, np.array(["tags"], dtype=object),
@@ -245,3 +245,13 @@ def test_a_feature_with_a_parse_default_may_have_no_column(tmp_path):
 def test_a_legacy_parse_example_op_is_refused_with_the_way_to_export_it():
     from s2t.models.convert import _way_out
     assert "tf.io.parse_example (ParseExampleV2)" in _way_out("ParseExample")
+
+
+@pytest.mark.parametrize("keys, defaults, shapes, expected", [
+    (["history"], [np.array([1.0, 2.0, 3.0], np.float32)], {"history": (3,)},
+     (DenseFeature("history", TensorProto.FLOAT, (3,), (1.0, 2.0, 3.0)),)),
+    (["codes"], [np.array([], np.int64)], {"codes": (2,)}, (DenseFeature("codes", TensorProto.INT64, (2,), None),)),
+])
+def test_a_feature_of_several_values_per_example_is_lifted_with_its_defaults(keys, defaults, shapes, expected):
+    node, initializers = parse_node(keys, defaults)
+    assert dense_features(node, initializers, shapes) == expected
