@@ -3,8 +3,10 @@
 tf2onnx turns each Keras StringLookup into an `ai.onnx.ml.CategoryMapper`. Strings are the expensive part of
 serving (each hop serialises them, each backend converts them element by element), so the converter lifts the
 lookups out of the graph: their vocabularies go into the feature spec (model metadata) that the adapter
-applies, and the graph takes `categorical` (INT64 [batch, n_categorical], vocabulary indices) and `numeric`
-(FP32 [batch, n_numeric]). Parity against the SavedModel proves the split reproduces the legacy scores.
+applies, and the graph takes `categorical` (INT64 [batch, n_categorical]: vocabulary indices, and int64 features
+as themselves) and `numeric` (FP32 [batch, n_numeric]); a feature of n values per record takes n columns.
+tf2onnx runs with s2t's handlers (tf2onnx_handlers.py) for the look-ups and bucketing it does not convert exactly.
+Parity against the SavedModel proves the split reproduces the legacy scores.
 """
 from __future__ import annotations
 
