@@ -53,15 +53,20 @@ def _features(feature_map: Mapping) -> dict[str, object]:
     for name, feature in feature_map.items():
         kind = feature.WhichOneof("kind")
         values = list(getattr(feature, kind).value) if kind else []
-        if len(values) != 1:
-            raise RecordError(f"features.{name}", f"a tf.Example feature of a record holds one value, got {len(values)}")
-        value = values[0]
-        if kind == "bytes_list":
-            try:
-                value = value.decode("utf-8")
-            except UnicodeDecodeError:
-                raise RecordError(f"features.{name}", "not UTF-8 text") from None
-        elif kind == "float_list" and not math.isfinite(value):
-            raise RecordError(f"features.{name}", f"not a finite float32 number ({value!r})")
-        features[name] = value
+        if not values:
+            raise RecordError(f"features.{name}", "a tf.Example feature of a record holds at least one value, got 0")
+        values = [_value(name, kind, v) for v in values]
+        # One value is the feature itself; several are its list, which the spec's feature of several values takes.
+        features[name] = values[0] if len(values) == 1 else values
     return features
+
+
+def _value(name: str, kind: str, value):
+    if kind == "bytes_list":
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RecordError(f"features.{name}", "not UTF-8 text") from None
+    if kind == "float_list" and not math.isfinite(value):
+        raise RecordError(f"features.{name}", f"not a finite float32 number ({value!r})")
+    return value

@@ -16,7 +16,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from backends.example_record import as_example
-from backends.feature_spec import FeatureSpec
+from backends.feature_spec import INTEGER, CategoricalFeature, FeatureSpec, value_column
 from backends.model_parameters import parameter, positive_integer
 from backends.record_types import LegacyRecord, RecordError  # the decoder's interface too
 
@@ -29,6 +29,7 @@ MAX_FEATURES = 256  # entries of the feature map (the model reads 20)
 # Python refuses to turn a JSON integer of more digits than this into an int (CVE-2020-10735).
 JSON_MAX_INT_DIGITS = 4300
 SEQUENCE_ID_MAX = 2 ** 63 - 1  # answers carry it as INT64
+INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -110,11 +111,16 @@ class RecordDecoder:
         return parse_record(payload, self.max_record_bytes)
 
     def _row(self, features: Mapping[str, object]) -> tuple[list[int], list[float]]:
+        if self.spec.values:
+            features = _spread(features, self.spec.values)
         if self.spec.defaults:
             features = {**self.spec.defaults, **features}
         cats = []
         for feature in self.spec.categorical:
             value = features.get(feature.name)
+            if feature.kind == INTEGER:
+                cats.append(_integer(feature.name, value))
+                continue
             if not isinstance(value, str):
                 raise RecordError(f"features.{feature.name}",
                                   "missing" if value is None else f"expected a string, got {_type_name(value)}")
@@ -134,6 +140,34 @@ class RecordDecoder:
                 raise RecordError(f"features.{name}", f"not a finite float32 number ({_shown(value)})")
             nums.append(number)
         return cats, nums
+
+
+def _spread(features: Mapping[str, object], values: Mapping[str, int]) -> dict[str, object]:
+    """Each feature of several values as its columns; a feature sent with another number of values is refused."""
+    spread = dict(features)
+    for key, count in values.items():
+        value = spread.pop(key, None)
+        if value is None:
+            continue
+        if not isinstance(value, list) or len(value) != count:
+            got = f"{len(value)}" if isinstance(value, list) else f"a {_type_name(value)}"
+            raise RecordError(f"features.{key}", f"expected a list of {count} values, got {got}")
+        spread.update({value_column(key, i): v for i, v in enumerate(value)})
+    return spread
+
+
+def _integer(name: str, value: object) -> int:
+    """An int64 feature's value: the graph computes with the integer itself, as the SavedModel does."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RecordError(f"features.{name}",
+                          "missing" if value is None else f"expected an integer, got {_type_name(value)}")
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise RecordError(f"features.{name}", f"{_shown(value)} is outside the int64 range")
+    return value
+
+
+def _column_value(feature: CategoricalFeature, value: object) -> int:
+    return int(value) if feature.kind == INTEGER else feature.index_of(str(value))
 
 
 def parse_record(payload: bytes, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> LegacyRecord:
@@ -268,10 +302,12 @@ def encode_columns(spec: FeatureSpec, columns: Mapping[str, np.ndarray]) -> tupl
     missing = [n for n in spec.names if n not in columns]
     if missing:
         raise KeyError(f"columns missing: {', '.join(missing)}")
-    categorical = np.stack([np.fromiter((f.index_of(str(v)) for v in columns[f.name]), dtype=np.int64,
-                                        count=len(columns[f.name])) for f in spec.categorical], axis=1)
-    numeric = np.stack([np.asarray(columns[n], dtype=np.float32) for n in spec.numeric], axis=1)
-    return categorical, numeric
+    rows = len(columns[spec.names[0]]) if spec.names else 0
+    categorical = np.array([np.fromiter((_column_value(f, v) for v in columns[f.name]), dtype=np.int64,
+                                        count=rows) for f in spec.categorical], dtype=np.int64).reshape(-1, rows).T
+    numeric = np.array([np.asarray(columns[n], dtype=np.float32) for n in spec.numeric],
+                       dtype=np.float32).reshape(-1, rows).T
+    return np.ascontiguousarray(categorical), np.ascontiguousarray(numeric)
 
 
 def request_error(errors: Sequence[RecordError | None]) -> str | None:

@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from backends.decision_policy import Thresholds
-from backends.feature_spec import FeatureSpec
+from backends.feature_spec import INTEGER, FeatureSpec, value_column
 from backends.record_decoder import RecordDecoder
 from s2t.gate.parity_report import LIVE_BATCH, Comparison, ParityReport, compare
 from s2t.on_progress import OnProgress, no_progress
@@ -48,33 +48,62 @@ def example_input(onnx_model) -> str | None:
     return {p.key: p.value for p in onnx_model.metadata_props}.get(EXAMPLE_INPUT_KEY)
 
 
-def example_features(cells: Mapping[str, str | None], spec: FeatureSpec) -> dict[str, str | float]:
-    """The features of one CSV row; columns that are no feature are left out, and so are empty cells."""
-    features: dict[str, str | float] = {f.name: cells[f.name] for f in spec.categorical if cells.get(f.name)}
-    for name in spec.numeric:
-        cell = cells.get(name)
+def example_features(cells: Mapping[str, str | None], spec: FeatureSpec) -> dict[str, object]:
+    """The features of one CSV row; columns that are no feature are left out, and so are empty cells. A feature of
+    several values per record is one cell holding them separated by spaces."""
+    parsers = {f.name: _integer_cell if f.kind == INTEGER else _text_cell for f in spec.categorical}
+    parsers.update({name: _number_cell for name in spec.numeric})
+    features: dict[str, object] = {}
+    for key in spec.keys:
+        cell = cells.get(key)
         if not cell:
             continue
-        try:
-            number = float(cell)
-        except ValueError:
-            raise RowError(f"column {name}: {cell[:40]!r} is not a number") from None
-        if not math.isfinite(number) or abs(number) > float(np.finfo(np.float32).max):
-            raise RowError(f"column {name}: {cell[:40]!r} is not a finite float32 number")
-        features[name] = number
+        count = spec.values.get(key, 1)
+        if count == 1:
+            features[key] = parsers[key](key, cell)
+            continue
+        parts = cell.split()
+        if len(parts) != count:
+            raise RowError(f"column {key}: {len(parts)} values where the feature has {count} (separated by spaces)")
+        features[key] = [parsers[value_column(key, i)](key, part) for i, part in enumerate(parts)]
     return features
 
 
-def serialize_example(features: Mapping[str, str | float]) -> bytes:
-    """A tf.Example holding one value per feature, as TensorFlow serializes it."""
+def _text_cell(column: str, cell: str) -> str:
+    return cell
+
+
+def _integer_cell(column: str, cell: str) -> int:
+    try:
+        return int(cell)
+    except ValueError:
+        raise RowError(f"column {column}: {cell[:40]!r} is not an integer") from None
+
+
+def _number_cell(column: str, cell: str) -> float:
+    try:
+        number = float(cell)
+    except ValueError:
+        raise RowError(f"column {column}: {cell[:40]!r} is not a number") from None
+    if not math.isfinite(number) or abs(number) > float(np.finfo(np.float32).max):
+        raise RowError(f"column {column}: {cell[:40]!r} is not a finite float32 number")
+    return number
+
+
+def serialize_example(features: Mapping[str, object]) -> bytes:
+    """A tf.Example of the features, as TensorFlow serializes it: text as bytes_list, a Python int as int64_list,
+    a float as float_list; a list as all its values."""
     from wire.tf_example_pb2 import Example
     example = Example()
     for name, value in features.items():
         feature = example.features.feature[name]
-        if isinstance(value, str):
-            feature.bytes_list.value.append(value.encode("utf-8"))
-        else:
-            feature.float_list.value.append(value)
+        for one in value if isinstance(value, list) else [value]:
+            if isinstance(one, str):
+                feature.bytes_list.value.append(one.encode("utf-8"))
+            elif isinstance(one, int) and not isinstance(one, bool):
+                feature.int64_list.value.append(one)
+            else:
+                feature.float_list.value.append(one)
     return example.SerializeToString(deterministic=True)
 
 
@@ -82,7 +111,8 @@ def examples_from_csv(path: Path, spec: FeatureSpec) -> list[ExampleRow]:
     with open(path, newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
         # A feature with a parse default may be left out of the data altogether; one without may not.
-        absent = [n for n in spec.names if n not in (reader.fieldnames or []) and n not in spec.defaults]
+        absent = [k for k in spec.keys if k not in (reader.fieldnames or []) and k not in spec.defaults
+                  and value_column(k, 0) not in spec.defaults]
         if absent:
             raise ValueError(f"{path} has no column for features {', '.join(absent)}")
         rows = []

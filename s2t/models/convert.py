@@ -3,8 +3,10 @@
 tf2onnx turns each Keras StringLookup into an `ai.onnx.ml.CategoryMapper`. Strings are the expensive part of
 serving (each hop serialises them, each backend converts them element by element), so the converter lifts the
 lookups out of the graph: their vocabularies go into the feature spec (model metadata) that the adapter
-applies, and the graph takes `categorical` (INT64 [batch, n_categorical], vocabulary indices) and `numeric`
-(FP32 [batch, n_numeric]). Parity against the SavedModel proves the split reproduces the legacy scores.
+applies, and the graph takes `categorical` (INT64 [batch, n_categorical]: vocabulary indices, and int64 features
+as themselves) and `numeric` (FP32 [batch, n_numeric]); a feature of n values per record takes n columns.
+tf2onnx runs with s2t's handlers (tf2onnx_handlers.py) for the look-ups and bucketing it does not convert exactly.
+Parity against the SavedModel proves the split reproduces the legacy scores.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,13 +24,18 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from backends.atomic_files import write_atomically
-from backends.feature_spec import (CATEGORICAL_INPUT, METADATA_KEY, NUMERIC_INPUT, PROBABILITY_OUTPUT,
-                                   CategoricalFeature, FeatureSpec)
+from backends.feature_spec import (CATEGORICAL_INPUT, INTEGER, METADATA_KEY, NUMERIC_INPUT, PROBABILITY_OUTPUT,
+                                   CategoricalFeature, FeatureSpec, value_column)
 from s2t.models import example_signature
 
 BATCH_DIM = "batch"
 MIN_OPSET = 15
 _UNSUPPORTED_OP = re.compile(r"Tensorflow op \[(?P<node>[^:\]]+): (?P<op>[^\]]+)\] is not supported")
+# A construct our tf2onnx handlers (s2t/models/tf2onnx_handlers.py) refuse: op|node|reason|way out.
+_REFUSAL = re.compile(r"s2t-refusal\|(?P<op>[^|\n]+)\|(?P<node>[^|\n]+)\|(?P<reason>[^|\n]+)\|(?P<way_out>[^\n]+)")
+# Any other handler failure: tf2onnx logs the node, then its own assertion, which is no help to the user.
+_FAILED_NODE = re.compile(r"Failed to convert node '(?P<node>[^']+)'")
+_NODE_OP = re.compile(r"OP=(?P<op>[A-Za-z0-9_]+)")
 # Ops that tf2onnx maps to onnxruntime-extensions custom ops when asked for the contrib opset.
 _CONTRIB_OPS = {"StringSplit", "StringSplitV2", "StaticRegexReplace", "RegexReplace", "StringJoin", "StringLower",
                 "StringUpper", "StringToHashBucketFast", "StringStrip", "WordpieceTokenizeWithOffsets",
@@ -38,7 +46,16 @@ class ConversionError(Exception):
     """The SavedModel cannot be served as converted; the message says what and the way out."""
 
 
+# Keras Hashing (FarmHash; SipHash when salted), StringLookup/IntegerLookup with num_oov_indices > 1 on strings,
+# tf.feature_column's hash buckets: no ONNX operator computes these fingerprints.
+_HASH_BUCKET_OPS = {"StringToHashBucketFast", "StringToHashBucketStrong", "StringToHashBucket", "Fingerprint"}
+
+
 def _way_out(op: str) -> str:
+    if op in _HASH_BUCKET_OPS:
+        return ("no ONNX operator computes TensorFlow's string hash buckets: have the caller send the bucket as an "
+                "int64 feature, or replace the hashing by a vocabulary lookup (StringLookup or IntegerLookup with "
+                "num_oov_indices=1, a StaticHashTable), which s2t convert lifts exactly")
     if op == "ParseExample":
         return "export the signature with tf.io.parse_example (ParseExampleV2), whose parsing s2t convert lifts out"
     if op in _CONTRIB_OPS:
@@ -48,21 +65,39 @@ def _way_out(op: str) -> str:
             "with tf2onnx (`--custom-ops`) and provide its kernel as an ONNX Runtime custom op library")
 
 
+def refusal_in_log(log: str, returncode: int, lifted_ops: frozenset[str] = frozenset()) -> ConversionError | None:
+    """s2t's own refusal for what tf2onnx's log shows it could not convert (op, node, way out); None when it shows
+    nothing of the kind. tf2onnx's own assertions never reach the user."""
+    refusal = _REFUSAL.search(log)
+    if refusal:
+        return ConversionError(f"op {refusal['op']} at node {refusal['node']} cannot be converted exactly: "
+                               f"{refusal['reason']}; {refusal['way_out']}")
+    unsupported = [(m["op"], m["node"]) for m in _UNSUPPORTED_OP.finditer(log) if m["op"] not in lifted_ops]
+    if unsupported:
+        details = "; ".join(f"op {op} at node {node}: {_way_out(op)}" for op, node in dict.fromkeys(unsupported))
+        return ConversionError(f"tf2onnx cannot convert {len(set(unsupported))} op(s): {details}")
+    failed = _FAILED_NODE.search(log)
+    if returncode != 0 and failed:
+        op = _NODE_OP.search(log[failed.end():failed.end() + 2000])
+        return ConversionError(f"{'op ' + op['op'] if op else 'the op'} at node {failed['node']} cannot be "
+                               f"converted by tf2onnx: {_way_out(op['op'] if op else '')}")
+    return None
+
+
 def run_tf2onnx(saved_model: Path, opset: int, lifted_ops: frozenset[str] = frozenset()) -> onnx.ModelProto:
     """The raw conversion; ops in `lifted_ops` may stay unconverted (tf2onnx keeps them as they are) for the caller
     to cut out."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "raw.onnx"
         proc = subprocess.run(
-            [sys.executable, "-m", "tf2onnx.convert", "--saved-model", str(saved_model), "--signature_def",
+            [sys.executable, "-m", "s2t.models.tf2onnx_handlers", "--saved-model", str(saved_model), "--signature_def",
              "serving_default", "--opset", str(opset), "--output", str(out)],
             capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
         )
         log = proc.stdout + proc.stderr
-        unsupported = [(m["op"], m["node"]) for m in _UNSUPPORTED_OP.finditer(log) if m["op"] not in lifted_ops]
-        if unsupported:
-            details = "; ".join(f"op {op} at node {node}: {_way_out(op)}" for op, node in dict.fromkeys(unsupported))
-            raise ConversionError(f"tf2onnx cannot convert {len(set(unsupported))} op(s): {details}")
+        refused = refusal_in_log(log, proc.returncode, lifted_ops)
+        if refused is not None:
+            raise refused
         if proc.returncode != 0 or not out.exists():
             tail = "\n".join(log.strip().splitlines()[-8:])
             raise ConversionError(f"tf2onnx failed on {saved_model}:\n{tail}")
@@ -77,10 +112,22 @@ def _rank(value_info: onnx.ValueInfoProto) -> int:
     return len(value_info.type.tensor_type.shape.dim)
 
 
-def _column(source: str, index: int, rank: int, output: str) -> tuple[onnx.NodeProto, onnx.TensorProto]:
-    """Gather one column of a packed input, keeping the rank the original input had ([batch] or [batch, 1])."""
-    const = numpy_helper.from_array(np.array(index if rank == 1 else [index], dtype=np.int64),
-                                    name=f"{output}__column")
+def _count(value_info: onnx.ValueInfoProto) -> int:
+    """Values per record: the last dimension of a [batch, n] input with n > 1, else 1."""
+    dims = value_info.type.tensor_type.shape.dim
+    return dims[1].dim_value if len(dims) == 2 and dims[1].dim_value > 1 else 1
+
+
+def _columns_of(name: str, count: int) -> list[str]:
+    return [name] if count == 1 else [value_column(name, i) for i in range(count)]
+
+
+def _column(source: str, index: int, rank: int, output: str, count: int = 1
+            ) -> tuple[onnx.NodeProto, onnx.TensorProto]:
+    """Gather the `count` columns of one feature from a packed input, keeping the rank the original input had
+    ([batch], [batch, 1] or [batch, count])."""
+    const = numpy_helper.from_array(np.array(index if rank == 1 else list(range(index, index + count)),
+                                             dtype=np.int64), name=f"{output}__column")
     return helper.make_node("Gather", [source, const.name], [output], axis=1, name=f"{output}__unpack"), const
 
 
@@ -92,37 +139,51 @@ def pack_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FeatureSpec]:
         for name in node.input:
             consumers[name].append(node)
 
-    categorical, numeric, new_nodes, consts, removed = [], [], [], [], set()
+    categorical, numeric, new_nodes, consts, values = [], [], [], [], {}
     for inp in graph.input:
         kind = _elem_type(inp)
+        count = _count(inp)
+        if count > 1:
+            values[inp.name] = count
         if kind == TensorProto.STRING:
-            users = consumers[inp.name]
-            if not users or any(u.op_type != "CategoryMapper" for u in users):
-                ops = sorted({u.op_type for u in users}) or ["nothing"]
-                raise ConversionError(
-                    f"string input {inp.name!r} feeds {', '.join(ops)}; only vocabulary lookups "
-                    "(StringLookup -> CategoryMapper) can be moved out of the graph")
-            vocabularies = {_vocabulary(u) for u in users}
-            if len(vocabularies) != 1:
-                raise ConversionError(f"string input {inp.name!r} is looked up in {len(vocabularies)} vocabularies")
-            vocab, default = vocabularies.pop()
-            categorical.append(CategoricalFeature(inp.name, dict(vocab), default))
-            index = len(categorical) - 1
-            for user in users:
-                node, const = _column(CATEGORICAL_INPUT, index, _rank(inp), user.output[0])
-                new_nodes.append(node)
-                consts.append(const)
-                removed.add(id(user))
+            mappers = _lookups_of(inp.name, consumers, {o.name for o in graph.output})
+            vocabularies = {_vocabulary(u) for u in mappers}
+            if len(vocabularies) == 1:
+                vocab, default = vocabularies.pop()
+                remaps = {}
+            else:
+                vocab, default, remaps = _shared_vocabulary(inp.name, mappers)
+            categorical.extend(CategoricalFeature(c, dict(vocab), default) for c in _columns_of(inp.name, count))
+            # The column of indices takes the input's place; reshaping ops between it and the lookups work on
+            # indices as they did on strings, and each lookup becomes the identity (one vocabulary) or a gather
+            # of its own values by the shared index (several).
+            node, const = _column(CATEGORICAL_INPUT, len(categorical) - count, _rank(inp), inp.name, count)
+            new_nodes.append(node)
+            consts.append(const)
+            for mapper in mappers:
+                mapper.op_type, mapper.domain = ("Gather" if remaps else "Identity"), ""
+                del mapper.attribute[:]
+                if remaps:
+                    consts.append(remaps[id(mapper)])
+                    mapper.input[:] = [remaps[id(mapper)].name, mapper.input[0]]
+                    mapper.attribute.append(helper.make_attribute("axis", 0))
+        elif kind == TensorProto.INT64:
+            # An int64 feature travels as itself in the int64 `categorical` input; the graph's own use of it
+            # (a lookup, a modulo, a cast) stays in the graph, exact.
+            categorical.extend(CategoricalFeature(c, {}, 0, INTEGER) for c in _columns_of(inp.name, count))
+            node, const = _column(CATEGORICAL_INPUT, len(categorical) - count, _rank(inp), inp.name, count)
+            new_nodes.append(node)
+            consts.append(const)
         elif kind == TensorProto.FLOAT:
-            numeric.append(inp.name)
-            node, const = _column(NUMERIC_INPUT, len(numeric) - 1, _rank(inp), inp.name)
+            numeric.extend(_columns_of(inp.name, count))
+            node, const = _column(NUMERIC_INPUT, len(numeric) - count, _rank(inp), inp.name, count)
             new_nodes.append(node)
             consts.append(const)
         else:
             raise ConversionError(f"input {inp.name!r} has ONNX type "
-                                  f"{TensorProto.DataType.Name(kind)}; only strings and float32 can be packed")
+                                  f"{TensorProto.DataType.Name(kind)}; only strings, int64 and float32 can be packed")
 
-    kept = [n for n in graph.node if id(n) not in removed]
+    kept = list(graph.node)
     del graph.node[:]
     graph.node.extend(new_nodes + kept)
     graph.initializer.extend(consts)
@@ -136,7 +197,48 @@ def pack_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FeatureSpec]:
         kept_opsets = [o for o in model.opset_import if o.domain != "ai.onnx.ml"]
         del model.opset_import[:]
         model.opset_import.extend(kept_opsets)
-    return model, FeatureSpec(tuple(categorical), tuple(numeric))
+    return model, FeatureSpec(tuple(categorical), tuple(numeric), values=values)
+
+
+# Ops that only move or reshape values; tf2onnx puts them between a string input and its lookup (a Keras layer
+# that squeezes its input first, say).
+_RESHAPING_OPS = frozenset({"Slice", "Squeeze", "Unsqueeze", "Reshape", "Flatten"})
+
+
+def _lookups_of(name: str, consumers: dict[str, list[onnx.NodeProto]], outputs: set[str]) -> list[onnx.NodeProto]:
+    """The CategoryMappers a string input reaches, through reshaping ops only; anything else is refused."""
+    mappers, pending, seen = [], [name], set()
+    while pending:
+        tensor = pending.pop()
+        users = consumers[tensor]
+        bad = sorted({u.op_type for u in users if u.op_type != "CategoryMapper" and u.op_type not in _RESHAPING_OPS
+                      or u.op_type in _RESHAPING_OPS and u.input[0] != tensor})
+        if not users or bad or tensor in outputs:
+            ops = sorted({u.op_type for u in users}) or ["nothing"]
+            raise ConversionError(
+                f"string input {name!r} feeds {', '.join(ops)}; only vocabulary lookups "
+                "(StringLookup -> CategoryMapper), reached through reshaping ops, can be moved out of the graph")
+        for user in users:
+            if id(user) in seen:
+                continue
+            seen.add(id(user))
+            if user.op_type == "CategoryMapper":
+                mappers.append(user)
+            else:
+                pending.extend(user.output)
+    return mappers
+
+
+def _shared_vocabulary(name: str, mappers: list[onnx.NodeProto]
+                       ) -> tuple[tuple[tuple[str, int], ...], int, dict[int, onnx.TensorProto]]:
+    """One string looked up in several tables: the index of each key in the union of their keys (the keys of none
+    share the index after the last), and per table its values (its default last) to gather by that index."""
+    tables = [(m, dict(_vocabulary(m)[0]), _vocabulary(m)[1]) for m in mappers]
+    keys = list(dict.fromkeys(k for _, table, _ in tables for k in table))
+    remaps = {id(m): numpy_helper.from_array(np.array([table.get(k, default) for k in keys] + [default], np.int64),
+                                             name=f"{name}__table{i}__values") for i, (m, table, default) in
+              enumerate(tables)}
+    return tuple((k, i) for i, k in enumerate(keys)), len(keys), remaps
 
 
 def _vocabulary(node: onnx.NodeProto) -> tuple[tuple[tuple[str, int], ...], int]:
@@ -161,11 +263,11 @@ def name_output(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def shape_for_serving(raw: onnx.ModelProto, defaults: dict[str, str | float] | None = None,
+def shape_for_serving(raw: onnx.ModelProto, defaults: dict[str, str | float | int] | None = None,
                       metadata: dict[str, str] | None = None) -> tuple[onnx.ModelProto, FeatureSpec]:
     model, spec = pack_inputs(raw)
     if defaults:
-        spec = FeatureSpec(spec.categorical, spec.numeric, dict(defaults))
+        spec = replace(spec, defaults=dict(defaults))
     model = name_output(model)
     helper.set_model_props(model, {**(metadata or {}), METADATA_KEY: spec.to_json()})
     model.producer_name = "skill2triton"

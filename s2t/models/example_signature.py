@@ -19,6 +19,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from backends.feature_spec import value_column
+
 PARSE_OP = "ParseExampleV2"
 # The converted model keeps the name of the signature's input, so that parity can call the SavedModel with the
 # same serialized Examples it sends to the converted model.
@@ -26,7 +28,7 @@ EXAMPLE_INPUT_KEY = "skill2triton.tf_example_input"
 BATCH_DIM = "batch"
 # ParseExampleV2(serialized, names, sparse_keys, dense_keys, ragged_keys, dense_defaults...)
 _SERIALIZED, _SPARSE_KEYS, _DENSE_KEYS, _RAGGED_KEYS, _FIRST_DEFAULT = 0, 2, 3, 4, 5
-_LIFTED_TYPES = frozenset({TensorProto.FLOAT, TensorProto.STRING})
+_LIFTED_TYPES = frozenset({TensorProto.FLOAT, TensorProto.STRING, TensorProto.INT64})
 
 
 class SignatureError(Exception):
@@ -38,7 +40,8 @@ class DenseFeature:
     key: str
     elem_type: int  # ONNX TensorProto type of the parsed tensor
     shape: tuple[int, ...]  # per example, as tf.io.FixedLenFeature says: () or (1,)
-    default: str | float | None  # the parse default; None: the feature is required
+    # the parse default (a tuple for a feature of several values); None: the feature is required
+    default: str | float | int | tuple | None
 
 
 def parse_node(model: onnx.ModelProto) -> onnx.NodeProto | None:
@@ -56,10 +59,12 @@ def dense_features(node: onnx.NodeProto, initializers: Mapping[str, np.ndarray],
     for kind, keys_input in (("sparse (VarLenFeature)", _SPARSE_KEYS), ("ragged", _RAGGED_KEYS)):
         keys = _constant(node, keys_input, initializers)
         if keys.size:
-            raise SignatureError(f"{kind} features {', '.join(_texts(keys))} cannot be lifted: a record holds one "
-                                 "value per feature (tf.io.FixedLenFeature)")
+            raise SignatureError(f"{kind} features {', '.join(_texts(keys))} cannot be lifted: a record holds a fixed "
+                                 "number of values per feature; re-export them as tf.io.FixedLenFeature([n], "
+                                 "default_value=...) padded to n values")
     if attrs.get("num_sparse", 0) or attrs.get("ragged_value_types"):
-        raise SignatureError("sparse or ragged features cannot be lifted: a record holds one value per feature")
+        raise SignatureError("sparse or ragged features cannot be lifted: a record holds a fixed number of values per "
+                             "feature; re-export them as tf.io.FixedLenFeature([n]) padded to n values")
     keys = _texts(_constant(node, _DENSE_KEYS, initializers))
     if len(node.input) != _FIRST_DEFAULT + len(keys):
         raise SignatureError(f"the parse op has {len(node.input) - _FIRST_DEFAULT} defaults for {len(keys)} features")
@@ -71,13 +76,15 @@ def dense_features(node: onnx.NodeProto, initializers: Mapping[str, np.ndarray],
         elem_type = TensorProto.STRING if is_text else helper.np_dtype_to_tensor_dtype(default.dtype)
         if elem_type not in _LIFTED_TYPES:
             raise SignatureError(f"feature {key!r} is parsed as {TensorProto.DataType.Name(elem_type)}; a record "
-                                 "carries float32 numbers and strings")
+                                 "carries float32 numbers, int64 integers and strings")
         if key not in shapes:
             raise SignatureError(f"the SavedModel declares no shape for feature {key!r} (default {default_name})")
         shape = tuple(shapes[key])
-        if int(np.prod(shape, dtype=np.int64)) != 1:
-            raise SignatureError(f"feature {key!r} has shape {list(shape)} per example; a record holds one value")
-        features.append(DenseFeature(key, elem_type, shape, _one_value(key, default)))
+        if len(shape) > 1 and int(np.prod(shape[:-1], dtype=np.int64)) != 1 or 0 in shape:
+            raise SignatureError(f"feature {key!r} has shape {list(shape)} per example; a record holds one value "
+                                 "or a list of values")
+        count = int(np.prod(shape, dtype=np.int64))
+        features.append(DenseFeature(key, elem_type, shape, _default(key, default, count)))
     return tuple(features)
 
 
@@ -119,13 +126,19 @@ def lift_parse_example(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, .
 
 
 def lift_from_saved_model(model: onnx.ModelProto, saved_model: Path
-                          ) -> tuple[onnx.ModelProto, dict[str, str | float], dict[str, str]]:
+                          ) -> tuple[onnx.ModelProto, dict[str, str | float | int], dict[str, str]]:
     """The converted graph with its tf.Example parsing lifted out, the parse defaults and the metadata to keep; the
     graph unchanged (no defaults, no metadata) when its signature takes no serialized tf.Example."""
     if parse_node(model) is None:
         return model, {}, {}
     model, features, example_input = lift_parse_example(model, saved_model_dense_shapes(saved_model))
-    return model, {f.key: f.default for f in features if f.default is not None}, {EXAMPLE_INPUT_KEY: example_input}
+    defaults: dict[str, str | float | int] = {}
+    for feature in features:
+        if isinstance(feature.default, tuple):
+            defaults.update({value_column(feature.key, i): v for i, v in enumerate(feature.default)})
+        elif feature.default is not None:
+            defaults[feature.key] = feature.default
+    return model, defaults, {EXAMPLE_INPUT_KEY: example_input}
 
 
 def saved_model_dense_shapes(saved_model: Path) -> dict[str, tuple[int, ...]]:
@@ -167,11 +180,16 @@ def _texts(values: np.ndarray) -> list[str]:
     return [v.decode() if isinstance(v, bytes) else str(v) for v in values.ravel()]
 
 
-def _one_value(key: str, default: np.ndarray) -> str | float | None:
+def _default(key: str, default: np.ndarray, count: int) -> str | float | int | tuple | None:
     if default.size == 0:
         return None
-    if default.size != 1:
-        raise SignatureError(f"feature {key!r} has a default of {default.size} values; a record holds one")
+    if default.size != count:
+        raise SignatureError(f"feature {key!r} has a default of {default.size} values for {count} per example")
+    values = tuple(_one_value(key, default.ravel()[i:i + 1]) for i in range(count))
+    return values[0] if count == 1 else values
+
+
+def _one_value(key: str, default: np.ndarray) -> str | float | int:
     value = default.ravel()[0]
     if isinstance(value, str):
         return value
@@ -180,4 +198,6 @@ def _one_value(key: str, default: np.ndarray) -> str | float | None:
             return value.decode("utf-8")
         except UnicodeDecodeError:
             raise SignatureError(f"the default of feature {key!r} is not UTF-8 text") from None
+    if default.dtype.kind in "iu":
+        return int(value)
     return float(value)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from backends.example_record import as_example
-from backends.feature_spec import CategoricalFeature, FeatureSpec
+from backends.feature_spec import INTEGER, CategoricalFeature, FeatureSpec
 from backends.record_decoder import RecordDecoder
 from s2t.gate import example_parity
 from s2t.models.convert import shape_for_serving
@@ -44,15 +44,20 @@ REQUIRED_FLOAT = np.array([], dtype=np.float32)
      (DenseFeature("age", TensorProto.FLOAT, (), 30.0), DenseFeature("purpose", TensorProto.STRING, (1,), "other"))),
     (["purpose"], [np.array([b"other"], dtype=object)], {"purpose": ()},
      (DenseFeature("purpose", TensorProto.STRING, (), "other"),)),
+    (["branch", "rank"], [np.array([2 ** 40 + 7], np.int64), np.array([], np.int64)], {"branch": (1,), "rank": ()},
+     (DenseFeature("branch", TensorProto.INT64, (1,), 2 ** 40 + 7), DenseFeature("rank", TensorProto.INT64, (), None))),
 ])
 def test_parsed_features_come_from_the_keys_defaults_and_declared_shapes(keys, defaults, shapes, expected):
     node, initializers = parse_node(keys, defaults)
-    assert dense_features(node, initializers, shapes) == expected
+    features = dense_features(node, initializers, shapes)
+    assert features == expected
+    # An int64 default stays an integer: 2**40 + 7 as a float would still compare equal, its type would not.
+    assert [type(f.default) for f in features] == [type(f.default) for f in expected]
 
 
 @pytest.mark.parametrize("keys, defaults, shapes, sparse_keys, message", [
-    (["amount"], [REQUIRED_FLOAT], {"amount": (3,)}, EMPTY_TEXT, "feature 'amount' has shape [3] per example"),
-    (["count"], [np.array([], np.int64)], {"count": (1,)}, EMPTY_TEXT, "feature 'count' is parsed as INT64"),
+    (["amount"], [REQUIRED_FLOAT], {"amount": (2, 3)}, EMPTY_TEXT, "feature 'amount' has shape [2, 3] per example"),
+    (["count"], [np.array([], np.float64)], {"count": (1,)}, EMPTY_TEXT, "feature 'count' is parsed as DOUBLE"),
     (["amount"], [REQUIRED_FLOAT], {}, EMPTY_TEXT, "declares no shape for feature 'amount'"),
     (["amount"], [REQUIRED_FLOAT], {"amount": (1,)}, np.array(["tags"], dtype=object),
      "sparse (VarLenFeature) features tags cannot be lifted"),
@@ -142,6 +147,27 @@ def test_a_cell_that_cannot_take_its_features_type_is_that_rows_error(cells, mes
         example_parity.example_features(cells, SPEC)
 
 
+INTEGER_SPEC = FeatureSpec((CategoricalFeature("branch", {}, 0, INTEGER), CategoricalFeature("purpose", {"car": 0}, 1)),
+                           ("amount",), {"branch": -1})
+
+
+@pytest.mark.parametrize("cells, expected", [
+    ({"branch": "1099511627783", "purpose": "car", "amount": "3"}, {"branch": 2 ** 40 + 7, "purpose": "car",
+                                                                    "amount": 3.0}),
+    ({"branch": "-4", "purpose": "", "amount": "3"}, {"branch": -4, "amount": 3.0}),
+    ({"branch": "", "amount": "3"}, {"amount": 3.0}),
+])
+def test_an_int64_column_becomes_an_integer_feature(cells, expected):
+    features = example_parity.example_features(cells, INTEGER_SPEC)
+    assert features == expected and all(type(features[k]) is type(v) for k, v in expected.items())
+    assert as_example(example_parity.serialize_example(features)).features == features
+
+
+def test_an_int64_cell_that_is_no_integer_is_that_rows_error():
+    with pytest.raises(example_parity.RowError, match="column branch: '2.5' is not an integer"):
+        example_parity.example_features({"branch": "2.5", "amount": "1"}, INTEGER_SPEC)
+
+
 def test_a_built_example_decodes_as_the_same_record():
     features = {"purpose": "car", "amount": 1200.25, "age": 41.0}
     assert as_example(example_parity.serialize_example(features)).features == features
@@ -219,3 +245,13 @@ def test_a_feature_with_a_parse_default_may_have_no_column(tmp_path):
 def test_a_legacy_parse_example_op_is_refused_with_the_way_to_export_it():
     from s2t.models.convert import _way_out
     assert "tf.io.parse_example (ParseExampleV2)" in _way_out("ParseExample")
+
+
+@pytest.mark.parametrize("keys, defaults, shapes, expected", [
+    (["history"], [np.array([1.0, 2.0, 3.0], np.float32)], {"history": (3,)},
+     (DenseFeature("history", TensorProto.FLOAT, (3,), (1.0, 2.0, 3.0)),)),
+    (["codes"], [np.array([], np.int64)], {"codes": (2,)}, (DenseFeature("codes", TensorProto.INT64, (2,), None),)),
+])
+def test_a_feature_of_several_values_per_example_is_lifted_with_its_defaults(keys, defaults, shapes, expected):
+    node, initializers = parse_node(keys, defaults)
+    assert dense_features(node, initializers, shapes) == expected

@@ -1,0 +1,170 @@
+"""The corpus of legacy constructs (tests/integration/legacy_corpus.py): each SavedModel built once per session,
+converted by `s2t convert`, parity-gated against TensorFlow over 500 rows with out-of-vocabulary values and missing
+features; the main one published and compared live over HTTP and gRPC, good and bad records side by side; each
+construct that cannot be served exactly refused by `s2t convert` in its own words."""
+import os
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from s2t.gate import example_parity
+from s2t.gate.model_config import decision_thresholds
+from tests.conftest import MODEL_REPOSITORY, S2T
+from tests.integration import legacy_corpus
+from tests.integration.servers import serving, triton_server
+
+TF_QUIET = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+ATOL = 1e-5
+ROWS = 500
+CONVERTED = [c.name for c in legacy_corpus.CORPUS if c.refused_with is None]
+REFUSED = [c.name for c in legacy_corpus.CORPUS if c.refused_with is not None]
+MAIN = next(c.name for c in legacy_corpus.CORPUS if c.main)
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """Every construct's SavedModel and what `s2t convert` made of it (conversions run side by side)."""
+    root = tmp_path_factory.mktemp("legacy_corpus")
+    for construct in legacy_corpus.CORPUS:
+        legacy_corpus.build(construct, root / construct.name)
+
+    def convert(name: str):
+        return name, subprocess.run([str(S2T), "convert", str(root / name), str(root / f"{name}.onnx")],
+                                    capture_output=True, text=True, env=TF_QUIET, timeout=900)
+
+    with ThreadPoolExecutor(3) as pool:
+        converted = dict(pool.map(convert, [c.name for c in legacy_corpus.CORPUS]))
+    return root, converted
+
+
+def _expected_refusals(rows: list[dict[str, str]]) -> list[int]:
+    return [i for i, row in enumerate(rows) if not row["age"]]
+
+
+@pytest.mark.parametrize("name", CONVERTED)
+def test_each_construct_converts_and_scores_as_the_saved_model_on_500_rows(corpus, name):
+    root, converted = corpus
+    assert converted[name].returncode == 0, converted[name].stderr[-3000:]
+    construct = legacy_corpus.BY_NAME[name]
+    rows = legacy_corpus.rows(construct, ROWS)
+    data = legacy_corpus.write_csv(root / f"{name}.csv", rows)
+    report = example_parity.run(root / name, root / f"{name}.onnx", data, atol=ATOL,
+                                thresholds=decision_thresholds(MODEL_REPOSITORY / "risk_pipeline"))
+    offline = report.comparisons[0]
+    refused = _expected_refusals(rows)
+    assert report.passed, report.table()
+    assert offline.rows == ROWS - len(refused) and offline.max_abs <= ATOL and offline.decisions_changed == []
+    # Only the rows without `age` (no parse default) are refused, by both sides, naming it.
+    assert [int(line.split(":")[0].split()[1]) for line in report.row_errors] == refused
+    assert all(line.endswith("features.age: missing") for line in report.row_errors)
+    # Rows that leave the construct's feature out took the parse default; out-of-vocabulary rows are in the data.
+    assert any(not rows[i][key] for i in range(ROWS) for key in construct.features)
+    spec = report_spec(root / f"{name}.onnx")
+    scored = [example_parity.serialize_example(example_parity.example_features(r, spec)) for r in rows if r["age"]]
+    scores = example_parity.onnx_outcomes(root / f"{name}.onnx", spec, scored[:100])
+    assert len({round(s, 6) for s in scores}) > 10, "the construct must change the score"
+
+
+def report_spec(onnx_path):
+    import onnx
+
+    from s2t.models.convert import read_spec
+    return read_spec(onnx.load(str(onnx_path)))
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_a_construct_that_cannot_be_served_exactly_is_refused_naming_it_and_the_way_out(corpus, name):
+    root, converted = corpus
+    done = converted[name]
+    assert done.returncode != 0
+    assert legacy_corpus.BY_NAME[name].refused_with in done.stderr, done.stderr[-3000:]
+    assert "make_sure" not in done.stderr and "Traceback" not in done.stderr
+    assert not (root / f"{name}.onnx").exists()
+
+
+@pytest.fixture(scope="module")
+def main_triton(corpus, tmp_path_factory):
+    """risk_pipeline and a risk_scorer sized for the main construct model, version 1 published by `s2t publish`
+    (gated on tf.Example parity); the real tritonserver on it."""
+    root, converted = corpus
+    assert converted[MAIN].returncode == 0, converted[MAIN].stderr[-3000:]
+    spec = report_spec(root / f"{MAIN}.onnx")
+    repository = tmp_path_factory.mktemp("corpus_repository")
+    (repository / "risk_scorer").mkdir()
+    config = (MODEL_REPOSITORY / "risk_scorer" / "config.pbtxt").read_text()
+    (repository / "risk_scorer" / "config.pbtxt").write_text(
+        config.replace("dims: [ 13 ]", f"dims: [ {len(spec.categorical)} ]")
+        .replace("dims: [ 7 ]", f"dims: [ {len(spec.numeric)} ]"))
+    shutil.copytree(MODEL_REPOSITORY / "risk_pipeline", repository / "risk_pipeline",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    gate = legacy_corpus.write_csv(root / "gate.csv", legacy_corpus.rows(legacy_corpus.BY_NAME[MAIN], 60, seed=11))
+    done = subprocess.run([str(S2T), "publish", "risk_scorer", str(root / f"{MAIN}.onnx"), "--repository",
+                           str(repository), "--saved-model", str(root / MAIN), "--data", str(gate)],
+                          capture_output=True, text=True, env=TF_QUIET, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    server = triton_server([repository], log_path=root / "tritonserver.log", exit_timeout_seconds=10)
+    with serving(server):
+        yield server
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_main_constructs_served_live_score_as_the_saved_model(corpus, main_triton, protocol):
+    root, _ = corpus
+    rows = legacy_corpus.rows(legacy_corpus.BY_NAME[MAIN], ROWS, seed=17)
+    data = legacy_corpus.write_csv(root / f"live_{protocol}.csv", rows)
+    url = main_triton.http_url if protocol == "http" else main_triton.grpc_url
+    report = example_parity.run(root / MAIN, root / f"{MAIN}.onnx", data, atol=ATOL, url=url, protocol=protocol,
+                                thresholds=decision_thresholds(MODEL_REPOSITORY / "risk_pipeline"))
+    live = report.comparisons[1]
+    assert live.candidate == f"triton risk_pipeline ({protocol})"
+    assert report.passed and live.max_abs <= ATOL and live.decisions_changed == [], report.table()
+    assert live.rows == ROWS - len(_expected_refusals(rows))
+    assert all(line.endswith(f"triton risk_pipeline ({protocol}): features.age: missing")
+               for line in report.row_errors)
+
+
+BAD_BRANCHES = {  # an int64 feature sent as something else: that record's error, naming the field
+    '"branch": 2.5': "features.branch: expected an integer, got number",
+    '"branch": "101"': "features.branch: expected an integer, got string",
+    '"branch": 9223372036854775808': "features.branch: 9223372036854775808 is outside the int64 range",
+    '"branch": true': "features.branch: expected an integer, got boolean",
+}
+
+
+def test_bad_int64_features_are_refused_alone_while_good_records_score_exactly(corpus, main_triton):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    root, _ = corpus
+    spec = report_spec(root / f"{MAIN}.onnx")
+    good = [r for r in legacy_corpus.rows(legacy_corpus.BY_NAME[MAIN], 48, seed=23) if r["age"]]
+    examples = [example_parity.serialize_example(example_parity.example_features(r, spec)) for r in good]
+    legacy = example_parity.legacy_outcomes(root / MAIN, "examples", examples)
+    bad = [f'{{"features": {{"purpose": "car", "amount": 100.0, "age": 40.0, {field}}}}}'.encode()
+           for field in BAD_BRANCHES]
+    payloads = [(p, float(s)) for p, s in zip(examples, legacy)] + [(p, m) for p, m in zip(bad, BAD_BRANCHES.values())]
+    order = np.random.default_rng(5).permutation(len(payloads) * 2) % len(payloads)
+
+    def score(index: int):
+        client = grpcclient.InferenceServerClient(main_triton.grpc_url)
+        try:
+            payload = grpcclient.InferInput("payload", [1, 1], "BYTES")
+            payload.set_data_from_numpy(np.array([[payloads[index][0]]], dtype=object))
+            return float(client.infer("risk_pipeline", [payload]).as_numpy("probability").ravel()[0])
+        except InferenceServerException as err:
+            return err.message()
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(score, order.tolist()))
+    for index, answer in zip(order.tolist(), answers):
+        expected = payloads[index][1]
+        if isinstance(expected, str):
+            assert isinstance(answer, str) and expected in answer, (index, answer)
+        else:
+            assert isinstance(answer, float) and abs(answer - expected) <= ATOL, (index, answer, expected)
+    assert main_triton.process.poll() is None
