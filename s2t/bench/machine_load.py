@@ -49,8 +49,10 @@ class Verdict:
 def verdict(load_average_1m: float, cores: int, rounds: list[RoundLoad]) -> Verdict:
     """Publishable when the load average at the start was at most LOAD_PER_CORE_LIMIT per core and no round saw
     other processes use more than OTHER_CPU_SHARE_LIMIT of the CPU. A round whose share cannot be told (no wall
-    time) is no evidence of a quiet machine either."""
+    time) is no evidence of a quiet machine either, nor is a run with no watched round."""
     reasons = []
+    if not rounds:
+        reasons.append("no measured round was watched for other processes' CPU")
     per_core = load_average_1m / max(cores, 1)
     if per_core > LOAD_PER_CORE_LIMIT:
         reasons.append(f"load average {load_average_1m:.2f} at the start on {cores} cores: {per_core:.2f} per core "
