@@ -876,8 +876,10 @@ def _run_bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_mod
     if mode == "crossover":
         from s2t.bench import crossover
         results = crossover.run(out_dir, pipeline_repository, onnx_model, data_csv, log=log, on_progress=on_progress)
-        lines = [f"width {p['width']}: {p['ratio']:.2f}x (Triton {p['triton']['throughput']:.0f}, "
-                 f"FastAPI {p['fastapi']['throughput']:.0f} req/s)" for p in results["points"]]
+        from s2t.bench.machine_load import markdown_lines
+        lines = [*markdown_lines(results["load"]), *(
+            f"width {p['width']}: {p['ratio']:.2f}x (Triton {p['triton']['throughput']:.0f}, "
+            f"FastAPI {p['fastapi']['throughput']:.0f} req/s)" for p in results["points"])]
         return {**results, "results": str(out_dir / "crossover.json")}, \
             "\n".join(lines + [f"results: {out_dir / 'crossover.json'}, {out_dir / 'crossover.png'}"])
     if mode == "model-analyzer":

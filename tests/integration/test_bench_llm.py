@@ -4,6 +4,7 @@ import json
 
 from tests.conftest import DATA_CSV, ENSEMBLES, LLM_REPOSITORY, MODEL_REPOSITORY
 from s2t.bench import llm
+from tests.integration.bench_load import assert_load_follows_the_rule
 
 
 def test_llm_bench_measures_both_policies_and_risk_pipeline_and_reports_every_step(built_artifacts, tmp_path):
@@ -15,6 +16,9 @@ def test_llm_bench_measures_both_policies_and_risk_pipeline_and_reports_every_st
     assert set(results["mixed"]) == {"length_aware", "fifo"}
     assert results["risk_beside_llm"]["alone"]["throughput"] > 0
     assert json.loads((tmp_path / "results.json").read_text())["mixed"] == results["mixed"]
+    assert_load_follows_the_rule(results, [*(f"llm c={c}" for c in llm.CONCURRENCY), "mixed prompts, length_aware",
+                                           "mixed prompts, fifo", "risk_pipeline beside the LLM"],
+                                 (tmp_path / "results.md").read_text())
     assert [label for _, _, label in heard] == [
         "length_aware: tritonserver starting", "length_aware: llm c=1", "length_aware: llm c=2",
         "length_aware: llm c=4", "length_aware: mixed prompts", "fifo: tritonserver starting", "fifo: mixed prompts",
