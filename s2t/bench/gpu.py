@@ -208,8 +208,9 @@ def best_optimum(points: list[GpuPoint]) -> dict:
 
 
 def markdown(points: list[GpuPoint], gpu: str, optimum: dict, served: list[dict] = (),
-             unavailable: list[dict] = ()) -> str:
-    lines = [f"# GPU benchmark ({gpu})", "",
+             unavailable: list[dict] = (), load: dict | None = None) -> str:
+    """`load`: the run's machine-load summary; its verdict comes right under the heading."""
+    lines = [f"# GPU benchmark ({gpu})", "", *(machine_load.markdown_lines(load) if load else []),
              "In-process, host rows in to host probabilities out, one caller.", "",
              "| engine | batch | CUDA graph | rows/s | p50 ms | p99 ms |", "|---|---:|:---:|---:|---:|---:|"]
     for p in points:
@@ -295,6 +296,5 @@ def run(onnx_path: Path, data_csv: Path, out_dir: Path, seconds: float = 1.0, ba
                "best_optimum": best, "served": served, "unavailable": unavailable, "load": load,
                "publishable": load["publishable"]}
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out_dir / "results.md").write_text("\n".join(machine_load.markdown_lines(load))
-                                        + markdown(points, gpu, best, served, unavailable))
+    (out_dir / "results.md").write_text(markdown(points, gpu, best, served, unavailable, load))
     return results
