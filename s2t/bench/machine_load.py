@@ -91,7 +91,8 @@ class LoadWatch:
 
     def __init__(self, pid: int | None = None, load_average_1m: float | None = None, cores: int | None = None):
         self.pid = os.getpid() if pid is None else pid
-        self.load_average_1m = psutil.getloadavg()[0] if load_average_1m is None else load_average_1m
+        # Rounded as it is recorded, so that the verdict is the one a reader recomputes from results.json.
+        self.load_average_1m = round(psutil.getloadavg()[0] if load_average_1m is None else load_average_1m, 2)
         self.cores = cores or psutil.cpu_count() or 1
         self.rounds: list[RoundLoad] = []
 
