@@ -909,15 +909,17 @@ def _run_bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_mod
             gpu.run(onnx_model, data_csv, out_dir / "gpu", url=url, log=log)
         except EngineBuildError as err:
             raise click.ClickException(str(err)) from None
-        return _bench_files(out_dir / "gpu" / "results.json", out_dir / "gpu" / "results.md"), \
-            f"results: {out_dir / 'gpu' / 'results.md'}"
+        document = _bench_files(out_dir / "gpu" / "results.json", out_dir / "gpu" / "results.md")
+        return document, _verdict(document) + f"results: {out_dir / 'gpu' / 'results.md'}"
     pipeline_repository = next((r for r in repositories if (Path(r) / "risk_pipeline").is_dir()),
                                Path("model_repository"))
     if mode == "crossover":
         from s2t.bench import crossover
         results = crossover.run(out_dir, pipeline_repository, onnx_model, data_csv, log=log, on_progress=on_progress)
-        lines = [f"width {p['width']}: {p['ratio']:.2f}x (Triton {p['triton']['throughput']:.0f}, "
-                 f"FastAPI {p['fastapi']['throughput']:.0f} req/s)" for p in results["points"]]
+        from s2t.bench.machine_load import markdown_lines
+        lines = [*markdown_lines(results["load"]), *(
+            f"width {p['width']}: {p['ratio']:.2f}x (Triton {p['triton']['throughput']:.0f}, "
+            f"FastAPI {p['fastapi']['throughput']:.0f} req/s)" for p in results["points"])]
         return {**results, "results": str(out_dir / "crossover.json")}, \
             "\n".join(lines + [f"results: {out_dir / 'crossover.json'}, {out_dir / 'crossover.png'}"])
     if mode == "model-analyzer":
@@ -930,19 +932,25 @@ def _run_bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_mod
     if mode == "llm":
         from s2t.bench import llm
         llm.run(out_dir / "llm", repositories, LLM_REPOSITORY, data_csv, log=log, on_progress=on_progress)
-        return _bench_files(out_dir / "llm" / "results.json", out_dir / "llm" / "results.md"), \
-            f"results: {out_dir / 'llm' / 'results.md'}"
+        document = _bench_files(out_dir / "llm" / "results.json", out_dir / "llm" / "results.md")
+        return document, _verdict(document) + f"results: {out_dir / 'llm' / 'results.md'}"
     from s2t.bench.modes import MODES
     from s2t.bench.runner import Bench
     results = Bench(MODES[mode], out_dir, repositories, data_csv, log=log, on_progress=on_progress).run()
     lines = [f"{'met   ' if target['met'] else 'MISSED'}  {target['target']}: {target['measured']}"
              for target in results["targets"]]
     summary = out_dir / "results.md"
-    return {**results, "results": str(summary)}, "\n".join(lines + [f"results: {summary}"])
+    return {**results, "results": str(summary)}, _verdict(results) + "\n".join(lines + [f"results: {summary}"])
 
 
 def _bench_files(results_json: Path, results_md: Path) -> dict:
     return {**json.loads(results_json.read_text()), "results": str(results_md)}
+
+
+def _verdict(results: dict) -> str:
+    """Whether the run may be published, and why not: the first thing a reader of the figures sees."""
+    from s2t.bench.machine_load import markdown_lines
+    return "\n".join(markdown_lines(results["load"])) + "\n"
 
 
 if __name__ == "__main__":  # `python -m s2t.cli`: the GPU venv (.venv-gpu) has no s2t script of its own

@@ -19,6 +19,8 @@ import numpy as np
 
 from backends.feature_spec import NUMERIC_INPUT, PROBABILITY_OUTPUT
 from s2t.bench import wrk, workload
+from s2t.bench.machine_load import LoadWatch
+from s2t.bench.runner import machine
 from s2t.bench.fastapi_baseline import ROUTE, BaselineServer
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.triton_server import TritonServer, free_port
@@ -71,6 +73,9 @@ def run(out_dir: Path, repository: Path, onnx_path: Path, data_csv: Path, second
     that runs."""
     payloads = workload.Workload.load(Path(data_csv)).payloads()
     points = []
+    # The machine's load in each measured wrk round: a run beside other work is marked not publishable.
+    watch = LoadWatch()
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     steps, done = len(widths) * (1 + 2 * rounds), 0
     with tempfile.TemporaryDirectory(prefix="s2t-crossover-") as tmp:
         tmp = Path(tmp)
@@ -103,7 +108,8 @@ def run(out_dir: Path, repository: Path, onnx_path: Path, data_csv: Path, second
                     for side, (url, script) in sides.items():
                         on_progress(done, steps, f"width {width}: wrk {side} round {len(measured[side]) + 1}")
                         wrk.run(url, script, 16, 1)
-                        measured[side].append(wrk.run(url, script, 16, seconds))
+                        with watch.round(f"width {width}: wrk {side} round {len(measured[side]) + 1}"):
+                            measured[side].append(wrk.run(url, script, 16, seconds))
                         done += 1
                 for side, results in measured.items():
                     result = sorted(results, key=lambda r: r.throughput)[(len(results) - 1) // 2]
@@ -117,7 +123,10 @@ def run(out_dir: Path, repository: Path, onnx_path: Path, data_csv: Path, second
             finally:
                 base.stop()
                 server.stop()
-    results = {"depth": DEPTH, "points": points, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    load = watch.summary()
+    results = {"depth": DEPTH, "points": points, "started": started,
+               "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
+               "load": load, "publishable": load["publishable"]}
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     (Path(out_dir) / "crossover.json").write_text(json.dumps(results, indent=2) + "\n")
     _plot(points, Path(out_dir) / "crossover.png")

@@ -6,14 +6,21 @@ legacy callers reach it (`s2t gateway` in front of Triton's `risk_pipeline`); an
 as one `risk_pipeline` request over gRPC, what a caller moved to Triton's own protocol sends). One call is
 `records_per_call` German Credit records. Latency: one caller, calls back to back. Throughput: `callers` callers in
 a closed loop. Memory: peak RSS of each service's whole process tree (tritonserver and its stubs; the gateway
-counted with Triton). Cold start: process start until it answers (the legacy service's "listening" line comes after
-it loaded and warmed the SavedModel; Triton's is all models ready; the gateway path's, Triton's plus the gateway's
+counted with Triton, and `s2t serve` with its tritonserver and stubs). Cold start: the command's launch until it
+answers, the clock a user sees (the legacy service's "listening" line comes after it loaded and warmed the
+SavedModel; Triton's is `s2t serve`'s "ready" line, every model ready; the gateway path's, that plus the gateway's
 own start to its "ready" line). The gateway runs with exactly `callers` call slots: no call is refused.
+
+Every measured run is watched for the machine's load (s2t/bench/machine_load.py): results.json and the table say
+whether the run is publishable, and the acceptance (s2t/bench/cutover_acceptance.py) is printed as pass/fail lines.
+Answers are compared record by record, gateway path and Triton directly against the legacy service.
 """
 from __future__ import annotations
 
 import json
 import platform
+import shutil
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -29,9 +36,10 @@ from clients.legacy_record import to_protobuf
 from wire import skill_pb2, skill_pb2_grpc
 from s2t.models import german_credit
 from s2t.serve import service_process
-from s2t.bench import process_tree
+from s2t.bench import cutover_acceptance, machine_load, process_tree
+from s2t.bench.machine_load import LoadWatch
 from s2t.on_progress import OnProgress, no_progress
-from s2t.serve.triton_server import TritonServer, free_port
+from s2t.serve.triton_server import free_port
 from wire.names import PAYLOAD
 
 MB = 2**20
@@ -166,23 +174,61 @@ def triton_caller(grpc_url: str) -> Callable[[], Callable[[list], None]]:
     return make
 
 
+def skill_scores(port: int, batches: list) -> list[float | None]:
+    """The probability of every record, in order, through the legacy protocol (None where it was not scored)."""
+    stub = skill_pb2_grpc.SkillStub(grpc.insecure_channel(f"localhost:{port}"))
+    scores: list[float | None] = []
+    for batch in batches:
+        answered = {r.request_id: r.probability for r in stub.Score(iter(batch), timeout=60).results
+                    if r.status == skill_pb2.OK}
+        scores.extend(answered.get(record.request_id) for record in batch)
+    return scores
+
+
+def triton_scores(grpc_url: str, batches: list) -> list[float | None]:
+    """The probability of every record, in order, from `risk_pipeline` reached directly."""
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(grpc_url)
+    scores: list[float | None] = []
+    for batch in batches:
+        tensor = grpcclient.InferInput(PAYLOAD, [len(batch), 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([r.SerializeToString() for r in batch], dtype=object).reshape(-1, 1))
+        scores.extend(float(p) for p in client.infer("risk_pipeline", [tensor], client_timeout=60)
+                      .as_numpy("probability").reshape(-1))
+    return scores
+
+
+def compare_answers(reference: list[float | None], other: list[float | None]) -> tuple[float, int]:
+    """Largest |difference| over the records both scored, and how many records `other` left unscored (or the
+    reference did, which leaves nothing to compare)."""
+    pairs = [(a, b) for a, b in zip(reference, other) if a is not None and b is not None]
+    unanswered = len(reference) - len(pairs)
+    diff = max((abs(a - b) for a, b in pairs), default=float("nan"))
+    return float(diff), unanswered
+
+
 def _measure(name: str, make_call, batches: list, plan: CutoverPlan, pids: list[int], log,
-             begin: Callable[[str], None]) -> dict:
-    """`begin` hears each run as it starts (the progress of the whole plan)."""
+             begin: Callable[[str], None], watch: LoadWatch) -> dict:
+    """`begin` hears each run as it starts (the progress of the whole plan); `watch` records the machine's load
+    in each measured run."""
     # First calls open connections and warm caches on every side; cold start is measured apart.
     warm = make_call()
     for batch in batches[:20]:
         warm(batch)
     log(f"{name}: latency, 1 caller, {plan.latency_seconds:g} s")
     begin(f"{name}: latency")
-    latency = closed_loop(make_call, batches, 1, plan.latency_seconds)
+    with watch.round(f"{name}: latency"):
+        latency = closed_loop(make_call, batches, 1, plan.latency_seconds)
     log(f"{name}: throughput, {plan.callers} callers, {plan.throughput_seconds:g} s")
     begin(f"{name}: throughput")
-    with PeakRss(pids) as peak:
+    with watch.round(f"{name}: throughput"), PeakRss(pids) as peak:
         throughput = closed_loop(make_call, batches, plan.callers, plan.throughput_seconds)
     return {"latency": asdict(latency), "throughput": asdict(throughput),
             "records_per_s": throughput.records_per_s, "calls_per_s": throughput.calls / throughput.seconds,
-            "peak_rss_bytes": peak.peak}
+            "peak_rss_bytes": peak.peak,
+            "rss_after_load_bytes": sum(process_tree.rss_bytes(pid) for pid in pids),
+            "rss_after_load_by_process": {name: size for pid in pids
+                                          for name, size in process_tree.rss_by_process(pid).items()}}
 
 
 def _timed_start(args: list[str], ready: str) -> tuple[object, float]:
@@ -198,7 +244,9 @@ def run(plan: CutoverPlan, out_dir: Path, repositories: list[Path], data_csv: Pa
     records = [to_protobuf({"request_id": f"b-{i}", "features": f}) for i, f in enumerate(data.records())]
     size = plan.records_per_call
     batches = [records[i:i + size] for i in range(0, len(records) - size + 1, size)]
-    results = {"machine": machine(), "plan": asdict(plan)}
+    results = {"machine": machine(), "plan": asdict(plan),
+               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    watch = LoadWatch(load_average_1m=results["machine"]["load_average_at_start"][0])
     begun = []
 
     def begin(label: str) -> None:
@@ -211,39 +259,65 @@ def run(plan: CutoverPlan, out_dir: Path, repositories: list[Path], data_csv: Pa
                                 "listening")
     try:
         results["legacy"] = {"cold_start_s": cold, **_measure("legacy service", skill_caller(legacy_port), batches,
-                                                              plan, [legacy.pid], log, begin)}
+                                                              plan, [legacy.pid], log, begin, watch)}
+        legacy_scores = skill_scores(legacy_port, batches)
     finally:
         service_process.stop(legacy)
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    triton = TritonServer(repositories, free_port(), free_port(), free_port(), log_path=out_dir / "tritonserver.log")
-    begin("tritonserver starting")
-    began = time.perf_counter()
-    triton.start(timeout=300)
-    triton_cold = time.perf_counter() - began
-    try:
-        gateway_port = free_port()
-        begin("gateway starting")
-        gateway, gateway_cold = _timed_start(["gateway", "--port", str(gateway_port), "--grpc-url", triton.grpc_url,
-                                              "--window-size", str(size),
-                                              # Exactly the callers: a slot is free again before its call's answer
-                                              # leaves, so a caller's next call is never refused.
-                                              "--workers", str(plan.callers)], "ready")
-        try:
-            results["gateway"] = {"cold_start_s": triton_cold + gateway_cold, "gateway_start_s": gateway_cold,
-                                  **_measure("gateway -> Triton", skill_caller(gateway_port), batches, plan,
-                                             [triton.process.pid, gateway.pid], log, begin)}
-        finally:
-            service_process.stop(gateway)
-        results["triton"] = {"cold_start_s": triton_cold,
-                             **_measure("Triton directly", triton_caller(triton.grpc_url), batches, plan,
-                                        [triton.process.pid], log, begin)}
-    finally:
-        triton.stop()
+    with tempfile.TemporaryDirectory(prefix="s2t-cutover-") as tmp:
+        # Copies: `s2t serve` keeps its supervisor state in the repository's control area.
+        copies = [Path(shutil.copytree(repo, Path(tmp) / f"{i}-{Path(repo).resolve().name}",
+                                       ignore=shutil.ignore_patterns("__pycache__")))
+                  for i, repo in enumerate(repositories)]
+        _serving_sides(results, plan, batches, copies, legacy_scores, log, begin, watch)
+    results["load"] = watch.summary()
+    results["publishable"] = results["load"]["publishable"]
+    results["acceptance"] = cutover_acceptance.summary(results)
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out_dir / "results.md").write_text(table(results) + "\n")
     on_progress(len(begun), STEPS, f"results in {out_dir}")
     return results
+
+
+def _serving_sides(results: dict, plan: CutoverPlan, batches: list, repositories: list[Path],
+                   legacy_scores: list, log, begin: Callable[[str], None], watch: LoadWatch) -> None:
+    """The gateway path and Triton directly, on one `s2t serve` started as a user starts it."""
+    grpc_port = free_port()
+    grpc_url = f"localhost:{grpc_port}"
+    begin("s2t serve starting")
+    serve, triton_cold = _timed_start(["serve", "--http-port", str(free_port()), "--grpc-port", str(grpc_port),
+                                       "--metrics-port", str(free_port()), "--supervisor-port", "0",
+                                       "--exit-timeout", "10",
+                                       *[arg for repo in repositories for arg in ("--repository", str(repo))]],
+                                      "ready:")
+    try:
+        gateway_port = free_port()
+        begin("gateway starting")
+        gateway, gateway_cold = _timed_start(["gateway", "--port", str(gateway_port), "--grpc-url", grpc_url,
+                                              "--window-size", str(plan.records_per_call),
+                                              # Exactly the callers: a slot is free again before its call's answer
+                                              # leaves, so a caller's next call is never refused.
+                                              "--workers", str(plan.callers)], "ready")
+        try:
+            results["gateway"] = {"cold_start_s": triton_cold + gateway_cold, "serve_start_s": triton_cold,
+                                  "gateway_start_s": gateway_cold,
+                                  **_measure("gateway -> Triton", skill_caller(gateway_port), batches, plan,
+                                             [serve.pid, gateway.pid], log, begin, watch)}
+            gateway_scores = skill_scores(gateway_port, batches)
+        finally:
+            service_process.stop(gateway)
+        results["triton"] = {"cold_start_s": triton_cold, "serve_start_s": triton_cold,
+                             **_measure("Triton directly", triton_caller(grpc_url), batches, plan,
+                                        [serve.pid], log, begin, watch)}
+        direct_scores = triton_scores(grpc_url, batches)
+    finally:
+        service_process.stop(serve)
+    gateway_diff, gateway_unanswered = compare_answers(legacy_scores, gateway_scores)
+    direct_diff, direct_unanswered = compare_answers(legacy_scores, direct_scores)
+    results["answers"] = {"compared": len(legacy_scores), "max_abs_diff_gateway": gateway_diff,
+                          "unanswered": gateway_unanswered, "max_abs_diff_triton": direct_diff,
+                          "unanswered_triton": direct_unanswered}
 
 
 def machine() -> dict:
@@ -270,9 +344,11 @@ def table(results: dict) -> str:
         return f"| {label} | {' | '.join(values)} | {design} |"
 
     lines = [
+        *machine_load.markdown_lines(results["load"]),
         f"Calls of {plan['records_per_call']} German Credit records; latency with 1 caller, throughput with "
         f"{plan['callers']} callers in a closed loop; machine: {results['machine']['logical_cores']} cores, "
-        f"{results['machine']['os']}, load generator on the same cores.",
+        f"{results['machine']['os']}, load generator on the same cores; run {results['started']}. Cold start: the "
+        "command's launch until it answers (`s2t serve` to every model ready, then the gateway to its ready line).",
         "",
         "| measured | legacy service (TensorFlow) | skill2triton (gateway -> Triton) | Triton directly (gRPC) "
         "| design document (legacy -> Triton) |",
@@ -289,5 +365,13 @@ def table(results: dict) -> str:
             lambda s: f"{s['latency']['errors']} / {s['throughput']['errors']}"),
         row("of which refused RESOURCE_EXHAUSTED", lambda s: str(sum(
             run["error_reasons"].get("RESOURCE_EXHAUSTED", 0) for run in (s["latency"], s["throughput"])))),
+        row("RSS of the process tree after load, MB", lambda s: f"{s['rss_after_load_bytes'] / MB:,.0f}"),
+        "",
+        f"Answers against the legacy service's, record by record ({results['answers']['compared']} records): "
+        f"gateway path max |diff| {results['answers']['max_abs_diff_gateway']:.2e} "
+        f"({results['answers']['unanswered']} unanswered), Triton directly max |diff| "
+        f"{results['answers']['max_abs_diff_triton']:.2e} ({results['answers']['unanswered_triton']} unanswered).",
+        "",
+        *cutover_acceptance.markdown_lines(results["acceptance"]),
     ]
     return "\n".join(lines)

@@ -17,7 +17,9 @@ from typing import Callable
 import numpy as np
 
 from s2t.models import tensorrt_engine
+from s2t.bench import machine_load
 from s2t.bench.inprocess import time_calls
+from s2t.bench.machine_load import LoadWatch
 
 BATCHES = (1, 8, 64, 256)
 OPTIMA = (8, 64, 256)  # profile optima tried for the FP32 engine: the "tuned optimum" is the best of these
@@ -206,8 +208,9 @@ def best_optimum(points: list[GpuPoint]) -> dict:
 
 
 def markdown(points: list[GpuPoint], gpu: str, optimum: dict, served: list[dict] = (),
-             unavailable: list[dict] = ()) -> str:
-    lines = [f"# GPU benchmark ({gpu})", "",
+             unavailable: list[dict] = (), load: dict | None = None) -> str:
+    """`load`: the run's machine-load summary; its verdict comes right under the heading."""
+    lines = [f"# GPU benchmark ({gpu})", "", *(machine_load.markdown_lines(load) if load else []),
              "In-process, host rows in to host probabilities out, one caller.", "",
              "| engine | batch | CUDA graph | rows/s | p50 ms | p99 ms |", "|---|---:|:---:|---:|---:|---:|"]
     for p in points:
@@ -256,32 +259,42 @@ def run(onnx_path: Path, data_csv: Path, out_dir: Path, seconds: float = 1.0, ba
     points: list[GpuPoint] = []
     unavailable: list[dict] = []  # variants that could not run here, with the reason (e.g. a graph ORT refused)
     max_batch = max(batches)
+    # The machine's load in each measured group of points: a run beside other work is marked not publishable.
+    watch = LoadWatch()
     # An optimum beyond the largest batch measured is that batch: the profile's optimum cannot exceed its maximum.
     for optimum in sorted({min(o, max_batch) for o in optima}):
         engine = engines_dir / f"risk_scorer.fp32.opt{optimum}.plan"
         log(f"building {engine.name}")
         profile = tensorrt_engine.BatchProfile(1, optimum, max_batch)
         tensorrt_engine.build_engine(Path(onnx_path), engine, "fp32", profile, cache)
-        points += tensorrt_points(engine, f"tensorrt fp32 opt {optimum}", categorical, numeric, batches, seconds,
-                                  unavailable)
+        with watch.round(f"tensorrt fp32 opt {optimum}"):
+            points += tensorrt_points(engine, f"tensorrt fp32 opt {optimum}", categorical, numeric, batches, seconds,
+                                      unavailable)
     best = best_optimum(points)
     chosen = best.get("optimum", max_batch)
     fp16 = engines_dir / f"risk_scorer.fp16.opt{chosen}.plan"
     log(f"building {fp16.name}")
     tensorrt_engine.build_engine(Path(onnx_path), fp16, "fp16", tensorrt_engine.BatchProfile(1, chosen, max_batch),
                                  cache)
-    points += tensorrt_points(fp16, f"tensorrt fp16 opt {chosen}", categorical, numeric, batches, seconds, unavailable)
+    with watch.round(f"tensorrt fp16 opt {chosen}"):
+        points += tensorrt_points(fp16, f"tensorrt fp16 opt {chosen}", categorical, numeric, batches, seconds,
+                                  unavailable)
     log("onnxruntime CUDA EP")
-    points += onnxruntime_cuda_points(Path(onnx_path), categorical, numeric, batches, seconds, unavailable)
+    with watch.round("onnxruntime CUDA EP"):
+        points += onnxruntime_cuda_points(Path(onnx_path), categorical, numeric, batches, seconds, unavailable)
     log("onnxruntime CPU")
-    points += onnxruntime_cpu_points(Path(onnx_path), categorical, numeric, batches, seconds)
+    with watch.round("onnxruntime CPU"):
+        points += onnxruntime_cpu_points(Path(onnx_path), categorical, numeric, batches, seconds)
     out_dir.mkdir(parents=True, exist_ok=True)
     served = []
     if url:
         log(f"perf_analyzer against {url}")
-        served = served_points(url, categorical, numeric, batches, out_dir)
+        with watch.round("perf_analyzer"):
+            served = served_points(url, categorical, numeric, batches, out_dir)
+    load = watch.summary()
     results = {"gpu": gpu, "tensorrt": tensorrt_engine.TENSORRT_VERSION, "points": [p.as_dict() for p in points],
-               "best_optimum": best, "served": served, "unavailable": unavailable}
+               "best_optimum": best, "served": served, "unavailable": unavailable, "load": load,
+               "publishable": load["publishable"]}
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out_dir / "results.md").write_text(markdown(points, gpu, best, served, unavailable))
+    (out_dir / "results.md").write_text(markdown(points, gpu, best, served, unavailable, load))
     return results

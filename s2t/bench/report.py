@@ -69,7 +69,9 @@ def ratios(results: dict) -> dict:
 
 def targets(results: dict, r: dict) -> list[dict]:
     triton, base, memory = results["http_triton"], results["http_baseline"], results["memory"]
-    rss = max(memory["triton_peak_bytes"], memory["triton_after_load_bytes"])
+    # The serving tree as a user runs it (s2t serve, tritonserver, stubs) after load, where the run measured it.
+    tree = results.get("serving_tree", {}).get("after_load_bytes")
+    rss = tree if tree is not None else max(memory["triton_peak_bytes"], memory["triton_after_load_bytes"])
     cold = results["cold_start"]["median_s"]
     rows = [
         {"target": f"risk_pipeline HTTP c={triton['connections']}: above {TARGET_HTTP_RATIO:g}x the req/s of the "
@@ -97,9 +99,11 @@ def targets(results: dict, r: dict) -> list[dict]:
                                    "of in-process ONNX Runtime)",
                      "met": share >= TARGET_BATCH_SHARE})
     rows += [
-        {"target": f"cold start <= {TARGET_COLD_START_S:g} s", "measured": f"{cold:.2f} s",
-         "met": cold <= TARGET_COLD_START_S},
-        {"target": f"RSS of tritonserver + stubs <= {TARGET_RSS_BYTES / MB:.0f} MB after load",
+        {"target": f"cold start <= {TARGET_COLD_START_S:g} s"
+                   + (" from s2t serve's launch" if "clock" in results["cold_start"] else ""),
+         "measured": f"{cold:.2f} s", "met": cold <= TARGET_COLD_START_S},
+        {"target": ("RSS of the serving tree (s2t serve, tritonserver, stubs)" if tree is not None
+                    else "RSS of tritonserver + stubs") + f" <= {TARGET_RSS_BYTES / MB:.0f} MB after load",
          "measured": f"{rss / MB:.0f} MB (legacy: {LEGACY_RSS_BYTES / MB:.0f} MB)", "met": rss <= TARGET_RSS_BYTES},
     ]
     return rows
@@ -157,8 +161,14 @@ def markdown(results: dict) -> str:
                   [[p["what"], p["batch"], p["rows_per_s"], p["p50_ms"], p["p99_ms"]] for p in results["inprocess"]]), "",
            "## Cold start, memory, hot swap, streaming", "",
            _table(["measure", "value"], [
-               ["cold start (process start to all models ready), median", f"{results['cold_start']['median_s']:.2f} s"],
+               [f"cold start ({results['cold_start'].get('clock', 'process start to all models ready')}), median",
+                f"{results['cold_start']['median_s']:.2f} s"],
+               *([["tritonserver's own start (the server's clock, without the command around it)",
+                   f"{results['cold_start']['tritonserver_start_s']:.2f} s"]]
+                 if "tritonserver_start_s" in results["cold_start"] else []),
                ["models ready", len(results["cold_start"]["models"])],
+               *([["RSS of the serving tree (s2t serve, tritonserver, stubs), after load",
+                   f"{results['serving_tree']['after_load_bytes'] / MB:.0f} MB"]] if "serving_tree" in results else []),
                ["RSS tritonserver + stubs, idle", f"{mem['triton_idle_bytes'] / MB:.0f} MB"],
                ["RSS tritonserver + stubs, peak under load", f"{mem['triton_peak_bytes'] / MB:.0f} MB"],
                ["RSS tritonserver + stubs, after load", f"{mem['triton_after_load_bytes'] / MB:.0f} MB"],

@@ -6,6 +6,7 @@ LD_LIBRARY_PATH. The backend directory is assembled per server from the wheel pl
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import compileall
 import shutil
@@ -21,8 +22,6 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytriton
-
 import backends
 from s2t.serve.healing import STATE_FILE, SupervisorState
 from s2t.serve import leftovers
@@ -33,7 +32,9 @@ from s2t.control.live_control import admin_headers
 from s2t.serve.supervisor import StubSupervisor
 from s2t.control.version_store import VersionStore
 
-PYTRITON_DIR = Path(pytriton.__file__).resolve().parent
+# Located, not imported: importing pytriton pulls in its client (aiohttp, tritonclient.http.aio), most of
+# `s2t serve`'s start-up CPU before tritonserver is even launched.
+PYTRITON_DIR = Path(importlib.util.find_spec("pytriton").origin).resolve().parent
 TRITON_DIR = PYTRITON_DIR / "tritonserver"
 TRITON_LIBS = PYTRITON_DIR.parent / "nvidia_pytriton.libs"
 # A checkout's backends/ or the installed package's: both hold the Python-based backends' model.py.

@@ -94,3 +94,8 @@ def test_the_gpu_benchmark_sweeps_engines_graphs_and_the_cpu(tmp_path, built_art
     assert {("tensorrt fp32", True), ("tensorrt fp16", True), ("onnxruntime CUDA EP", True)} <= measured | refused
     assert all(p["rows_per_s"] > 0 for p in results["points"])
     assert (tmp_path / "results.md").read_text().startswith("# GPU benchmark")
+    # Each group of points watched for the machine's load; the verdict under the heading.
+    labels = [r["label"] for r in results["load"]["rounds"]]
+    assert labels == ["tensorrt fp32 opt 64", "tensorrt fp16 opt 64", "onnxruntime CUDA EP", "onnxruntime CPU"]
+    assert results["publishable"] is results["load"]["publishable"]
+    assert ("**Publishable**" in (tmp_path / "results.md").read_text()) is results["publishable"]

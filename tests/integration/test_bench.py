@@ -96,6 +96,24 @@ def test_ratios_are_computed_from_the_measured_numbers(smoke_run):
     assert len(results["targets"]) == 6 and all(isinstance(t["met"], bool) for t in results["targets"])
 
 
+def test_bench_times_cold_start_from_s2t_serve_and_weighs_the_whole_serving_tree(smoke_run):
+    """The clock a user sees (`s2t serve`'s launch to every model ready), and the RSS of what serves after load:
+    s2t serve itself, tritonserver and every stub."""
+    out, results, _ = smoke_run
+    cold = results["cold_start"]
+    assert cold["clock"] == "s2t serve's launch to every model ready" and len(cold["seconds"]) == 1
+    assert cold["median_s"] > 0 and cold["tritonserver_start_s"] > 0
+    tree = results["serving_tree"]
+    names = list(tree["after_load_by_process"])
+    assert any(n.startswith("s2t (") for n in names) and any(n.startswith("tritonserver (") for n in names), names
+    assert any("skill_adapter" in n for n in names) and tree["after_load_bytes"] == sum(
+        tree["after_load_by_process"].values())
+    (rss,) = [t for t in results["targets"] if t["target"].startswith("RSS of the serving tree (s2t serve")]
+    assert rss["measured"].startswith(f"{tree['after_load_bytes'] / 2**20:.0f} MB")
+    assert any(t["target"].endswith("from s2t serve's launch") for t in results["targets"])
+    assert "RSS of the serving tree (s2t serve, tritonserver, stubs), after load" in (out / "results.md").read_text()
+
+
 def test_bench_records_the_machine_load_of_every_round_and_whether_the_run_is_publishable(smoke_run):
     out, results, _ = smoke_run
     load = results["load"]

@@ -1,8 +1,11 @@
-"""`s2t bench --mode cutover` end to end on a short plan: the three columns are measured and every call answered."""
+"""`s2t bench --mode cutover` end to end on a short plan: the three columns are measured and every call answered,
+the answers compared, the machine's load watched and the acceptance printed as pass/fail lines."""
 import json
 import subprocess
 
+from s2t.bench import cutover_acceptance
 from tests.conftest import S2T
+from tests.integration.bench_load import assert_load_follows_the_rule
 
 
 def test_cutover_bench_measures_legacy_gateway_and_triton_with_no_failed_call(built_artifacts, tmp_path):
@@ -16,6 +19,24 @@ def test_cutover_bench_measures_legacy_gateway_and_triton_with_no_failed_call(bu
         assert measured["latency"]["errors"] == measured["throughput"]["errors"] == 0, side
         assert measured["peak_rss_bytes"] > 50 * 2**20 and measured["cold_start_s"] > 0, side
     assert "| cold start, s |" in run.stdout and "design document" in run.stdout
+    # Cold start is the clock a user sees: `s2t serve`'s launch to every model ready, then the gateway's own.
+    assert results["triton"]["cold_start_s"] == results["triton"]["serve_start_s"] > 0
+    assert results["gateway"]["cold_start_s"] == results["gateway"]["serve_start_s"] + results["gateway"]["gateway_start_s"]
+    # Memory of the whole serving tree: s2t serve, tritonserver and the stubs.
+    served = " ".join(results["triton"]["rss_after_load_by_process"])
+    assert "s2t" in served and "tritonserver" in served and "risk_pipeline" in served, served
+    # Every record scored on every side, and the same answers.
+    answers = results["answers"]
+    assert answers["compared"] >= 900 and answers["unanswered"] == answers["unanswered_triton"] == 0
+    assert answers["max_abs_diff_gateway"] <= 1e-5 and answers["max_abs_diff_triton"] <= 1e-5
+    assert_load_follows_the_rule(results, [f"{side}: {run}" for side in ("legacy service", "gateway -> Triton",
+                                                                         "Triton directly")
+                                           for run in ("latency", "throughput")], run.stdout)
+    # The acceptance, recomputed from the figures beside it, printed as one line per promise.
+    assert results["acceptance"] == cutover_acceptance.summary(results)
+    printed = [line for line in run.stdout.splitlines() if line.startswith(("- PASS: ", "- FAIL: "))]
+    assert len(printed) == len(results["acceptance"]["checks"]) == 9
+    assert "Acceptance, gateway path against the legacy service:" in run.stdout
     # Progress: the plan's steps on stderr, a line per tenth on a pipe, the whole reached when the results are in.
     progress = [line for line in run.stderr.splitlines() if line.startswith("bench cutover-smoke: ")]
     assert progress[0] == "bench cutover-smoke: legacy service starting: 0/9 steps (0%)" and len(progress) <= 11

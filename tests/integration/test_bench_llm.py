@@ -4,6 +4,7 @@ import json
 
 from tests.conftest import DATA_CSV, ENSEMBLES, LLM_REPOSITORY, MODEL_REPOSITORY
 from s2t.bench import genai_perf, llm
+from tests.integration.bench_load import assert_load_follows_the_rule
 
 
 def test_llm_bench_measures_both_policies_and_risk_pipeline_and_reports_every_step(built_artifacts, tmp_path):
@@ -21,6 +22,9 @@ def test_llm_bench_measures_both_policies_and_risk_pipeline_and_reports_every_st
         assert point["output_tokens_per_s"] > 0 and point["ttft_p50_ms"] > 0 and point["requests"] == 4
         assert point["output_sequence_length"] == point["max_tokens"]
     assert "genai-perf (kserve" in (tmp_path / "results.md").read_text()
+    assert_load_follows_the_rule(results, [*(f"llm c={c}" for c in llm.CONCURRENCY), "mixed prompts, length_aware",
+                                           "mixed prompts, fifo", "risk_pipeline beside the LLM"],
+                                 (tmp_path / "results.md").read_text())
     assert [label for _, _, label in heard] == [
         "length_aware: tritonserver starting", "length_aware: llm c=1", "length_aware: llm c=2",
         "length_aware: llm c=4", "genai-perf --backend tensorrtllm", "genai-perf --backend vllm",

@@ -79,3 +79,19 @@ def test_the_summary_and_the_printed_report_say_whether_the_run_is_publishable()
     assert markdown_lines(quiet.summary())[0].startswith("**Publishable**")
     printed = markdown_lines(busy.summary())[0]
     assert printed.startswith("**NOT PUBLISHABLE") and "load average 11.50" in printed and "40%" in printed
+
+
+def test_a_run_with_no_watched_round_is_not_publishable():
+    """A mode that measured without watching any round cannot vouch for a quiet machine, whatever the load average."""
+    found = verdict(0.0, 2, [])
+    assert not found.publishable and "no measured round" in found.reasons[0]
+    assert not LoadWatch(load_average_1m=0.0, cores=2).summary()["publishable"]
+
+
+def test_the_verdict_is_the_one_recomputed_from_the_recorded_load_average():
+    """results.json records the load average to 2 decimals; the verdict must follow from that figure."""
+    summary = LoadWatch(load_average_1m=0.5049, cores=2)
+    summary.rounds.append(round_of(0.0))
+    recorded = summary.summary()
+    assert recorded["load_average_1m_at_start"] == 0.5
+    assert recorded["publishable"] is verdict(0.5, 2, summary.rounds).publishable is True
