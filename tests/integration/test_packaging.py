@@ -45,7 +45,10 @@ WHEELHOUSE = Path(os.environ.get("S2T_TEST_WHEELHOUSE") or Path.home() / ".cache
 
 
 def pip(venv: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
-    return subprocess.run([str(venv / "bin" / "pip"), *args, "--quiet", "--disable-pip-version-check"],
+    """This interpreter's pip acting on `venv` (`--python`): the fresh venv is made without pip of its own, which
+    would only cost installing pip into it."""
+    return subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), *args, "--quiet",
+                           "--disable-pip-version-check"],
                           cwd=venv.parent, capture_output=True, text=True, timeout=timeout)
 
 
@@ -82,13 +85,13 @@ def install_offline(venv: Path, source: Path, dist: Path) -> subprocess.Complete
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """A fresh venv (this interpreter's base Python) with a non-editable install of the tracked files and the core
+    """A fresh venv (this interpreter's base Python, no pip) with a non-editable install of the tracked files and the core
     dependencies, run from outside any checkout."""
     root = tmp_path_factory.mktemp("package")
     source = tracked_tree(root / "source")
     assert not list((source / "wire").glob("*_pb2*.py")), "the copy holds generated code"
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     install = install_offline(venv, source, root / "dist")
     if install.returncode != 0:  # a new requirement (or a first run): download once, then the same offline install
         fill_wheelhouse(venv, source)
