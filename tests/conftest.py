@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,21 @@ def has_gpu() -> bool:
     return True
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_parity_reference(tmp_path_factory):
+    """One cache of the legacy model's parity scores for the whole run, inherited by every `s2t` the tests start:
+    each test publishes into a repository of its own, whose control area would otherwise start TensorFlow again.
+    Keyed by content, so a test that changes the SavedModel or the data still gets its own reference."""
+    from s2t.gate.reference_cache import CACHE_ENV
+    previous = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("parity-reference"))
+    yield
+    if previous is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = previous
+
+
 @pytest.fixture(scope="session")
 def built_artifacts():
     """The legacy model, its conversion and the data, as `make` builds them before the tests."""
@@ -43,9 +59,10 @@ def german_credit_data(built_artifacts):
 
 @pytest.fixture(scope="session")
 def legacy_scores(built_artifacts, german_credit_data):
-    """The legacy SavedModel's probability for every German Credit row (TensorFlow runs once per session)."""
+    """The legacy SavedModel's probability for every German Credit row (TensorFlow runs once per session, and the
+    parity gates of the run find them in the shared cache)."""
     from s2t.gate import parity
-    return parity.legacy_scores(built_artifacts["saved_model"], german_credit_data.columns)
+    return parity.reference_scores(built_artifacts["saved_model"], built_artifacts["data"], german_credit_data)
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,6 @@
 """Row-by-row parity: the legacy SavedModel vs ONNX Runtime vs the live Triton model."""
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import os
 from pathlib import Path
@@ -10,11 +8,11 @@ from typing import Mapping
 
 import numpy as np
 
-from backends.atomic_files import write_atomically
 from backends.decision_policy import Thresholds
 from backends.record_decoder import encode_columns
 from s2t.models import german_credit
 from s2t.on_progress import OnProgress, no_progress
+from s2t.gate import reference_cache
 from s2t.gate.parity_report import (FP16_ATOL, LIVE_BATCH, REL_FLOOR, Comparison, ParityReport,  # noqa: F401 - also this module's interface
                                  compare)
 from wire.names import PROBABILITY
@@ -136,34 +134,13 @@ def live_scores(url: str, model: str, onnx_path: Path, data: german_credit.Datas
         triton.close()
 
 
-def _digest(paths: list[Path]) -> str:
-    digest = hashlib.sha256()
-    for path in paths:
-        digest.update(str(path.name).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
 def reference_scores(saved_model: Path, data_csv: Path, data: german_credit.Dataset,
                      cache_dir: Path | None = None) -> np.ndarray:
-    """The legacy model's scores on the data, kept in cache_dir under a digest of the model's files and the data.
-
-    The reference is the same for every artifact gated against it; computing it means starting TensorFlow,
-    seconds of full CPU that a publish on a serving host should not take from the server each time.
-    """
-    if cache_dir is None:
-        return legacy_scores(saved_model, data.columns)
-    files = sorted(p for p in Path(saved_model).rglob("*") if p.is_file() and p.name != "training_report.json")
-    cached = Path(cache_dir) / f"{_digest(files + [Path(data_csv)])}.npy"
-    if cached.exists():
-        return np.load(cached)
-    scores = legacy_scores(saved_model, data.columns)
-    try:
-        buffer = io.BytesIO()
-        np.save(buffer, scores)
-        write_atomically(cached, buffer.getvalue())
-    except OSError:
-        pass  # a cache that cannot be written (a full disk) costs the next publish time, never this one its answer
+    """The legacy model's scores on the data, kept under a digest of the model's files and the data (in
+    $S2T_REFERENCE_CACHE if set, else in cache_dir; neither: computed each time)."""
+    scores, _ = reference_cache.reference(Path(saved_model), Path(data_csv), len(data),
+                                          lambda: legacy_scores(saved_model, data.columns),
+                                          reference_cache.cache_dir(cache_dir))
     return scores
 
 

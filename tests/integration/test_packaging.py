@@ -10,7 +10,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+import tomllib
 import urllib.request
 from pathlib import Path
 
@@ -35,18 +37,65 @@ def tracked_tree(dest: Path) -> Path:
     return dest
 
 
+# Wheels of the core dependencies and of the build requirements, kept between runs (as pip's own cache would be, but
+# that one stores nothing from this index): the install below is offline, so every run pays for unpacking the
+# wheels, not for downloading them. The wheels are what pip resolved from constraints.txt and the project's metadata;
+# a requirement the wheelhouse lacks makes the offline install fail, and the wheelhouse is filled again.
+WHEELHOUSE = Path(os.environ.get("S2T_TEST_WHEELHOUSE") or Path.home() / ".cache" / "skill2triton" / "wheelhouse")
+
+
+def pip(venv: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
+    """This interpreter's pip acting on `venv` (`--python`): the fresh venv is made without pip of its own, which
+    would only cost installing pip into it."""
+    return subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), *args, "--quiet",
+                           "--disable-pip-version-check"],
+                          cwd=venv.parent, capture_output=True, text=True, timeout=timeout)
+
+
+def fill_wheelhouse(venv: Path, source: Path) -> None:
+    """Download (online) the wheels of the core dependencies and of the build requirements; each wheel is moved
+    in whole, so that another run reading the wheelhouse at the same time never sees half of one."""
+    WHEELHOUSE.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".filling-", dir=WHEELHOUSE.parent))
+    try:
+        constraints = ("-c", str(source / "constraints.txt"))
+        build_requirements = tomllib.loads((source / "pyproject.toml").read_text())["build-system"]["requires"]
+        for args in (("wheel", "-w", str(staging), *constraints, str(source)),
+                     ("download", "-d", str(staging), *constraints, *build_requirements)):
+            done = pip(venv, *args)
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        for wheel in staging.glob("*.whl"):
+            if not wheel.name.startswith("skill2triton-"):  # the project itself is built afresh every run
+                os.replace(wheel, WHEELHOUSE / wheel.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def install_offline(venv: Path, source: Path, dist: Path) -> subprocess.CompletedProcess:
+    """What `pip install SOURCE` does (build the wheel in an isolated environment, resolve the core dependencies,
+    install), with the wheelhouse as the only index; no byte-compiling of the dependencies beforehand."""
+    offline = ("--no-index", "--find-links", str(WHEELHOUSE))
+    shutil.rmtree(dist, ignore_errors=True)
+    built = pip(venv, "wheel", "--no-deps", "-w", str(dist), *offline, str(source))
+    if built.returncode != 0:
+        return built
+    return pip(venv, "install", "--no-compile", *offline, "-c", str(source / "constraints.txt"),
+               *map(str, dist.glob("skill2triton-*.whl")))
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """A fresh venv (this interpreter's base Python) with `pip install SOURCE`, run from outside any checkout."""
+    """A fresh venv (this interpreter's base Python, no pip) with a non-editable install of the tracked files and the core
+    dependencies, run from outside any checkout."""
     root = tmp_path_factory.mktemp("package")
     source = tracked_tree(root / "source")
     assert not list((source / "wire").glob("*_pb2*.py")), "the copy holds generated code"
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    install = subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check",
-         "-c", str(source / "constraints.txt"), str(source)],
-        cwd=root, capture_output=True, text=True, timeout=1200)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    install = install_offline(venv, source, root / "dist")
+    if install.returncode != 0:  # a new requirement (or a first run): download once, then the same offline install
+        fill_wheelhouse(venv, source)
+        install = install_offline(venv, source, root / "dist")
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
     shutil.rmtree(source)  # what follows runs from the installed package only
     return root, venv

@@ -1,5 +1,6 @@
 """`s2t publish`: only a valid artifact that passes the parity gate becomes a version, and atomically."""
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ from onnx import numpy_helper
 
 from tests.conftest import MODEL_REPOSITORY, S2T
 from s2t.gate import model_config
+from s2t.gate.reference_cache import CACHE_ENV
 from s2t.control.publish import ParityGate, PublishError, publish
 from s2t.control.version_store import VersionStore
 
@@ -93,3 +95,37 @@ def test_publish_command_prints_the_new_version_last(repository, built_artifacts
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == str(versions(repository)[-1])
     assert re.search(r"risk_scorer: validating .* parity gate .*: \d+\.\d s", done.stderr), done.stderr
+
+
+def test_publish_into_another_repository_of_the_same_legacy_model_never_starts_tensorflow(repository, built_artifacts,
+                                                                                       tmp_path):
+    """The legacy side comes from the gate's cache, shared between repositories: with TensorFlow made unimportable,
+    a publish of the same legacy model on the same data into a second repository still passes the gate (the
+    candidate scored again), and one on a data file with one byte changed needs TensorFlow again."""
+    def run_publish(repo, data, env):
+        return subprocess.run([str(S2T), "publish", "risk_scorer", str(built_artifacts["onnx"]), "--repository",
+                               str(repo), "--saved-model", str(built_artifacts["saved_model"]), "--data",
+                               str(data)], capture_output=True, text=True, timeout=300, env=env)
+
+    assert os.environ.get(CACHE_ENV), "the session shares one reference cache"
+    first = run_publish(repository, built_artifacts["data"], dict(os.environ))  # computes it unless a test did
+    assert first.returncode == 0, first.stderr
+    other = tmp_path / "other" / "model_repository"
+    shutil.copytree(MODEL_REPOSITORY, other, ignore=shutil.ignore_patterns("__pycache__"))
+    blocker = tmp_path / "no-tensorflow" / "tensorflow"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text('raise ImportError("tensorflow was imported")\n')
+    without_tf = {**os.environ, "PYTHONPATH": str(blocker.parent)}
+    second = run_publish(other, built_artifacts["data"], without_tf)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip().splitlines()[-1] == str(versions(other)[-1])
+    assert json.loads((other / "risk_scorer" / str(versions(other)[-1]) / "publish.json").read_text()
+                      )["parity"]["rows"] == 1000
+    changed = tmp_path / "germancredit.csv"
+    content = bytearray(built_artifacts["data"].read_bytes())
+    last_row = content.rstrip().rindex(b"\n") + 1
+    duration = content.index(b",", last_row) + 1  # the last row's duration in months: one digit changed
+    content[duration] = ord("2") if content[duration] != ord("2") else ord("3")
+    changed.write_bytes(bytes(content))
+    third = run_publish(other, changed, without_tf)
+    assert third.returncode != 0 and "tensorflow was imported" in third.stderr, third.stderr
