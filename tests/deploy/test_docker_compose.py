@@ -540,3 +540,49 @@ def test_the_compose_command_heals_a_dead_stub_and_leaves_no_stub_when_the_serve
             if keeper.poll() is None:
                 keeper.send_signal(signal.SIGTERM)
                 keeper.wait(60)
+
+
+def test_the_llm_service_publishes_the_openai_api_which_its_healthcheck_asks_and_no_other_service_serves(
+        all_profiles_config, tmp_path):
+    from s2t.serve.keeper import serves_openai_model
+    services = _services(all_profiles_config)
+    llm = services["triton-llm"]
+    port = int(_flag(llm["entrypoint"], "openai-port"))
+    assert serves_openai_model([str(p) for p in _served_repositories(llm)]), "the keeper would not start the API"
+    assert _host_ports(llm) == {**{p: p for p in CONTAINER_PORTS.values()}, port: 9000}
+    moved = _services(compose_config(tmp_path, env={"OPENAI_PORT": "19000"}, profiles=("llm",)))["triton-llm"]
+    assert _host_ports(moved)[port] == 19000
+    # /v1/models answers only while Triton is ready: the one check covers the API and the server behind it.
+    test = llm["healthcheck"]["test"]
+    assert test[:2] == ["CMD", "curl"] and "-f" in "".join(test[2:-1]) and \
+        test[-1] == f"http://localhost:{port}/v1/models"
+    for name, service in _tritons(all_profiles_config).items():
+        assert not serves_openai_model([str(p) for p in _served_repositories(service)]), name
+        assert port not in _host_ports(service), name
+
+
+def test_the_llm_image_installs_what_the_keeper_imports_to_serve_the_openai_api(all_profiles_config):
+    from s2t.gate.runtime_imports import distribution_of, third_party_modules
+    installed = image_pins(TRITON_IMAGE_DIR / "Dockerfile", _services(all_profiles_config)["triton-llm"]["build"]["target"])
+    imported = third_party_modules(ROOT, [ROOT / "s2t" / "serve" / "keeper.py"])
+    assert "aiohttp" in imported, "the scan no longer reaches the OpenAI API"
+    for module in imported:
+        assert distribution_of(module) in installed, f"{module} is not installed by the llm image"
+    # And everything aiohttp pulls in on the image's Python, each pinned (the image installs no unpinned package).
+    from importlib.metadata import requires
+    from packaging.requirements import Requirement
+    environment = {"python_version": IMAGE_PYTHON, "python_full_version": f"{IMAGE_PYTHON}.0", "extra": "",
+                   "sys_platform": "linux", "platform_system": "Linux", "platform_python_implementation": "CPython",
+                   "implementation_name": "cpython", "platform_machine": "x86_64"}
+    todo, seen = ["aiohttp"], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        assert name in installed, f"the llm image does not pin {name}, which the OpenAI API needs"
+        for text in requires(name) or []:
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate(environment):
+                todo.append(normalised(requirement.name))
+    assert {"yarl", "multidict", "idna"} <= seen
