@@ -94,9 +94,11 @@ def _pushed(image: str) -> str:
 def test_pods_run_the_compose_serving_image_which_installs_what_their_repositories_import(rendered, directory):
     from s2t.gate.runtime_imports import BACKEND_MODULES, distribution_of, model_files, third_party_modules
 
-    installed = image_pins(TRITON_IMAGE_DIR / "Dockerfile", "serving")
     for triton in triton_containers(rendered[directory]):
-        assert _pushed(triton["image"]) == IMAGE
+        # The serving target, or the llm one (tag `-llm`) where the language model is served.
+        target = "llm" if _pushed(triton["image"]).endswith("-llm") else "serving"
+        installed = image_pins(TRITON_IMAGE_DIR / "Dockerfile", target)
+        assert _pushed(triton["image"]) == IMAGE + ("" if target == "serving" else f"-{target}")
         # A release holds these folders under the names they have here.
         served = [ROOT / Path(arg.split("=", 1)[1]).name for arg in triton["args"]
                   if arg.startswith("--model-repository=")]
@@ -410,3 +412,29 @@ def test_the_llm_image_installs_what_the_llm_overlay_imports(rendered):
     for module in imported:
         if module.split(".")[0] not in BACKEND_MODULES:
             assert distribution_of(module) in installed, f"{module} is not in the llm image"
+
+
+def test_kserve_serves_the_openai_api_from_the_same_release_on_the_llm_image_probed_on_v1_models(rendered):
+    from s2t.serve.keeper import serves_openai_model
+    docs = rendered["kserve"]
+    http_service, openai_service = (named(docs, "InferenceService", name)
+                                    for name in ("skill2triton", "skill2triton-openai"))
+    http_model, openai_model = (s["spec"]["predictor"]["model"] for s in (http_service, openai_service))
+    assert openai_model["storageUri"] == http_model["storageUri"]
+    assert openai_service["spec"]["predictor"]["canaryTrafficPercent"] == \
+        http_service["spec"]["predictor"]["canaryTrafficPercent"]
+    assert openai_model["env"] == http_model["env"] and openai_model["securityContext"] == http_model["securityContext"]
+    http_runtime, runtime = (named(docs, "ServingRuntime", m["runtime"])["spec"]["containers"][0]
+                             for m in (http_model, openai_model))
+    assert _pushed(runtime["image"]) == f"{IMAGE}-llm"
+    served = [str(ROOT / Path(a.split("=", 1)[1]).name) for a in runtime["args"] if a.startswith("--model-repository=")]
+    assert serves_openai_model(served)
+    # Knative routes the one port: the API's, which the keeper opens; Triton's HTTP stays on another, inside the pod.
+    [routed] = runtime["ports"]
+    assert f"--openai-port={routed['containerPort']}" in runtime["command"]
+    assert f"--http-port={routed['containerPort']}" not in runtime["args"]
+    assert runtime["readinessProbe"]["httpGet"] == {"path": "/v1/models", "port": routed["containerPort"]}
+    # Restricted APIs and the admin key as on the HTTP runtime.
+    restricted = [a for a in runtime["args"] if a.startswith(("--http-restricted-api=", "--grpc-restricted-protocol="))]
+    assert sorted(restricted) == sorted(a for a in http_runtime["args"]
+                                        if a.startswith(("--http-restricted-api=", "--grpc-restricted-protocol=")))
