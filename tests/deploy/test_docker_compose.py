@@ -50,7 +50,7 @@ def all_profiles_config(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def tls_config(tmp_path_factory) -> dict:
-    return compose_config(tmp_path_factory.mktemp("compose"), profiles=("gpu",), files=(COMPOSE_FILE, TLS_FILE))
+    return compose_config(tmp_path_factory.mktemp("compose"), profiles=("gpu", "llm"), files=(COMPOSE_FILE, TLS_FILE))
 
 
 def _services(config: dict) -> dict:
@@ -361,9 +361,10 @@ def _target(volume: dict) -> str:
     return volume["target"]
 
 
-def test_the_tls_override_adds_only_the_grpc_tls_flags_to_the_base_command(gpu_config, tls_config):
-    for name in TRITON_SERVICES:
-        base, tls = _services(gpu_config)[name], _services(tls_config)[name]
+def test_the_tls_override_adds_only_the_grpc_tls_flags_to_the_base_command(all_profiles_config, tls_config):
+    # triton-llm too: its gRPC would otherwise stay plaintext under the override.
+    for name in (*TRITON_SERVICES, "triton-llm"):
+        base, tls = _services(all_profiles_config)[name], _services(tls_config)[name]
         assert tls["command"] == base["command"] + TLS_FLAGS, name
         # Compose merges mounts by target and may reorder them.
         assert sorted(tls["volumes"], key=_target) == sorted(base["volumes"], key=_target), name
