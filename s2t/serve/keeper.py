@@ -1,7 +1,7 @@
 """Keeping tritonserver and its stubs as one unit: started in their own process group, dying with their keeper,
 reaped together, restarted with backoff; and the container entry point that does the same under Docker or Kubernetes.
 
-    python3 -m s2t.serve.keeper [--supervisor-port 8003] [--state-dir DIR] -- tritonserver --model-repository=... ...
+    python3 -m s2t.serve.keeper [--supervisor-port 8003] [--state-dir DIR] [--openai-port 9000] -- tritonserver ...
 
 runs the command, supervises its models (s2t/serve/supervisor.py), serves the supervisor's counters on
 `--supervisor-port` (/metrics), forwards SIGTERM/SIGINT (Triton drains), and exits when tritonserver does, after
