@@ -22,7 +22,8 @@ PROJECT_PACKAGES = ("backends", "clients", "s2t", "servers", "wire")
 ENTRY_MODULES = ("s2t.serve.keeper",)
 ID_PATTERN = re.compile(r"sha256-[0-9a-f]{16}")
 # Where manifests name a release: `releases/<id>` in these files under deploy/kubernetes.
-PINNED_FILES = ("base/kustomization.yaml", "kserve/inferenceservice.yaml", "kserve/inferenceservice-grpc.yaml")
+PINNED_FILES = ("base/kustomization.yaml", "kserve/inferenceservice.yaml", "kserve/inferenceservice-grpc.yaml",
+                "kserve/inferenceservice-openai.yaml")
 _RELEASE_REFERENCE = re.compile(r"(releases/)[^\s\"']+")
 
 

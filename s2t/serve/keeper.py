@@ -1,12 +1,15 @@
 """Keeping tritonserver and its stubs as one unit: started in their own process group, dying with their keeper,
 reaped together, restarted with backoff; and the container entry point that does the same under Docker or Kubernetes.
 
-    python3 -m s2t.serve.keeper [--supervisor-port 8003] [--state-dir DIR] -- tritonserver --model-repository=... ...
+    python3 -m s2t.serve.keeper [--supervisor-port 8003] [--state-dir DIR] [--openai-port 9000] -- tritonserver ...
 
 runs the command, supervises its models (s2t/serve/supervisor.py), serves the supervisor's counters on
 `--supervisor-port` (/metrics), forwards SIGTERM/SIGINT (Triton drains), and exits when tritonserver does, after
 reaping every stub: a stub never outlives its server. When a model cannot be healed it stops the server and exits
-non-zero, so that the orchestrator starts a fresh container. Standard library only (the NGC image's Python).
+non-zero, so that the orchestrator starts a fresh container. Standard library only (the NGC image's Python), except
+where a repository holds the language model: then, as `s2t serve --llm` does, it also serves the OpenAI-compatible
+API (s2t/serve/openai_server.py, aiohttp: the image's `llm` target) on `--openai-port` once the server is ready,
+and stops it after the server.
 """
 from __future__ import annotations
 
@@ -36,6 +39,10 @@ ADMIN_KEY_ENV = "S2T_ADMIN_KEY"
 ADMIN_KEY_REFERENCE = f"$({ADMIN_KEY_ENV})"
 # Options whose value holds the admin key: kept off the command line (s2t/serve/hidden_args.py).
 SECRET_OPTIONS = ("--http-restricted-api=", "--grpc-restricted-protocol=")
+# The model the OpenAI-compatible API serves (s2t/serve/openai_server.py's MODELS); a repository that holds it is
+# what `s2t serve --llm` adds. Named here, not imported: that module needs aiohttp, which only the llm image has.
+OPENAI_MODEL = "llm"
+DEFAULT_OPENAI_PORT = 9000
 
 
 def _die_with_parent() -> None:
@@ -158,6 +165,28 @@ def restricted_headers(command: list[str]) -> dict[str, str]:
     return {}
 
 
+def serves_openai_model(repositories: list[str]) -> bool:
+    """Whether one of the repositories holds the model the OpenAI-compatible API fronts."""
+    return any((Path(repository) / OPENAI_MODEL / "config.pbtxt").is_file() for repository in repositories)
+
+
+def start_openai(http_url: str, port: int, log):
+    """The OpenAI-compatible API in a thread of this process, in front of the server at `http_url`; None (said in
+    the log) when it cannot start: aiohttp missing from the image, or the port taken."""
+    try:
+        from s2t.serve.openai_server import OpenAIFrontend
+    except ImportError as err:
+        log(f"s2t keeper: the OpenAI API cannot start: {err} (the image's `llm` target installs aiohttp)")
+        return None
+    try:
+        frontend = OpenAIFrontend(http_url, port).start()
+    except RuntimeError as err:
+        log(f"s2t keeper: {err}")
+        return None
+    log(f"s2t keeper: OpenAI API on port {port} (/v1/models, /v1/chat/completions, /v1/completions)")
+    return frontend
+
+
 def wait_ready(http_url: str, process: subprocess.Popen, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None:
@@ -209,7 +238,8 @@ def exit_code(returncode: int) -> int:
 
 
 def run(command: list[str], supervisor_port: int | None, state_dir: Path | None, startup_seconds: float,
-        log=lambda message: print(message, file=sys.stderr, flush=True)) -> int:
+        log=lambda message: print(message, file=sys.stderr, flush=True),
+        openai_port: int = DEFAULT_OPENAI_PORT) -> int:
     from s2t.serve.supervisor import StubSupervisor
 
     repositories = [arg.split("=", 1)[1] for arg in command if arg.startswith("--model-repository=")]
@@ -245,7 +275,19 @@ def run(command: list[str], supervisor_port: int | None, state_dir: Path | None,
                                     state=state, on_give_up=give_up,
                                     control_lock=VersionStore(Path(repositories[0])).lock if repositories else None)
         supervisor.start()
+    openai = None
+    if openai_port and serves_openai_model(repositories) and process.poll() is None and not stopping.is_set():
+        openai = start_openai(http_url, openai_port, log)
+        if openai is None:
+            # A deployment that serves the language model promises its API: fail loudly, so that the orchestrator
+            # shows the container failing instead of a server without the port its clients call.
+            gave_up.set()
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
     returncode = process.wait()
+    # After the server: streams in flight while it drains still reach their clients.
+    if openai is not None:
+        openai.stop()
     reap_group(process.pid)
     leftovers.wait_group_gone(process.pid)
     leftovers.clean(repositories)
@@ -267,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where supervisor.json goes (default: the first repository's control area)")
     parser.add_argument("--startup-seconds", type=float, default=600.0,
                         help="how long tritonserver may take to become ready before supervision starts anyway")
+    parser.add_argument("--openai-port", type=int, default=DEFAULT_OPENAI_PORT,
+                        help=f"where a repository holds `{OPENAI_MODEL}`: the OpenAI-compatible API's port (0: none)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- tritonserver ARGS...")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -274,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the tritonserver command after --")
     # Shared memory, logging and trace restricted whatever the command says (s2t/serve/restricted_apis.py).
     command = restrict(with_admin_key(command, dict(os.environ)))
-    return run(command, args.supervisor_port, args.state_dir, args.startup_seconds)
+    return run(command, args.supervisor_port, args.state_dir, args.startup_seconds, openai_port=args.openai_port)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,9 @@ from backends.openai_protocol import OpenAIError, OpenAIRequest, finish_reason, 
 MODELS = ("llm",)
 # Triton answers a generate_stream call at once; only a generation can take long (bounded by max_tokens).
 UPSTREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=300)
+# Well inside a probe's usual timeout (Kubernetes: 1 s by default is too tight for a busy node, so the manifests
+# give 5 s), so that the probe gets a 503 rather than a timeout.
+READINESS_TIMEOUT = aiohttp.ClientTimeout(total=3)
 
 
 def _error(err: OpenAIError) -> web.Response:
@@ -60,12 +63,25 @@ class OpenAIFrontend:
         return app
 
     async def _session(self, app):
-        # One connection pool to Triton for every request.
-        self.session = aiohttp.ClientSession(timeout=UPSTREAM_TIMEOUT)
+        # One session for every request, but no idle connection kept to Triton: a stopping Triton waits for every
+        # open HTTP connection to close (up to its exit timeout, then exits with an error), and idle pooled ones
+        # never would. A connection per call on the same host costs nothing beside a generation.
+        self.session = aiohttp.ClientSession(timeout=UPSTREAM_TIMEOUT,
+                                             connector=aiohttp.TCPConnector(force_close=True))
         yield
         await self.session.close()
 
     async def models(self, _request: web.Request) -> web.Response:
+        # Listed only while Triton is ready (with --strict-readiness: every model loaded), so that this path is the
+        # deployments' readiness probe for the API and the server behind it together.
+        try:
+            async with self.session.get(f"http://{self.triton_url}/v2/health/ready",
+                                        timeout=READINESS_TIMEOUT) as response:
+                ready = response.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            ready = False
+        if not ready:
+            return _error(OpenAIError(503, "the model server is not ready", kind="server_error"))
         return web.json_response({"object": "list", "data": [
             {"id": name, "object": "model", "created": 0, "owned_by": "skill2triton"} for name in MODELS]})
 

@@ -50,7 +50,7 @@ def all_profiles_config(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def tls_config(tmp_path_factory) -> dict:
-    return compose_config(tmp_path_factory.mktemp("compose"), profiles=("gpu",), files=(COMPOSE_FILE, TLS_FILE))
+    return compose_config(tmp_path_factory.mktemp("compose"), profiles=("gpu", "llm"), files=(COMPOSE_FILE, TLS_FILE))
 
 
 def _services(config: dict) -> dict:
@@ -361,9 +361,10 @@ def _target(volume: dict) -> str:
     return volume["target"]
 
 
-def test_the_tls_override_adds_only_the_grpc_tls_flags_to_the_base_command(gpu_config, tls_config):
-    for name in TRITON_SERVICES:
-        base, tls = _services(gpu_config)[name], _services(tls_config)[name]
+def test_the_tls_override_adds_only_the_grpc_tls_flags_to_the_base_command(all_profiles_config, tls_config):
+    # triton-llm too: its gRPC would otherwise stay plaintext under the override.
+    for name in (*TRITON_SERVICES, "triton-llm"):
+        base, tls = _services(all_profiles_config)[name], _services(tls_config)[name]
         assert tls["command"] == base["command"] + TLS_FLAGS, name
         # Compose merges mounts by target and may reorder them.
         assert sorted(tls["volumes"], key=_target) == sorted(base["volumes"], key=_target), name
@@ -540,3 +541,49 @@ def test_the_compose_command_heals_a_dead_stub_and_leaves_no_stub_when_the_serve
             if keeper.poll() is None:
                 keeper.send_signal(signal.SIGTERM)
                 keeper.wait(60)
+
+
+def test_the_llm_service_publishes_the_openai_api_which_its_healthcheck_asks_and_no_other_service_serves(
+        all_profiles_config, tmp_path):
+    from s2t.serve.keeper import serves_openai_model
+    services = _services(all_profiles_config)
+    llm = services["triton-llm"]
+    port = int(_flag(llm["entrypoint"], "openai-port"))
+    assert serves_openai_model([str(p) for p in _served_repositories(llm)]), "the keeper would not start the API"
+    assert _host_ports(llm) == {**{p: p for p in CONTAINER_PORTS.values()}, port: 9000}
+    moved = _services(compose_config(tmp_path, env={"OPENAI_PORT": "19000"}, profiles=("llm",)))["triton-llm"]
+    assert _host_ports(moved)[port] == 19000
+    # /v1/models answers only while Triton is ready: the one check covers the API and the server behind it.
+    test = llm["healthcheck"]["test"]
+    assert test[:2] == ["CMD", "curl"] and "-f" in "".join(test[2:-1]) and \
+        test[-1] == f"http://localhost:{port}/v1/models"
+    for name, service in _tritons(all_profiles_config).items():
+        assert not serves_openai_model([str(p) for p in _served_repositories(service)]), name
+        assert port not in _host_ports(service), name
+
+
+def test_the_llm_image_installs_what_the_keeper_imports_to_serve_the_openai_api(all_profiles_config):
+    from s2t.gate.runtime_imports import distribution_of, third_party_modules
+    installed = image_pins(TRITON_IMAGE_DIR / "Dockerfile", _services(all_profiles_config)["triton-llm"]["build"]["target"])
+    imported = third_party_modules(ROOT, [ROOT / "s2t" / "serve" / "keeper.py"])
+    assert "aiohttp" in imported, "the scan no longer reaches the OpenAI API"
+    for module in imported:
+        assert distribution_of(module) in installed, f"{module} is not installed by the llm image"
+    # And everything aiohttp pulls in on the image's Python, each pinned (the image installs no unpinned package).
+    from importlib.metadata import requires
+    from packaging.requirements import Requirement
+    environment = {"python_version": IMAGE_PYTHON, "python_full_version": f"{IMAGE_PYTHON}.0", "extra": "",
+                   "sys_platform": "linux", "platform_system": "Linux", "platform_python_implementation": "CPython",
+                   "implementation_name": "cpython", "platform_machine": "x86_64"}
+    todo, seen = ["aiohttp"], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        assert name in installed, f"the llm image does not pin {name}, which the OpenAI API needs"
+        for text in requires(name) or []:
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate(environment):
+                todo.append(normalised(requirement.name))
+    assert {"yarl", "multidict", "idna"} <= seen

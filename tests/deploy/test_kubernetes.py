@@ -15,7 +15,8 @@ from tests.deploy.compose import IMAGE, IMAGE_PYTHON, TRITON_IMAGE_DIR, image_pi
 
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 OVERLAYS = ("overlays/cpu", "overlays/gpu")
-RENDERED = (*OVERLAYS, "kserve", "prometheus-adapter")
+# overlays/llm (the language model and its OpenAI-compatible API) has checks of its own, against the CPU overlay.
+RENDERED = (*OVERLAYS, "kserve", "prometheus-adapter", "overlays/llm")
 # The oldest Kubernetes still offered by the big managed services, and the newest the validator knows.
 KUBERNETES_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
 CUSTOM_GROUPS = ("serving.kserve.io/",)
@@ -93,9 +94,11 @@ def _pushed(image: str) -> str:
 def test_pods_run_the_compose_serving_image_which_installs_what_their_repositories_import(rendered, directory):
     from s2t.gate.runtime_imports import BACKEND_MODULES, distribution_of, model_files, third_party_modules
 
-    installed = image_pins(TRITON_IMAGE_DIR / "Dockerfile", "serving")
     for triton in triton_containers(rendered[directory]):
-        assert _pushed(triton["image"]) == IMAGE
+        # The serving target, or the llm one (tag `-llm`) where the language model is served.
+        target = "llm" if _pushed(triton["image"]).endswith("-llm") else "serving"
+        installed = image_pins(TRITON_IMAGE_DIR / "Dockerfile", target)
+        assert _pushed(triton["image"]) == IMAGE + ("" if target == "serving" else f"-{target}")
         # A release holds these folders under the names they have here.
         served = [ROOT / Path(arg.split("=", 1)[1]).name for arg in triton["args"]
                   if arg.startswith("--model-repository=")]
@@ -371,3 +374,67 @@ def test_kserve_serves_grpc_beside_http_from_the_same_release(rendered):
     assert any(a.startswith("--grpc-restricted-protocol=") for a in runtime["args"])
     for model in (http_model, grpc_model):
         assert model["securityContext"]["runAsNonRoot"] is True
+
+
+def test_the_llm_overlay_is_the_cpu_one_plus_the_llm_repository_and_the_openai_api_on_a_probed_port(rendered):
+    from s2t.control.release import ENTRY_MODULES, project_files
+    from s2t.serve.keeper import serves_openai_model
+    cpu, llm = (container(one(rendered[d], "Deployment")) for d in ("overlays/cpu", "overlays/llm"))
+    assert _pushed(llm["image"]) == f"{IMAGE}-llm", "deploy/triton's llm target, tagged as in docker-compose.yml"
+    # Same server, same restricted APIs and admin key: only the language model's repository added.
+    assert llm["args"] == cpu["args"] + ["--model-repository=/models/model_repository_llm"]
+    assert llm["env"] == cpu["env"]
+    served = [str(ROOT / Path(a.split("=", 1)[1]).name) for a in llm["args"] if a.startswith("--model-repository=")]
+    assert serves_openai_model(served) and not serves_openai_model(
+        [str(ROOT / Path(a.split("=", 1)[1]).name) for a in cpu["args"] if a.startswith("--model-repository=")])
+    port = int(next(a.split("=", 1)[1] for a in llm["command"] if a.startswith("--openai-port=")))
+    assert [a for a in llm["command"] if not a.startswith("--openai-port=")] == cpu["command"]
+    ports = {p["name"]: p["containerPort"] for p in llm["ports"]}
+    assert ports == {**{p["name"]: p["containerPort"] for p in cpu["ports"]}, "openai": port}
+    # /v1/models answers only while Triton is ready: one probe covers the API and the server behind it.
+    assert llm["readinessProbe"]["httpGet"] == {"path": "/v1/models", "port": "openai"}
+    assert llm["readinessProbe"]["timeoutSeconds"] >= 4, "the API asks Triton within 3 s before it answers"
+    assert llm["livenessProbe"] == cpu["livenessProbe"] and llm["startupProbe"] == cpu["startupProbe"]
+    service = one(rendered["overlays/llm"], "Service")
+    assert {"name": "openai", "port": port, "targetPort": "openai"} in service["spec"]["ports"]
+    # The keeper runs from the release's src/: the API's module travels with it.
+    entries = [ROOT / (module.replace(".", "/") + ".py") for module in ENTRY_MODULES]
+    assert ROOT / "s2t" / "serve" / "openai_server.py" in project_files(ROOT, entries)
+
+
+def test_the_llm_image_installs_what_the_llm_overlay_imports(rendered):
+    from s2t.gate.runtime_imports import BACKEND_MODULES, distribution_of, model_files, third_party_modules
+    installed = image_pins(TRITON_IMAGE_DIR / "Dockerfile", "llm")
+    triton = container(one(rendered["overlays/llm"], "Deployment"))
+    served = [ROOT / Path(a.split("=", 1)[1]).name for a in triton["args"] if a.startswith("--model-repository=")]
+    imported = third_party_modules(ROOT, model_files(served) + [ROOT / "s2t" / "serve" / "keeper.py"])
+    assert "aiohttp" in imported and "xllamacpp" in {m.split(".")[0] for m in imported}
+    for module in imported:
+        if module.split(".")[0] not in BACKEND_MODULES:
+            assert distribution_of(module) in installed, f"{module} is not in the llm image"
+
+
+def test_kserve_serves_the_openai_api_from_the_same_release_on_the_llm_image_probed_on_v1_models(rendered):
+    from s2t.serve.keeper import serves_openai_model
+    docs = rendered["kserve"]
+    http_service, openai_service = (named(docs, "InferenceService", name)
+                                    for name in ("skill2triton", "skill2triton-openai"))
+    http_model, openai_model = (s["spec"]["predictor"]["model"] for s in (http_service, openai_service))
+    assert openai_model["storageUri"] == http_model["storageUri"]
+    assert openai_service["spec"]["predictor"]["canaryTrafficPercent"] == \
+        http_service["spec"]["predictor"]["canaryTrafficPercent"]
+    assert openai_model["env"] == http_model["env"] and openai_model["securityContext"] == http_model["securityContext"]
+    http_runtime, runtime = (named(docs, "ServingRuntime", m["runtime"])["spec"]["containers"][0]
+                             for m in (http_model, openai_model))
+    assert _pushed(runtime["image"]) == f"{IMAGE}-llm"
+    served = [str(ROOT / Path(a.split("=", 1)[1]).name) for a in runtime["args"] if a.startswith("--model-repository=")]
+    assert serves_openai_model(served)
+    # Knative routes the one port: the API's, which the keeper opens; Triton's HTTP stays on another, inside the pod.
+    [routed] = runtime["ports"]
+    assert f"--openai-port={routed['containerPort']}" in runtime["command"]
+    assert f"--http-port={routed['containerPort']}" not in runtime["args"]
+    assert runtime["readinessProbe"]["httpGet"] == {"path": "/v1/models", "port": routed["containerPort"]}
+    # Restricted APIs and the admin key as on the HTTP runtime.
+    restricted = [a for a in runtime["args"] if a.startswith(("--http-restricted-api=", "--grpc-restricted-protocol="))]
+    assert sorted(restricted) == sorted(a for a in http_runtime["args"]
+                                        if a.startswith(("--http-restricted-api=", "--grpc-restricted-protocol=")))

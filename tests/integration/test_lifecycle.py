@@ -535,3 +535,102 @@ def test_a_stub_that_died_before_supervision_started_is_found_and_reloaded(built
             assert [h.model for h in supervisor.heals] == ["risk_decision"], "healed once, nothing else touched"
         finally:
             supervisor.stop()
+
+
+def _openai_call(port: int, path: str, body: dict | None = None) -> tuple[int, dict]:
+    """(status, JSON body) of one call to the OpenAI-compatible API; an HTTP error's status and body too."""
+    import urllib.error
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://localhost:{port}{path}", data=data,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as resp:
+            return resp.status, json.load(resp)
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def _llm_keeper_command(tmp_path: Path, http_port: int, grpc_port: int, openai_port: int) -> list[str]:
+    """The keeper as the llm image runs it, on a copy of the language model alone (the cheapest repository that
+    holds it) and free ports."""
+    from tests.conftest import LLM_REPOSITORY
+    from s2t.serve.triton_server import TRITON_DIR, assemble_backend_dir
+    repo = tmp_path / "model_repository_llm"
+    shutil.copytree(LLM_REPOSITORY / "llm", repo / "llm", ignore=shutil.ignore_patterns("__pycache__"))
+    return [sys.executable, "-m", "s2t.serve.keeper", "--supervisor-port=0", f"--state-dir={tmp_path}",
+            f"--openai-port={openai_port}", "--",
+            str(TRITON_DIR / "bin" / "tritonserver"), f"--model-repository={repo}",
+            f"--backend-directory={assemble_backend_dir(tmp_path / 'b')}", f"--http-port={http_port}",
+            f"--grpc-port={grpc_port}", f"--metrics-port={free_port()}"]
+
+
+def test_the_keeper_serves_the_openai_api_where_a_repository_holds_the_language_model(built_artifacts, tmp_path):
+    """What the llm image runs: the keeper starts the OpenAI-compatible API once Triton is ready, valid and bad
+    requests are answered side by side, the restricted APIs stay locked, and SIGTERM takes the API down with the
+    server."""
+    from concurrent.futures import ThreadPoolExecutor
+    from s2t.serve.triton_server import server_env
+    http_port, grpc_port, openai_port = free_port(), free_port(), free_port()
+    command = _llm_keeper_command(tmp_path, http_port, grpc_port, openai_port)
+    log_path = tmp_path / "keeper.log"
+
+    def listing() -> list[str] | None:
+        try:
+            status, body = _openai_call(openai_port, "/v1/models")
+        except OSError:
+            return None
+        return [m["id"] for m in body["data"]] if status == 200 else None
+
+    with open(log_path, "wb") as log:
+        keeper = subprocess.Popen(command, cwd=ROOT, env=server_env(), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            assert wait_until(lambda: keeper.poll() is not None or listing() is not None, 300, 0.5)
+            assert listing() == ["llm"] and ready(http_port), log_path.read_text()[-3000:]
+            completion = {"model": "llm", "prompt": "Credit risk is", "max_tokens": 2}
+            bad = {**completion, "max_tokens": -1}
+            with ThreadPoolExecutor(4) as pool:
+                answers = list(pool.map(lambda body: _openai_call(openai_port, "/v1/completions", body),
+                                        [completion, bad, completion, bad]))
+            for status, body in answers[0::2]:
+                assert status == 200 and body["usage"]["completion_tokens"] == 2, body
+            for status, body in answers[1::2]:
+                assert status == 400 and body["error"]["param"] == "max_tokens", body
+            # The API changes nothing of the server's: shared memory, logging and trace still locked.
+            assert_locked(f"localhost:{http_port}", f"localhost:{grpc_port}")
+            server = server_pid(keeper.pid)
+        finally:
+            keeper.send_signal(signal.SIGTERM)
+            code = keeper.wait(60)
+        assert code == 0, log_path.read_text()[-3000:]
+        assert not alive(server)
+        with pytest.raises(OSError):
+            _openai_call(openai_port, "/v1/models")
+
+
+def test_a_keeper_that_cannot_open_the_openai_port_stops_its_server_and_fails(built_artifacts, tmp_path):
+    """A deployment that serves the language model promises its API: with the port taken, the container fails
+    (so the orchestrator shows it) rather than serving without it, and leaves no server or stub behind."""
+    import socket
+    from s2t.serve.triton_server import server_env
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        openai_port = taken.getsockname()[1]
+        command = _llm_keeper_command(tmp_path, free_port(), free_port(), openai_port)
+        log_path = tmp_path / "keeper.log"
+        with open(log_path, "wb") as log:
+            keeper = subprocess.Popen(command, cwd=ROOT, env=server_env(), stdout=log, stderr=subprocess.STDOUT)
+            servers: list[int] = []
+            try:
+                # The server comes up first (the API starts once it is ready), then goes.
+                assert wait_until(lambda: keeper.poll() is not None or server_pid(keeper.pid) is not None, 60, 0.05)
+                servers = [pid for pid in [server_pid(keeper.pid)] if pid]
+                code = keeper.wait(300)
+            finally:
+                if keeper.poll() is None:
+                    keeper.send_signal(signal.SIGTERM)
+                    keeper.wait(60)
+    text = log_path.read_text()
+    assert code != 0, text[-3000:]
+    assert f"port {openai_port}" in text, text[-3000:]
+    assert servers and not any(alive(pid) for pid in servers)

@@ -112,3 +112,26 @@ def test_a_client_that_leaves_mid_stream_stops_its_generation(client, triton_llm
         time.sleep(0.25)
     assert cancelled(triton_llm.metrics_port) == before + 1
     assert chat(client, max_tokens=2).usage.completion_tokens == 2
+
+
+def test_the_models_list_is_the_readiness_probe_refused_in_openais_shape_while_triton_cannot_serve(client):
+    """The deployments probe /v1/models: in front of no ready Triton (still loading, or gone) it answers 503, while
+    the API in front of the ready one lists `llm`, side by side."""
+    port = free_port()
+    unready = OpenAIFrontend(f"localhost:{free_port()}", port).start()
+    sdk = openai.OpenAI(base_url=f"http://localhost:{port}/v1", api_key="unused", timeout=30, max_retries=0)
+    try:
+        def refused(_):
+            with pytest.raises(openai.APIStatusError) as caught:
+                sdk.models.list()
+            return caught.value
+
+        with ThreadPoolExecutor(6) as pool:
+            errors = list(pool.map(refused, range(3)))
+            listed = list(pool.map(lambda _: [m.id for m in client.models.list()], range(3)))
+        for err in errors:
+            assert err.status_code == 503 and err.body["type"] == "server_error" and "not ready" in err.body["message"]
+        assert listed == [["llm"]] * 3
+    finally:
+        sdk.close()
+        unready.stop()

@@ -109,3 +109,20 @@ def test_the_admin_header_comes_from_the_restricted_api_option():
     command = ["tritonserver", "--http-restricted-api=model-repository:admin-key=s3cret"]
     assert restricted_headers(command) == {"admin-key": "s3cret"}
     assert restricted_headers(["tritonserver"]) == {}
+
+
+@pytest.mark.parametrize("layout, expected", [
+    ({"a/llm/config.pbtxt"}, True),                          # the language model's repository
+    ({"a/risk_scorer/config.pbtxt", "b/llm/config.pbtxt"}, True),
+    ({"a/risk_scorer/config.pbtxt"}, False),                 # the scorer alone: no API, its port stays closed
+    ({"a/llm/1/model.py"}, False),                           # a folder named llm without a config is no model
+    ({"a/llm_judge/config.pbtxt"}, False),
+    (set(), False),
+])
+def test_the_openai_api_is_served_only_where_a_repository_holds_its_model(tmp_path, layout, expected):
+    from s2t.serve.keeper import serves_openai_model
+    for name in layout:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    repositories = sorted({str(tmp_path / name.split("/")[0]) for name in layout}) or [str(tmp_path / "a")]
+    assert serves_openai_model(repositories) is expected
