@@ -38,6 +38,16 @@ def set_step_version(text: str, model: str, version: int, where: str = "config.p
     return new
 
 
+def set_pinned_version(text: str, version: int, where: str = "config.pbtxt") -> str:
+    """The one version a `version_policy: { specific: { versions: [ N ] } }` loads."""
+    pattern = re.compile(r'(version_policy:\s*\{\s*specific:\s*\{\s*versions:\s*\[?\s*)(\d+)(\s*\]?\s*\}\s*\})')
+    new, count = pattern.subn(lambda m: m.group(1) + str(version) + m.group(3), text)
+    if count != 1:
+        raise ConfigEditError(f"{where} has {count} `version_policy: {{ specific: {{ versions: [ N ] }} }}` lines "
+                              "naming one version; expected one")
+    return new
+
+
 def replace_config(store: VersionStore, path: Path, text: str) -> None:
     """Validate `text` with Triton's schema, then put it in place of `path` in one rename."""
     try:
