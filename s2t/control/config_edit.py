@@ -38,13 +38,14 @@ def set_step_version(text: str, model: str, version: int, where: str = "config.p
     return new
 
 
-def set_pinned_version(text: str, version: int, where: str = "config.pbtxt") -> str:
-    """The one version a `version_policy: { specific: { versions: [ N ] } }` loads."""
-    pattern = re.compile(r'(version_policy:\s*\{\s*specific:\s*\{\s*versions:\s*\[?\s*)(\d+)(\s*\]?\s*\}\s*\})')
-    new, count = pattern.subn(lambda m: m.group(1) + str(version) + m.group(3), text)
+def set_pinned_versions(text: str, versions: list[int], where: str = "config.pbtxt") -> str:
+    """The versions a `version_policy: { specific: { versions: [ ... ] } }` loads."""
+    pattern = re.compile(r'(version_policy:\s*\{\s*specific:\s*\{\s*versions:\s*)(\[[\d\s,]*\]|\d+)(\s*\}\s*\})')
+    listed = "[ " + ", ".join(str(v) for v in versions) + " ]"
+    new, count = pattern.subn(lambda m: m.group(1) + listed + m.group(3), text)
     if count != 1:
-        raise ConfigEditError(f"{where} has {count} `version_policy: {{ specific: {{ versions: [ N ] }} }}` lines "
-                              "naming one version; expected one")
+        raise ConfigEditError(f"{where} has {count} `version_policy: {{ specific: {{ versions: [ ... ] }} }}` lines; "
+                              "expected one")
     return new
 
 

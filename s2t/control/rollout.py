@@ -10,12 +10,13 @@ rewrites consumer configs; which folders the repository holds is what Triton loa
 - draining: versions nothing should route to any more; their folders are retired once the consumers that
   used them have surely been reloaded (at once after `--http-url` confirmed it, otherwise by a later command).
 
-A model whose config pins one version (`version_policy: { specific: { versions: [ N ] } }`, as `llm`) is its own
-consumer: its primary is the version the policy names, the only one loaded. A step rewrites that line and the
-server loads the new version before it unloads the old one, which finishes the requests it has (a decoupled
-model's streams included: Triton unloads a version once every response sender has sent its final flag). Its
-candidate is a validated folder that is not loaded; `previous` is a folder kept for a rollback, which loads it
-again.
+A model whose config pins its versions (`version_policy: { specific: { versions: [ ... ] } }`, as `llm`) is its
+own consumer: its primary is the newest version the policy lists, which callers that name no version get. A step
+rewrites that line and the server loads the new version before it unloads the old one, which finishes the
+requests it has (a decoupled model's streams included: Triton unloads a version once every response sender has
+sent its final flag). `previous` stays listed, loaded, when it is older than the primary, so the usual rollback
+(after a promotion) only unloads; a newer one cannot stay loaded, it would take the callers. Its candidate is a
+validated folder that is not loaded until promoted.
 
 A model with a `latest` policy (risk_scorer_lite, the GPU scorers) serves its newest folder: its rollback retires
 the newer folders instead, newest first, so the newest folder left is always one that was served before.
