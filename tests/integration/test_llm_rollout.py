@@ -28,13 +28,14 @@ IN_FORCE_BOUND_S = 60.0
 PHASE_TIMEOUT_S = 120.0
 
 
-@pytest.fixture
-def live_llm(tmp_path):
+@pytest.fixture(params=["explicit", "poll"])
+def live_llm(request, tmp_path):
     """A server of its own on a writable copy of `llm` only: the steps rewrite its config and version folders."""
     repo = tmp_path / "model_repository_llm"
     shutil.copytree(LLM_REPOSITORY / "llm", repo / "llm", ignore=shutil.ignore_patterns("__pycache__"))
-    server = triton_server([repo], model_control_mode="explicit", admin_key=KEY, log_path=tmp_path / "triton.log",
-                           exit_timeout_seconds=10)
+    explicit = request.param == "explicit"
+    server = triton_server([repo], model_control_mode=request.param, admin_key=KEY if explicit else None,
+                           log_path=tmp_path / "triton.log", exit_timeout_seconds=10)
     with serving(server):
         yield server, repo
 
@@ -149,6 +150,8 @@ def test_publish_promote_rollback_of_llm_under_four_streams_cut_no_stream_and_fa
         promoted_from = time.monotonic()
         promoted, promote_s = s2t(server, repo, "promote", "llm", "2")
         promoted_at = time.monotonic()
+        # The previous primary stays loaded beside the new one: the rollback below only unloads.
+        assert watch.client.is_model_ready("llm", "1") and watch.client.is_model_ready("llm", "2")
         after_promote = load.wait_started_after(promoted_at)
         rolled_from = time.monotonic()
         rolled, rollback_s = s2t(server, repo, "rollback", "llm", "--yes")
