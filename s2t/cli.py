@@ -256,7 +256,8 @@ _url_option = http_url_option("Triton's HTTP endpoint: wait until it runs the ch
 @_repository_option
 @_consumers_option
 @click.option("--stage", is_flag=True,
-              help="load it as a candidate (MODEL:N for canary, shadow and route=) with no primary traffic")
+              help="load it as a candidate (MODEL:N for canary, shadow and route=) with no primary traffic; a "
+                   "model that pins its versions (llm) loads it only once promoted")
 @click.option("--saved-model", type=click.Path(path_type=Path), default=DEFAULT_SAVED_MODEL, show_default=True,
               help="legacy reference for the parity gate")
 @click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True,

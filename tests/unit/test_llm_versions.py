@@ -121,3 +121,9 @@ def test_a_gguf_that_cannot_serve_is_refused_and_nothing_changes(llm_repo, tmp_p
     assert VersionStore(llm_repo).served("llm") == [1]
     assert (llm_repo / "llm" / "config.pbtxt").read_text() == config_before
     assert VersionStore(llm_repo).history("llm") == []
+
+
+def test_a_check_that_runs_over_its_time_limit_refuses_the_file():
+    from s2t.control.llm_check import GgufRefused, check_gguf
+    with pytest.raises(GgufRefused, match="did not finish within"):
+        check_gguf(packaged_model_path(), timeout_s=0.05)
