@@ -1,6 +1,7 @@
-"""`llm` versions through the control plane on a live server (explicit mode, admin key) under a constant load of
-4 token streams: publish --stage, promote, rollback cut no stream and fail no request, every stream ends on the
-version it started on, and each step is in force within a bound measured by this test's own clock."""
+"""`llm` versions through the control plane on a live server (explicit mode with the admin key, and poll mode)
+under a constant load of 4 token streams: a file that cannot load is refused, publish --stage, promote and
+rollback cut no stream and fail no request, every stream ends on the version it started on, and each step is in
+force within a bound measured by this test's own clock."""
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import pytest
 from backends.llm_engine import packaged_model_path
 from clients.llm_client import generate_stream
 from s2t.control.live_control import ADMIN_KEY_ENV
+from s2t.control.version_store import VersionStore
 from tests.conftest import LLM_REPOSITORY, S2T
 from tests.integration.servers import serving, triton_server
 
@@ -40,11 +42,15 @@ def live_llm(request, tmp_path):
         yield server, repo
 
 
+def run_s2t(server, repo, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([str(S2T), *args, "--repository", str(repo), "--http-url", server.http_url, "--json"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, ADMIN_KEY_ENV: KEY})
+
+
 def s2t(server, repo, *args) -> tuple[dict, float]:
     """The command's --json document and its duration on this test's clock."""
     started = time.monotonic()
-    done = subprocess.run([str(S2T), *args, "--repository", str(repo), "--http-url", server.http_url, "--json"],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, ADMIN_KEY_ENV: KEY})
+    done = run_s2t(server, repo, *args)
     took = time.monotonic() - started
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout), took
@@ -80,7 +86,7 @@ class Streams:
                 self.results.append((started, time.monotonic(), result))
             i += 1
 
-    def wait_started_after(self, moment, count=CLIENTS):
+    def wait_started_after(self, moment, count):
         """Until `count` streams that started after `moment` have ended (bounded); those streams."""
         deadline = time.monotonic() + PHASE_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -125,6 +131,15 @@ class ServedVersion:
         return seen[0] - since
 
 
+def ready(url, version) -> bool:
+    import tritonclient.http as http
+    client = http.InferenceServerClient(url, network_timeout=30)
+    try:
+        return client.is_model_ready("llm", version)
+    finally:
+        client.close()
+
+
 def version_of(result) -> str:
     versions = {event.get("model_version") for _, event in result.events}
     assert len(versions) == 1, f"a stream answered by several versions: {versions}"
@@ -137,6 +152,12 @@ def test_publish_promote_rollback_of_llm_under_four_streams_cut_no_stream_and_fa
     settings.write_text(json.dumps({"default_max_tokens": V2_TOKENS}))
     with Streams(server.http_url) as load, ServedVersion(server.http_url) as watch:
         load.wait_started_after(0.0, 1)
+        # A file llama.cpp cannot load (the real one cut short) is refused while the streams go on.
+        cut = tmp_path / "cut.gguf"
+        cut.write_bytes(packaged_model_path().read_bytes()[:100_000])
+        refused = run_s2t(server, repo, "publish", "llm", str(cut))
+        assert refused.returncode != 0 and "llama.cpp cannot load it" in refused.stderr
+        assert VersionStore(repo).served("llm") == [1] and VersionStore(repo).history("llm") == []
         staged, _ = s2t(server, repo, "publish", "llm", str(packaged_model_path()), "--stage",
                         "--settings", str(settings))
         assert staged["version"] == 2
@@ -145,18 +166,18 @@ def test_publish_promote_rollback_of_llm_under_four_streams_cut_no_stream_and_fa
         roles = {v["version"]: (v["role"], v["state"]) for v in status["models"]["llm"]["versions"]}
         assert roles == {1: ("primary", "READY"), 2: ("candidate", "not loaded")}
         staged_at = time.monotonic()
-        assert {version_of(r) for _, _, r in load.wait_started_after(staged_at)} == {"1"}
+        assert {version_of(r) for _, _, r in load.wait_started_after(staged_at, 2)} == {"1"}
 
         promoted_from = time.monotonic()
         promoted, promote_s = s2t(server, repo, "promote", "llm", "2")
         promoted_at = time.monotonic()
         # The previous primary stays loaded beside the new one: the rollback below only unloads.
-        assert watch.client.is_model_ready("llm", "1") and watch.client.is_model_ready("llm", "2")
-        after_promote = load.wait_started_after(promoted_at)
+        assert ready(server.http_url, "1") and ready(server.http_url, "2")
+        after_promote = load.wait_started_after(promoted_at, 2)
         rolled_from = time.monotonic()
         rolled, rollback_s = s2t(server, repo, "rollback", "llm", "--yes")
         rolled_at = time.monotonic()
-        after_rollback = load.wait_started_after(rolled_at)
+        after_rollback = load.wait_started_after(rolled_at, 2)
     results = load.results
     print(f"llm in force: promote {promote_s:.2f} s (server side {promoted['timings_ms']}), rollback "
           f"{rollback_s:.2f} s (server side {rolled['timings_ms']}), {len(results)} streams")
@@ -169,7 +190,7 @@ def test_publish_promote_rollback_of_llm_under_four_streams_cut_no_stream_and_fa
         assert result.final["output_tokens"] <= expected
         assert result.final["finish_reason"] == "stop" or result.final["output_tokens"] == expected
     assert promoted["primary"] == 2 and rolled["serving"] == 1 and rolled["previous"] == 2
-    assert {version_of(r) for _, _, r in after_promote if r is not None} == {"2"}
+    assert {version_of(r) for _, _, r in after_promote} == {"2"}
     assert {version_of(r) for _, _, r in after_rollback} == {"1"}
     # The streams in flight when a step began finished, complete, on the version they started on.
     for began, old in ((promoted_from, "1"), (rolled_from, "2")):
