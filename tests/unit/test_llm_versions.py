@@ -127,3 +127,23 @@ def test_a_check_that_runs_over_its_time_limit_refuses_the_file():
     from s2t.control.llm_check import GgufRefused, check_gguf
     with pytest.raises(GgufRefused, match="did not finish within"):
         check_gguf(packaged_model_path(), timeout_s=0.05)
+
+
+def test_a_promote_killed_after_rewriting_the_pinned_versions_is_undone_by_the_next_command(llm_repo):
+    import os
+    import signal
+    import subprocess
+
+    from tests.conftest import S2T
+    publish("llm", packaged_model_path(), llm_repo, None, stage=True)
+    killed = subprocess.run([str(S2T), "promote", "llm", "2", "--repository", str(llm_repo)], capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "S2T_FAULT_POINTS": "control.consumer.llm=kill"})
+    assert killed.returncode == -signal.SIGKILL
+    rollout = Rollout("llm", llm_repo)
+    assert pinned(llm_repo) == [1, 2] and rollout.state().pending["action"] == "promote"
+    recovered = rollout.recovered_state()
+    # Back to before the step: version 1 alone serves, version 2 is the staged candidate again.
+    assert pinned(llm_repo) == [1] and (recovered.primary, recovered.candidate, recovered.pending) == (1, 2, None)
+    assert VersionStore(llm_repo).history("llm")[-1]["action"] == "recover"
+    promote(rollout, 2)
+    assert pinned(llm_repo) == [1, 2] and rollout.state().primary == 2
