@@ -174,7 +174,7 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
     config = model_config.load(model_dir)
     managed = rollout.explicit_primary()
     if stage and not managed:
-        raise PublishError(f"{model}: staging needs `version_policy: {{ all: {{}} }}` (or one pinned version) in "
+        raise PublishError(f"{model}: staging needs `version_policy: {{ all: {{}} }}` (or pinned versions) in "
                            "its config (with a `latest` policy Triton serves the newest folder, so a staged version "
                            "would be primary)")
     figures = validate(model_dir, config, artifact, None if is_gguf(artifact) else gate, store.control / "reference",

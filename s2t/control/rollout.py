@@ -134,7 +134,7 @@ class Rollout:
         return loads_every_folder(config) or primary.pinned_version(config) is not None
 
     def pinned(self) -> bool:
-        """The model's own config names the one version it loads: a version is loaded when a step names it."""
+        """The model's own config lists the versions it loads: a version is loaded only once a step lists it."""
         return primary.pinned_version(self.config()) is not None
 
     def keeps_state(self) -> bool:
@@ -384,8 +384,8 @@ def _router_split_of(rollout: Rollout) -> dict[str, str] | None:
 def promote(rollout: Rollout, version: int) -> int:
     """`version` becomes the primary on every path in one step; the split is cleared; the old primary stays loaded."""
     if not rollout.explicit_primary():
-        raise RolloutError(f"{rollout.model}: promotion needs `version_policy: {{ all: {{}} }}` (or one pinned "
-                           "version: `{ specific: { versions: [ N ] } }`) in its config (with a `latest` policy the "
+        raise RolloutError(f"{rollout.model}: promotion needs `version_policy: {{ all: {{}} }}` (or pinned "
+                           "versions: `{ specific: { versions: [ ... ] } }`) in its config (with a `latest` policy the "
                            "newest folder is always the primary)")
     with rollout.step() as state:
         if version == state.primary:
