@@ -256,7 +256,8 @@ _url_option = http_url_option("Triton's HTTP endpoint: wait until it runs the ch
 @_repository_option
 @_consumers_option
 @click.option("--stage", is_flag=True,
-              help="load it as a candidate (MODEL:N for canary, shadow and route=) with no primary traffic")
+              help="load it as a candidate (MODEL:N for canary, shadow and route=) with no primary traffic; a "
+                   "model that pins its versions (llm) loads it only once promoted")
 @click.option("--saved-model", type=click.Path(path_type=Path), default=DEFAULT_SAVED_MODEL, show_default=True,
               help="legacy reference for the parity gate")
 @click.option("--data", "data_csv", type=click.Path(path_type=Path), default=DEFAULT_DATA, show_default=True,
@@ -266,23 +267,29 @@ _url_option = http_url_option("Triton's HTTP endpoint: wait until it runs the ch
 @_url_option
 @click.option("--nice", "niceness", type=click.IntRange(0, 19), default=10, show_default=True,
               help="CPU niceness of the validation: serving on the same host keeps its cores")
+@click.option("--settings", type=click.Path(dir_okay=False, path_type=Path),
+              help="a GGUF version's own defaults (JSON, e.g. {\"default_max_tokens\": 32}); see docs/llm.md")
 @json_option
 def publish(model, artifact, repository, consumer_repositories, stage, saved_model, data_csv, atol, url,
-            niceness, as_json) -> None:
+            niceness, settings, as_json) -> None:
     """Validate ARTIFACT, gate it on parity, and move it in as MODEL's next version; prints the version.
 
     Without --stage the new version becomes the primary at once; with --stage it waits for `s2t canary` / `promote`.
+    A GGUF file (the language model, e.g. `s2t publish llm FILE.gguf --repository model_repository_llm`) is checked
+    instead: it loads, its chat template renders and it generates, in a child process with a time limit.
     """
     # Before TensorFlow starts its thread pools, which inherit it: the parity gate is seconds of full CPU, and
     # on a serving host it must not push interactive requests past their queue timeout.
     os.nice(niceness)
-    from s2t.control.publish import ArtifactRefused, ParityGate, PublishError, publish as run_publish
+    from s2t.control.publish import ArtifactRefused, ParityGate, PublishError, is_gguf, publish as run_publish
     require_reachable(url)
     consumers = _rollout(model, repository, consumer_repositories, url).consumer_repositories
+    checks = ("load, chat template, a few tokens" if is_gguf(artifact)
+              else f"parity gate against {saved_model} on {data_csv}")
     try:
-        with step(f"{model}: validating {artifact}, parity gate against {saved_model} on {data_csv}, moving it in"):
+        with step(f"{model}: validating {artifact} ({checks}), moving it in"):
             version = run_publish(model, artifact, repository, ParityGate(saved_model, data_csv, atol), stage=stage,
-                                  consumer_repositories=consumers, url=url)
+                                  consumer_repositories=consumers, url=url, settings=settings)
     except ArtifactRefused as err:
         raise exit_codes.GateRefused(str(err)) from None
     except (PublishError, *_live_errors()) as err:

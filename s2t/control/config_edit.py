@@ -38,6 +38,17 @@ def set_step_version(text: str, model: str, version: int, where: str = "config.p
     return new
 
 
+def set_pinned_versions(text: str, versions: list[int], where: str = "config.pbtxt") -> str:
+    """The versions a `version_policy: { specific: { versions: [ ... ] } }` loads."""
+    pattern = re.compile(r'(version_policy:\s*\{\s*specific:\s*\{\s*versions:\s*)(\[[\d\s,]*\]|\d+)(\s*\}\s*\})')
+    listed = "[ " + ", ".join(str(v) for v in versions) + " ]"
+    new, count = pattern.subn(lambda m: m.group(1) + listed + m.group(3), text)
+    if count != 1:
+        raise ConfigEditError(f"{where} has {count} `version_policy: {{ specific: {{ versions: [ ... ] }} }}` lines; "
+                              "expected one")
+    return new
+
+
 def replace_config(store: VersionStore, path: Path, text: str) -> None:
     """Validate `text` with Triton's schema, then put it in place of `path` in one rename."""
     try:

@@ -122,6 +122,22 @@ def reload_config(url: str, model: str, parameters: dict[str, str], timeout: flo
     return _load_and_wait(url, model, done, "run the new parameters", timeout, key)
 
 
+def wait_serving(url: str, model: str, version: int, timeout: float = 60.0) -> float:
+    """Seconds until requests without a version get `version`, asking for no load (the config is in force)."""
+    import tritonclient.http as http
+
+    started = time.monotonic()
+    client = http.InferenceServerClient(url, network_timeout=timeout)
+    try:
+        while served_version(client, model) != version:
+            if time.monotonic() - started > timeout:
+                raise TimeoutError(f"{model} does not serve version {version} after {timeout:.0f} s")
+            time.sleep(0.01)
+    finally:
+        client.close()
+    return time.monotonic() - started
+
+
 def wait_version_ready(url: str, model: str, version: int, timeout: float = 60.0, key: str | None = None) -> float:
     """Seconds until `version` of `model` is loaded and ready (whether or not it is the newest)."""
     return _load_and_wait(url, model, lambda client: _ready(client, model, version),

@@ -5,7 +5,10 @@ A consumer is a served model that picks a scorer version for its callers:
 - a pipeline model with parameters `scorer_model` / `scorer_version` (the version it loads) and, when it has
   one, `standby_scorer_version` (the version it keeps warm beside it: the previous primary, which a rollback goes
   back to by the live switch alone);
-- an ensemble with a step calling the scorer (that step's `model_version`).
+- an ensemble with a step calling the scorer (that step's `model_version`);
+- the model itself when its config pins its versions (`version_policy: { specific: { versions: [ ... ] } }`, as
+  `llm`): the newest version listed is the primary (callers that name no version get it); an older one listed
+  beside it is the standby, the previous primary kept loaded so that a rollback to it loads nothing.
 The primary is always written as an explicit version, never "the newest folder", so a staged candidate that is
 loaded beside it gets no primary traffic.
 """
@@ -18,12 +21,12 @@ from typing import Iterable
 
 from backends.routing_policy import Target
 from s2t.gate import model_config
-from s2t.control.config_edit import replace_config, set_step_version, set_string_parameter
+from s2t.control.config_edit import replace_config, set_pinned_versions, set_step_version, set_string_parameter
 from s2t.control.version_store import VersionStore
 from backends.atomic_files import write_atomically
 from backends.repository_layout import live_switch_file
 
-ROUTER_KIND, PIPELINE_KIND, ENSEMBLE_KIND = "router", "pipeline", "ensemble"
+ROUTER_KIND, PIPELINE_KIND, ENSEMBLE_KIND, PINNED_KIND = "router", "pipeline", "ensemble", "pinned"
 # What risk_router's split looks like with no candidate.
 NO_SPLIT = {"candidate": "", "canary_percent": "0", "shadow_percent": "0"}
 
@@ -49,9 +52,18 @@ class ConfigChange:
     # A pipeline: in force once the live instance keeps this version warm (configured or standby); the live
     # switch, written before any config, makes it the one that answers.
     warm_version: int | None = None
+    # A pinned model: in force once the live config loads these versions, the newest of them serving.
+    pinned_versions: tuple[int, ...] = ()
+
+    @property
+    def pinned_version(self) -> int | None:
+        return max(self.pinned_versions, default=None)
 
     def in_force(self, live: dict) -> bool:
         """`live`: the model's config as Triton's HTTP API returns it (JSON)."""
+        if self.pinned_versions:
+            versions = live.get("version_policy", {}).get("specific", {}).get("versions", [])
+            return sorted(int(v) for v in versions) == list(self.pinned_versions)
         params = live.get("parameters", {})
         if any(params.get(k, {}).get("string_value") != v for k, v in self.parameters.items()):
             return False
@@ -77,7 +89,9 @@ def consumers(model: str, repositories: Iterable[Path]) -> list[Consumer]:
     for path, config in _configs(repositories):
         name = config.name or path.parent.name
         params = model_config.backend_parameters(config)
-        if "primary" in params and params["primary"]["string_value"].strip():
+        if name == model and pinned_version(config) is not None:
+            found.append(Consumer(name, path, PINNED_KIND, pinned_version(config)))
+        elif "primary" in params and params["primary"]["string_value"].strip():
             target = Target.parse(params["primary"]["string_value"])
             if target.model == model:
                 found.append(Consumer(name, path, ROUTER_KIND, target.version))
@@ -116,10 +130,24 @@ def plan(model: str, version: int, repositories: Iterable[Path], router_split: d
             else:
                 changes.append(ConfigChange(consumer.name, consumer.path, text,
                                             parameters={"scorer_version": str(version)}))
+        elif consumer.kind == PINNED_KIND:
+            # Only an older standby can stay loaded: callers that name no version get the newest one loaded.
+            versions = sorted({version} | ({standby} if standby is not None and standby < version else set()))
+            text = set_pinned_versions(text, versions, where)
+            changes.append(ConfigChange(consumer.name, consumer.path, text, pinned_versions=tuple(versions)))
         else:
             text = set_step_version(text, model, version, where)
             changes.append(ConfigChange(consumer.name, consumer.path, text, step_versions={model: version}))
     return changes
+
+
+def pinned_version(config) -> int | None:
+    """The primary of a model whose `specific` version policy lists its versions: the newest listed (what callers
+    that name no version get); None for any other policy."""
+    policy = config.version_policy
+    if policy.WhichOneof("policy_choice") != "specific" or not policy.specific.versions:
+        return None
+    return int(max(policy.specific.versions))
 
 
 def switch(store: VersionStore, model: str, version: int, consumers_: Iterable[Consumer]) -> None:

@@ -1,4 +1,8 @@
-"""Publish an ONNX artifact as the next version of a model: validate, gate on parity, move in atomically.
+"""Publish an artifact as the next version of a model: validate, gate on parity, move in atomically.
+
+An ONNX file (or TensorRT engine) is checked against the config and gated on parity with the legacy model; a GGUF
+file for the language model is checked in a child process (s2t/control/llm_check.py) and lands beside a copy of
+the serving version's model.py, with its own settings file when one is given (backends/llm_version.py).
 
 The version folder is built in the staging area beside the repository (same filesystem, see version_store.py)
 and moved into the model folder with one rename, so Triton's poller sees either no new version or a complete one.
@@ -14,6 +18,7 @@ from pathlib import Path
 
 import onnx
 
+from backends import llm_version
 from backends.feature_spec import FeatureSpec
 from s2t.control import live_control
 from s2t.gate import model_config, parity
@@ -50,9 +55,17 @@ def _fsync_tree(path: Path) -> None:
             os.close(fd)
 
 
+def is_gguf(artifact: Path) -> bool:
+    return Path(artifact).suffix.lower() == ".gguf"
+
+
 def validate(model_dir: Path, config, artifact: Path, gate: ParityGate | None,
-             reference_cache: Path | None = None) -> dict:
+             reference_cache: Path | None = None, settings: Path | None = None) -> dict:
     """Every check an artifact must pass before it may be served; returns the figures for the record."""
+    if is_gguf(artifact):
+        return _validate_gguf(config, artifact, settings)
+    if settings is not None:
+        raise PublishError("--settings is for a language model's GGUF file only")
     if config.platform == "tensorrt_plan":
         return _validate_engine(model_dir, config, artifact, gate, reference_cache)
     try:
@@ -72,6 +85,27 @@ def validate(model_dir: Path, config, artifact: Path, gate: ParityGate | None,
         comparison = report.comparisons[0]
         figures = {"rows": comparison.rows, "max_abs": comparison.max_abs, "max_rel": comparison.max_rel,
                    "atol": gate.atol, "reference": str(gate.saved_model), "data": str(gate.data_csv)}
+    return figures
+
+
+def _validate_gguf(config, artifact: Path, settings: Path | None) -> dict:
+    """The file loads in llama.cpp, renders its chat template and generates; the settings parse."""
+    from s2t.control.llm_check import GgufRefused, check_gguf
+    if config.backend != "python":
+        raise ArtifactRefused(f"{artifact}: a GGUF file serves a python model running llama.cpp; "
+                              f"{config.name} runs on {config.backend or config.platform}")
+    figures = {}
+    if settings is not None:
+        try:
+            figures["settings"] = llm_version.parse_settings(Path(settings).read_text())
+        except OSError as err:
+            raise PublishError(f"{settings}: {err.strerror or err}") from None
+        except llm_version.VersionSettingsError as err:
+            raise ArtifactRefused(f"{settings}: {err}") from None
+    try:
+        figures["check"] = check_gguf(artifact)
+    except GgufRefused as err:
+        raise ArtifactRefused(str(err)) from None
     return figures
 
 
@@ -121,7 +155,7 @@ def _validate_engine(model_dir: Path, config, engine: Path, gate: ParityGate | N
 
 def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | None, stage: bool = False,
             consumer_repositories: tuple[Path, ...] | None = None, url: str | None = None,
-            key: str | None = None) -> int:
+            key: str | None = None, settings: Path | None = None) -> int:
     """Returns the new version number once it is in place (and, with `url`, loaded by the live server).
 
     Plain: the new version becomes the primary at once (every consumer serves it). `stage`: it is loaded as the
@@ -140,9 +174,11 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
     config = model_config.load(model_dir)
     managed = rollout.explicit_primary()
     if stage and not managed:
-        raise PublishError(f"{model}: staging needs `version_policy: {{ all: {{}} }}` in its config (with a "
-                           "`latest` policy Triton serves the newest folder, so a staged version would be primary)")
-    figures = validate(model_dir, config, artifact, gate, store.control / "reference")
+        raise PublishError(f"{model}: staging needs `version_policy: {{ all: {{}} }}` (or pinned versions) in "
+                           "its config (with a `latest` policy Triton serves the newest folder, so a staged version "
+                           "would be primary)")
+    figures = validate(model_dir, config, artifact, None if is_gguf(artifact) else gate, store.control / "reference",
+                       settings)
     try:
         with rollout.step() as state:
             if stage and state.candidate is not None:
@@ -152,12 +188,16 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
             record = {"action": "stage" if stage else "publish", "model": model, "version": version,
                       "previous": state.primary if managed else max(store.served(model), default=None),
                       "artifact": str(artifact.resolve()),
-                      "sha256": hashlib.sha256(artifact.read_bytes()).hexdigest(), "parity": figures}
+                      "sha256": hashlib.sha256(artifact.read_bytes()).hexdigest(),
+                      ("checks" if is_gguf(artifact) else "parity"): figures}
             rollout.begin(state, record)
             if managed and state.primary is not None:
                 # Consumers that still follow "the newest version" are pinned before a newer one appears.
                 rollout.point_consumers(state.primary, standby=state.previous)
-            _place(store, model, config, artifact, version, record)
+            if is_gguf(artifact):
+                _place_gguf(store, model, artifact, settings, version, record, state.primary)
+            else:
+                _place(store, model, config, artifact, version, record)
             reached("placed")
             if not managed:
                 _archive_unloaded(store, model, config)
@@ -178,6 +218,41 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
 
 def _place(store: VersionStore, model: str, config, artifact: Path, version: int, record: dict) -> None:
     """Build the version folder in the staging area, then move it into the model folder with one rename."""
+    def fill(staging: Path) -> None:
+        filename = model_config.model_filename(config)
+        shutil.copyfile(artifact, staging / filename)
+        if config.platform == "tensorrt_plan":
+            from s2t.models.tensorrt_engine import report_path
+            shutil.copyfile(report_path(artifact), report_path(staging / filename))
+    _build_and_move(store, model, version, record, fill)
+
+
+def _place_gguf(store: VersionStore, model: str, artifact: Path, settings: Path | None, version: int,
+                record: dict, serving: int | None) -> None:
+    """The serving version's code (model.py and anything beside it but its own GGUF and settings), then the new
+    GGUF file and settings: the new version differs from the one it replaces by what was validated only."""
+    served = store.served(model)
+    template = serving if serving in served else max(served, default=None)
+    if template is None or not (store.model_dir(model) / str(template) / "model.py").is_file():
+        raise PublishError(f"{store.model_dir(model)} has no version with a model.py to serve the GGUF file with")
+    source = store.model_dir(model) / str(template)
+    skipped = {llm_version.MODEL_FILE, llm_version.SETTINGS_FILE, RECORD_NAME, "__pycache__"}
+
+    def fill(staging: Path) -> None:
+        for item in sorted(source.iterdir()):
+            if item.name in skipped:
+                continue
+            if item.is_dir():
+                shutil.copytree(item, staging / item.name, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copyfile(item, staging / item.name)
+        shutil.copyfile(artifact, staging / llm_version.MODEL_FILE)
+        if settings is not None:
+            shutil.copyfile(settings, staging / llm_version.SETTINGS_FILE)
+    _build_and_move(store, model, version, record, fill)
+
+
+def _build_and_move(store: VersionStore, model: str, version: int, record: dict, fill) -> None:
     model_dir = store.model_dir(model)
     staging = store.staging / f"{model}-{version}-{os.getpid()}"
     if staging.exists():
@@ -187,11 +262,7 @@ def _place(store: VersionStore, model: str, config, artifact: Path, version: int
     except OSError as err:
         raise PublishError(f"cannot create the staging folder {staging} ({err.strerror or err})") from None
     try:
-        filename = model_config.model_filename(config)
-        shutil.copyfile(artifact, staging / filename)
-        if config.platform == "tensorrt_plan":
-            from s2t.models.tensorrt_engine import report_path
-            shutil.copyfile(report_path(artifact), report_path(staging / filename))
+        fill(staging)
         (staging / RECORD_NAME).write_text(json.dumps(record, indent=2) + "\n")
         _write_drift_reference(model, version, staging / filename, record)
         _fsync_tree(staging)

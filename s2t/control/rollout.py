@@ -10,6 +10,14 @@ rewrites consumer configs; which folders the repository holds is what Triton loa
 - draining: versions nothing should route to any more; their folders are retired once the consumers that
   used them have surely been reloaded (at once after `--http-url` confirmed it, otherwise by a later command).
 
+A model whose config pins its versions (`version_policy: { specific: { versions: [ ... ] } }`, as `llm`) is its
+own consumer: its primary is the newest version the policy lists, which callers that name no version get. A step
+rewrites that line and the server loads the new version before it unloads the old one, which finishes the
+requests it has (a decoupled model's streams included: Triton unloads a version once every response sender has
+sent its final flag). `previous` stays listed, loaded, when it is older than the primary, so the usual rollback
+(after a promotion) only unloads; a newer one cannot stay loaded, it would take the callers. Its candidate is a
+validated folder that is not loaded until promoted.
+
 A model with a `latest` policy (risk_scorer_lite, the GPU scorers) serves its newest folder: its rollback retires
 the newer folders instead, newest first, so the newest folder left is always one that was served before.
 
@@ -122,7 +130,12 @@ class Rollout:
         return model_config.load(model_dir)
 
     def explicit_primary(self) -> bool:
-        return loads_every_folder(self.config())
+        config = self.config()
+        return loads_every_folder(config) or primary.pinned_version(config) is not None
+
+    def pinned(self) -> bool:
+        """The model's own config lists the versions it loads: a version is loaded only once a step lists it."""
+        return primary.pinned_version(self.config()) is not None
 
     def keeps_state(self) -> bool:
         """Roles and a state file: a model of this repository with an explicit primary (a canary candidate from
@@ -271,10 +284,14 @@ class Rollout:
         for change in changes:
             self.timings[change.name] = live_control.wait_config(self.url, change.name, change.in_force,
                                                                  key=self.key)
+            if change.pinned_version is not None:
+                # The new version is loaded; it is in force once the old one no longer takes new requests.
+                self.timings[change.name] += live_control.wait_serving(self.url, change.name, change.pinned_version)
         self.timings["in force"] = time.monotonic() - started
 
     def wait_loaded(self, version: int) -> None:
-        if self.url:
+        """A pinned model loads `version` only once its config names it (point_consumers waits for that)."""
+        if self.url and not self.pinned():
             live_control.wait_version_ready(self.url, self.model, version, key=self.key)
 
     def restore(self, version: int) -> None:
@@ -367,8 +384,9 @@ def _router_split_of(rollout: Rollout) -> dict[str, str] | None:
 def promote(rollout: Rollout, version: int) -> int:
     """`version` becomes the primary on every path in one step; the split is cleared; the old primary stays loaded."""
     if not rollout.explicit_primary():
-        raise RolloutError(f"{rollout.model}: promotion needs `version_policy: {{ all: {{}} }}` in its config "
-                           "(with a `latest` policy the newest folder is always the primary)")
+        raise RolloutError(f"{rollout.model}: promotion needs `version_policy: {{ all: {{}} }}` (or pinned "
+                           "versions: `{ specific: { versions: [ ... ] } }`) in its config (with a `latest` policy the "
+                           "newest folder is always the primary)")
     with rollout.step() as state:
         if version == state.primary:
             raise RolloutError(f"{rollout.model} version {version} is the primary already")
@@ -469,6 +487,9 @@ def rollback(rollout: Rollout, expected: RollbackPlan) -> RollbackPlan:
 def canary(rollout: Rollout, version: int | None, canary_percent: float, shadow_percent: float,
            candidate_repositories: tuple[Path, ...] = ()):
     """risk_router splits between the primary and `version` (None: no split). Returns the RoutingSettings."""
+    if rollout.keeps_state() and rollout.pinned():
+        raise RolloutError(f"{rollout.model} loads one version at a time and has no router in front of it: "
+                           "no canary; `promote` or `rollback` it")
     candidate = None if version is None else Target(rollout.model, version)
     managed = rollout.keeps_state()
     with rollout.step() as state:

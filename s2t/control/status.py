@@ -95,7 +95,7 @@ def collect(repository: Path, consumer_repositories: tuple[Path, ...] = (), url:
         entry: dict = {"platform": config.platform or config.backend}
         roles: dict[int, str] = {}
         if (model_dir.parent.resolve() == Path(repository).resolve() and config.platform != "ensemble"
-                and loads_every_folder(config)):
+                and (loads_every_folder(config) or primary.pinned_version(config) is not None)):
             state = Rollout(name, repository, consumer_repositories).state()
             for role in ("primary", "previous", "candidate"):
                 entry[role] = getattr(state, role)
@@ -174,8 +174,8 @@ def table(status: dict) -> str:
     if status["history"]:
         lines.append("history:")
         for event in status["history"]:
-            rest = {k: v for k, v in event.items() if k not in ("at", "by", "action", "model", "parity", "artifact",
-                                                                "sha256")}
+            rest = {k: v for k, v in event.items() if k not in ("at", "by", "action", "model", "parity", "checks",
+                                                                "artifact", "sha256")}
             lines.append(f"  {event.get('at', '')} {event.get('action', '')} {event.get('model', '')} "
                          + " ".join(f"{k}={v}" for k, v in sorted(rest.items())))
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from backends.llm_engine import EngineSettings, LlmEngine, QueueFull
 from backends.llm_metrics import LlmMetrics
 from backends.llm_request import INPUTS, GenerationError, GenerationLimits, check_prompt_tokens, parse_generation
 from backends.llm_stream import CANCEL_POLL_S, GenerationStream, LiveStreams
+from backends.llm_version import version_parameters
 from backends.model_parameters import read_parameters
 
 METRICS_PERIOD_S = 1.0
@@ -28,8 +29,9 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(config):
             raise ValueError("llm streams tokens: its config must set model_transaction_policy { decoupled: true }")
-        parameters = config.get("parameters", {})
         model_dir = Path(args["model_repository"])
+        # A published version brings its own GGUF file and defaults (backends/llm_version.py).
+        parameters = version_parameters(config.get("parameters", {}), model_dir / args["model_version"])
         self._limits = read_parameters(GenerationLimits, parameters)
         self._engine = LlmEngine(EngineSettings.from_parameters(parameters, model_dir),
                                  BatchingSettings.from_parameters(parameters))
