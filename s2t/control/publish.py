@@ -224,6 +224,7 @@ def _place(store: VersionStore, model: str, config, artifact: Path, version: int
         if config.platform == "tensorrt_plan":
             from s2t.models.tensorrt_engine import report_path
             shutil.copyfile(report_path(artifact), report_path(staging / filename))
+        _write_drift_reference(model, version, staging / filename, record)
     _build_and_move(store, model, version, record, fill)
 
 
@@ -264,7 +265,6 @@ def _build_and_move(store: VersionStore, model: str, version: int, record: dict,
     try:
         fill(staging)
         (staging / RECORD_NAME).write_text(json.dumps(record, indent=2) + "\n")
-        _write_drift_reference(model, version, staging / filename, record)
         _fsync_tree(staging)
         target = model_dir / str(version)
         if target.exists():
