@@ -94,7 +94,7 @@ def test_publish_command_prints_the_new_version_last(repository, built_artifacts
                            str(built_artifacts["data"])], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == str(versions(repository)[-1])
-    assert re.search(r"risk_scorer: validating .* parity gate .*: \d+\.\d s", done.stderr), done.stderr
+    assert re.search(r"risk_scorer: validating .* \(parity gate .*: \d+\.\d s", done.stderr), done.stderr
 
 
 def test_publish_into_another_repository_of_the_same_legacy_model_never_starts_tensorflow(repository, built_artifacts,
