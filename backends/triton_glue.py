@@ -78,10 +78,15 @@ class Glue:
         """`cls` read from the config's parameters; with `strict`, keys it does not read are logged (a typo there
         keeps a default silently; `s2t check-config` refuses them before a server starts)."""
         if strict:
-            unknown = unknown_parameters(cls, args.parameters)
-            if unknown:
-                self.pb.Logger.log_warn(f"{self.name}: parameters {', '.join(unknown)} are not ones it reads")
+            self.report_unknown(args, cls)
         return read_parameters(cls, args.parameters, error, **given)
+
+    def report_unknown(self, args: ModelArgs, *classes: type) -> list[str]:
+        """Logs the keys none of `classes` reads (for a model whose parameters fill several settings types)."""
+        unknown = sorted(set.intersection(*(set(unknown_parameters(cls, args.parameters)) for cls in classes)))
+        if unknown:
+            self.pb.Logger.log_warn(f"{self.name}: parameters {', '.join(unknown)} are not ones it reads")
+        return unknown
 
     def require_decoupled(self, args: ModelArgs, why: str) -> None:
         if not self.pb.using_decoupled_model_transaction_policy(args.config):

@@ -147,3 +147,16 @@ def test_settings_not_strict_leave_extra_keys_to_another_reader(glue):
     args = model_args({"parameters": {"native_only": {"string_value": "1"}}})
     assert glue.settings(ToySettings, args, strict=False) == ToySettings()
     assert not [line for line in backend.Logger.lines if line[0] == "warn"]
+
+
+@dataclass(frozen=True)
+class OtherSettings:
+    slots: int = parameter("slots", 1)
+
+
+def test_a_key_is_unknown_only_when_no_settings_type_of_the_model_reads_it(glue):
+    args = model_args({"parameters": {k: {"string_value": "2"} for k in ("window_ms", "slots", "slot")}})
+    assert glue.report_unknown(args, ToySettings, OtherSettings) == ["slot"]
+    assert glue.settings(OtherSettings, args, strict=False) == OtherSettings(2)
+    assert [text for level, text in backend.Logger.lines if level == "warn"] == [
+        "toy: parameters slot are not ones it reads"]
