@@ -106,6 +106,11 @@ class Glue:
     def input(self, request, name: str) -> np.ndarray:
         return self.pb.get_input_tensor_by_name(request, name).as_numpy()
 
+    def flag(self, request, name: str) -> bool:
+        """An optional BOOL control input (a sequence's START / END): absent is False."""
+        tensor = self.pb.get_input_tensor_by_name(request, name)
+        return tensor is not None and bool(tensor.as_numpy().ravel()[0])
+
     def _failed(self, requests) -> list:
         self.pb.Logger.log_error(traceback.format_exc())
         return [self.internal_error() for _ in requests]

@@ -160,3 +160,9 @@ def test_a_key_is_unknown_only_when_no_settings_type_of_the_model_reads_it(glue)
     assert glue.settings(OtherSettings, args, strict=False) == OtherSettings(2)
     assert [text for level, text in backend.Logger.lines if level == "warn"] == [
         "toy: parameters slot are not ones it reads"]
+
+
+def test_an_absent_control_flag_is_false_and_a_present_one_is_read(glue):
+    assert glue.flag(request(x=column(1)), "START") is False
+    assert glue.flag(request(START=np.array([[True]])), "START") is True
+    assert glue.flag(request(END=np.array([[False]])), "END") is False

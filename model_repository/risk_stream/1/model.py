@@ -14,11 +14,6 @@ SETTINGS = StreamModelSettings
 glue = Glue(pb_utils, "risk_stream")
 
 
-def _flag(request, name: str) -> bool:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return tensor is not None and bool(tensor.as_numpy().ravel()[0])
-
-
 class TritonPythonModel:
     def initialize(self, args):
         model = ModelArgs.of(args)
@@ -34,7 +29,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         taken, waiting = glue.take_in(requests, lambda senders: self._session.arrive(
-            [Arrival.of_request(s, str(r.correlation_id()), _flag(r, "START"), _flag(r, "END"),
+            [Arrival.of_request(s, str(r.correlation_id()), glue.flag(r, "START"), glue.flag(r, "END"),
                                 glue.input(r, PAYLOAD).ravel()) for r, s in zip(requests, senders)]))
         # Only a record that now waits can bring the timer's deadline forward; any other wake-up rescans for nothing.
         if waiting:
