@@ -4,49 +4,31 @@ Triton picks this file (`runtime: model.py`) for any model whose config names th
 backend directory has `onnxruntime/model.py` and no native ONNX Runtime backend, so the same config runs
 unchanged on the NGC image with the native backend.
 """
-import json
-import traceback
-from pathlib import Path
-
 import triton_python_backend_utils as pb_utils
 
-from backends import fault_points
-from backends.errors import InternalError, InvalidInput, triton_error
-from backends.ort_runner import CONFIG_DTYPES, OrtRunner, OrtSettings, TensorSpec
+from backends.errors import InvalidInput
+from backends.ort_runner import CONFIG_DTYPES, ModelConfigError, OrtRunner, OrtSettings, TensorSpec
+from backends.triton_glue import Glue, ModelArgs
 
 DEFAULT_MODEL_FILENAME = "model.onnx"
+SETTINGS = OrtSettings
+glue = Glue(pb_utils, "onnxruntime", shown_as="onnxruntime backend")
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        filename = config.get("default_model_filename") or DEFAULT_MODEL_FILENAME
-        path = Path(args["model_repository"]) / args["model_version"] / filename
+        model = ModelArgs.of(args)
+        path = model.version_dir / (model.config.get("default_model_filename") or DEFAULT_MODEL_FILENAME)
 
         def specs(key):
-            return [TensorSpec(t["name"], CONFIG_DTYPES[t["data_type"]]) for t in config.get(key, [])]
+            return [TensorSpec(t["name"], CONFIG_DTYPES[t["data_type"]]) for t in model.config.get(key, [])]
 
-        self._runner = OrtRunner(path, OrtSettings.from_parameters(config.get("parameters", {})),
-                                 specs("input"), specs("output"), batched=config.get("max_batch_size", 0) > 0)
+        # Not strict: the native backend this one stands in for takes more keys than ONNX Runtime's sessions here.
+        self._runner = OrtRunner(path, glue.settings(SETTINGS, model, ModelConfigError, strict=False),
+                                 specs("input"), specs("output"), batched=model.config.get("max_batch_size", 0) > 0)
 
+    @glue.execute
     def execute(self, requests):
-        try:
-            fault_points.check("onnxruntime.execute")
-            feeds = [{s.name: pb_utils.get_input_tensor_by_name(r, s.name).as_numpy() for s in self._runner.inputs}
-                     for r in requests]
-            results = self._runner.run(feeds)
-        except Exception:  # noqa: BLE001 - log it, fail these requests, keep serving
-            pb_utils.Logger.log_error(traceback.format_exc())
-            return [_error(InternalError("onnxruntime backend: internal error")) for _ in requests]
-        return [self._response(result) for result in results]
-
-    def _response(self, result):
-        if isinstance(result, Exception):
-            return _error(InvalidInput(f"onnxruntime: {result}"))
-        return pb_utils.InferenceResponse(
-            output_tensors=[pb_utils.Tensor(s.name, out) for s, out in zip(self._runner.outputs, result)])
-
-
-def _error(err):
-    # A new TritonError for every response: Triton 2.51 crashes when responses share one.
-    return pb_utils.InferenceResponse(error=triton_error(err, pb_utils.TritonError))
+        results = self._runner.run([{s.name: glue.input(r, s.name) for s in self._runner.inputs} for r in requests])
+        return [glue.error(InvalidInput(f"onnxruntime: {result}")) if isinstance(result, Exception)
+                else glue.answer({s.name: out for s, out in zip(self._runner.outputs, result)}) for result in results]

@@ -6,6 +6,8 @@ decision policy across the models that decide.
 """
 from __future__ import annotations
 
+import ast
+import importlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,15 +17,8 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from backends.decision_policy import Thresholds
-from backends.explainer import ExplainerSettings
-from backends.fused_pipeline import PipelineSettings
-from backends.llm_batching import BatchingSettings
-from backends.llm_engine import EngineSettings
-from backends.llm_request import GenerationLimits
 from backends.model_parameters import read_parameters, unknown_parameters
 from backends.ort_runner import OrtSettings
-from backends.record_decoder import AdapterSettings
-from backends.router_core import RouterModelSettings
 from backends.stream_session import StreamModelSettings, check_sequence_batching
 from s2t.control.version_store import version_numbers
 from s2t.models.serving_image import SERVING_IMAGE, release_of, same_release
@@ -251,23 +246,43 @@ def _model_file_check(config: mc.ModelConfig):
     return None
 
 
-# The settings each python model of this repository reads its `parameters` into (see backends/model_parameters.py).
-PYTHON_MODEL_SETTINGS = {
-    "skill_adapter": (AdapterSettings,), "risk_decision": (Thresholds,), "risk_pipeline": (PipelineSettings,),
-    "risk_router": (RouterModelSettings,), "risk_stream": (StreamModelSettings,),
-    "llm": (EngineSettings, BatchingSettings, GenerationLimits), "risk_explainer": (ExplainerSettings,),
-}
+def declared_settings(model_dir: Path) -> tuple[type, ...]:
+    """The settings classes a python model reads its `parameters` into, as its newest model.py declares them
+    (`SETTINGS = X` or a tuple), found without importing the file (it needs Triton's stub). A model.py not yet on
+    backends/triton_glue.py names them where it reads them: `read_parameters(X, ...)` or `X.from_parameters(...)`."""
+    files = [Path(model_dir) / str(v) / "model.py" for v in sorted(versions(Path(model_dir)), reverse=True)]
+    model_py = next((f for f in files if f.is_file()), None)
+    if model_py is None:
+        return ()
+    tree = ast.parse(model_py.read_text(), str(model_py))
+    imported = {alias.asname or alias.name: (node.module, alias.name) for node in tree.body
+                if isinstance(node, ast.ImportFrom) and node.module for alias in node.names}
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SETTINGS" for t in node.targets):
+            values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+            names = [v.id for v in values if isinstance(v, ast.Name)]
+    if not names:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "read_parameters" \
+                    and node.args and isinstance(node.args[0], ast.Name):
+                names.append(node.args[0].id)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr == "from_parameters" and isinstance(node.func.value, ast.Name):
+                names.append(node.func.value.id)
+    return tuple(getattr(importlib.import_module(imported[n][0]), imported[n][1])
+                 for n in dict.fromkeys(names) if n in imported)
 
 
-def check_parameters(name: str, config: mc.ModelConfig) -> list[str]:
+def check_parameters(name: str, config: mc.ModelConfig, model_dir: Path) -> list[str]:
     """Every parameter a python model's config sets is one its settings read, and each value parses: a typo would
     otherwise keep a default silently, and a bad value would only show when Triton refuses the model. ONNX models
     are checked for the values our ONNX Runtime backend reads (the native backend takes more keys)."""
     parameters = {key: {"string_value": value.string_value} for key, value in config.parameters.items()}
     if _is_onnx(config):
         classes, strict = (OrtSettings,), False
-    elif config.backend == "python" and name in PYTHON_MODEL_SETTINGS:
-        classes, strict = PYTHON_MODEL_SETTINGS[name], True
+    elif config.backend == "python" and (classes := declared_settings(model_dir)):
+        strict = True
     else:
         return []
     problems = []
@@ -307,7 +322,7 @@ def check_repositories(repositories: Iterable[Path]) -> list[str]:
     for name, config in configs.items():
         model_dir = dirs[name]
         found = versions(model_dir)
-        problems += check_parameters(name, config)
+        problems += check_parameters(name, config, model_dir)
         if config.platform == "ensemble":
             problems += _check_ensemble(config, configs)
         elif (check := _model_file_check(config)) is not None:

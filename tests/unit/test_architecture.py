@@ -93,3 +93,37 @@ def test_files_for_other_readers_are_written_one_way_only():
              for path in project_sources() if path != ROOT / "backends" / "atomic_files.py"
              for number, line in enumerate(path.read_text().splitlines(), 1) if staged_write.search(line)]
     assert found == []
+
+
+# A model.py declares what it serves (settings, inputs/outputs, the pure function); the glue is backends/triton_glue.py.
+MODEL_PY_MAX_LINES = 80
+GLUED_MODELS = sorted([*ROOT.glob("model_repository/*/[0-9]*/model.py"), ROOT / "backends" / "onnxruntime" / "model.py"])
+OWN_GLUE = {
+    "an _error helper": re.compile(r"^def _error\b", re.M),
+    "a catch-all": re.compile(r"except Exception"),
+    "its own TritonError": re.compile(r"\bTritonError\b"),
+    "the config JSON parsed": re.compile(r"json\.loads\("),
+    "a fault point": re.compile(r"fault_points\."),
+    "a BLS call": re.compile(r"\.exec\("),
+}
+
+
+def test_every_model_py_is_a_short_declaration():
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for p in GLUED_MODELS
+            if (n := len(p.read_text().splitlines())) > MODEL_PY_MAX_LINES]
+    assert GLUED_MODELS and long == []
+
+
+def test_no_model_py_keeps_glue_of_its_own():
+    found = [f"{p.relative_to(ROOT)}: {what}" for p in GLUED_MODELS
+             for what, pattern in OWN_GLUE.items() if pattern.search(p.read_text())]
+    assert found == []
+
+
+def test_every_model_py_declares_the_settings_check_config_reads():
+    from s2t.gate.model_config import declared_settings
+
+    folders = sorted(p.parents[1] for p in ROOT.glob("model_repository/*/[0-9]*/model.py"))
+    undeclared = [f.name for f in folders if "SETTINGS = " not in (f / "1" / "model.py").read_text()
+                  or not declared_settings(f)]
+    assert folders and undeclared == []

@@ -95,3 +95,19 @@ def test_parameters_a_model_does_not_read_or_cannot_parse_are_reported(repositor
 
 def test_the_language_model_configs_read_every_parameter_they_set():
     assert check_repositories([ROOT / "model_repository_llm"]) == []
+
+
+def test_a_python_model_is_checked_with_the_settings_its_model_py_declares_whatever_its_name(repositories):
+    """check-config reads a model's settings from its model.py, so a model copied under a new name is checked too."""
+    renamed = repositories[0] / "risk_decision_eu"
+    (repositories[0] / "risk_decision").rename(renamed)
+    edit(renamed / "config.pbtxt", 'name: "risk_decision"', 'name: "risk_decision_eu"')
+    edit(renamed / "config.pbtxt", '"review_threshold"', '"review_treshold"')
+    assert "risk_decision_eu: parameter review_treshold is not one the model reads" in check_repositories(repositories)
+
+
+def test_a_language_model_config_with_a_typo_is_reported(tmp_path):
+    copy = tmp_path / "model_repository_llm"
+    shutil.copytree(ROOT / "model_repository_llm", copy, ignore=shutil.ignore_patterns("*.gguf", "__pycache__"))
+    edit(copy / "llm" / "config.pbtxt", 'key: "threads"', 'key: "thread"')
+    assert "llm: parameter thread is not one the model reads" in check_repositories([copy])

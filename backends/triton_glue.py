@@ -1,0 +1,195 @@
+"""The glue between Triton's python backend and a model's pure logic, written once: what each model.py would
+otherwise repeat (the pytriton idea of one generic model wrapper and a `@batch` that joins and splits, our way).
+
+A model.py makes one `Glue(pb_utils, name)` and declares with it: its settings type (`SETTINGS`, which
+`s2t check-config` reads from the file), how its requests become the arguments of a pure function and how the
+function's results become responses. From here it gets the per-request error (a new TritonError for every response),
+the catch-all around `execute` (traceback to the log, INTERNAL without details to each caller), the fault point
+`<name>.execute`, joining a dynamic batch and splitting the answers, BLS calls with their error mapping, the decoupled
+check and senders, the config JSON read once and the settings read with unknown keys reported.
+
+Nothing here imports Triton: the model passes its `triton_python_backend_utils` in, so backends/ stays importable
+without a server and the glue is unit-tested through the wheel's own module (tests/unit/python_backend.py).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from backends import fault_points
+from backends.errors import InternalError, InvalidInput, ServingError, from_triton_code, triton_error
+from backends.model_parameters import ParameterError, read_parameters, unknown_parameters
+from backends.record_decoder import request_error
+from backends.request_rows import RequestRows
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """What Triton's `initialize(args)` says about the model, its config JSON parsed once."""
+
+    config: dict
+    name: str
+    folder: Path
+    version: str
+
+    @classmethod
+    def of(cls, args: Mapping[str, str]) -> "ModelArgs":
+        return cls(json.loads(args["model_config"]), args["model_name"], Path(args["model_repository"]),
+                   args["model_version"])
+
+    @property
+    def parameters(self) -> dict:
+        return self.config.get("parameters", {})
+
+    @property
+    def version_dir(self) -> Path:
+        return self.folder / self.version
+
+    @property
+    def repository(self) -> Path:
+        """The model repository this model sits in (`model_repository` is the model's own folder)."""
+        return self.folder.parent
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A batched function's results over the joined rows: outputs by name, and optionally each row's decoding
+    error (None for a good row); a request with a bad row is answered INVALID_ARG naming it, its batch-mates not."""
+
+    outputs: Mapping[str, np.ndarray]
+    errors: Sequence | None = None
+
+
+class Glue:
+    """The python backend's side of one model. `name` opens its error messages and names its fault point."""
+
+    def __init__(self, pb_utils, name: str, shown_as: str | None = None):
+        self.pb, self.name, self.shown_as = pb_utils, name, shown_as or name
+
+    # --- configuration ---------------------------------------------------------------------------------------
+    def settings(self, cls: type, args: ModelArgs, error: type[ValueError] = ParameterError, strict: bool = True,
+                 **given) -> Any:
+        """`cls` read from the config's parameters; with `strict`, keys it does not read are logged (a typo there
+        keeps a default silently; `s2t check-config` refuses them before a server starts)."""
+        if strict:
+            self.report_unknown(args, cls)
+        return read_parameters(cls, args.parameters, error, **given)
+
+    def report_unknown(self, args: ModelArgs, *classes: type) -> list[str]:
+        """Logs the keys none of `classes` reads (for a model whose parameters fill several settings types)."""
+        unknown = sorted(set.intersection(*(set(unknown_parameters(cls, args.parameters)) for cls in classes)))
+        if unknown:
+            self.pb.Logger.log_warn(f"{self.name}: parameters {', '.join(unknown)} are not ones it reads")
+        return unknown
+
+    def require_decoupled(self, args: ModelArgs, why: str) -> None:
+        if not self.pb.using_decoupled_model_transaction_policy(args.config):
+            raise ValueError(f"{self.name} {why}: its config must set model_transaction_policy {{ decoupled: true }}")
+
+    # --- responses -------------------------------------------------------------------------------------------
+    def error(self, err: ServingError):
+        # A new TritonError for every response: Triton 2.51 crashes when responses share one.
+        return self.pb.InferenceResponse(error=triton_error(err, self.pb.TritonError))
+
+    def internal_error(self):
+        return self.error(InternalError(f"{self.shown_as}: internal error"))
+
+    def answer(self, outputs: Mapping[str, np.ndarray]):
+        return self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(n, a) for n, a in outputs.items()])
+
+    def input(self, request, name: str) -> np.ndarray:
+        return self.pb.get_input_tensor_by_name(request, name).as_numpy()
+
+    def flag(self, request, name: str) -> bool:
+        """An optional BOOL control input (a sequence's START / END): absent is False."""
+        tensor = self.pb.get_input_tensor_by_name(request, name)
+        return tensor is not None and bool(tensor.as_numpy().ravel()[0])
+
+    def _failed(self, requests) -> list:
+        self.pb.Logger.log_error(traceback.format_exc())
+        return [self.internal_error() for _ in requests]
+
+    # --- execute ---------------------------------------------------------------------------------------------
+    def execute(self, handler: Callable) -> Callable:
+        """`execute(self, requests)` with the fault point and the catch-all: any exception is logged and every
+        request of the call is answered INTERNAL without the details; the server keeps serving."""
+        point = f"{self.name}.execute"
+
+        @functools.wraps(handler)
+        def execute(model, requests):
+            try:
+                fault_points.check(point)
+                return handler(model, requests)
+            except Exception:  # noqa: BLE001 - log it, fail these requests, keep serving
+                return self._failed(requests)
+        return execute
+
+    def batch(self, *inputs: str, ravel: bool = False) -> Callable:
+        """`fn(self, *joined_inputs) -> Rows` served as `execute`: the named inputs of every request of the dynamic
+        batch joined into one array each (flattened with `ravel`), the results split back by request."""
+        def wrap(fn: Callable) -> Callable:
+            @functools.wraps(fn)
+            def execute(model, requests):
+                arrays = [[self.input(r, name) for r in requests] for name in inputs]
+                if ravel:
+                    arrays = [[a.ravel() for a in per_request] for per_request in arrays]
+                rows = RequestRows.of(arrays[0])
+                return self._split(rows, fn(model, *[rows.join(a) for a in arrays]))
+            return self.execute(execute)
+        return wrap
+
+    def _split(self, rows: RequestRows, result: Rows) -> list:
+        # Per request only what must be per request: tensor views and the response (this loop is most of a
+        # stub's Python time at one record per request).
+        response, tensor, items = self.pb.InferenceResponse, self.pb.Tensor, list(result.outputs.items())
+        errors = result.errors
+        any_error = errors is not None and any(e is not None for e in errors)
+        responses = []
+        for part in rows.slices:
+            message = any_error and request_error(errors[part])
+            if message:
+                responses.append(self.error(InvalidInput(message)))
+            else:
+                responses.append(response(output_tensors=[tensor(name, array[part]) for name, array in items]))
+        return responses
+
+    # --- decoupled -------------------------------------------------------------------------------------------
+    def take_in(self, requests, take: Callable[[list], Any]) -> tuple[bool, Any]:
+        """For a decoupled model: `take(senders)` with the fault point; if it fails, before any record was taken in,
+        every request gets an INTERNAL error as its final response. (taken, take's result)."""
+        senders = [r.get_response_sender() for r in requests]
+        try:
+            fault_points.check(f"{self.name}.execute")
+            return True, take(senders)
+        except Exception:  # noqa: BLE001 - log it, answer every request, keep serving
+            for sender, response in zip(senders, self._failed(requests)):
+                sender.send(response, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return False, None
+
+    def send(self, sender, response, final: bool) -> None:
+        sender.send(response, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+
+    # --- BLS -------------------------------------------------------------------------------------------------
+    def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], version: int = -1,
+              failure: str | None = None) -> list[np.ndarray]:
+        """`model`'s `outputs` for `inputs`, called in-process. Its error comes back as the caller's error kind
+        (by Triton code, never by text); a failure of the call itself is logged and raised as InternalError
+        (`<name>: <failure>`) without the details."""
+        request = self.pb.InferenceRequest(
+            model_name=model, model_version=version, requested_output_names=list(outputs),
+            inputs=[self.pb.Tensor(name, array) for name, array in inputs.items()])
+        try:
+            response = request.exec()
+        except Exception:  # noqa: BLE001 - the stub's own failure: log it, answer the rows with an error
+            self.pb.Logger.log_error(traceback.format_exc())
+            raise InternalError(f"{self.name}: {failure or f'internal error calling {model}'}") from None
+        if response.has_error():
+            error = response.error()
+            raise from_triton_code(error.code(), error.message(), self.pb.TritonError)
+        return [self.pb.get_output_tensor_by_name(response, name).as_numpy() for name in outputs]

@@ -1,0 +1,168 @@
+"""backends/triton_glue.py through the wheel's triton_python_backend_utils (tests/unit/python_backend.py): the
+per-request errors, the catch-all, joining and splitting a dynamic batch, BLS error mapping, the decoupled take-in
+and the settings read with unknown keys reported."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from backends import fault_points
+from backends.errors import InternalError, InvalidInput, NotServing, Unavailable
+from backends.model_parameters import ParameterError, parameter
+from backends.triton_glue import Glue, ModelArgs, Rows
+from tests.unit import python_backend as backend
+from tests.unit.python_backend import TritonError, request
+
+
+@pytest.fixture
+def glue():
+    return Glue(backend.backend_utils(), "toy")
+
+
+def model_args(config: dict) -> ModelArgs:
+    return ModelArgs.of({"model_config": json.dumps(config), "model_name": "toy", "model_repository": "/r/toy",
+                         "model_version": "3"})
+
+
+class Doubler:
+    """A toy model: doubles `x`; a negative row is a bad record; a NaN row breaks the function."""
+
+    def __init__(self, glue):
+        self.execute = glue.batch("x")(Doubler._double).__get__(self)
+
+    def _double(self, x):
+        if np.isnan(x).any():
+            raise RuntimeError("secret detail")
+        return Rows({"y": x * 2}, [f"x: negative, got {v}" if v < 0 else None for v in x.ravel()])
+
+
+def column(*values) -> np.ndarray:
+    return np.array([[v] for v in values], dtype=np.float32)
+
+
+@pytest.mark.parametrize("err, code", [(InvalidInput("x: bad"), TritonError.INVALID_ARG),
+                                       (Unavailable("busy"), TritonError.UNAVAILABLE),
+                                       (NotServing("gone"), TritonError.UNAVAILABLE),
+                                       (InternalError("broke"), TritonError.INTERNAL)])
+def test_each_error_response_gets_its_own_triton_error_with_the_kinds_code(glue, err, code):
+    first, second = glue.error(err), glue.error(err)
+    assert first.error() is not second.error()  # a TritonError shared between responses crashes Triton 2.51
+    assert (first.error().code(), first.error().message()) == (code, err.message)
+
+
+def test_a_batch_is_joined_for_the_function_and_split_back_in_request_order(glue):
+    responses = Doubler(glue).execute([request(x=column(1, 2)), request(x=column(3)), request(x=column(4, 5, 6))])
+    assert [r.output("y").ravel().tolist() for r in responses] == [[2, 4], [6], [8, 10, 12]]
+
+
+def test_a_bad_row_fails_its_own_request_naming_the_field_and_its_batch_mates_are_answered(glue):
+    responses = Doubler(glue).execute([request(x=column(1)), request(x=column(2, -1)), request(x=column(3))])
+    assert [r.has_error() for r in responses] == [False, True, False]
+    assert responses[1].error().code() == TritonError.INVALID_ARG
+    assert responses[1].error().message() == "record 1: x: negative, got -1.0"
+    assert responses[2].output("y").ravel().tolist() == [6]
+
+
+def test_a_failing_function_answers_every_request_internal_without_details_and_logs_the_traceback(glue):
+    responses = Doubler(glue).execute([request(x=column(1)), request(x=column(np.nan))])
+    assert [(r.error().code(), r.error().message()) for r in responses] == [(TritonError.INTERNAL,
+                                                                             "toy: internal error")] * 2
+    assert responses[0].error() is not responses[1].error()
+    logged = [text for level, text in backend.Logger.lines if level == "error"]
+    assert any("Traceback" in text and "secret detail" in text for text in logged)
+
+
+def test_the_fault_point_is_named_after_the_model(glue, monkeypatch):
+    monkeypatch.setattr(fault_points, "_POINTS", fault_points.parse("toy.execute"))
+    responses = Doubler(glue).execute([request(x=column(1))])
+    assert responses[0].error().message() == "toy: internal error"
+
+
+@pytest.mark.parametrize("code, kind", [(TritonError.INVALID_ARG, InvalidInput), (TritonError.UNAVAILABLE, NotServing),
+                                        (TritonError.NOT_FOUND, NotServing), (TritonError.CANCELLED, Unavailable),
+                                        (TritonError.INTERNAL, InternalError), (TritonError.UNKNOWN, InternalError)])
+def test_a_bls_error_comes_back_as_the_callers_kind_by_code(glue, code, kind):
+    glue.pb.InferenceRequest.bls["other"] = lambda bls: backend.InferenceResponse(error=TritonError("said no", code))
+    with pytest.raises(kind) as raised:
+        glue.infer("other", {"x": column(1)}, ["y"])
+    assert type(raised.value) is kind and raised.value.message == "said no"
+
+
+def test_a_bls_call_that_raises_is_logged_and_answered_internal_without_details(glue):
+    def broken(bls):
+        raise RuntimeError("stub detail")
+
+    glue.pb.InferenceRequest.bls["other"] = broken
+    with pytest.raises(InternalError, match="^toy: internal error calling other$"):
+        glue.infer("other", {"x": column(1)}, ["y"])
+    with pytest.raises(InternalError, match="^toy: while scoring$"):
+        glue.infer("other", {"x": column(1)}, ["y"], failure="while scoring")
+    assert any("stub detail" in text for level, text in backend.Logger.lines if level == "error")
+
+
+def test_a_bls_call_returns_the_outputs_asked_for_in_order(glue):
+    def both(bls):
+        x = bls.inputs()[0].as_numpy()
+        return backend.InferenceResponse([backend.Tensor("a", x + 1), backend.Tensor("b", x * 10)])
+
+    glue.pb.InferenceRequest.bls["other"] = both
+    b, a = glue.infer("other", {"x": column(1, 2)}, ["b", "a"], version=2)
+    assert b.ravel().tolist() == [10, 20] and a.ravel().tolist() == [2, 3]
+
+
+def test_a_decoupled_take_in_that_fails_sends_each_request_one_final_internal_error(glue):
+    requests = [request(x=column(1)), request(x=column(2))]
+    taken, result = glue.take_in(requests, lambda senders: 1 / 0)
+    assert (taken, result) == (False, None)
+    sent = [r.sender.sent for r in requests]
+    assert all(len(s) == 1 and s[0][1] == 1 and s[0][0].error().code() == TritonError.INTERNAL for s in sent)
+    assert sent[0][0][0].error() is not sent[1][0][0].error()
+    assert glue.take_in(requests[:1], len) == (True, 1)
+
+
+def test_a_model_that_answers_later_refuses_a_config_that_is_not_decoupled(glue):
+    with pytest.raises(ValueError, match="toy waits: its config must set model_transaction_policy"):
+        glue.require_decoupled(model_args({}), "waits")
+    glue.require_decoupled(model_args({"model_transaction_policy": {"decoupled": True}}), "waits")
+
+
+@dataclass(frozen=True)
+class ToySettings:
+    window_ms: int = parameter("window_ms", 10)
+
+
+def test_settings_are_read_once_with_keys_the_model_does_not_read_reported(glue):
+    args = model_args({"parameters": {"window_ms": {"string_value": "25"}, "windw_ms": {"string_value": "5"}}})
+    assert glue.settings(ToySettings, args) == ToySettings(25)
+    assert ("warn", "toy: parameters windw_ms are not ones it reads") in backend.Logger.lines
+    assert (args.version_dir, args.repository) == (args.folder / "3", args.folder.parent)
+    with pytest.raises(ParameterError, match="parameter window_ms: expected an integer"):
+        glue.settings(ToySettings, model_args({"parameters": {"window_ms": {"string_value": "soon"}}}))
+
+
+def test_settings_not_strict_leave_extra_keys_to_another_reader(glue):
+    args = model_args({"parameters": {"native_only": {"string_value": "1"}}})
+    assert glue.settings(ToySettings, args, strict=False) == ToySettings()
+    assert not [line for line in backend.Logger.lines if line[0] == "warn"]
+
+
+@dataclass(frozen=True)
+class OtherSettings:
+    slots: int = parameter("slots", 1)
+
+
+def test_a_key_is_unknown_only_when_no_settings_type_of_the_model_reads_it(glue):
+    args = model_args({"parameters": {k: {"string_value": "2"} for k in ("window_ms", "slots", "slot")}})
+    assert glue.report_unknown(args, ToySettings, OtherSettings) == ["slot"]
+    assert glue.settings(OtherSettings, args, strict=False) == OtherSettings(2)
+    assert [text for level, text in backend.Logger.lines if level == "warn"] == [
+        "toy: parameters slot are not ones it reads"]
+
+
+def test_an_absent_control_flag_is_false_and_a_present_one_is_read(glue):
+    assert glue.flag(request(x=column(1)), "START") is False
+    assert glue.flag(request(START=np.array([[True]])), "START") is True
+    assert glue.flag(request(END=np.array([[False]])), "END") is False
