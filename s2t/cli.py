@@ -81,7 +81,7 @@ def legacy_serve(port: int, saved_model: Path, window_size: int, decision_config
                  max_calls: int, max_message_bytes: int) -> None:
     """Serve skill.Skill/Score with TensorFlow, as the legacy service did, until SIGINT/SIGTERM."""
     from servers.legacy_service import LEGACY_THREADS, LegacyLimits, serve as serve_legacy
-    from s2t.gate.model_config import decision_thresholds
+    from s2t.triton_config import decision_thresholds
     stop = stop_on_signals()
     try:
         limits = LegacyLimits(call_timeout_s=call_timeout_s, max_calls=max_calls, max_message_bytes=max_message_bytes)
@@ -203,7 +203,7 @@ def parity(saved_model, onnx_model, data_csv, http_url, grpc_url, old_url, proto
     A model converted from a tf.Example signature is given one Example per CSV row (columns named as its features).
     """
     from s2t.gate import parity as run_parity
-    from s2t.gate.model_config import decision_thresholds
+    from s2t.triton_config import decision_thresholds
     from s2t.models.tensorrt_engine import EngineBuildError
     if decision_config is None and run_parity.DECISION_CONFIG.is_file():
         decision_config = run_parity.DECISION_CONFIG

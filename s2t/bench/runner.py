@@ -22,7 +22,7 @@ import psutil
 
 from backends.feature_spec import FeatureSpec
 from backends.record_decoder import RecordDecoder
-from s2t.gate import model_config
+from s2t import triton_config
 from s2t.bench import inprocess, perf_analyzer, process_tree, protocols, report, stub_profile, workload, wrk
 from s2t.bench.fastapi_baseline import APPS as BASELINE_APPS, ROUTE as BASELINE_ROUTE, BaselineServer
 from s2t.bench.machine_load import LoadWatch
@@ -338,7 +338,7 @@ class Bench:
 
     def _inprocess_stage(self) -> None:
         batches = sorted(set(self.mode.batches) | {1})
-        thresholds = model_config.decision_thresholds(self.decision_dir)
+        thresholds = triton_config.decision_thresholds(self.decision_dir)
         with self._step("in-process ONNX Runtime"):
             points = inprocess.measure(self.scorer_onnx, self.categorical, self.numeric, self.payloads, self.decoder,
                                        thresholds, batches, self.mode.inprocess_seconds)

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Iterable
 
 from backends.routing_policy import RoutingSettings
+from s2t import triton_config
 from s2t.control import primary
-from s2t.gate import model_config
 from s2t.control.live_control import admin_headers
 from s2t.control.rollout import Rollout, default_consumer_repositories, loads_every_folder
-from s2t.control.version_store import VersionStore
+from s2t.control.version_store import VersionStore, version_numbers
 
 SUPERVISOR_FILE = "supervisor.json"
 # The supervisor's last events in the table (`--json` has all it keeps).
@@ -32,7 +32,7 @@ def _configs(repositories: Iterable[Path]) -> dict[str, tuple[Path, object]]:
     found = {}
     for repo in repositories:
         for path in sorted(Path(repo).glob("*/config.pbtxt")):
-            config = model_config.load(path.parent)
+            config = triton_config.load(path.parent)
             found[config.name or path.parent.name] = (path.parent, config)
     return found
 
@@ -104,13 +104,13 @@ def collect(repository: Path, consumer_repositories: tuple[Path, ...] = (), url:
             for version in state.draining:
                 roles.setdefault(version, "draining")
             entry["consumers"] = {c.name: c.version for c in primary.consumers(name, repositories)}
-        folders = model_config.versions(model_dir)
+        folders = version_numbers(model_dir)
         versions = sorted(set(folders) | {int(v) for v in live.get(name, {}) if v.isdigit()})
         entry["versions"] = [{"version": v, "role": roles.get(v, ""), "folder": v in folders,
                               **({"state": live.get(name, {}).get(str(v), "not loaded")} if url else {})}
                              for v in versions]
         if name == ROUTER:
-            settings = RoutingSettings.from_parameters(model_config.backend_parameters(config))
+            settings = RoutingSettings.from_parameters(triton_config.backend_parameters(config))
             entry["split"] = settings.describe()
             entry["breaker"] = _breaker_state(metrics_url or default_metrics_url(url)) if url else "unknown"
         models[name] = entry
