@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from s2t.control.release import PROJECT_PACKAGES, imported_project_modules
+from s2t.project_imports import PROJECT_PACKAGES, imported_project_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 
