@@ -424,8 +424,9 @@ def _auto_canary(model, version, repository, consumer_repositories, url, steps, 
                  max_shadow_diff, max_error_rate, max_p99_ms, max_psi, min_rows, as_json) -> None:
     from dataclasses import asdict
 
-    from s2t.gate import canary_analysis
+    from s2t.control import auto_canary
     from s2t.control.canary import CanaryError
+    from s2t.gate import canary_analysis
     from s2t.control.status import default_metrics_url
     if version is None or not url:
         raise click.UsageError("--auto needs MODEL VERSION and --http-url")
@@ -440,9 +441,9 @@ def _auto_canary(model, version, repository, consumer_repositories, url, steps, 
     require_reachable(url)
     rollout = _rollout(model, repository, consumer_repositories, url)
     try:
-        outcome = canary_analysis.run(rollout, version, shares, interval_seconds, limits,
-                                      metrics_url or default_metrics_url(url),
-                                      log=lambda line: click.echo(line, err=as_json))
+        outcome = auto_canary.run(rollout, version, shares, interval_seconds, limits,
+                                  metrics_url or default_metrics_url(url),
+                                  log=lambda line: click.echo(line, err=as_json))
     except (CanaryError, *_live_errors()) as err:
         raise failure(err) from None
     emit(as_json, {"model": model, "version": version, "promoted": outcome.promoted,

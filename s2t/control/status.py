@@ -8,9 +8,7 @@ and the last history lines.
 from __future__ import annotations
 
 import json
-import re
 import time
-import urllib.request
 from pathlib import Path
 from typing import Iterable
 
@@ -20,12 +18,12 @@ from s2t.control import primary
 from s2t.control.live_control import admin_headers
 from s2t.control.rollout import Rollout, default_consumer_repositories, loads_every_folder
 from s2t.control.version_store import VersionStore, version_numbers
+from s2t.prometheus_text import samples_named, scrape
 
 SUPERVISOR_FILE = "supervisor.json"
 # The supervisor's last events in the table (`--json` has all it keeps).
 SUPERVISOR_EVENTS_SHOWN = 5
 ROUTER = "risk_router"
-_BREAKER = re.compile(r's2t_router_breaker_state\{state="(\w+)"\}\s+1(?:\.0)?\s*$', re.MULTILINE)
 
 
 def _configs(repositories: Iterable[Path]) -> dict[str, tuple[Path, object]]:
@@ -68,12 +66,11 @@ def _breaker_state(metrics_url: str | None) -> str:
     if not metrics_url:
         return "unknown"
     try:
-        with urllib.request.urlopen(metrics_url, timeout=5) as response:
-            text = response.read().decode()
+        metrics = scrape(metrics_url, timeout_s=5)
     except OSError:
         return "unknown"
-    match = _BREAKER.search(text)
-    return match.group(1) if match else "unknown"
+    states = [labels.get("state") for labels, value in samples_named(metrics, "s2t_router_breaker_state") if value == 1]
+    return states[0] if states and states[0] else "unknown"
 
 
 def default_metrics_url(url: str | None) -> str | None:

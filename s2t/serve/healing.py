@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends.atomic_files import write_atomically
+from s2t.prometheus_text import parse_metrics, samples_named
 
 # Triton's failure reasons that say the model itself failed (REJECTED is a full queue, CANCELED the caller).
 MODEL_FAILURE_REASONS = frozenset({"BACKEND", "OTHER"})
@@ -73,25 +74,15 @@ class ErrorRateWatch:
 def parse_request_counters(metrics_text: str, models: set[str] | None = None) -> dict[str, tuple[float, float]]:
     """model -> (successes, model failures) summed over versions, from Triton's Prometheus text."""
     counters: dict[str, list[float]] = {}
-    for line in metrics_text.splitlines():
-        if line.startswith("nv_inference_request_success{"):
-            slot = 0
-        elif line.startswith("nv_inference_request_failure{"):
-            slot = 1
-        else:
-            continue
-        labels_text, _, value = line.partition("{")[2].rpartition("} ")
-        labels = dict(part.split("=", 1) for part in labels_text.split(",") if "=" in part)
-        labels = {k: v.strip('"') for k, v in labels.items()}
-        model = labels.get("model")
-        if model is None or (models is not None and model not in models):
-            continue
-        if slot == 1 and labels.get("reason", "BACKEND") not in MODEL_FAILURE_REASONS:
-            continue
-        try:
-            counters.setdefault(model, [0.0, 0.0])[slot] += float(value)
-        except ValueError:
-            continue
+    metrics = parse_metrics(metrics_text)
+    for slot, name in enumerate(("nv_inference_request_success", "nv_inference_request_failure")):
+        for labels, value in samples_named(metrics, name):
+            model = labels.get("model")
+            if model is None or (models is not None and model not in models):
+                continue
+            if slot == 1 and labels.get("reason", "BACKEND") not in MODEL_FAILURE_REASONS:
+                continue
+            counters.setdefault(model, [0.0, 0.0])[slot] += value
     return {model: (ok, bad) for model, (ok, bad) in counters.items()}
 
 
