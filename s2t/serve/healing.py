@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends.atomic_files import write_atomically
-from s2t.prometheus_text import parse_metrics, samples_named
+from s2t.prometheus_text import Metrics, samples_named
 
 # Triton's failure reasons that say the model itself failed (REJECTED is a full queue, CANCELED the caller).
 MODEL_FAILURE_REASONS = frozenset({"BACKEND", "OTHER"})
@@ -71,10 +71,9 @@ class ErrorRateWatch:
         self._last.pop(model, None)
 
 
-def parse_request_counters(metrics_text: str, models: set[str] | None = None) -> dict[str, tuple[float, float]]:
-    """model -> (successes, model failures) summed over versions, from Triton's Prometheus text."""
+def request_counters(metrics: Metrics, models: set[str] | None = None) -> dict[str, tuple[float, float]]:
+    """model -> (successes, model failures) summed over versions, from Triton's metrics."""
     counters: dict[str, list[float]] = {}
-    metrics = parse_metrics(metrics_text)
     for slot, name in enumerate(("nv_inference_request_success", "nv_inference_request_failure")):
         for labels, value in samples_named(metrics, name):
             model = labels.get("model")

@@ -3,7 +3,8 @@ import json
 import pytest
 
 from s2t.serve.healing import (ErrorRateSettings, ErrorRateWatch, HealPolicy, HealSettings, SupervisorState,
-                           parse_request_counters)
+                           request_counters)
+from s2t.prometheus_text import parse_metrics
 from s2t.serve.keeper import RestartPolicy, restricted_headers
 
 METRICS = """# HELP nv_inference_request_success Number of successful inference requests
@@ -19,8 +20,8 @@ nv_inference_request_failure{model="risk_scorer",reason="BACKEND",version="2"} 1
 
 
 def test_request_counters_sum_versions_and_count_only_the_models_own_failures():
-    assert parse_request_counters(METRICS) == {"skill_adapter": (90.0, 10.0), "risk_scorer": (15.0, 1.0)}
-    assert parse_request_counters(METRICS, {"risk_scorer"}) == {"risk_scorer": (15.0, 1.0)}
+    assert request_counters(parse_metrics(METRICS)) == {"skill_adapter": (90.0, 10.0), "risk_scorer": (15.0, 1.0)}
+    assert request_counters(parse_metrics(METRICS), {"risk_scorer"}) == {"risk_scorer": (15.0, 1.0)}
 
 
 def feed(watch, samples):

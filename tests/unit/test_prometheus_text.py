@@ -2,7 +2,7 @@
 import pytest
 
 from s2t.prometheus_text import parse_metrics, samples_named
-from s2t.serve.healing import parse_request_counters
+from s2t.serve.healing import request_counters
 
 PAGE = """# HELP nv_inference_request_success Number of successful inference requests
 # TYPE nv_inference_request_success counter
@@ -40,4 +40,4 @@ def test_a_garbled_line_does_not_hide_the_rest_of_the_page():
 def test_timestamped_request_counters_are_counted():
     page = ('nv_inference_request_success{model="risk_scorer",version="1"} 12 1700000000000\n'
             'nv_inference_request_failure{model="risk_scorer",reason="BACKEND",version="1"} 2 1700000000000\n')
-    assert parse_request_counters(page) == {"risk_scorer": (12.0, 2.0)}
+    assert request_counters(parse_metrics(page)) == {"risk_scorer": (12.0, 2.0)}
