@@ -85,6 +85,12 @@ def request_counters(metrics: Metrics, models: set[str] | None = None) -> dict[s
     return {model: (ok, bad) for model, (ok, bad) in counters.items()}
 
 
+def doubling_delay(retries_before: int, first_seconds: float, max_seconds: float) -> float:
+    """The wait before a retry: `first_seconds` when none came before, twice as long after each, at most
+    `max_seconds` (the keeper's server restarts and the supervisor's model reloads back off alike)."""
+    return min(first_seconds * 2 ** max(retries_before, 0), max_seconds)
+
+
 @dataclass(frozen=True)
 class HealSettings:
     first_delay_seconds: float = 1.0
@@ -113,7 +119,7 @@ class HealPolicy:
     _models: dict[str, _Attempts] = field(default_factory=dict)
 
     def delay(self, attempts: int) -> float:
-        return min(self.settings.first_delay_seconds * 2 ** max(attempts - 1, 0), self.settings.max_delay_seconds)
+        return doubling_delay(attempts - 1, self.settings.first_delay_seconds, self.settings.max_delay_seconds)
 
     def ask(self, model: str, reason: str, now: float) -> str:
         """'now': reload it; 'later': a retry is already scheduled; 'give_up': the cap is reached."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from s2t.serve import hidden_args, leftovers, restricted_apis
-from s2t.serve.healing import STATE_FILE, SupervisorState
+from s2t.serve.healing import STATE_FILE, SupervisorState, doubling_delay
 from s2t.serve.restricted_apis import restrict
 from s2t.control.version_store import VersionStore
 from s2t.triton_admin import TritonAdmin, wait_until_ready
@@ -93,7 +93,7 @@ class RestartPolicy:
         self._restarts = [t for t in self._restarts if now - t < self.window_seconds]
         if len(self._restarts) >= self.max_restarts:
             return None
-        delay = min(self.first_delay_seconds * 2 ** len(self._restarts), self.max_delay_seconds)
+        delay = doubling_delay(len(self._restarts), self.first_delay_seconds, self.max_delay_seconds)
         self._restarts.append(now)
         return delay
 

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from s2t.serve.healing import (ErrorRateSettings, ErrorRateWatch, HealPolicy, HealSettings, SupervisorState,
-                           request_counters)
+                               doubling_delay, request_counters)
 from s2t.prometheus_text import parse_metrics
 from s2t.serve.keeper import RestartPolicy, restricted_headers
 
@@ -78,6 +78,13 @@ def test_a_failed_reload_is_retried_on_schedule_and_a_quiet_period_starts_the_co
     assert policy.ask("m", "stub_died", 1.0) == "now"
     assert policy.ask("m", "stub_died", 70) == "now", "quiet for 69 s: healthy again, attempts start over"
     assert policy.attempts("m") == 1
+
+
+@pytest.mark.parametrize("retries_before, first, most, delay", [
+    (0, 1, 30, 1), (1, 1, 30, 2), (4, 1, 30, 16), (5, 1, 30, 30), (60, 1, 30, 30), (-1, 0.5, 30, 0.5), (3, 2, 5, 5),
+])
+def test_the_delay_doubles_from_the_first_up_to_the_most(retries_before, first, most, delay):
+    assert doubling_delay(retries_before, first, most) == delay
 
 
 def test_server_restarts_back_off_and_stop_at_the_cap_within_the_window():
