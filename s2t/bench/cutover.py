@@ -12,7 +12,6 @@ own start to its "ready" line). The gateway runs with exactly `callers` call slo
 """
 from __future__ import annotations
 
-import json
 import platform
 import threading
 import time
@@ -29,7 +28,8 @@ from clients.legacy_record import to_protobuf
 from wire import skill_pb2, skill_pb2_grpc
 from s2t.models import german_credit
 from s2t.serve import service_process
-from s2t.bench import process_tree
+from s2t.bench import process_tree, report
+from s2t.bench.latency import LatencySummary
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.triton_server import TritonServer, free_port
 from wire.names import PAYLOAD
@@ -135,9 +135,9 @@ def closed_loop(make_call: Callable[[], Callable[[list], None]], batches: list, 
     for thread in threads:
         thread.join()
     elapsed = time.perf_counter() - began
-    ms = np.array(latencies) * 1000 if latencies else np.array([np.nan])
-    return LoadResult(len(latencies), counts["records"], elapsed, float(ms.mean()), float(np.percentile(ms, 50)),
-                      float(np.percentile(ms, 99)), counts["errors"], reasons)
+    latency = LatencySummary.of_seconds(latencies)
+    return LoadResult(latency.calls, counts["records"], elapsed, latency.mean_ms, latency.p50_ms, latency.p99_ms,
+                      counts["errors"], reasons)
 
 
 def skill_caller(port: int) -> Callable[[], Callable[[list], None]]:
@@ -240,8 +240,7 @@ def run(plan: CutoverPlan, out_dir: Path, repositories: list[Path], data_csv: Pa
                                         [triton.process.pid], log, begin)}
     finally:
         triton.stop()
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out_dir / "results.md").write_text(table(results) + "\n")
+    report.write_files(out_dir, results, table(results))
     on_progress(len(begun), STEPS, f"results in {out_dir}")
     return results
 

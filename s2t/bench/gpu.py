@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from s2t.models import tensorrt_engine
+from s2t.bench import report
 from s2t.bench.inprocess import time_calls
 
 BATCHES = (1, 8, 64, 256)
@@ -282,6 +283,5 @@ def run(onnx_path: Path, data_csv: Path, out_dir: Path, seconds: float = 1.0, ba
         served = served_points(url, categorical, numeric, batches, out_dir)
     results = {"gpu": gpu, "tensorrt": tensorrt_engine.TENSORRT_VERSION, "points": [p.as_dict() for p in points],
                "best_optimum": best, "served": served, "unavailable": unavailable}
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out_dir / "results.md").write_text(markdown(points, gpu, best, served, unavailable))
+    report.write_files(out_dir, results, markdown(points, gpu, best, served, unavailable))
     return results
