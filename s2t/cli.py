@@ -81,7 +81,7 @@ def legacy_serve(port: int, saved_model: Path, window_size: int, decision_config
                  max_calls: int, max_message_bytes: int) -> None:
     """Serve skill.Skill/Score with TensorFlow, as the legacy service did, until SIGINT/SIGTERM."""
     from servers.legacy_service import LEGACY_THREADS, LegacyLimits, serve as serve_legacy
-    from s2t.gate.model_config import decision_thresholds
+    from s2t.triton_config import decision_thresholds
     stop = stop_on_signals()
     try:
         limits = LegacyLimits(call_timeout_s=call_timeout_s, max_calls=max_calls, max_message_bytes=max_message_bytes)
@@ -203,7 +203,7 @@ def parity(saved_model, onnx_model, data_csv, http_url, grpc_url, old_url, proto
     A model converted from a tf.Example signature is given one Example per CSV row (columns named as its features).
     """
     from s2t.gate import parity as run_parity
-    from s2t.gate.model_config import decision_thresholds
+    from s2t.triton_config import decision_thresholds
     from s2t.models.tensorrt_engine import EngineBuildError
     if decision_config is None and run_parity.DECISION_CONFIG.is_file():
         decision_config = run_parity.DECISION_CONFIG
@@ -431,8 +431,9 @@ def _auto_canary(model, version, repository, consumer_repositories, url, steps, 
                  max_shadow_diff, max_error_rate, max_p99_ms, max_psi, min_rows, as_json) -> None:
     from dataclasses import asdict
 
-    from s2t.gate import canary_analysis
+    from s2t.control import auto_canary
     from s2t.control.canary import CanaryError
+    from s2t.gate import canary_analysis
     from s2t.control.status import default_metrics_url
     if version is None or not url:
         raise click.UsageError("--auto needs MODEL VERSION and --http-url")
@@ -447,9 +448,9 @@ def _auto_canary(model, version, repository, consumer_repositories, url, steps, 
     require_reachable(url)
     rollout = _rollout(model, repository, consumer_repositories, url)
     try:
-        outcome = canary_analysis.run(rollout, version, shares, interval_seconds, limits,
-                                      metrics_url or default_metrics_url(url),
-                                      log=lambda line: click.echo(line, err=as_json))
+        outcome = auto_canary.run(rollout, version, shares, interval_seconds, limits,
+                                  metrics_url or default_metrics_url(url),
+                                  log=lambda line: click.echo(line, err=as_json))
     except (CanaryError, *_live_errors()) as err:
         raise failure(err) from None
     emit(as_json, {"model": model, "version": version, "promoted": outcome.promoted,

@@ -68,7 +68,7 @@ def legacy_scores(built_artifacts, german_credit_data):
 @pytest.fixture(scope="session")
 def decision_thresholds():
     """The thresholds risk_pipeline decides with, from its config."""
-    from s2t.gate.model_config import decision_thresholds
+    from s2t.triton_config import decision_thresholds
     return decision_thresholds(MODEL_REPOSITORY / "risk_pipeline")
 
 

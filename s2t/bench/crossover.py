@@ -9,7 +9,6 @@ side by side with the same wrk.
 """
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from backends.feature_spec import NUMERIC_INPUT, PROBABILITY_OUTPUT
-from s2t.bench import wrk, workload
+from s2t.bench import report, wrk, workload
 from s2t.bench.machine_load import LoadWatch
 from s2t.bench.runner import machine
 from s2t.bench.fastapi_baseline import ROUTE, BaselineServer
@@ -127,8 +126,7 @@ def run(out_dir: Path, repository: Path, onnx_path: Path, data_csv: Path, second
     results = {"depth": DEPTH, "points": points, "started": started,
                "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
                "load": load, "publishable": load["publishable"]}
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    (Path(out_dir) / "crossover.json").write_text(json.dumps(results, indent=2) + "\n")
+    report.write_files(Path(out_dir), results, name="crossover")
     _plot(points, Path(out_dir) / "crossover.png")
     on_progress(done, steps, f"results in {out_dir}")
     return results

@@ -17,7 +17,6 @@ Answers are compared record by record, gateway path and Triton directly against 
 """
 from __future__ import annotations
 
-import json
 import platform
 import shutil
 import tempfile
@@ -36,7 +35,8 @@ from clients.legacy_record import to_protobuf
 from wire import skill_pb2, skill_pb2_grpc
 from s2t.models import german_credit
 from s2t.serve import service_process
-from s2t.bench import cutover_acceptance, machine_load, process_tree
+from s2t.bench import cutover_acceptance, machine_load, process_tree, report
+from s2t.bench.latency import LatencySummary
 from s2t.bench.machine_load import LoadWatch
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.triton_server import free_port
@@ -143,9 +143,9 @@ def closed_loop(make_call: Callable[[], Callable[[list], None]], batches: list, 
     for thread in threads:
         thread.join()
     elapsed = time.perf_counter() - began
-    ms = np.array(latencies) * 1000 if latencies else np.array([np.nan])
-    return LoadResult(len(latencies), counts["records"], elapsed, float(ms.mean()), float(np.percentile(ms, 50)),
-                      float(np.percentile(ms, 99)), counts["errors"], reasons)
+    latency = LatencySummary.of_seconds(latencies)
+    return LoadResult(latency.calls, counts["records"], elapsed, latency.mean_ms, latency.p50_ms, latency.p99_ms,
+                      counts["errors"], reasons)
 
 
 def skill_caller(port: int) -> Callable[[], Callable[[list], None]]:
@@ -274,8 +274,7 @@ def run(plan: CutoverPlan, out_dir: Path, repositories: list[Path], data_csv: Pa
     results["load"] = watch.summary()
     results["publishable"] = results["load"]["publishable"]
     results["acceptance"] = cutover_acceptance.summary(results)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out_dir / "results.md").write_text(table(results) + "\n")
+    report.write_files(out_dir, results, table(results))
     on_progress(len(begun), STEPS, f"results in {out_dir}")
     return results
 

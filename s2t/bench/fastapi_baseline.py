@@ -33,7 +33,7 @@ APPS = {"baseline": "s2t.bench.fastapi_baseline:create_app",
 
 def _pipeline():
     from backends.fused_pipeline import FusedPipeline, PipelineSettings
-    from s2t.gate.model_config import backend_parameters, load
+    from s2t.triton_config import backend_parameters, load
 
     settings = PipelineSettings.from_parameters(backend_parameters(load(Path(os.environ[PIPELINE_ENV]))))
     return FusedPipeline(Path(os.environ[MODEL_ENV]), settings)

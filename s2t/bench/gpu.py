@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from s2t.models import tensorrt_engine
-from s2t.bench import machine_load
+from s2t.bench import machine_load, report
 from s2t.bench.inprocess import time_calls
 from s2t.bench.machine_load import LoadWatch
 
@@ -295,6 +295,5 @@ def run(onnx_path: Path, data_csv: Path, out_dir: Path, seconds: float = 1.0, ba
     results = {"gpu": gpu, "tensorrt": tensorrt_engine.TENSORRT_VERSION, "points": [p.as_dict() for p in points],
                "best_optimum": best, "served": served, "unavailable": unavailable, "load": load,
                "publishable": load["publishable"]}
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out_dir / "results.md").write_text(markdown(points, gpu, best, served, unavailable, load))
+    report.write_files(out_dir, results, markdown(points, gpu, best, served, unavailable, load))
     return results

@@ -11,6 +11,7 @@ import numpy as np
 
 from backends.decision_policy import Thresholds, decide
 from backends.record_decoder import RecordDecoder
+from s2t.bench.latency import LatencySummary
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,8 @@ def time_calls(batch: int, seconds: float, call, warmup: int = 20) -> tuple[int,
         durations.append(time.perf_counter() - t)
         i += 1
     elapsed = time.perf_counter() - started
-    d = np.array(durations) * 1000.0
-    return len(durations), len(durations) * batch / elapsed, float(np.percentile(d, 50)), float(np.percentile(d, 99))
+    latency = LatencySummary.of_seconds(durations)
+    return latency.calls, latency.calls * batch / elapsed, latency.p50_ms, latency.p99_ms
 
 
 def _timed(what: str, batch: int, seconds: float, call) -> InProcessPoint:

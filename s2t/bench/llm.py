@@ -6,7 +6,6 @@ copy), and stopped at the end. Figures go to OUT/results.json and OUT/results.md
 """
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import statistics
@@ -19,7 +18,7 @@ from typing import Callable
 
 from clients.llm_client import StreamResult, generate_stream
 from backends.llm_engine import packaged_model_path
-from s2t.bench import genai_perf, machine_load, workload, wrk
+from s2t.bench import genai_perf, machine_load, report, workload, wrk
 from s2t.bench.machine_load import LoadWatch
 from s2t.bench.runner import machine
 from s2t.on_progress import OnProgress, no_progress
@@ -221,8 +220,7 @@ def run(out_dir: Path, repositories: list[Path], llm_repository: Path, data_csv:
                                                          5 if quick else 15, 4, log, begin)
     results["load"] = watch.summary()
     results["publishable"] = results["load"]["publishable"]
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1))
-    (out_dir / "results.md").write_text(markdown(results))
+    report.write_files(out_dir, results, markdown(results))
     on_progress(len(begun), STEPS, f"results in {out_dir}")
     return results
 

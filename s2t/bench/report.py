@@ -277,9 +277,17 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def write_files(out_dir: Path, results: dict, markdown_text: str | None = None, name: str = "results") -> None:
+    """A run's figures as NAME.json, and its tables as NAME.md when given: how every bench mode writes them."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(results, indent=2, default=float) + "\n")
+    if markdown_text is not None:
+        (out_dir / f"{name}.md").write_text(markdown_text.rstrip("\n") + "\n")
+
+
 def write(results: dict, out_dir: Path) -> None:
     results["ratios"] = ratios(results)
     results["targets"] = targets(results, results["ratios"])
     results["plots"] = [p.name for p in plots(results, out_dir)]
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=float) + "\n")
-    (out_dir / "results.md").write_text(markdown(results))
+    write_files(out_dir, results, markdown(results))

@@ -22,7 +22,7 @@ import psutil
 
 from backends.feature_spec import FeatureSpec
 from backends.record_decoder import RecordDecoder
-from s2t.gate import model_config
+from s2t import triton_config
 from s2t.bench import inprocess, perf_analyzer, process_tree, protocols, report, stub_profile, workload, wrk
 from s2t.bench.fastapi_baseline import APPS as BASELINE_APPS, ROUTE as BASELINE_ROUTE, BaselineServer
 from s2t.bench.machine_load import LoadWatch
@@ -30,6 +30,7 @@ from s2t.bench.modes import Mode
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve import service_process
 from s2t.serve.triton_server import TritonServer, free_port
+from s2t.triton_admin import TritonAdmin
 from s2t.control.version_store import version_numbers
 from wire.names import ADAPTER, DECISION, DECISION_MODEL, PAYLOAD, PIPELINE, PROBABILITY, SCORER
 
@@ -62,8 +63,7 @@ def _newest_onnx(model_dir: Path) -> Path:
 
 def _stats(http_url: str, model: str) -> tuple[int, int]:
     """(requests, rows) Triton answered successfully for `model`, all versions."""
-    with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats", timeout=10) as resp:
-        stats = json.load(resp)["model_stats"]
+    stats = TritonAdmin(http_url).model_stats(model)
     return (sum(int(s["inference_stats"]["success"]["count"]) for s in stats),
             sum(int(s.get("inference_count", 0)) for s in stats))
 
@@ -362,7 +362,7 @@ class Bench:
 
     def _inprocess_stage(self) -> None:
         batches = sorted(set(self.mode.batches) | {1})
-        thresholds = model_config.decision_thresholds(self.decision_dir)
+        thresholds = triton_config.decision_thresholds(self.decision_dir)
         with self._step("in-process ONNX Runtime"):
             points = inprocess.measure(self.scorer_onnx, self.categorical, self.numeric, self.payloads, self.decoder,
                                        thresholds, batches, self.mode.inprocess_seconds)
@@ -378,9 +378,8 @@ def _median_round(entries: list[dict]) -> dict:
 
 
 def _ready_models(http_url: str) -> list[str]:
-    req = urllib.request.Request(f"http://{http_url}/v2/repository/index", data=b"{}", method="POST")
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return sorted(f"{m['name']}:{m.get('version', '')}" for m in json.load(resp) if m.get("state") == "READY")
+    return sorted(f"{m['name']}:{m.get('version', '')}" for m in TritonAdmin(http_url).repository_index()
+                  if m.get("state") == "READY")
 
 
 def _compare_answers(server: TritonServer, baseline: BaselineServer, payloads: list[bytes]) -> dict:

@@ -7,14 +7,14 @@ Triton's statistics split each execution into queue, compute input, compute infe
 from __future__ import annotations
 
 import collections
-import json
 import shutil
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import psutil
+
+from s2t.triton_admin import TritonAdmin
 
 NATIVE = "(stub, no Python frame)"
 STAGES = ("compute_input", "compute_infer", "compute_output")
@@ -76,8 +76,7 @@ STAGES = ("compute_input", "compute_infer", "compute_output")
 
 def snapshot(http_url: str, model: str) -> collections.Counter:
     """Triton's cumulative counters of `model`: requests, executions (batches), and nanoseconds per stage."""
-    with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats", timeout=10) as resp:
-        stats = json.load(resp)["model_stats"]
+    stats = TritonAdmin(http_url).model_stats(model)
     counters = collections.Counter()
     for version in stats:
         counters["requests"] += int(version["inference_stats"]["success"]["count"])

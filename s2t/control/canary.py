@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from backends.routing_policy import RoutingSettings, Target
-from s2t.gate import model_config
+from s2t import triton_config
 from s2t.control.config_edit import ConfigEditError, set_string_parameter
 from s2t.control.primary import ConfigChange
 from s2t.control.version_store import VersionStore
@@ -52,8 +52,8 @@ def split_change(repository: Path, candidate: Target | None, canary_percent: flo
     try:
         for key, value in lines.items():
             text = set_string_parameter(text, key, value, f"{ROUTER}/config.pbtxt")
-        config = model_config.load_text(text, str(path))
-        settings = RoutingSettings.from_parameters(model_config.backend_parameters(config))
+        config = triton_config.load_text(text, str(path))
+        settings = RoutingSettings.from_parameters(triton_config.backend_parameters(config))
     except (ConfigEditError, ValueError) as err:
         raise CanaryError(str(err)) from None
     return settings, ConfigChange(ROUTER, path, text, parameters=lines)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from s2t.gate import model_config
+from s2t import triton_config
 from backends.atomic_files import write_atomically
 from s2t.control.version_store import VersionStore
 
@@ -52,7 +52,7 @@ def set_pinned_versions(text: str, versions: list[int], where: str = "config.pbt
 def replace_config(store: VersionStore, path: Path, text: str) -> None:
     """Validate `text` with Triton's schema, then put it in place of `path` in one rename."""
     try:
-        model_config.load_text(text, str(path))
+        triton_config.load_text(text, str(path))
     except ValueError as err:
         raise ConfigEditError(str(err)) from None
     write_atomically(path, text, staging_dir=store.staging)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterable
 
 from backends.routing_policy import Target
-from s2t.gate import model_config
+from s2t import triton_config
 from s2t.control.config_edit import replace_config, set_pinned_versions, set_step_version, set_string_parameter
 from s2t.control.version_store import VersionStore
 from backends.atomic_files import write_atomically
@@ -81,14 +81,14 @@ def _configs(repositories: Iterable[Path]):
         if not repo.is_dir():
             continue
         for path in sorted(repo.glob("*/config.pbtxt")):
-            yield path, model_config.load(path.parent)
+            yield path, triton_config.load(path.parent)
 
 
 def consumers(model: str, repositories: Iterable[Path]) -> list[Consumer]:
     found = []
     for path, config in _configs(repositories):
         name = config.name or path.parent.name
-        params = model_config.backend_parameters(config)
+        params = triton_config.backend_parameters(config)
         if name == model and pinned_version(config) is not None:
             found.append(Consumer(name, path, PINNED_KIND, pinned_version(config)))
         elif "primary" in params and params["primary"]["string_value"].strip():

@@ -21,6 +21,7 @@ import onnx
 from backends import llm_version
 from backends.feature_spec import FeatureSpec
 from s2t.control import live_control
+from s2t import triton_config
 from s2t.gate import model_config, parity
 from s2t.models.convert import ConversionError, read_spec
 from s2t.control.version_store import VersionStore, durable_rename
@@ -171,7 +172,7 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
         raise PublishError(f"{model_dir} has no config.pbtxt; create the model's config first")
     if not artifact.is_file():
         raise PublishError(f"{artifact}: no such file")
-    config = model_config.load(model_dir)
+    config = triton_config.load(model_dir)
     managed = rollout.explicit_primary()
     if stage and not managed:
         raise PublishError(f"{model}: staging needs `version_policy: {{ all: {{}} }}` (or pinned versions) in "
@@ -219,7 +220,7 @@ def publish(model: str, artifact: Path, repository: Path, gate: ParityGate | Non
 def _place(store: VersionStore, model: str, config, artifact: Path, version: int, record: dict) -> None:
     """Build the version folder in the staging area, then move it into the model folder with one rename."""
     def fill(staging: Path) -> None:
-        filename = model_config.model_filename(config)
+        filename = triton_config.model_filename(config)
         shutil.copyfile(artifact, staging / filename)
         if config.platform == "tensorrt_plan":
             from s2t.models.tensorrt_engine import report_path

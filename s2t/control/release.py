@@ -9,15 +9,14 @@ names it can never be pointed at other content.
 """
 from __future__ import annotations
 
-import ast
 import hashlib
 import re
 import shutil
 from pathlib import Path
 
 from backends.atomic_files import durable_rename
+from s2t.project_imports import MissingModuleError, module_file, project_files
 
-PROJECT_PACKAGES = ("backends", "clients", "s2t", "servers", "wire")
 # The container entry point (s2t/serve/keeper.py) runs from the release too.
 ENTRY_MODULES = ("s2t.serve.keeper",)
 ID_PATTERN = re.compile(r"sha256-[0-9a-f]{16}")
@@ -31,48 +30,6 @@ class ReleaseError(RuntimeError):
     pass
 
 
-def _module_file(root: Path, module: str) -> Path | None:
-    path = root.joinpath(*module.split("."))
-    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def imported_project_modules(source: Path) -> tuple[set[str], set[str]]:
-    """(modules that must exist, names that may be modules) of the project that a file imports, at any depth
-    (imports inside functions count: that is how the protobuf code is reached)."""
-    required, maybe = set(), set()
-    for node in ast.walk(ast.parse(source.read_text(), str(source))):
-        if isinstance(node, ast.Import):
-            required |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            required.add(node.module)
-            maybe |= {f"{node.module}.{alias.name}" for alias in node.names}
-    project = {name for name in required | maybe if name.split(".")[0] in PROJECT_PACKAGES}
-    return required & project, maybe & project
-
-
-def project_files(root: Path, starts: list[Path]) -> set[Path]:
-    """The project's .py files reachable by import from `starts`, with the packages' __init__.py on the way."""
-    todo, files = list(starts), set()
-    while todo:
-        source = todo.pop()
-        required, maybe = imported_project_modules(source)
-        for module in required | maybe:
-            parts = module.split(".")
-            for depth in range(1, len(parts) + 1):
-                found = _module_file(root, ".".join(parts[:depth]))
-                if found is None and module in required and depth == len(parts):
-                    raise ReleaseError(f"{source.relative_to(root) if source.is_relative_to(root) else source} "
-                                       f"imports {module}, which is missing (`make proto` generates the wire "
-                                       "format's modules)")
-                if found is not None and found not in files:
-                    files.add(found)
-                    todo.append(found)
-    return files
-
-
 def _tree_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
 
@@ -81,10 +38,13 @@ def build(root: Path, repositories: list[Path], out: Path) -> str:
     """Assemble the release under `out/<id>/` and return the id."""
     root = Path(root).resolve()
     models = [p for repo in repositories for p in Path(repo).glob("*/[0-9]*/model.py")]
-    entries = [_module_file(root, module) for module in ENTRY_MODULES]
+    entries = [module_file(root, module) for module in ENTRY_MODULES]
     if None in entries:
         raise ReleaseError(f"an entry module of {ENTRY_MODULES} is missing")
-    src = project_files(root, models + entries) | set(entries)
+    try:
+        src = project_files(root, models + entries) | set(entries)
+    except MissingModuleError as err:
+        raise ReleaseError(str(err)) from None
     layout = {f"src/{p.relative_to(root)}": p for p in src}
     for repo in repositories:
         repo = Path(repo).resolve()

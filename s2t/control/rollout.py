@@ -43,7 +43,7 @@ from backends.routing_policy import Target
 from s2t.control import canary as canary_config
 from s2t.control import live_control, primary
 from s2t.control.version_store import VersionStore
-from s2t.gate import model_config
+from s2t import triton_config
 
 # Without a server to ask, how long a version that was routed to stays loaded after the step that stopped it:
 # a poll (1 s) plus the reload of the router's stub and of the pipeline (2-4 s measured here), with margin.
@@ -127,7 +127,7 @@ class Rollout:
         model_dir = self.store.model_dir(self.model)
         if not (model_dir / "config.pbtxt").is_file():
             raise RolloutError(f"{model_dir} has no config.pbtxt")
-        return model_config.load(model_dir)
+        return triton_config.load(model_dir)
 
     def explicit_primary(self) -> bool:
         config = self.config()
@@ -369,7 +369,7 @@ def _router_candidate(rollout: Rollout) -> int | None:
     """The version of this model that risk_router's split names as its candidate, if any."""
     for consumer in primary.consumers(rollout.model, rollout.repositories):
         if consumer.kind == primary.ROUTER_KIND:
-            params = model_config.backend_parameters(model_config.load(consumer.path.parent))
+            params = triton_config.backend_parameters(triton_config.load(consumer.path.parent))
             candidate = params.get("candidate", {}).get("string_value", "").strip()
             if candidate and Target.parse(candidate).model == rollout.model:
                 return Target.parse(candidate).version

@@ -8,31 +8,29 @@ and the last history lines.
 from __future__ import annotations
 
 import json
-import re
 import time
-import urllib.request
 from pathlib import Path
 from typing import Iterable
 
 from backends.routing_policy import RoutingSettings
+from s2t import triton_config
 from s2t.control import primary
-from s2t.gate import model_config
 from s2t.control.live_control import admin_headers
 from s2t.control.rollout import Rollout, default_consumer_repositories, loads_every_folder
-from s2t.control.version_store import VersionStore
+from s2t.control.version_store import VersionStore, version_numbers
+from s2t.prometheus_text import samples_named, scrape
 
 SUPERVISOR_FILE = "supervisor.json"
 # The supervisor's last events in the table (`--json` has all it keeps).
 SUPERVISOR_EVENTS_SHOWN = 5
 ROUTER = "risk_router"
-_BREAKER = re.compile(r's2t_router_breaker_state\{state="(\w+)"\}\s+1(?:\.0)?\s*$', re.MULTILINE)
 
 
 def _configs(repositories: Iterable[Path]) -> dict[str, tuple[Path, object]]:
     found = {}
     for repo in repositories:
         for path in sorted(Path(repo).glob("*/config.pbtxt")):
-            config = model_config.load(path.parent)
+            config = triton_config.load(path.parent)
             found[config.name or path.parent.name] = (path.parent, config)
     return found
 
@@ -68,12 +66,11 @@ def _breaker_state(metrics_url: str | None) -> str:
     if not metrics_url:
         return "unknown"
     try:
-        with urllib.request.urlopen(metrics_url, timeout=5) as response:
-            text = response.read().decode()
+        metrics = scrape(metrics_url, timeout_s=5)
     except OSError:
         return "unknown"
-    match = _BREAKER.search(text)
-    return match.group(1) if match else "unknown"
+    states = [labels.get("state") for labels, value in samples_named(metrics, "s2t_router_breaker_state") if value == 1]
+    return states[0] if states and states[0] else "unknown"
 
 
 def default_metrics_url(url: str | None) -> str | None:
@@ -104,13 +101,13 @@ def collect(repository: Path, consumer_repositories: tuple[Path, ...] = (), url:
             for version in state.draining:
                 roles.setdefault(version, "draining")
             entry["consumers"] = {c.name: c.version for c in primary.consumers(name, repositories)}
-        folders = model_config.versions(model_dir)
+        folders = version_numbers(model_dir)
         versions = sorted(set(folders) | {int(v) for v in live.get(name, {}) if v.isdigit()})
         entry["versions"] = [{"version": v, "role": roles.get(v, ""), "folder": v in folders,
                               **({"state": live.get(name, {}).get(str(v), "not loaded")} if url else {})}
                              for v in versions]
         if name == ROUTER:
-            settings = RoutingSettings.from_parameters(model_config.backend_parameters(config))
+            settings = RoutingSettings.from_parameters(triton_config.backend_parameters(config))
             entry["split"] = settings.describe()
             entry["breaker"] = _breaker_state(metrics_url or default_metrics_url(url)) if url else "unknown"
         models[name] = entry

@@ -1,4 +1,4 @@
-"""`s2t canary MODEL N --auto`: automated canary analysis on the model's outputs, from risk_router's metrics.
+"""Automated canary analysis on the model's outputs, from risk_router's metrics: the figures and the verdicts.
 
 As Flagger or Argo Rollouts do for web services: a shadow step first (the candidate scores a mirrored sample of
 live records; its answers are only compared with the primary's), then canary steps of rising share. After each
@@ -10,22 +10,17 @@ interval the candidate's figures over that interval (metric deltas) are held aga
 
 The first breach rolls the candidate back (the canary is aborted) and says why; clearing every step promotes it.
 A step with too few candidate records to judge is extended, up to `max_extensions` times, then rolled back.
+`s2t/control/auto_canary.py` drives the steps (`s2t canary MODEL N --auto`).
 """
 from __future__ import annotations
 
 import math
 import re
-import time
-import urllib.request
-from dataclasses import asdict, dataclass
-from typing import Callable
+from dataclasses import dataclass
 
 from backends.drift import psi
 from backends.router_metrics import SCORE_BUCKETS, target_labels
-from s2t.control.rollout import Rollout, canary, promote, rollback, rollback_plan
-
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+([^\s]+)$')
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+from s2t.prometheus_text import Metrics
 
 
 @dataclass(frozen=True)
@@ -70,21 +65,6 @@ class Outcome:
 
     def line(self, version: int) -> str:
         return f"promoted {version}" if self.promoted else f"rolled back ({self.reason})"
-
-
-Metrics = dict[tuple[str, frozenset], float]
-
-
-def parse_metrics(text: str) -> Metrics:
-    samples = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line.strip())
-        if match:
-            labels = frozenset(_LABEL.findall(match.group(2) or ""))
-            samples[(match.group(1), labels)] = float(match.group(3))
-    return samples
 
 
 def _value(metrics: Metrics, name: str, **labels) -> float:
@@ -160,46 +140,3 @@ def parse_duration(text: str) -> float:
         raise ValueError(f"duration {text!r}: expected a number with ms, s, m or h")
     scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[match.group(2) or "s"]
     return float(match.group(1)) * scale
-
-
-def scrape(metrics_url: str) -> Metrics:
-    with urllib.request.urlopen(metrics_url, timeout=10) as response:
-        return parse_metrics(response.read().decode())
-
-
-def run(rollout: Rollout, version: int, steps: list[float], interval_seconds: float, limits: Limits,
-        metrics_url: str, log: Callable[[str], None] = print) -> Outcome:
-    if not rollout.url:
-        raise ValueError("the analysis reads the live server: give --http-url")
-    primary_version = rollout.state().primary
-    primary_name, candidate_name = f"{rollout.model}:{primary_version}", f"{rollout.model}:{version}"
-    phases = [("shadow", steps[0])] + [("canary", p) for p in steps if p < 100]
-    done: list[StepFigures] = []
-    for phase, percent in phases:
-        canary(rollout, version, percent if phase == "canary" else 0.0, percent if phase == "shadow" else 0.0)
-        # The reloaded router starts its counters afresh and hands them over at most every second.
-        time.sleep(1.5)
-        before = scrape(metrics_url)
-        for _ in range(limits.max_extensions + 1):
-            time.sleep(interval_seconds)
-            step = figures(before, scrape(metrics_url), phase, percent, primary_name, candidate_name)
-            if judgeable(step, limits):
-                break
-        log(step.line())
-        done.append(step)
-        problems = breaches(step, limits) if judgeable(step, limits) else [
-            f"{step.candidate_rows} candidate records in {phase} {percent:g}%, fewer than {limits.min_rows}"]
-        if problems:
-            reason = f"{phase} {percent:g}%: " + "; ".join(problems)
-            _record(rollout, version, "rolled back", reason, done, limits)
-            rollback(rollout, rollback_plan(rollout, None))
-            return Outcome(False, reason, tuple(done))
-    _record(rollout, version, "promoted", "every step within the limits", done, limits)
-    promote(rollout, version)
-    return Outcome(True, "every step within the limits", tuple(done))
-
-
-def _record(rollout: Rollout, version: int, verdict: str, reason: str, steps: list[StepFigures],
-            limits: Limits) -> None:
-    rollout.record({"action": "canary-analysis", "version": version, "verdict": verdict, "reason": reason,
-                    "steps": [asdict(s) for s in steps], "limits": asdict(limits)})

@@ -10,7 +10,7 @@ import numpy as np
 from backends.atomic_files import write_atomically
 from backends.drift import DRIFT, NOT_ENOUGH_DATA, NO_DRIFT, TOP_BINS, Reference
 from backends.record_decoder import encode_columns
-from s2t.gate.canary_analysis import parse_metrics, scrape
+from s2t.prometheus_text import parse_metrics, scrape
 
 REFERENCE_FILE = "drift_reference.json"
 PER_FEATURE = {"s2t_feature_psi": "psi", "s2t_feature_psi_noise": "noise_psi", "s2t_feature_drift_sample": "sample",

@@ -1,4 +1,4 @@
-"""Triton model configs (config.pbtxt) read with Triton's own protobuf schema, and checked against what they serve.
+"""Triton model configs (config.pbtxt) checked against what they serve (`s2t/triton_config.py` reads them).
 
 `check_repositories` is what `s2t check-config` and the tests run: every config against its model file or
 python model, every ensemble's wiring against the models it calls, the scorer a fused pipeline names, and one
@@ -9,64 +9,26 @@ from __future__ import annotations
 import ast
 import importlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from google.protobuf import json_format, text_format
+from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from backends.decision_policy import Thresholds
 from backends.model_parameters import read_parameters, unknown_parameters
 from backends.ort_runner import OrtSettings
+from backends.repository_layout import version_numbers
 from backends.stream_session import StreamModelSettings, check_sequence_batching
-from s2t.control.version_store import version_numbers
 from s2t.models.serving_image import SERVING_IMAGE, release_of, same_release
+from s2t.triton_config import (Tensor, backend_parameters, engine_report_path, is_engine, is_onnx, load,
+                               model_filename, tensors)
 
 ONNX_TO_CONFIG = {
     1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16", 6: "TYPE_INT32",
     7: "TYPE_INT64", 8: "TYPE_STRING", 9: "TYPE_BOOL", 10: "TYPE_FP16", 11: "TYPE_FP64", 12: "TYPE_UINT32",
     13: "TYPE_UINT64",
 }
-
-
-@dataclass(frozen=True)
-class Tensor:
-    name: str
-    data_type: str
-    dims: tuple[int, ...]
-
-
-def load(model_dir: Path) -> mc.ModelConfig:
-    path = Path(model_dir) / "config.pbtxt"
-    return load_text(path.read_text(), str(path))
-
-
-def load_text(text: str, where: str = "config") -> mc.ModelConfig:
-    config = mc.ModelConfig()
-    try:
-        text_format.Parse(text, config)
-    except text_format.ParseError as err:
-        raise ValueError(f"{where}: {err}") from None
-    return config
-
-
-def backend_parameters(config: mc.ModelConfig) -> dict[str, dict[str, str]]:
-    """The config's parameters in the form the python backend hands them to a model (the config as JSON)."""
-    return {key: {"string_value": value.string_value} for key, value in config.parameters.items()}
-
-
-def decision_thresholds(model_dir: Path) -> Thresholds:
-    """The thresholds a deciding model (risk_pipeline, risk_decision) serves with, read from its config."""
-    return Thresholds.from_parameters(backend_parameters(load(Path(model_dir))))
-
-
-def tensors(entries: Iterable) -> dict[str, Tensor]:
-    return {t.name: Tensor(t.name, mc.DataType.Name(t.data_type), tuple(t.dims)) for t in entries}
-
-
-def versions(model_dir: Path) -> list[int]:
-    return version_numbers(model_dir)
 
 
 def onnx_io(path: Path, batched: bool) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
@@ -112,11 +74,6 @@ def check_onnx_against_config(config: mc.ModelConfig, onnx_path: Path) -> list[s
             for name in sorted(set(actual) - set(declared)):
                 problems.append(f"{config.name}: the model needs input {name!r}, the config does not declare it")
     return problems
-
-
-def engine_report_path(engine_path: Path) -> Path:
-    """The build report `s2t build-trt` writes beside an engine: what it was built for, readable without a GPU."""
-    return Path(engine_path).with_name(Path(engine_path).name + ".json")
 
 
 def check_engine_against_config(config: mc.ModelConfig, plan: Path) -> list[str]:
@@ -201,7 +158,7 @@ def _check_scorer_reference(config: mc.ModelConfig, model_dir: Path, configs: di
     scorer_dir = model_dir.parent / scorer
     if scorer not in configs or not (scorer_dir / "config.pbtxt").is_file():
         return [f"{config.name}: scorer_model {scorer!r} is not a model of its repository {model_dir.parent}"]
-    if not _is_onnx(configs[scorer]):
+    if not is_onnx(configs[scorer]):
         return [f"{config.name}: scorer_model {scorer!r} is not an ONNX model"]
     if version and not (scorer_dir / version / model_filename(configs[scorer])).is_file():
         return [f"{config.name}: scorer_version {version} of {scorer} has no {model_filename(configs[scorer])}"]
@@ -224,24 +181,11 @@ def _check_one_decision_policy(configs: dict[str, mc.ModelConfig]) -> list[str]:
     return []
 
 
-def _is_engine(config: mc.ModelConfig) -> bool:
-    return config.platform == "tensorrt_plan" or config.backend == "tensorrt"
-
-
-def _is_onnx(config: mc.ModelConfig) -> bool:
-    return config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime"
-
-
-def model_filename(config: mc.ModelConfig) -> str:
-    """The file each version folder holds for an ONNX or TensorRT model, as Triton looks for it."""
-    return config.default_model_filename or ("model.plan" if _is_engine(config) else "model.onnx")
-
-
 def _model_file_check(config: mc.ModelConfig):
     """The checker of the one model file per version, for ONNX and TensorRT models; None for the others."""
-    if _is_onnx(config):
+    if is_onnx(config):
         return check_onnx_against_config
-    if _is_engine(config):
+    if is_engine(config):
         return check_engine_against_config
     return None
 
@@ -250,7 +194,7 @@ def declared_settings(model_dir: Path) -> tuple[type, ...]:
     """The settings classes a python model reads its `parameters` into, as its newest model.py declares them
     (`SETTINGS = X` or a tuple), found without importing the file (it needs Triton's stub). A model.py not yet on
     backends/triton_glue.py names them where it reads them: `read_parameters(X, ...)` or `X.from_parameters(...)`."""
-    files = [Path(model_dir) / str(v) / "model.py" for v in sorted(versions(Path(model_dir)), reverse=True)]
+    files = [Path(model_dir) / str(v) / "model.py" for v in sorted(version_numbers(Path(model_dir)), reverse=True)]
     model_py = next((f for f in files if f.is_file()), None)
     if model_py is None:
         return ()
@@ -279,7 +223,7 @@ def check_parameters(name: str, config: mc.ModelConfig, model_dir: Path) -> list
     otherwise keep a default silently, and a bad value would only show when Triton refuses the model. ONNX models
     are checked for the values our ONNX Runtime backend reads (the native backend takes more keys)."""
     parameters = {key: {"string_value": value.string_value} for key, value in config.parameters.items()}
-    if _is_onnx(config):
+    if is_onnx(config):
         classes, strict = (OrtSettings,), False
     elif config.backend == "python" and (classes := declared_settings(model_dir)):
         strict = True
@@ -321,7 +265,7 @@ def check_repositories(repositories: Iterable[Path]) -> list[str]:
             configs[config.name], dirs[config.name] = config, model_dir
     for name, config in configs.items():
         model_dir = dirs[name]
-        found = versions(model_dir)
+        found = version_numbers(model_dir)
         problems += check_parameters(name, config, model_dir)
         if config.platform == "ensemble":
             problems += _check_ensemble(config, configs)

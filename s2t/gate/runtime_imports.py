@@ -1,7 +1,7 @@
 """Which third-party distributions the python models of a repository need where they run.
 
 A container image has to install them; the python stub finds out only when a model loads. Following the models'
-imports through this project's modules (those a release ships, `s2t.control.release.project_files`) answers it before
+imports through this project's modules (those a release ships, `s2t.project_imports.project_files`) answers it before
 then. Imports inside functions count (the engines are imported lazily), and so does a module looked up by name
 with `importlib.util.find_spec("...")` or `importlib.import_module("...")` (how a data-only package is located).
 """
@@ -12,7 +12,7 @@ import importlib.metadata
 import sys
 from pathlib import Path
 
-from s2t.control.release import PROJECT_PACKAGES, project_files
+from s2t.project_imports import PROJECT_PACKAGES, project_files
 
 # Provided by Triton's python backend itself, in every image that has one.
 BACKEND_MODULES = frozenset({"triton_python_backend_utils"})

@@ -22,8 +22,8 @@ from pathlib import Path
 import onnx
 
 from backends.atomic_files import write_atomically
-from s2t.gate import model_config
-from s2t.gate.model_config import engine_report_path as report_path  # part of this module's interface
+from s2t import triton_config
+from s2t.triton_config import engine_report_path as report_path  # part of this module's interface
 from s2t.models.serving_image import SERVING_IMAGE, release_of, same_release
 
 # The versions of the image deploy/triton builds on (s2t/models/serving_image.py): an engine loads only in the
@@ -93,7 +93,7 @@ def profile_for_config(config_dir: Path | None, max_batch: int | None = None, op
     """
     config = None
     if config_dir is not None and (Path(config_dir) / "config.pbtxt").is_file():
-        config = model_config.load(Path(config_dir))
+        config = triton_config.load(Path(config_dir))
     if max_batch is None:
         if config is None or config.max_batch_size < 1:
             raise EngineBuildError(f"no batching config at {config_dir}: give --max-batch-size")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends.atomic_files import write_atomically
+from s2t.prometheus_text import Metrics, samples_named
 
 # Triton's failure reasons that say the model itself failed (REJECTED is a full queue, CANCELED the caller).
 MODEL_FAILURE_REASONS = frozenset({"BACKEND", "OTHER"})
@@ -70,29 +71,24 @@ class ErrorRateWatch:
         self._last.pop(model, None)
 
 
-def parse_request_counters(metrics_text: str, models: set[str] | None = None) -> dict[str, tuple[float, float]]:
-    """model -> (successes, model failures) summed over versions, from Triton's Prometheus text."""
+def request_counters(metrics: Metrics, models: set[str] | None = None) -> dict[str, tuple[float, float]]:
+    """model -> (successes, model failures) summed over versions, from Triton's metrics."""
     counters: dict[str, list[float]] = {}
-    for line in metrics_text.splitlines():
-        if line.startswith("nv_inference_request_success{"):
-            slot = 0
-        elif line.startswith("nv_inference_request_failure{"):
-            slot = 1
-        else:
-            continue
-        labels_text, _, value = line.partition("{")[2].rpartition("} ")
-        labels = dict(part.split("=", 1) for part in labels_text.split(",") if "=" in part)
-        labels = {k: v.strip('"') for k, v in labels.items()}
-        model = labels.get("model")
-        if model is None or (models is not None and model not in models):
-            continue
-        if slot == 1 and labels.get("reason", "BACKEND") not in MODEL_FAILURE_REASONS:
-            continue
-        try:
-            counters.setdefault(model, [0.0, 0.0])[slot] += float(value)
-        except ValueError:
-            continue
+    for slot, name in enumerate(("nv_inference_request_success", "nv_inference_request_failure")):
+        for labels, value in samples_named(metrics, name):
+            model = labels.get("model")
+            if model is None or (models is not None and model not in models):
+                continue
+            if slot == 1 and labels.get("reason", "BACKEND") not in MODEL_FAILURE_REASONS:
+                continue
+            counters.setdefault(model, [0.0, 0.0])[slot] += value
     return {model: (ok, bad) for model, (ok, bad) in counters.items()}
+
+
+def doubling_delay(retries_before: int, first_seconds: float, max_seconds: float) -> float:
+    """The wait before a retry: `first_seconds` when none came before, twice as long after each, at most
+    `max_seconds` (the keeper's server restarts and the supervisor's model reloads back off alike)."""
+    return min(first_seconds * 2 ** max(retries_before, 0), max_seconds)
 
 
 @dataclass(frozen=True)
@@ -123,7 +119,7 @@ class HealPolicy:
     _models: dict[str, _Attempts] = field(default_factory=dict)
 
     def delay(self, attempts: int) -> float:
-        return min(self.settings.first_delay_seconds * 2 ** max(attempts - 1, 0), self.settings.max_delay_seconds)
+        return doubling_delay(attempts - 1, self.settings.first_delay_seconds, self.settings.max_delay_seconds)
 
     def ask(self, model: str, reason: str, now: float) -> str:
         """'now': reload it; 'later': a retry is already scheduled; 'give_up': the cap is reached."""

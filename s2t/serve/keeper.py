@@ -22,15 +22,14 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from s2t.serve import hidden_args, leftovers, restricted_apis
-from s2t.serve.healing import STATE_FILE, SupervisorState
+from s2t.serve.healing import STATE_FILE, SupervisorState, doubling_delay
 from s2t.serve.restricted_apis import restrict
 from s2t.control.version_store import VersionStore
+from s2t.triton_admin import TritonAdmin, wait_until_ready
 
 PR_SET_PDEATHSIG = 1
 ADMIN_KEY_ENV = "S2T_ADMIN_KEY"
@@ -101,7 +100,7 @@ class RestartPolicy:
         self._restarts = [t for t in self._restarts if now - t < self.window_seconds]
         if len(self._restarts) >= self.max_restarts:
             return None
-        delay = min(self.first_delay_seconds * 2 ** len(self._restarts), self.max_delay_seconds)
+        delay = doubling_delay(len(self._restarts), self.first_delay_seconds, self.max_delay_seconds)
         self._restarts.append(now)
         return delay
 
@@ -187,19 +186,6 @@ def start_openai(http_url: str, port: int, log):
     return frontend
 
 
-def wait_ready(http_url: str, process: subprocess.Popen, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            with urllib.request.urlopen(f"http://{http_url}/v2/health/ready", timeout=1) as resp:
-                if resp.status == 200:
-                    return True
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.5)
-    return False
-
-
 def keep(server, stop: threading.Event, replace: threading.Event, policy: RestartPolicy, state: SupervisorState,
          log=lambda message: print(message, file=sys.stderr, flush=True)) -> int:
     """`s2t serve`'s loop around a started TritonServer: start it again when it dies, or when `replace` is set (its
@@ -268,7 +254,8 @@ def run(command: list[str], supervisor_port: int | None, state_dir: Path | None,
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
 
-    if wait_ready(http_url, process, startup_seconds) and not stopping.is_set():
+    if wait_until_ready(TritonAdmin(http_url), lambda: process.poll() is None, startup_seconds, poll_s=0.5) \
+            and not stopping.is_set():
         supervisor = StubSupervisor(process.pid, http_url, option(command, "model-control-mode") == "explicit",
                                     restricted_headers(command),
                                     metrics_url=f"localhost:{option(command, 'metrics-port', '8002')}",

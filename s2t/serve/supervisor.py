@@ -18,21 +18,20 @@ Standard library only: the NGC container runs it on its system Python.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import py_compile
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from pathlib import Path
 from typing import Callable
 
+from s2t.prometheus_text import scrape
+from s2t.triton_admin import UNREACHABLE, TritonAdmin
 from s2t.serve.healing import (ErrorRateSettings, ErrorRateWatch, HealPolicy, HealSettings, SupervisorState,
-                           parse_request_counters)
+                           request_counters)
 
 STUB_BINARY = "triton_python_backend_stub"
 # A stub must be missing on this many consecutive checks before it counts as dead: a reload may briefly show
@@ -160,6 +159,7 @@ class Reloader:
     def __init__(self, http_url: str, explicit: bool, admin_headers: dict[str, str] | None = None,
                  control_lock: Callable[[float], AbstractContextManager] | None = None):
         self.http_url, self.explicit, self.admin_headers = http_url, explicit, admin_headers or {}
+        self.admin = TritonAdmin(http_url, self.admin_headers)
         self.control_lock = control_lock or (lambda timeout: nullcontext())
         self.config_fetched: Callable[[str], None] | None = None
 
@@ -195,17 +195,11 @@ class Reloader:
             self._post_live_config(model)
 
     def _post_live_config(self, model: str) -> None:
-        with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{model}/config", timeout=10) as resp:
-            config = json.load(resp)
+        config = self.admin.model_config(model)
         if self.config_fetched is not None:
             self.config_fetched(model)
         config.setdefault("parameters", {})[RELOAD_PARAMETER] = {"string_value": f"{time.time():.6f}"}
-        body = json.dumps({"parameters": {"config": json.dumps(config)}}).encode()
-        request = urllib.request.Request(f"http://{self.http_url}/v2/repository/models/{model}/load", data=body,
-                                         method="POST", headers={"Content-Type": "application/json",
-                                                                 **self.admin_headers})
-        with urllib.request.urlopen(request, timeout=120):
-            pass
+        self.admin.load(model, config)
 
 
 class StubSupervisor(threading.Thread):
@@ -249,12 +243,9 @@ class StubSupervisor(threading.Thread):
         super().start()
 
     def _ready_without_stub(self) -> list[str]:
-        request = urllib.request.Request(f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST",
-                                         headers=self.reloader.admin_headers)
         try:
-            with urllib.request.urlopen(request, timeout=10) as resp:
-                index = json.load(resp)
-        except (urllib.error.URLError, OSError, ValueError):
+            index = self.reloader.admin.repository_index()
+        except UNREACHABLE:
             return []
         with_stub = {s.model for s in self._stubs.values()}
         missing = []
@@ -263,9 +254,8 @@ class StubSupervisor(threading.Thread):
             if entry.get("state") != "READY" or name in with_stub or name in missing:
                 continue
             try:
-                with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{name}/config", timeout=5) as resp:
-                    config = json.load(resp)
-            except (urllib.error.URLError, OSError, ValueError):
+                config = self.reloader.admin.model_config(name, timeout_s=5)
+            except UNREACHABLE:
                 continue
             # Python models and Python-based backends (`runtime: model.py`) run in stubs; others never do.
             if config.get("backend") == "python" or config.get("runtime", "").endswith(".py"):
@@ -340,29 +330,20 @@ class StubSupervisor(threading.Thread):
 
     def _failing_models(self, now: float) -> list[tuple[str, float]]:
         try:
-            with urllib.request.urlopen(f"http://{self.metrics_url}/metrics", timeout=2) as resp:
-                text = resp.read().decode(errors="replace")
-        except (urllib.error.URLError, OSError):
+            metrics = scrape(f"http://{self.metrics_url}/metrics", timeout_s=2)
+        except UNREACHABLE:
             return []
-        counters = parse_request_counters(text)
+        counters = request_counters(metrics)
         # An ensemble only passes its members' failures on: reloading it heals nothing.
         return self._errors.observe({m: c for m, c in counters.items() if not self._is_ensemble(m)}, now)
 
     def _is_ensemble(self, model: str) -> bool:
         if model not in self._platforms:
             try:
-                with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{model}/config", timeout=2) as resp:
-                    self._platforms[model] = json.load(resp).get("platform", "")
-            except (urllib.error.URLError, OSError, ValueError):
+                self._platforms[model] = self.reloader.admin.model_config(model, timeout_s=2).get("platform", "")
+            except UNREACHABLE:
                 return True  # unknown for now: not judged this round
         return self._platforms[model] == "ensemble"
 
     def _is_ready(self, model: str, version: str) -> bool | None:
-        url = f"http://{self.http_url}/v2/models/{model}/versions/{version}/ready"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                return resp.status == 200
-        except urllib.error.HTTPError:
-            return False
-        except (urllib.error.URLError, OSError):
-            return None
+        return self.reloader.admin.is_version_ready(model, version)

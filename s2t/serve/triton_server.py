@@ -16,9 +16,6 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +28,7 @@ from s2t.serve.restricted_apis import restrict
 from s2t.control.live_control import admin_headers
 from s2t.serve.supervisor import StubSupervisor
 from s2t.control.version_store import VersionStore
+from s2t.triton_admin import TritonAdmin, wait_until_ready
 
 # Located, not imported: importing pytriton pulls in its client (aiohttp, tritonclient.http.aio), most of
 # `s2t serve`'s start-up CPU before tritonserver is even launched.
@@ -203,19 +201,11 @@ class TritonServer:
             leftovers.clean(self.repositories)
 
     def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        url = f"http://{self.http_url}/v2/health/ready"
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise ServerError(f"tritonserver exited with code {self.process.returncode} before it was ready"
-                                  + (f"; see {self.log_path}" if self.log_path else ""))
-            try:
-                with urllib.request.urlopen(url, timeout=1) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.2)
+        if wait_until_ready(TritonAdmin(self.http_url), lambda: self.process.poll() is None, timeout):
+            return
+        if self.process.poll() is not None:
+            raise ServerError(f"tritonserver exited with code {self.process.returncode} before it was ready"
+                              + (f"; see {self.log_path}" if self.log_path else ""))
         raise ServerError(f"tritonserver not ready after {timeout:.0f} s")
 
     def stop(self, timeout: float | None = None) -> int | None:

@@ -281,7 +281,7 @@ def test_prometheus_grafana_and_locust_images_are_pinned_to_a_release(all_profil
 def test_the_locust_image_adds_what_the_locustfile_imports_at_the_project_pins(all_profiles_config):
     import ast
 
-    from s2t.control.release import PROJECT_PACKAGES, project_files
+    from s2t.project_imports import PROJECT_PACKAGES, project_files
     locust = _services(all_profiles_config)["locust"]
     assert Path(locust["build"]["context"]) == LOCUST_DOCKERFILE.parent
     installed = pinned_versions(LOCUST_DOCKERFILE.read_text())

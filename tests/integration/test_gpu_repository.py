@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DATA_CSV, GPU_REPOSITORY, MODEL_REPOSITORY, ROOT, S2T, SAVED_MODEL, SCORER_ONNX, has_gpu
+from backends.repository_layout import version_numbers
+from s2t import triton_config
 from s2t.gate import model_config
 from s2t.models import tensorrt_engine
 from s2t.control.canary import CanaryError
 from s2t.control.rollout import Rollout, canary
-from s2t.gate.model_config import mc
+from tritonclient.grpc import model_config_pb2 as mc
 from s2t.control.publish import ParityGate, PublishError, publish
 
 
@@ -22,18 +24,18 @@ GPU_MODELS = ("risk_scorer_trt", "risk_scorer_cuda")
 
 
 def test_the_gpu_scorers_take_and_give_exactly_what_risk_scorer_does():
-    scorer = model_config.load(MODEL_REPOSITORY / "risk_scorer")
+    scorer = triton_config.load(MODEL_REPOSITORY / "risk_scorer")
     for name in GPU_MODELS:
-        config = model_config.load(GPU_REPOSITORY / name)
+        config = triton_config.load(GPU_REPOSITORY / name)
         assert config.name == name
-        assert model_config.tensors(config.input) == model_config.tensors(scorer.input), name
-        assert model_config.tensors(config.output) == model_config.tensors(scorer.output), name
+        assert triton_config.tensors(config.input) == triton_config.tensors(scorer.input), name
+        assert triton_config.tensors(config.output) == triton_config.tensors(scorer.output), name
         assert config.max_batch_size == scorer.max_batch_size, name
         assert [g.kind for g in config.instance_group] == [mc.ModelInstanceGroup.KIND_GPU], f"{name}: not KIND_GPU"
 
 
 def test_the_engine_config_asks_for_cuda_graphs_at_its_preferred_batch_sizes():
-    config = model_config.load(GPU_REPOSITORY / "risk_scorer_trt")
+    config = triton_config.load(GPU_REPOSITORY / "risk_scorer_trt")
     assert config.platform == "tensorrt_plan"
     assert config.optimization.cuda.graphs
     graph_batches = {spec.batch_size for spec in config.optimization.cuda.graph_spec}
@@ -76,7 +78,7 @@ def test_publish_refuses_an_engine_without_a_build_report(gpu_repository, tmp_pa
     plan.write_bytes(b"engine")
     with pytest.raises(PublishError, match="no build report"):
         publish("risk_scorer_trt", plan, gpu_repository, None)
-    assert model_config.versions(gpu_repository / "risk_scorer_trt") == []
+    assert version_numbers(gpu_repository / "risk_scorer_trt") == []
 
 
 @pytest.mark.parametrize("kwargs, reason", [
@@ -87,7 +89,7 @@ def test_publish_refuses_an_engine_without_a_build_report(gpu_repository, tmp_pa
 def test_publish_refuses_an_engine_built_for_other_shapes(gpu_repository, tmp_path, built_artifacts, kwargs, reason):
     with pytest.raises(PublishError, match=reason):
         publish("risk_scorer_trt", _engine(tmp_path, **kwargs), gpu_repository, None)
-    assert model_config.versions(gpu_repository / "risk_scorer_trt") == []
+    assert version_numbers(gpu_repository / "risk_scorer_trt") == []
 
 
 # 24.10's TensorRT (what `make gpu-models` built before the image moved to 25.08), and a lookalike of the pinned one.
@@ -97,7 +99,7 @@ def test_an_engine_of_another_tensorrt_is_refused_by_publish_and_flagged_by_chec
     reason = f"built with TensorRT {built_with}, but .*{tensorrt_engine.TENSORRT_VERSION}"
     with pytest.raises(PublishError, match=reason):
         publish("risk_scorer_trt", _engine(tmp_path, tensorrt=built_with), gpu_repository, None)
-    assert model_config.versions(gpu_repository / "risk_scorer_trt") == []
+    assert version_numbers(gpu_repository / "risk_scorer_trt") == []
     # One already in the repository (published before the image moved): check-config names it.
     version = publish("risk_scorer_trt", _engine(tmp_path), gpu_repository, None)
     report = gpu_repository / "risk_scorer_trt" / str(version) / "model.plan.json"
@@ -120,7 +122,7 @@ def test_the_engine_parity_gate_refuses_without_the_gpu_and_nothing_is_published
                                                                                  built_artifacts):
     with pytest.raises(PublishError, match="parity gate needs the engine's GPU"):
         publish("risk_scorer_trt", _engine(tmp_path), gpu_repository, ParityGate(SAVED_MODEL, DATA_CSV))
-    assert model_config.versions(gpu_repository / "risk_scorer_trt") == []
+    assert version_numbers(gpu_repository / "risk_scorer_trt") == []
 
 
 def test_a_published_engine_keeps_its_build_report_where_check_config_reads_it(gpu_repository, tmp_path,

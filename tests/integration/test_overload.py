@@ -9,7 +9,7 @@ import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
-from s2t.gate import model_config
+from s2t import triton_config
 from tests.integration.servers import triton_server
 
 
@@ -46,7 +46,7 @@ def burst(server, payload, count, priority=0, model="risk_router", queue_timeout
 
 
 def test_the_router_rejects_late_interactive_requests_and_caps_both_queues():
-    batching = model_config.load(MODEL_REPOSITORY / "risk_router").dynamic_batching
+    batching = triton_config.load(MODEL_REPOSITORY / "risk_router").dynamic_batching
     policy = batching.default_queue_policy
     assert batching.priority_levels == 2 and batching.default_priority_level == 1
     assert policy.timeout_action == policy.REJECT and policy.default_timeout_microseconds == 1_000_000
@@ -56,7 +56,7 @@ def test_the_router_rejects_late_interactive_requests_and_caps_both_queues():
 @pytest.mark.parametrize("model", ["risk_pipeline", "skill_adapter", "risk_scorer"])
 def test_the_hot_path_models_carry_no_queue_policy(model):
     """A queue policy makes Triton 2.51's batcher hold requests about 500 ms (the configs say where measured)."""
-    batching = model_config.load(MODEL_REPOSITORY / model).dynamic_batching
+    batching = triton_config.load(MODEL_REPOSITORY / model).dynamic_batching
     assert batching.priority_levels == 0 and not batching.HasField("default_queue_policy")
 
 

@@ -11,6 +11,7 @@ import pytest
 from onnx import numpy_helper
 
 from tests.conftest import MODEL_REPOSITORY, S2T
+from backends.repository_layout import version_numbers
 from s2t.gate import model_config
 from s2t.gate.reference_cache import CACHE_ENV
 from s2t.control.publish import ParityGate, PublishError, publish
@@ -23,7 +24,7 @@ def repository(tmp_path, built_artifacts):
     """A copy of the served repository with the versions `make` published."""
     dest = tmp_path / "model_repository"
     shutil.copytree(MODEL_REPOSITORY, dest, ignore=shutil.ignore_patterns("__pycache__"))
-    assert model_config.versions(dest / "risk_scorer")
+    assert version_numbers(dest / "risk_scorer")
     return dest
 
 
@@ -33,7 +34,7 @@ def gate(built_artifacts):
 
 
 def versions(repository):
-    return model_config.versions(repository / "risk_scorer")
+    return version_numbers(repository / "risk_scorer")
 
 
 def test_valid_artifact_becomes_the_next_version_with_its_record(repository, gate, built_artifacts):

@@ -19,7 +19,8 @@ from tests.integration.servers import triton_server
 from s2t.control.live_control import admin_headers
 from s2t.control.publish import ParityGate, publish
 from s2t.control.version_store import VersionStore
-from s2t.gate.canary_analysis import figures, parse_metrics
+from s2t.gate.canary_analysis import figures
+from s2t.prometheus_text import parse_metrics
 
 KEY = "router-key"
 

@@ -195,7 +195,7 @@ def initialize(model_class, model_dir: Path, version: str = "1", config: dict | 
     if config is None:
         from google.protobuf import json_format
 
-        from s2t.gate.model_config import load
+        from s2t.triton_config import load
         config = json_format.MessageToDict(load(model_dir), preserving_proto_field_name=True)
     model = model_class()
     model.initialize({"model_config": json.dumps(config), "model_repository": str(model_dir),

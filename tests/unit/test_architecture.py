@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from s2t.control.release import PROJECT_PACKAGES, imported_project_modules
+from s2t.project_imports import PROJECT_PACKAGES, imported_project_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,6 +38,43 @@ def imported_modules(path: Path) -> set[str]:
     return required | maybe
 
 
+# Inside s2t/, lowest first: a module may import from its own layer and those before it, never from one after it.
+# The leaves (readers every layer shares) import no other s2t module; the command line sits on top of everything.
+S2T_LAYERS = ("leaf", "models", "gate", "control", "serve", "bench", "cli")
+S2T_LEAVES = {"s2t", "s2t.on_progress", "s2t.project_imports", "s2t.prometheus_text", "s2t.triton_admin",
+              "s2t.triton_config"}
+S2T_COMMAND_LINE = {"s2t.cli", "s2t.cli_options", "s2t.cli_progress", "s2t.exit_codes"}
+
+
+def s2t_layer(module: str) -> str | None:
+    """The s2t layer of a module or of a name imported from it; None for a module no layer holds."""
+    parts = module.split(".")
+    top = ".".join(parts[:2])
+    if module == "s2t" or top in S2T_LEAVES - {"s2t"}:
+        return "leaf"
+    if top in S2T_COMMAND_LINE:
+        return "cli"
+    return parts[1] if parts[0] == "s2t" and len(parts) > 1 and parts[1] in S2T_LAYERS else None
+
+
+def upward_imports(edges: dict[str, set[str]]) -> list[str]:
+    """Every import from an s2t module into a later layer or into another leaf, and every s2t module no layer holds.
+    (`from s2t import x` also names the package `s2t`, whose __init__ is empty.)"""
+    found = []
+    for source, targets in sorted(edges.items()):
+        here = s2t_layer(source)
+        if here is None:
+            found.append(f"{source} is in no s2t layer (add it to S2T_LEAVES or a layer's folder)")
+            continue
+        for target in sorted(t for t in targets if t.split(".")[0] == "s2t" and t != "s2t"):
+            there = s2t_layer(target)
+            if there is None:
+                found.append(f"{source} imports {target}, which is in no s2t layer")
+            elif S2T_LAYERS.index(there) > S2T_LAYERS.index(here) or here == there == "leaf":
+                found.append(f"{source} ({here}) imports {target} ({there})")
+    return found
+
+
 def module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -51,6 +88,24 @@ def test_every_import_follows_an_allowed_edge():
             if target not in ALLOWED[layer(path)]:
                 crossings.append(f"{path.relative_to(ROOT)} ({layer(path)}) imports {module} ({target})")
     assert crossings == []
+
+
+def test_s2t_imports_point_only_down_its_layers():
+    edges = {module_name(p): imported_modules(p) for p in project_sources() if layer(p) == "s2t"}
+    assert upward_imports(edges) == []
+
+
+def test_the_s2t_layer_check_finds_an_upward_import():
+    found = upward_imports({"s2t.gate.example": {"s2t.control.rollout.Rollout", "s2t.models.convert"},
+                            "s2t.models.example": {"s2t.gate"}, "s2t.triton_config": {"s2t.on_progress"},
+                            "s2t.bench.example": {"s2t.serve.triton_server", "s2t.cli"},
+                            "s2t.serve.example": {"s2t.control.version_store", "s2t.triton_config.load"},
+                            "s2t.elsewhere": set()})
+    assert found == ["s2t.bench.example (bench) imports s2t.cli (cli)",
+                     "s2t.elsewhere is in no s2t layer (add it to S2T_LEAVES or a layer's folder)",
+                     "s2t.gate.example (gate) imports s2t.control.rollout.Rollout (control)",
+                     "s2t.models.example (models) imports s2t.gate (gate)",
+                     "s2t.triton_config (leaf) imports s2t.on_progress (leaf)"]
 
 
 def test_the_project_modules_import_each_other_without_a_cycle():

@@ -1,6 +1,7 @@
 import pytest
 
-from s2t.gate.canary_analysis import Limits, StepFigures, breaches, figures, judgeable, parse_duration, parse_metrics
+from s2t.gate.canary_analysis import Limits, StepFigures, breaches, figures, judgeable, parse_duration
+from s2t.prometheus_text import parse_metrics
 
 PRIMARY, CANDIDATE = "risk_scorer:1", "risk_scorer:2"
 CANDIDATE_LABELS = 'model="risk_scorer",version="2"'

@@ -3,7 +3,8 @@ import json
 import pytest
 
 from s2t.serve.healing import (ErrorRateSettings, ErrorRateWatch, HealPolicy, HealSettings, SupervisorState,
-                           parse_request_counters)
+                               doubling_delay, request_counters)
+from s2t.prometheus_text import parse_metrics
 from s2t.serve.keeper import RestartPolicy, restricted_headers
 
 METRICS = """# HELP nv_inference_request_success Number of successful inference requests
@@ -19,8 +20,8 @@ nv_inference_request_failure{model="risk_scorer",reason="BACKEND",version="2"} 1
 
 
 def test_request_counters_sum_versions_and_count_only_the_models_own_failures():
-    assert parse_request_counters(METRICS) == {"skill_adapter": (90.0, 10.0), "risk_scorer": (15.0, 1.0)}
-    assert parse_request_counters(METRICS, {"risk_scorer"}) == {"risk_scorer": (15.0, 1.0)}
+    assert request_counters(parse_metrics(METRICS)) == {"skill_adapter": (90.0, 10.0), "risk_scorer": (15.0, 1.0)}
+    assert request_counters(parse_metrics(METRICS), {"risk_scorer"}) == {"risk_scorer": (15.0, 1.0)}
 
 
 def feed(watch, samples):
@@ -77,6 +78,13 @@ def test_a_failed_reload_is_retried_on_schedule_and_a_quiet_period_starts_the_co
     assert policy.ask("m", "stub_died", 1.0) == "now"
     assert policy.ask("m", "stub_died", 70) == "now", "quiet for 69 s: healthy again, attempts start over"
     assert policy.attempts("m") == 1
+
+
+@pytest.mark.parametrize("retries_before, first, most, delay", [
+    (0, 1, 30, 1), (1, 1, 30, 2), (4, 1, 30, 16), (5, 1, 30, 30), (60, 1, 30, 30), (-1, 0.5, 30, 0.5), (3, 2, 5, 5),
+])
+def test_the_delay_doubles_from_the_first_up_to_the_most(retries_before, first, most, delay):
+    assert doubling_delay(retries_before, first, most) == delay
 
 
 def test_server_restarts_back_off_and_stop_at_the_cap_within_the_window():

@@ -123,7 +123,7 @@ def hanging_llm(pb_utils):
 def impatient_explainer(pb_utils, workers: int):
     from google.protobuf import json_format
 
-    from s2t.gate.model_config import load
+    from s2t.triton_config import load
     config = json_format.MessageToDict(load(LLM_REPOSITORY / "risk_explainer"), preserving_proto_field_name=True)
     config["parameters"]["token_timeout_s"] = {"string_value": "0.3"}
     config["parameters"]["workers"] = {"string_value": str(workers)}

@@ -12,7 +12,7 @@ from s2t.control.config_edit import ConfigEditError, set_pinned_versions
 from s2t.control.publish import ArtifactRefused, publish
 from s2t.control.rollout import Rollout, RolloutError, canary, promote, rollback, rollback_plan
 from s2t.control.version_store import VersionStore
-from s2t.gate import model_config
+from s2t import triton_config
 from tests.conftest import LLM_REPOSITORY
 
 
@@ -72,7 +72,7 @@ def llm_repo(tmp_path):
 
 
 def pinned(repo) -> list[int]:
-    return sorted(model_config.load(repo / "llm").version_policy.specific.versions)
+    return sorted(triton_config.load(repo / "llm").version_policy.specific.versions)
 
 
 @pytest.mark.parametrize("version, standby, listed", [(2, 1, (1, 2)), (2, None, (2,)), (1, 2, (1,)), (3, 3, (3,))])

@@ -189,8 +189,8 @@ def test_a_rollback_after_a_plain_publish_moves_the_consumers_back_and_keeps_bot
 
 
 def _pipeline_parameters(repo: Path) -> dict[str, str]:
-    from s2t.gate import model_config
-    params = model_config.backend_parameters(model_config.load(repo / "risk_pipeline"))
+    from s2t import triton_config
+    params = triton_config.backend_parameters(triton_config.load(repo / "risk_pipeline"))
     return {k: params[k]["string_value"] for k in ("scorer_version", "standby_scorer_version")}
 
 
