@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from s2t.gate import example_parity
-from s2t.gate.model_config import decision_thresholds
+from s2t.triton_config import decision_thresholds
 from tests.conftest import MODEL_REPOSITORY, S2T
 from tests.integration import legacy_corpus
 from tests.integration.servers import serving, triton_server
