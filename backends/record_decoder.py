@@ -124,7 +124,8 @@ class RecordDecoder:
             if not isinstance(value, str):
                 raise RecordError(f"features.{feature.name}",
                                   "missing" if value is None else f"expected a string, got {_type_name(value)}")
-            # An unknown category takes the out-of-vocabulary index, exactly as the legacy lookup does.
+            # An unknown category takes the out-of-vocabulary index, exactly as the legacy lookup does; a hashed
+            # feature takes its bucket, as TensorFlow's hash computes it.
             cats.append(feature.index_of(value))
         nums = []
         for name in self.spec.numeric:
@@ -167,6 +168,7 @@ def _integer(name: str, value: object) -> int:
 
 
 def _column_value(feature: CategoricalFeature, value: object) -> int:
+    # A vocabulary or hashed feature maps its text (the hash bucket of a hashed one, as TensorFlow computes it).
     return int(value) if feature.kind == INTEGER else feature.index_of(str(value))
 
 
