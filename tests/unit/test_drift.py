@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from backends.drift import (DRIFT, NO_DRIFT, NOT_ENOUGH_DATA, SCORE_FEATURE, BinPlan, DriftMonitor, DriftWatch,
                             Reference, chi_square_quantile, choose_reference, noise_psi, psi, range_labels)
-from backends.feature_spec import CategoricalFeature, FeatureSpec
+from backends.feature_spec import HASH, INTEGER, CategoricalFeature, FeatureSpec
+from backends.string_hash import FAST
 from s2t.gate.drift import live_report, metrics_address, table
 from tests.conftest import MODEL_REPOSITORY
 from tests.unit import python_backend as backend
@@ -225,6 +226,43 @@ def test_an_unknown_category_index_and_a_nan_score_are_counted_safely():
                     np.array([[np.nan]], np.float32))
     figures = watched.figures()
     assert watched.sampled == 1 and figures[SCORE_FEATURE].sample == 0 and figures["purpose"].sample == 1
+
+
+# int64 features (any value, negative or up to 2^63) and hash buckets (up to 2^63 of them) beside a vocabulary one.
+WIDE_SPEC = FeatureSpec((CategoricalFeature("purpose", PURPOSE, 0), CategoricalFeature("branch", {}, 0, INTEGER),
+                         CategoricalFeature("merchant", {}, 0, HASH, 2 ** 63 - 1, FAST)), ("amount",))
+
+
+def _wide(n, seed, shift=0):
+    rng = np.random.default_rng(seed)
+    branch = rng.choice([-(2 ** 63), -3, 7, 2 ** 40 + 7, 2 ** 63 - 1], size=n, p=[0.1, 0.2, 0.3, 0.3, 0.1])
+    merchant = rng.integers(0, 2 ** 63 - 1, size=n, dtype=np.int64)
+    categorical = np.column_stack([rng.choice([1, 2, 3], size=n), branch, merchant]).astype(np.int64)
+    if shift:
+        categorical[: n // 2, 1] = 7  # half the records moved to one branch
+    numeric = rng.lognormal(7.8, 0.7, size=(n, 1)).astype(np.float32)
+    return categorical, numeric, rng.beta(2, 5, size=(n, 1)).astype(np.float32)
+
+
+def test_int64_and_hashed_features_are_binned_by_quantiles_whatever_their_values():
+    reference = Reference.from_json(Reference.build(WIDE_SPEC, *_wide(2000, 1)).to_json())
+    # Bins by value quantiles, never one count per value: a handful of bins however large or negative the values.
+    assert set(reference.categorical) == {"purpose"}
+    assert all(1 <= len(reference.numeric[name]) <= 11 for name in ("branch", "merchant"))
+    assert sum(reference.numeric["branch"]) == sum(reference.numeric["merchant"]) == 2000
+    watched = DriftMonitor(reference, WIDE_SPEC)
+    watched.observe(*_wide(2000, 2))
+    assert flagged(watched) == set() and watched.figures()["branch"].sample == 2000
+    watched.observe(*_wide(2000, 3, shift=1))
+    assert flagged(watched) == {"branch"}
+    assert watched.figures()["branch"].top_bins[0].label.startswith("(")
+
+
+def test_a_reference_that_counted_an_int64_feature_per_value_is_refused_clearly():
+    old = Reference({"purpose": np.ones(6), "branch": np.ones(8), "merchant": np.ones(8)},
+                    {"amount": np.array([1.0])}, {"amount": np.ones(2)}, np.ones(10))
+    with pytest.raises(ValueError, match="no bins for the integer feature 'branch'"):
+        DriftMonitor(old, WIDE_SPEC)
 
 
 def test_scores_of_another_version_than_the_references_are_not_counted():
