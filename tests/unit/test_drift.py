@@ -432,3 +432,45 @@ def test_risk_router_counts_the_primarys_scored_records_and_says_not_enough_data
     finally:
         router.finalize()
     assert not router._drift._timer.is_alive()
+
+
+def test_a_tf_example_models_reference_is_built_from_its_gate_data_as_parity_reads_it(tmp_path):
+    """Empty cells take the parse default, int64 values of any size and sign and a hashed text are binned, the row
+    the model refuses (no age) is left out: what `s2t publish` writes beside such a version."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from s2t.gate.drift import build_reference
+    from s2t.models.convert import shape_for_serving
+    from s2t.models.example_signature import EXAMPLE_INPUT_KEY
+
+    nodes = [helper.make_node("Cast", ["branch"], ["branch_f"], to=TensorProto.FLOAT),
+             helper.make_node("Squeeze", ["merchant", "axes"], ["flat"]),
+             helper.make_node("StringToHashBucketFast", ["flat"], ["bucket"], num_buckets=8),
+             helper.make_node("Cast", ["bucket"], ["bucket_f"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["bucket_f", "axes"], ["bucket_col"]),
+             helper.make_node("Sum", ["branch_f", "age", "bucket_col"], ["total"]),
+             helper.make_node("Sigmoid", ["total"], ["output_0"])]
+    graph = helper.make_graph(
+        nodes, "tf2onnx", [helper.make_tensor_value_info("branch", TensorProto.INT64, ["n", 1]),
+                           helper.make_tensor_value_info("merchant", TensorProto.STRING, ["n", 1]),
+                           helper.make_tensor_value_info("age", TensorProto.FLOAT, ["n", 1])],
+        [helper.make_tensor_value_info("output_0", TensorProto.FLOAT, ["n", 1])],
+        [onnx.numpy_helper.from_array(np.array([1], np.int64), "axes")])
+    raw = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    model, spec = shape_for_serving(raw, {"branch": -1, "merchant": "none"}, {EXAMPLE_INPUT_KEY: "examples"})
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    rng = np.random.default_rng(4)
+    lines = ["age,branch,merchant"]
+    for i in range(300):
+        branch = "" if i % 10 == 9 else str(rng.choice([-(2 ** 63), -3, 7, 2 ** 63 - 1]))
+        age = "" if i == 24 else str(int(rng.integers(18, 80)))
+        lines.append(f"{age},{branch},{'' if i % 7 == 6 else 'shop' + str(i % 13)}")
+    (tmp_path / "gate.csv").write_text("\n".join(lines) + "\n")
+
+    reference = build_reference(tmp_path / "gate.csv", tmp_path / "model.onnx", tmp_path / "reference.json")
+
+    assert sum(reference.score) == 299 and sum(reference.numeric["branch"]) == 299
+    assert len(reference.numeric["branch"]) <= 11 and len(reference.numeric["merchant"]) <= 11
+    assert set(reference.categorical) == set()
+    DriftMonitor(Reference.from_json((tmp_path / "reference.json").read_text()), spec)
