@@ -30,14 +30,18 @@ class CategoricalFeature:
     vocabulary: dict[str, int]
     default_index: int
     kind: str = VOCABULARY
-    # A HASH feature: its bucket count, TensorFlow's hash (string_hash.FAST or STRONG) and the strong hash's key.
+    # A HASH feature: its bucket count, TensorFlow's hash (string_hash.FAST or STRONG) and the strong hash's key;
+    # with a vocabulary, its column is index * buckets + bucket, which the graph splits again.
     buckets: int = 0
     hash: str = ""
     key: tuple[int, int] = (0, 0)
 
     def index_of(self, value: str) -> int:
         if self.kind == HASH:
-            return hash_bucket(value, self.buckets, self.hash, self.key)
+            bucket = hash_bucket(value, self.buckets, self.hash, self.key)
+            # Hashed and looked up (StringLookup's out-of-vocabulary buckets): one int64 carries both.
+            return bucket if not self.vocabulary else \
+                self.vocabulary.get(value, self.default_index) * self.buckets + bucket
         return self.vocabulary.get(value, self.default_index)
 
 

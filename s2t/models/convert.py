@@ -147,6 +147,7 @@ def pack_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FeatureSpec]:
             consumers[name].append(node)
 
     categorical, numeric, new_nodes, consts, values = [], [], [], [], {}
+    inserted: dict[int, list[onnx.NodeProto]] = {}  # nodes to put just before a node of the graph, by its id
     for inp in graph.input:
         kind = _elem_type(inp)
         count = _count(inp)
@@ -159,11 +160,16 @@ def pack_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FeatureSpec]:
             remaps = {}
             if hashes:
                 # The decoder computes the bucket from the string, as TensorFlow's hash does; the hash nodes
-                # become the identity on that column.
+                # become the identity on that column. A string also looked up (StringLookup's out-of-vocabulary
+                # buckets) carries both in its column, index * buckets + bucket, which the graph splits again.
                 buckets, method, key = _hashing(inp.name, hashes, mappers)
-                categorical.extend(CategoricalFeature(c, {}, 0, HASH, buckets, method, key)
+                vocab, default = _vocabulary(mappers[0]) if mappers else ((), 0)
+                categorical.extend(CategoricalFeature(c, dict(vocab), default, HASH, buckets, method, key)
                                    for c in _columns_of(inp.name, count))
-                mappers = hashes
+                if mappers:
+                    consts.append(numpy_helper.from_array(np.array(buckets, np.int64), f"{inp.name}__buckets"))
+                    inserted.update(_split_index_and_bucket(f"{inp.name}__buckets", mappers, hashes))
+                mappers = [] if mappers else hashes
             else:
                 vocabularies = {_vocabulary(u) for u in mappers}
                 if len(vocabularies) == 1:
@@ -200,7 +206,7 @@ def pack_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FeatureSpec]:
             raise ConversionError(f"input {inp.name!r} has ONNX type "
                                   f"{TensorProto.DataType.Name(kind)}; only strings, int64 and float32 can be packed")
 
-    kept = list(graph.node)
+    kept = [n for node in graph.node for n in (*inserted.get(id(node), ()), node)]
     del graph.node[:]
     graph.node.extend(new_nodes + kept)
     graph.initializer.extend(consts)
@@ -257,18 +263,44 @@ def _hashing(name: str, hashes: list[onnx.NodeProto], mappers: list[onnx.NodePro
         key = tuple(int(k) for k in attrs.get("key", (0, 0)))
         found.add((int(attrs["num_buckets"]), HASHED_OPS[node.op_type], key))
     first = hashes[0]
-    if mappers:
+    if len({_vocabulary(m) for m in mappers}) > 1:
         raise ConversionError(
-            f"op {first.op_type} at node {first.name} cannot be converted exactly: string input {name!r} is both "
-            "looked up in a vocabulary and hashed (a StringLookup or IntegerLookup with num_oov_indices > 1 on "
-            "strings), which one column cannot carry yet; use num_oov_indices=1, or have the caller send the bucket "
-            "as an int64 feature")
+            f"op {first.op_type} at node {first.name} cannot be converted exactly: string input {name!r} is hashed "
+            "and looked up in several vocabularies, which one column cannot carry; look it up in one vocabulary")
+    if mappers and len(found) == 1:
+        buckets, entries = next(iter(found))[0], [i for _, i in _vocabulary(mappers[0])[0]]
+        largest = max([abs(i) for i in entries] + [abs(_vocabulary(mappers[0])[1])]) + 1
+        if largest * buckets >= 2 ** 62:
+            raise ConversionError(
+                f"op {first.op_type} at node {first.name} cannot be converted exactly: string input {name!r} is "
+                f"looked up and hashed into {buckets} buckets, too many to carry beside its index in one int64")
     if len(found) > 1 or len(key) != 2:
         raise ConversionError(
             f"op {first.op_type} at node {first.name} cannot be converted exactly: string input {name!r} is hashed "
             f"{len(found)} different ways; one hash per string input can be lifted: hash a copy of the feature sent "
             "under another name")
     return found.pop()
+
+
+def _split_index_and_bucket(buckets: str, mappers: list[onnx.NodeProto], hashes: list[onnx.NodeProto]
+                            ) -> dict[int, list[onnx.NodeProto]]:
+    """A column of index * buckets + bucket: each hash node becomes its floor modulo (the bucket, 0..buckets-1),
+    each lookup the exact quotient (the index, -1 for a string out of the vocabulary); nodes to insert by id."""
+    for node in hashes:
+        node.op_type, node.domain = "Mod", ""
+        del node.attribute[:]
+        node.input[:] = [node.input[0], buckets]
+        node.attribute.append(helper.make_attribute("fmod", 0))
+    inserted = {}
+    for node in mappers:
+        column, out = node.input[0], node.output[0]
+        bucket, whole = f"{out}__bucket", f"{out}__without_bucket"
+        inserted[id(node)] = [helper.make_node("Mod", [column, buckets], [bucket], fmod=0, name=bucket),
+                              helper.make_node("Sub", [column, bucket], [whole], name=whole)]
+        node.op_type, node.domain = "Div", ""
+        del node.attribute[:]
+        node.input[:] = [whole, buckets]
+    return inserted
 
 
 def refuse_unlifted(model: onnx.ModelProto) -> None:

@@ -126,13 +126,38 @@ def test_a_hashed_string_input_is_lifted_into_the_spec_and_the_graph_scores_its_
     assert got.ravel().tolist() == [float(hash_bucket(n, 8, STRONG, (133, 133))) for n in names]
 
 
-def test_a_string_both_looked_up_and_hashed_or_hashed_after_a_computation_is_refused_naming_the_op():
-    fast = helper.make_node("StringToHashBucketFast", ["flat"], ["bucket"], name="lookup/oov", num_buckets=8)
-    mapper = helper.make_node("CategoryMapper", ["flat"], ["index"], domain="ai.onnx.ml", cats_strings=["a"],
-                              cats_int64s=[1], default_int64=-1)
-    with pytest.raises(ConversionError, match="op StringToHashBucketFast at node lookup/oov .* both looked up"):
-        shape_for_serving(_hashing_model(fast, string_users=[mapper]))
+def test_a_string_looked_up_and_hashed_carries_index_and_bucket_in_one_column_and_scores_both():
+    """Keras StringLookup with num_oov_indices > 1: the vocabulary index (-1 out of it) and the bucket both reach
+    the graph, exactly, through index * buckets + bucket."""
+    nodes = [helper.make_node("Squeeze", ["merchant", "axes"], ["flat"]),
+             helper.make_node("StringToHashBucketFast", ["flat"], ["bucket"], name="lookup/oov", num_buckets=8),
+             helper.make_node("CategoryMapper", ["flat"], ["index"], domain="ai.onnx.ml",
+                              cats_strings=["car", "tv"], cats_int64s=[2, 3], default_int64=-1),
+             helper.make_node("Mul", ["index", "hundred"], ["index_x100"]),
+             helper.make_node("Add", ["index_x100", "bucket"], ["output_0"])]
+    graph = helper.make_graph(
+        nodes, "tf2onnx", [helper.make_tensor_value_info("merchant", TensorProto.STRING, ["n", 1])],
+        [helper.make_tensor_value_info("output_0", TensorProto.INT64, ["n"])],
+        [numpy_helper.from_array(np.array([1], np.int64), "axes"),
+         numpy_helper.from_array(np.array(100, np.int64), "hundred")])
+    raw = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15), helper.make_opsetid("ai.onnx.ml", 2)])
+    names = ["car", "tv", "yacht", "", "漢字", "a string longer than sixty-four bytes, so FarmHash takes its block path"]
+    served, spec = shape_for_serving(raw)
+    (feature,) = spec.categorical
+    assert feature.kind == HASH and feature.vocabulary == {"car": 2, "tv": 3} and feature.default_index == -1
+    decoded = RecordDecoder(spec).decode([json.dumps({"features": {"merchant": n}}).encode() for n in names])
+    assert decoded.errors == (None,) * len(names)
+    got = ort.InferenceSession(served.SerializeToString()).run(None, {"categorical": decoded.categorical})[0]
+    assert got.ravel().tolist() == [{"car": 2, "tv": 3}.get(n, -1) * 100 + hash_bucket(n, 8) for n in names]
+
+
+def test_a_string_hashed_after_a_computation_or_looked_up_in_two_vocabularies_and_hashed_is_refused_naming_the_op():
     lower = helper.make_node("StringNormalizer", ["flat"], ["lower"], case_change_action="LOWER")
     after = helper.make_node("StringToHashBucketFast", ["lower"], ["bucket"], name="hashing/hash", num_buckets=8)
     with pytest.raises(ConversionError, match="op StringToHashBucketFast at node hashing/hash: no ONNX operator"):
         shape_for_serving(_hashing_model(lower, after))
+    fast = helper.make_node("StringToHashBucketFast", ["flat"], ["bucket"], name="lookup/oov", num_buckets=8)
+    tables = [helper.make_node("CategoryMapper", ["flat"], [f"index{i}"], domain="ai.onnx.ml", cats_strings=["a"],
+                               cats_int64s=[i], default_int64=-1) for i in (1, 2)]
+    with pytest.raises(ConversionError, match="op StringToHashBucketFast at node lookup/oov .* several vocabularies"):
+        shape_for_serving(_hashing_model(fast, string_users=tables))
