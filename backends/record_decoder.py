@@ -126,7 +126,11 @@ class RecordDecoder:
                                   "missing" if value is None else f"expected a string, got {_type_name(value)}")
             # An unknown category takes the out-of-vocabulary index, exactly as the legacy lookup does; a hashed
             # feature takes its bucket, as TensorFlow's hash computes it.
-            cats.append(feature.index_of(value))
+            try:
+                cats.append(feature.index_of(value))
+            except UnicodeEncodeError:
+                # A JSON string may hold a lone surrogate (\ud800), which has no UTF-8 bytes to hash.
+                raise RecordError(f"features.{feature.name}", "not valid Unicode text (a lone surrogate)") from None
         nums = []
         for name in self.spec.numeric:
             value = features.get(name)

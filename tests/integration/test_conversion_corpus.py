@@ -158,6 +158,7 @@ BAD_BRANCHES = {  # an int64 (or hashed string) feature sent as something else: 
     '"branch": true': "features.branch: expected an integer, got boolean",
     '"branch": 7, "merchant": 5': "features.merchant: expected a string, got number",
     '"branch": 7, "merchant": ["a"]': "features.merchant: expected a string, got array",
+    '"branch": 7, "merchant": "\\ud800"': "features.merchant: not valid Unicode text (a lone surrogate)",
 }
 
 

@@ -80,6 +80,7 @@ def test_a_hashed_feature_survives_the_spec_json_and_the_decoder_gives_its_bucke
     ({"merchant": 5, "age": 1.0}, "features.merchant: expected a string, got number"),
     ({"merchant": ["a"], "age": 1.0}, "features.merchant: expected a string, got array"),
     ({"age": 1.0}, "features.merchant: missing"),
+    ({"merchant": "\ud800", "age": 1.0}, "features.merchant: not valid Unicode text (a lone surrogate)"),
 ])
 def test_a_hashed_feature_of_another_type_is_that_records_error_alone(record, reason):
     decoder = RecordDecoder(FeatureSpec((HASHED,), ("age",)))
