@@ -106,8 +106,9 @@ class Reference:
                 cat[feature.name] = np.bincount(categorical[:, i], minlength=max(feature.vocabulary.values(),
                                                                                  default=0) + 1).astype(np.float64)
             else:
-                # An int64 feature (any value, negative or up to 2^63) or a hash bucket (up to 2^63 of them): a
-                # count per value would size the array by the values, so it is binned by quantiles as a number.
+                # An int64 feature (any value, negative or up to 2^63), a hash bucket (up to 2^63 of them) or a
+                # table's own values: a count per value would size the array by the values (and refuse negative
+                # ones), so it is binned by quantiles as a number.
                 edges[feature.name], counts[feature.name] = _quantile_bins(categorical[:, i], numeric_bins)
         for i, name in enumerate(spec.numeric):
             edges[name], counts[name] = _quantile_bins(numeric[:, i], numeric_bins)
@@ -129,9 +130,17 @@ class Reference:
                    np.asarray(raw["score"], np.float64), str(raw.get("source", "")))
 
 
+# The largest vocabulary index counted per index; a table that maps its keys to larger values (or to negative ones:
+# a StaticHashTable's default of -1) is binned as numbers, like int64 values and hash buckets.
+MAX_COUNTED_INDEX = 4096
+
+
 def _by_index(feature) -> bool:
-    """A feature counted per vocabulary index; the others (int64 values, hash buckets) are binned as numbers."""
-    return getattr(feature, "kind", VOCABULARY) == VOCABULARY
+    """A feature counted per vocabulary index (small, not negative); the others are binned as numbers."""
+    if getattr(feature, "kind", VOCABULARY) != VOCABULARY:
+        return False
+    indices = [*feature.vocabulary.values(), feature.default_index]
+    return 0 <= min(indices) and max(indices) <= MAX_COUNTED_INDEX
 
 
 def _quantile_bins(values: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
@@ -237,7 +246,7 @@ def plans_of(reference: Reference, spec) -> dict[str, BinPlan]:
         if not _by_index(feature):
             if feature.name not in reference.numeric_edges:
                 raise ValueError(f"the drift reference has no bins for the {feature.kind} feature {feature.name!r} "
-                                 "(it counts it per value): build the reference again")
+                                 "(it counted it per value): build the reference again")
             plans[feature.name] = BinPlan.of(reference.numeric[feature.name],
                                              range_labels(reference.numeric_edges[feature.name]))
             continue

@@ -258,10 +258,24 @@ def test_int64_and_hashed_features_are_binned_by_quantiles_whatever_their_values
     assert watched.figures()["branch"].top_bins[0].label.startswith("(")
 
 
+def test_a_table_with_a_negative_default_or_large_values_is_binned_as_numbers():
+    """A StaticHashTable's values are the column (default -1, or values far apart): binned by quantiles."""
+    spec = FeatureSpec((CategoricalFeature("purpose", {"car": 3, "tv": 7}, -1),
+                        CategoricalFeature("housing", {"own": 10 ** 12}, 0)), ("amount",))
+    rng = np.random.default_rng(6)
+    categorical = np.column_stack([rng.choice([3, 7, -1], 500), rng.choice([10 ** 12, 0], 500)]).astype(np.int64)
+    reference = Reference.build(spec, categorical, np.ones((500, 1), np.float32), np.full((500, 1), 0.5))
+    assert reference.categorical == {} and sum(reference.numeric["purpose"]) == 500
+    assert len(reference.numeric["housing"]) <= 11
+    watched = DriftMonitor(reference, spec)
+    watched.observe(categorical, np.ones((500, 1), np.float32), np.full((500, 1), 0.5, np.float32))
+    assert flagged(watched) == set() and watched.figures()["purpose"].sample == 500
+
+
 def test_a_reference_that_counted_an_int64_feature_per_value_is_refused_clearly():
     old = Reference({"purpose": np.ones(6), "branch": np.ones(8), "merchant": np.ones(8)},
                     {"amount": np.array([1.0])}, {"amount": np.ones(2)}, np.ones(10))
-    with pytest.raises(ValueError, match="no bins for the integer feature 'branch'"):
+    with pytest.raises(ValueError, match="no bins for the integer feature 'branch' .it counted it per value"):
         DriftMonitor(old, WIDE_SPEC)
 
 
