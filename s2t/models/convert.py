@@ -4,7 +4,9 @@ tf2onnx turns each Keras StringLookup into an `ai.onnx.ml.CategoryMapper`. Strin
 serving (each hop serialises them, each backend converts them element by element), so the converter lifts the
 lookups out of the graph: their vocabularies go into the feature spec (model metadata) that the adapter
 applies, and the graph takes `categorical` (INT64 [batch, n_categorical]: vocabulary indices, and int64 features
-as themselves) and `numeric` (FP32 [batch, n_numeric]); a feature of n values per record takes n columns.
+as themselves) and `numeric` (FP32 [batch, n_numeric]); a feature of n values per record takes n columns. String
+hash buckets (Keras `Hashing`, StringLookup's out-of-vocabulary buckets) of a string input are lifted too: the spec
+records the hash, and the decoder computes the bucket as TensorFlow does.
 tf2onnx runs with s2t's handlers (tf2onnx_handlers.py) for the look-ups and bucketing it does not convert exactly.
 Parity against the SavedModel proves the split reproduces the legacy scores.
 """
@@ -24,9 +26,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from backends.atomic_files import write_atomically
-from backends.string_hash import FAST, STRONG
 from backends.feature_spec import (CATEGORICAL_INPUT, HASH, INTEGER, METADATA_KEY, NUMERIC_INPUT, PROBABILITY_OUTPUT,
                                    CategoricalFeature, FeatureSpec, value_column)
+from backends.string_hash import FAST, STRONG
 from s2t.models import example_signature
 
 BATCH_DIM = "batch"
@@ -274,7 +276,10 @@ def _hashing(name: str, hashes: list[onnx.NodeProto], mappers: list[onnx.NodePro
             raise ConversionError(
                 f"op {first.op_type} at node {first.name} cannot be converted exactly: string input {name!r} is "
                 f"looked up and hashed into {buckets} buckets, too many to carry beside its index in one int64")
-    if len(found) > 1 or len(key) != 2:
+    if any(len(k) != 2 for _, _, k in found):
+        raise ConversionError(f"op {first.op_type} at node {first.name} cannot be converted exactly: its key is not "
+                              "two integers, which TensorFlow's strong hash takes; hash with a salt of one integer")
+    if len(found) > 1:
         raise ConversionError(
             f"op {first.op_type} at node {first.name} cannot be converted exactly: string input {name!r} is hashed "
             f"{len(found)} different ways; one hash per string input can be lifted: hash a copy of the feature sent "
