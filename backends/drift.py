@@ -31,6 +31,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from backends.feature_spec import VOCABULARY
+
 EMPTY_BIN_SHARE = 1e-4
 PSEUDO_COUNT = 0.5
 MIN_BIN_SHARE = 0.025
@@ -86,7 +88,7 @@ SCORE_EDGES = tuple(round(0.1 * i, 1) for i in range(1, 10))  # ten equal-width 
 @dataclass(frozen=True)
 class Reference:
     """Training-data counts per bin: categorical features by vocabulary index (0 = out of vocabulary), numeric
-    features and the score by bin edges (a value goes to the first bin whose upper edge is >= it, the last bin
+    features, int64 and hashed categorical ones (kept with the numeric bins) and the score by bin edges (a value goes to the first bin whose upper edge is >= it, the last bin
     takes the rest). `source` says what the counts were taken from (data, and the model that gave the scores)."""
 
     categorical: dict[str, np.ndarray]  # name -> counts per index
@@ -98,15 +100,18 @@ class Reference:
     @classmethod
     def build(cls, spec, categorical: np.ndarray, numeric: np.ndarray, scores: np.ndarray,
               numeric_bins: int = 10, source: str = "") -> "Reference":
-        cat = {f.name: np.bincount(categorical[:, i], minlength=max(f.vocabulary.values(), default=0) + 1
-                                   ).astype(np.float64) for i, f in enumerate(spec.categorical)}
-        edges, counts = {}, {}
+        cat, edges, counts = {}, {}, {}
+        for i, feature in enumerate(spec.categorical):
+            if _by_index(feature):
+                cat[feature.name] = np.bincount(categorical[:, i], minlength=max(feature.vocabulary.values(),
+                                                                                 default=0) + 1).astype(np.float64)
+            else:
+                # An int64 feature (any value, negative or up to 2^63), a hash bucket (up to 2^63 of them) or a
+                # table's own values: a count per value would size the array by the values (and refuse negative
+                # ones), so it is binned by quantiles as a number.
+                edges[feature.name], counts[feature.name] = _quantile_bins(categorical[:, i], numeric_bins)
         for i, name in enumerate(spec.numeric):
-            column = numeric[:, i].astype(np.float64)
-            # Decile edges of the training values (fewer where values repeat, e.g. small integer counts).
-            inner = np.unique(np.quantile(column, np.linspace(0, 1, numeric_bins + 1)[1:-1]))
-            edges[name] = inner
-            counts[name] = _bin_counts(column, inner)
+            edges[name], counts[name] = _quantile_bins(numeric[:, i], numeric_bins)
         return cls(cat, edges, counts, _bin_counts(np.asarray(scores, np.float64).ravel(), np.array(SCORE_EDGES)),
                    source)
 
@@ -123,6 +128,26 @@ class Reference:
                    {k: np.asarray(v, np.float64) for k, v in raw["numeric_edges"].items()},
                    {k: np.asarray(v, np.float64) for k, v in raw["numeric"].items()},
                    np.asarray(raw["score"], np.float64), str(raw.get("source", "")))
+
+
+# The largest vocabulary index counted per index; a table that maps its keys to larger values (or to negative ones:
+# a StaticHashTable's default of -1) is binned as numbers, like int64 values and hash buckets.
+MAX_COUNTED_INDEX = 4096
+
+
+def _by_index(feature) -> bool:
+    """A feature counted per vocabulary index (small, not negative); the others are binned as numbers."""
+    if getattr(feature, "kind", VOCABULARY) != VOCABULARY:
+        return False
+    indices = [*feature.vocabulary.values(), feature.default_index]
+    return 0 <= min(indices) and max(indices) <= MAX_COUNTED_INDEX
+
+
+def _quantile_bins(values: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Decile edges of the training values (fewer where values repeat, e.g. small integer counts), and the counts."""
+    column = np.asarray(values).astype(np.float64)
+    inner = np.unique(np.quantile(column, np.linspace(0, 1, bins + 1)[1:-1]))
+    return inner, _bin_counts(column, inner)
 
 
 def _bin_counts(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
@@ -218,6 +243,13 @@ def plans_of(reference: Reference, spec) -> dict[str, BinPlan]:
     """Drift bins per series (categorical features, numeric features, the score), labelled for people."""
     plans = {}
     for feature in spec.categorical:
+        if not _by_index(feature):
+            if feature.name not in reference.numeric_edges:
+                raise ValueError(f"the drift reference has no bins for the {feature.kind} feature {feature.name!r} "
+                                 "(it counted it per value): build the reference again")
+            plans[feature.name] = BinPlan.of(reference.numeric[feature.name],
+                                             range_labels(reference.numeric_edges[feature.name]))
+            continue
         counts = reference.categorical[feature.name]
         names = {index: value for value, index in feature.vocabulary.items()}
         plans[feature.name] = BinPlan.of(counts, [names.get(i, "(unseen category)") for i in range(len(counts))])
@@ -225,6 +257,15 @@ def plans_of(reference: Reference, spec) -> dict[str, BinPlan]:
         plans[name] = BinPlan.of(reference.numeric[name], range_labels(reference.numeric_edges[name]))
     plans[SCORE_FEATURE] = BinPlan.of(reference.score, range_labels(SCORE_EDGES))
     return plans
+
+
+def _padded_edges(edges: Sequence[np.ndarray]) -> np.ndarray:
+    """Edges of several series padded with +inf to one width: a value's bin is the number of its series' edges
+    below it, as np.searchsorted(side="left") gives it, for all series in one comparison."""
+    padded = np.full((len(edges), max((len(e) for e in edges), default=0)), np.inf)
+    for i, series in enumerate(edges):
+        padded[i, :len(series)] = series
+    return padded
 
 
 class DriftMonitor:
@@ -256,12 +297,13 @@ class DriftMonitor:
         self._flat = np.zeros(sum(sizes))
         self._counts = np.split(self._flat, np.cumsum(sizes)[:-1])
         self._largest_index = np.array([len(self.plans[n].merge) - 1 for n in self._categorical_order])
+        # Categorical columns binned by edges (int64 values, hash buckets), with their edges padded with +inf.
+        binned = [(i, f.name) for i, f in enumerate(spec.categorical) if not _by_index(f)]
+        self._binned = np.array([i for i, _ in binned], np.int64)
+        self._binned_edges = _padded_edges([self.reference.numeric_edges[name] for _, name in binned])
         # Edges padded with +inf to one width: a record's bin is the number of its feature's edges below the value,
         # as np.searchsorted(side="left") gives it, for all numeric features in one comparison.
-        widest = max((len(self.reference.numeric_edges[n]) for n in self._numeric_order), default=0)
-        self._edges = np.full((len(self._numeric_order), widest), np.inf)
-        for i, name in enumerate(self._numeric_order):
-            self._edges[i, :len(self.reference.numeric_edges[name])] = self.reference.numeric_edges[name]
+        self._edges = _padded_edges([self.reference.numeric_edges[n] for n in self._numeric_order])
         self.sampled = 0
 
     def observe(self, categorical: np.ndarray, numeric: np.ndarray, scores: np.ndarray) -> None:
@@ -275,6 +317,9 @@ class DriftMonitor:
         bins = np.empty((len(rows), len(self._names)), np.int16)
         n_categorical = len(self._categorical_order)
         bins[:, :n_categorical] = np.clip(categorical[rows, :n_categorical], 0, self._largest_index)
+        if len(self._binned):
+            values = categorical[rows][:, self._binned].astype(np.float64)
+            bins[:, self._binned] = (values[:, :, None] > self._binned_edges[None]).sum(axis=2)
         values = numeric[rows, :len(self._numeric_order)].astype(np.float64)
         bins[:, n_categorical:-1] = (values[:, :, None] > self._edges[None]).sum(axis=2)
         score = np.asarray(scores, np.float64).ravel()[rows]

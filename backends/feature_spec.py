@@ -7,8 +7,10 @@ proves that the split reproduces it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from backends.string_hash import FAST, STRONG, hash_bucket
 
 from wire.names import CATEGORICAL, NUMERIC, PROBABILITY
 
@@ -16,9 +18,10 @@ METADATA_KEY = "skill2triton.feature_spec"
 CATEGORICAL_INPUT, NUMERIC_INPUT, PROBABILITY_OUTPUT = CATEGORICAL, NUMERIC, PROBABILITY
 
 
-# How a categorical feature reaches the graph: its vocabulary index, or (an int64 feature of a tf.Example
-# signature) the integer itself, which the graph looks up or computes with as the SavedModel does.
-VOCABULARY, INTEGER = "vocabulary", "integer"
+# How a categorical feature reaches the graph: its vocabulary index, (an int64 feature of a tf.Example
+# signature) the integer itself, which the graph looks up or computes with as the SavedModel does, or (a string
+# the SavedModel hashes: Keras `Hashing`) its hash bucket, computed as TensorFlow does (backends/string_hash.py).
+VOCABULARY, INTEGER, HASH = "vocabulary", "integer", "hash"
 
 
 @dataclass(frozen=True)
@@ -27,8 +30,18 @@ class CategoricalFeature:
     vocabulary: dict[str, int]
     default_index: int
     kind: str = VOCABULARY
+    # A HASH feature: its bucket count, TensorFlow's hash (string_hash.FAST or STRONG) and the strong hash's key;
+    # with a vocabulary, its column is index * buckets + bucket, which the graph splits again.
+    buckets: int = 0
+    hash: str = ""
+    key: tuple[int, int] = (0, 0)
 
     def index_of(self, value: str) -> int:
+        if self.kind == HASH:
+            bucket = hash_bucket(value, self.buckets, self.hash, self.key)
+            # Hashed and looked up (StringLookup's out-of-vocabulary buckets): one int64 carries both.
+            return bucket if not self.vocabulary else \
+                self.vocabulary.get(value, self.default_index) * self.buckets + bucket
         return self.vocabulary.get(value, self.default_index)
 
 
@@ -58,7 +71,9 @@ class FeatureSpec:
             "categorical_input": CATEGORICAL_INPUT,
             "numeric_input": NUMERIC_INPUT,
             "categorical": [{"name": f.name, "vocabulary": f.vocabulary, "default_index": f.default_index,
-                             **({"kind": f.kind} if f.kind != VOCABULARY else {})} for f in self.categorical],
+                             **({"kind": f.kind} if f.kind != VOCABULARY else {}),
+                             **({"buckets": f.buckets, "hash": f.hash, "key": list(f.key)} if f.kind == HASH else {})}
+                            for f in self.categorical],
             "numeric": list(self.numeric),
         }
         if self.defaults:
@@ -71,9 +86,7 @@ class FeatureSpec:
     def from_json(cls, text: str) -> "FeatureSpec":
         raw = json.loads(text)
         return cls(
-            tuple(CategoricalFeature(c["name"], {str(k): int(v) for k, v in c["vocabulary"].items()},
-                                     int(c["default_index"]), _kind(c.get("kind", VOCABULARY)))
-                  for c in raw["categorical"]),
+            tuple(_categorical(c) for c in raw["categorical"]),
             tuple(str(n) for n in raw["numeric"]),
             {str(k): v for k, v in raw.get("defaults", {}).items()},
             {str(k): int(v) for k, v in raw.get("values", {}).items()},
@@ -89,7 +102,21 @@ def value_column(key: str, index: int) -> str:
     return f"{key}/{index}"
 
 
+def _categorical(raw: dict) -> CategoricalFeature:
+    kind = _kind(raw.get("kind", VOCABULARY))
+    feature = CategoricalFeature(raw["name"], {str(k): int(v) for k, v in raw["vocabulary"].items()},
+                                 int(raw["default_index"]), kind)
+    if kind != HASH:
+        return feature
+    buckets, method, key = int(raw["buckets"]), str(raw["hash"]), tuple(int(k) for k in raw.get("key", (0, 0)))
+    if buckets <= 0 or method not in (FAST, STRONG) or len(key) != 2:
+        raise ValueError(f"hashed feature {feature.name!r}: needs buckets > 0 (got {buckets}), hash {FAST!r} or "
+                         f"{STRONG!r} (got {method!r}) and a key of two integers (got {len(key)})")
+    return replace(feature, buckets=buckets, hash=method, key=key)
+
+
 def _kind(kind: object) -> str:
-    if kind not in (VOCABULARY, INTEGER):
-        raise ValueError(f"unknown categorical feature kind {kind!r} (expected {VOCABULARY!r} or {INTEGER!r})")
+    if kind not in (VOCABULARY, INTEGER, HASH):
+        raise ValueError(f"unknown categorical feature kind {kind!r} (expected {VOCABULARY!r}, {INTEGER!r} or "
+                         f"{HASH!r})")
     return str(kind)

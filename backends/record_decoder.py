@@ -124,8 +124,13 @@ class RecordDecoder:
             if not isinstance(value, str):
                 raise RecordError(f"features.{feature.name}",
                                   "missing" if value is None else f"expected a string, got {_type_name(value)}")
-            # An unknown category takes the out-of-vocabulary index, exactly as the legacy lookup does.
-            cats.append(feature.index_of(value))
+            # An unknown category takes the out-of-vocabulary index, exactly as the legacy lookup does; a hashed
+            # feature takes its bucket, as TensorFlow's hash computes it.
+            try:
+                cats.append(feature.index_of(value))
+            except UnicodeEncodeError:
+                # A JSON string may hold a lone surrogate (\ud800), which has no UTF-8 bytes to hash.
+                raise RecordError(f"features.{feature.name}", "not valid Unicode text (a lone surrogate)") from None
         nums = []
         for name in self.spec.numeric:
             value = features.get(name)
@@ -167,6 +172,7 @@ def _integer(name: str, value: object) -> int:
 
 
 def _column_value(feature: CategoricalFeature, value: object) -> int:
+    # A vocabulary or hashed feature maps its text (the hash bucket of a hashed one, as TensorFlow computes it).
     return int(value) if feature.kind == INTEGER else feature.index_of(str(value))
 
 

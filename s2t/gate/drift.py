@@ -9,7 +9,7 @@ import numpy as np
 
 from backends.atomic_files import write_atomically
 from backends.drift import DRIFT, NOT_ENOUGH_DATA, NO_DRIFT, TOP_BINS, Reference
-from backends.record_decoder import encode_columns
+from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, RecordDecoder, encode_columns
 from s2t.prometheus_text import parse_metrics, scrape
 
 REFERENCE_FILE = "drift_reference.json"
@@ -22,17 +22,35 @@ def build_reference(data_csv: Path, onnx_model: Path, out: Path, source: str | N
     import onnx
     import onnxruntime as ort
 
+    from s2t.gate import example_parity
     from s2t.models import german_credit
     from s2t.models.convert import read_spec
 
-    spec = read_spec(onnx.load(str(onnx_model), load_external_data=False))
-    categorical, numeric = encode_columns(spec, german_credit.load(data_csv).columns)
+    model = onnx.load(str(onnx_model), load_external_data=False)
+    spec = read_spec(model)
+    if example_parity.example_input(model) is not None:
+        categorical, numeric = _example_columns(data_csv, spec)
+    else:
+        categorical, numeric = encode_columns(spec, german_credit.load(data_csv).columns)
     session = ort.InferenceSession(str(onnx_model), providers=["CPUExecutionProvider"])
     scores = session.run(["probability"], {"categorical": categorical, "numeric": numeric})[0]
     reference = Reference.build(spec, categorical, numeric, np.asarray(scores),
                                 source=source or f"{Path(data_csv).name} scored by {Path(onnx_model).name}")
     write_atomically(out, reference.to_json() + "\n")
     return reference
+
+
+def _example_columns(data_csv: Path, spec) -> tuple[np.ndarray, np.ndarray]:
+    """A tf.Example model's data as parity reads it (empty cells take the parse default, features of several values
+    are one cell), decoded as the adapter decodes it; the rows the model refuses are not part of the reference."""
+    from s2t.gate import example_parity
+
+    rows = [row.example for row in example_parity.examples_from_csv(Path(data_csv), spec) if row.example]
+    decoded = RecordDecoder(spec, max_record_bytes=max([DEFAULT_MAX_RECORD_BYTES, *map(len, rows)])).decode(rows)
+    kept = np.array([error is None for error in decoded.errors], dtype=bool)
+    if not kept.any():
+        raise ValueError(f"none of the {len(rows)} rows of {data_csv} can be scored: no drift reference from it")
+    return decoded.categorical[kept], decoded.numeric[kept]
 
 
 def write_version_reference(model: str, version: int, model_file: Path, data_csv: Path) -> Path | None:

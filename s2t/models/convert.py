@@ -4,7 +4,9 @@ tf2onnx turns each Keras StringLookup into an `ai.onnx.ml.CategoryMapper`. Strin
 serving (each hop serialises them, each backend converts them element by element), so the converter lifts the
 lookups out of the graph: their vocabularies go into the feature spec (model metadata) that the adapter
 applies, and the graph takes `categorical` (INT64 [batch, n_categorical]: vocabulary indices, and int64 features
-as themselves) and `numeric` (FP32 [batch, n_numeric]); a feature of n values per record takes n columns.
+as themselves) and `numeric` (FP32 [batch, n_numeric]); a feature of n values per record takes n columns. String
+hash buckets (Keras `Hashing`, StringLookup's out-of-vocabulary buckets) of a string input are lifted too: the spec
+records the hash, and the decoder computes the bucket as TensorFlow does.
 tf2onnx runs with s2t's handlers (tf2onnx_handlers.py) for the look-ups and bucketing it does not convert exactly.
 Parity against the SavedModel proves the split reproduces the legacy scores.
 """
@@ -24,8 +26,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from backends.atomic_files import write_atomically
-from backends.feature_spec import (CATEGORICAL_INPUT, INTEGER, METADATA_KEY, NUMERIC_INPUT, PROBABILITY_OUTPUT,
+from backends.feature_spec import (CATEGORICAL_INPUT, HASH, INTEGER, METADATA_KEY, NUMERIC_INPUT, PROBABILITY_OUTPUT,
                                    CategoricalFeature, FeatureSpec, value_column)
+from backends.string_hash import FAST, STRONG
 from s2t.models import example_signature
 
 BATCH_DIM = "batch"
@@ -51,11 +54,17 @@ class ConversionError(Exception):
 _HASH_BUCKET_OPS = {"StringToHashBucketFast", "StringToHashBucketStrong", "StringToHashBucket", "Fingerprint"}
 
 
+# The hash bucket ops the decoder computes (backends/string_hash.py) when they hash a string input directly:
+# tf2onnx leaves them in the graph, pack_inputs lifts them.
+HASHED_OPS = {"StringToHashBucketFast": FAST, "StringToHashBucketStrong": STRONG}
+
+
 def _way_out(op: str) -> str:
     if op in _HASH_BUCKET_OPS:
-        return ("no ONNX operator computes TensorFlow's string hash buckets: have the caller send the bucket as an "
-                "int64 feature, or replace the hashing by a vocabulary lookup (StringLookup or IntegerLookup with "
-                "num_oov_indices=1, a StaticHashTable), which s2t convert lifts exactly")
+        return ("no ONNX operator computes TensorFlow's string hash buckets, and s2t convert lifts them only where "
+                "they hash a string feature as it arrives (Keras Hashing on a tf.Example feature): have the caller "
+                "send the bucket as an int64 feature, or replace the hashing by a vocabulary lookup (StringLookup or "
+                "IntegerLookup with num_oov_indices=1, a StaticHashTable), which s2t convert lifts exactly")
     if op == "ParseExample":
         return "export the signature with tf.io.parse_example (ParseExampleV2), whose parsing s2t convert lifts out"
     if op in _CONTRIB_OPS:
@@ -140,20 +149,36 @@ def pack_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FeatureSpec]:
             consumers[name].append(node)
 
     categorical, numeric, new_nodes, consts, values = [], [], [], [], {}
+    inserted: dict[int, list[onnx.NodeProto]] = {}  # nodes to put just before a node of the graph, by its id
     for inp in graph.input:
         kind = _elem_type(inp)
         count = _count(inp)
         if count > 1:
             values[inp.name] = count
         if kind == TensorProto.STRING:
-            mappers = _lookups_of(inp.name, consumers, {o.name for o in graph.output})
-            vocabularies = {_vocabulary(u) for u in mappers}
-            if len(vocabularies) == 1:
-                vocab, default = vocabularies.pop()
-                remaps = {}
+            users = _lookups_of(inp.name, consumers, {o.name for o in graph.output})
+            hashes = [u for u in users if u.op_type in HASHED_OPS]
+            mappers = [u for u in users if u.op_type not in HASHED_OPS]
+            remaps = {}
+            if hashes:
+                # The decoder computes the bucket from the string, as TensorFlow's hash does; the hash nodes
+                # become the identity on that column. A string also looked up (StringLookup's out-of-vocabulary
+                # buckets) carries both in its column, index * buckets + bucket, which the graph splits again.
+                buckets, method, key = _hashing(inp.name, hashes, mappers)
+                vocab, default = _vocabulary(mappers[0]) if mappers else ((), 0)
+                categorical.extend(CategoricalFeature(c, dict(vocab), default, HASH, buckets, method, key)
+                                   for c in _columns_of(inp.name, count))
+                if mappers:
+                    consts.append(numpy_helper.from_array(np.array(buckets, np.int64), f"{inp.name}__buckets"))
+                    inserted.update(_split_index_and_bucket(f"{inp.name}__buckets", mappers, hashes))
+                mappers = [] if mappers else hashes
             else:
-                vocab, default, remaps = _shared_vocabulary(inp.name, mappers)
-            categorical.extend(CategoricalFeature(c, dict(vocab), default) for c in _columns_of(inp.name, count))
+                vocabularies = {_vocabulary(u) for u in mappers}
+                if len(vocabularies) == 1:
+                    vocab, default = vocabularies.pop()
+                else:
+                    vocab, default, remaps = _shared_vocabulary(inp.name, mappers)
+                categorical.extend(CategoricalFeature(c, dict(vocab), default) for c in _columns_of(inp.name, count))
             # The column of indices takes the input's place; reshaping ops between it and the lookups work on
             # indices as they did on strings, and each lookup becomes the identity (one vocabulary) or a gather
             # of its own values by the shared index (several).
@@ -183,7 +208,7 @@ def pack_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FeatureSpec]:
             raise ConversionError(f"input {inp.name!r} has ONNX type "
                                   f"{TensorProto.DataType.Name(kind)}; only strings, int64 and float32 can be packed")
 
-    kept = list(graph.node)
+    kept = [n for node in graph.node for n in (*inserted.get(id(node), ()), node)]
     del graph.node[:]
     graph.node.extend(new_nodes + kept)
     graph.initializer.extend(consts)
@@ -203,6 +228,7 @@ def pack_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FeatureSpec]:
 # Ops that only move or reshape values; tf2onnx puts them between a string input and its lookup (a Keras layer
 # that squeezes its input first, say).
 _RESHAPING_OPS = frozenset({"Slice", "Squeeze", "Unsqueeze", "Reshape", "Flatten"})
+_STRING_USERS = frozenset({"CategoryMapper", "StringToHashBucketFast", "StringToHashBucketStrong"})
 
 
 def _lookups_of(name: str, consumers: dict[str, list[onnx.NodeProto]], outputs: set[str]) -> list[onnx.NodeProto]:
@@ -211,22 +237,91 @@ def _lookups_of(name: str, consumers: dict[str, list[onnx.NodeProto]], outputs: 
     while pending:
         tensor = pending.pop()
         users = consumers[tensor]
-        bad = sorted({u.op_type for u in users if u.op_type != "CategoryMapper" and u.op_type not in _RESHAPING_OPS
+        bad = sorted({u.op_type for u in users if u.op_type not in _STRING_USERS and u.op_type not in _RESHAPING_OPS
                       or u.op_type in _RESHAPING_OPS and u.input[0] != tensor})
         if not users or bad or tensor in outputs:
             ops = sorted({u.op_type for u in users}) or ["nothing"]
             raise ConversionError(
                 f"string input {name!r} feeds {', '.join(ops)}; only vocabulary lookups "
-                "(StringLookup -> CategoryMapper), reached through reshaping ops, can be moved out of the graph")
+                "(StringLookup -> CategoryMapper) and hash buckets (Hashing -> StringToHashBucketFast/Strong), "
+                "reached through reshaping ops, can be moved out of the graph")
         for user in users:
             if id(user) in seen:
                 continue
             seen.add(id(user))
-            if user.op_type == "CategoryMapper":
+            if user.op_type in _STRING_USERS:
                 mappers.append(user)
             else:
                 pending.extend(user.output)
     return mappers
+
+
+def _hashing(name: str, hashes: list[onnx.NodeProto], mappers: list[onnx.NodeProto]
+             ) -> tuple[int, str, tuple[int, int]]:
+    """The one hash a string input is bucketed by: bucket count, TensorFlow's hash and (strong) its key."""
+    found = set()
+    for node in hashes:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        key = tuple(int(k) for k in attrs.get("key", (0, 0)))
+        found.add((int(attrs["num_buckets"]), HASHED_OPS[node.op_type], key))
+    first = hashes[0]
+    if len({_vocabulary(m) for m in mappers}) > 1:
+        raise ConversionError(
+            f"op {first.op_type} at node {first.name} cannot be converted exactly: string input {name!r} is hashed "
+            "and looked up in several vocabularies, which one column cannot carry; look it up in one vocabulary")
+    if mappers and len(found) == 1:
+        buckets, entries = next(iter(found))[0], [i for _, i in _vocabulary(mappers[0])[0]]
+        largest = max([abs(i) for i in entries] + [abs(_vocabulary(mappers[0])[1])]) + 1
+        if largest * buckets >= 2 ** 62:
+            raise ConversionError(
+                f"op {first.op_type} at node {first.name} cannot be converted exactly: string input {name!r} is "
+                f"looked up and hashed into {buckets} buckets, too many to carry beside its index in one int64")
+    if any(len(k) != 2 for _, _, k in found):
+        raise ConversionError(f"op {first.op_type} at node {first.name} cannot be converted exactly: its key is not "
+                              "two integers, which TensorFlow's strong hash takes; hash with a salt of one integer")
+    if len(found) > 1:
+        raise ConversionError(
+            f"op {first.op_type} at node {first.name} cannot be converted exactly: string input {name!r} is hashed "
+            f"{len(found)} different ways; one hash per string input can be lifted: hash a copy of the feature sent "
+            "under another name")
+    return found.pop()
+
+
+def _split_index_and_bucket(buckets: str, mappers: list[onnx.NodeProto], hashes: list[onnx.NodeProto]
+                            ) -> dict[int, list[onnx.NodeProto]]:
+    """A column of index * buckets + bucket: each hash node becomes its floor modulo (the bucket, 0..buckets-1),
+    each lookup the exact quotient (the index, -1 for a string out of the vocabulary); nodes to insert by id."""
+    for node in hashes:
+        node.op_type, node.domain = "Mod", ""
+        del node.attribute[:]
+        node.input[:] = [node.input[0], buckets]
+        node.attribute.append(helper.make_attribute("fmod", 0))
+    inserted = {}
+    for node in mappers:
+        column, out = node.input[0], node.output[0]
+        bucket, whole = f"{out}__bucket", f"{out}__without_bucket"
+        inserted[id(node)] = [helper.make_node("Mod", [column, buckets], [bucket], fmod=0, name=bucket),
+                              helper.make_node("Sub", [column, bucket], [whole], name=whole)]
+        node.op_type, node.domain = "Div", ""
+        del node.attribute[:]
+        node.input[:] = [whole, buckets]
+    return inserted
+
+
+def refuse_unlifted(model: onnx.ModelProto) -> None:
+    """A hash bucket op whose string does not come from an input through reshaping ops only (the graph computes
+    the string) cannot be lifted, and no ONNX operator computes it: refused naming it, before anything else."""
+    producers = {out: node for node in model.graph.node for out in node.output}
+    inputs = {i.name for i in model.graph.input}
+    for node in model.graph.node:
+        if node.op_type not in HASHED_OPS:
+            continue
+        tensor = node.input[0]
+        while tensor in producers and producers[tensor].op_type in _RESHAPING_OPS:
+            tensor = producers[tensor].input[0]
+        if tensor not in inputs:
+            raise ConversionError(f"tf2onnx cannot convert 1 op(s): op {node.op_type} at node {node.name}: "
+                                  f"{_way_out(node.op_type)}")
 
 
 def _shared_vocabulary(name: str, mappers: list[onnx.NodeProto]
@@ -265,6 +360,7 @@ def name_output(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def shape_for_serving(raw: onnx.ModelProto, defaults: dict[str, str | float | int] | None = None,
                       metadata: dict[str, str] | None = None) -> tuple[onnx.ModelProto, FeatureSpec]:
+    refuse_unlifted(raw)
     model, spec = pack_inputs(raw)
     if defaults:
         spec = replace(spec, defaults=dict(defaults))
@@ -285,7 +381,7 @@ def read_spec(model: onnx.ModelProto) -> FeatureSpec:
 def convert(saved_model: Path, output: Path, opset: int = MIN_OPSET) -> FeatureSpec:
     if opset < MIN_OPSET:
         raise ConversionError(f"opset {opset} is below {MIN_OPSET}, the lowest this project serves")
-    raw = run_tf2onnx(Path(saved_model), opset, frozenset({example_signature.PARSE_OP}))
+    raw = run_tf2onnx(Path(saved_model), opset, frozenset({example_signature.PARSE_OP, *HASHED_OPS}))
     try:
         raw, defaults, metadata = example_signature.lift_from_saved_model(raw, Path(saved_model))
     except example_signature.SignatureError as err:

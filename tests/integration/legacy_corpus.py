@@ -27,6 +27,7 @@ class Construct:
     width: int
     refused_with: str | None = None  # the words `s2t convert` must refuse it with; None: it converts
     main: bool = False  # also served and compared live
+    free_text: bool = False  # its string cells are mostly random text (unicode too), not a small vocabulary
     notes: dict = field(default_factory=dict)
 
 
@@ -79,8 +80,10 @@ def _several_values(tf, keras):
 
 
 def _main_constructs(tf, keras):
-    """The constructs legacy risk models hold most: an int32-valued table, an int64-keyed lookup, bucketing."""
-    parts = [_table_int32_values(tf, keras), _integer_lookup(tf, keras), _discretization(tf, keras)]
+    """The constructs legacy risk models hold most: an int32-valued table, an int64-keyed lookup, bucketing, a
+    salted hash of a string feature."""
+    parts = [_table_int32_values(tf, keras), _integer_lookup(tf, keras), _discretization(tf, keras),
+             _salted_hashing(tf, keras, "merchant")]
     attributes = {f"{key}_{i}": value for i, (held, _) in enumerate(parts) for key, value in held.items()}
     return attributes, lambda p: tf.concat([transform(p) for _, transform in parts], axis=1)
 
@@ -117,14 +120,20 @@ def _category_encoding(tf, keras):
     return {"encoding": layer}, lambda p: tf.cast(layer(tf.clip_by_value(p["rank"][:, 0], 0, 5)), tf.float32)
 
 
-def _hashing(tf, keras):
+def _hashing(tf, keras, feature="purpose"):
     layer = keras.layers.Hashing(num_bins=8)
-    return {"hashing": layer}, lambda p: tf.one_hot(layer(p["purpose"])[:, 0], 8)
+    return {"hashing": layer}, lambda p: tf.one_hot(layer(p[feature])[:, 0], 8)
 
 
-def _salted_hashing(tf, keras):
+def _salted_hashing(tf, keras, feature="purpose"):
     layer = keras.layers.Hashing(num_bins=8, salt=133)
-    return {"hashing": layer}, lambda p: tf.one_hot(layer(p["purpose"])[:, 0], 8)
+    return {"hashing": layer}, lambda p: tf.one_hot(layer(p[feature])[:, 0], 8)
+
+
+def _hashing_a_computed_string(tf, keras):
+    # The hash of a string the graph computes (not one a record carries) cannot be lifted into the decoder.
+    layer = keras.layers.Hashing(num_bins=8)
+    return {"hashing": layer}, lambda p: tf.one_hot(layer(tf.strings.lower(p["purpose"]))[:, 0], 8)
 
 
 PURPOSE = {"purpose": ("string", "other")}
@@ -142,15 +151,16 @@ CORPUS = (
     Construct("fixed_len_several_values", {"history": ("float[3]", [1000.0, 1000.0, 1000.0]),
                                            "codes": ("int64[2]", None), "purposes": ("string[2]", ["other", "other"])},
               _several_values, 3 + 2 + 2),
-    Construct("main_constructs", {**PURPOSE, "branch": ("int64", -1), "amount": ("float", 1000.0)}, _main_constructs,
-              9 + 6 + 4, main=True),
+    Construct("main_constructs", {**PURPOSE, "branch": ("int64", -1), "amount": ("float", 1000.0),
+                                  "merchant": ("string", "none")}, _main_constructs, 9 + 6 + 4 + 8, main=True),
     Construct("dense_hash_table", PURPOSE, _dense_hash_table, 1),
-    Construct("keras_string_lookup_two_oov", PURPOSE, _string_lookup_two_oov, 6,
-              refused_with="op StringToHashBucketFast at node"),
+    Construct("keras_string_lookup_two_oov", PURPOSE, _string_lookup_two_oov, 6, free_text=True),
     Construct("var_len_feature", {"tags": ("varlen_string", None)}, _var_len, 1,
               refused_with="sparse (VarLenFeature) features tags cannot be lifted"),
-    Construct("keras_hashing", PURPOSE, _hashing, 8, refused_with="op StringToHashBucketFast at node"),
-    Construct("keras_hashing_salted", PURPOSE, _salted_hashing, 8, refused_with="op StringToHashBucketStrong at node"),
+    Construct("keras_hashing", PURPOSE, _hashing, 8, free_text=True),
+    Construct("keras_hashing_salted", PURPOSE, _salted_hashing, 8, free_text=True),
+    Construct("hashing_a_computed_string", PURPOSE, _hashing_a_computed_string, 8,
+              refused_with="op StringToHashBucketFast at node"),
 )
 BY_NAME = {c.name: c for c in CORPUS}
 # Every model also reads `age` (a float without a default: a missing age is refused by every side).
@@ -199,7 +209,16 @@ def _kind_and_count(kind: str) -> tuple[str, int]:
     return base, int(count.rstrip("]") or 1)
 
 
-def _cell(rng, name: str, kind: str, count: int) -> str:
+# Text for the hashed features: ASCII, accents, CJK, emoji, inner spaces (no comma, quote or line break: CSV cells).
+_FREE_TEXT = "abcdefghijklmnopqrstuvwxyzABCXYZ0123456789 -_.:/éüß漢字😀"
+
+
+def _cell(rng, name: str, kind: str, count: int, free_text: bool = False) -> str:
+    if kind == "string" and free_text and rng.random() < 0.3:
+        return str(rng.choice(PURPOSES))  # in the vocabulary, where the model has one
+    if kind == "string" and free_text:
+        text = "".join(rng.choice(list(_FREE_TEXT), size=int(rng.integers(1, 24))))
+        return text.strip() or "x"
     if kind == "string":
         # "car " (a trailing space) is out of vocabulary too, where a cell holds one value.
         return str(rng.choice(PURPOSES + ["yacht", "Car"] + (["car "] if count == 1 else [])))
@@ -220,7 +239,7 @@ def rows(construct: Construct, n: int, seed: int = 3) -> list[dict[str, str]]:
         for name, (kind, default) in construct.features.items():
             base, count = _kind_and_count(kind)
             # A feature of several values is one cell of them separated by spaces (as `s2t parity` reads it).
-            row[name] = " ".join(_cell(rng, name, base, count) for _ in range(count))
+            row[name] = " ".join(_cell(rng, name, base, count, construct.free_text) for _ in range(count))
             if i % 10 == 9 and default is not None:
                 row[name] = ""
         if i % 50 == 24:
@@ -231,5 +250,6 @@ def rows(construct: Construct, n: int, seed: int = 3) -> list[dict[str, str]]:
 
 def write_csv(path: Path, data: list[dict[str, str]]) -> Path:
     columns = sorted({c for r in data for c in r})
-    path.write_text("\n".join([",".join(columns)] + [",".join(r.get(c, "") for c in columns) for r in data]) + "\n")
+    path.write_text("\n".join([",".join(columns)] + [",".join(r.get(c, "") for c in columns) for r in data]) + "\n",
+                    encoding="utf-8")
     return path

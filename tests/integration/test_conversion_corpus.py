@@ -68,6 +68,31 @@ def test_each_construct_converts_and_scores_as_the_saved_model_on_500_rows(corpu
     assert len({round(s, 6) for s in scores}) > 10, "the construct must change the score"
 
 
+def test_hash_buckets_are_tensorflows_bit_for_bit_on_thousands_of_strings(corpus):
+    """The decoder's buckets (the spec of each hashed corpus model: FarmHash, and SipHash keyed by the salt) against
+    TensorFlow's own ops on random text: empty, ASCII, accents, CJK, emoji, control characters, long strings."""
+    import tensorflow as tf
+
+    from backends.feature_spec import HASH
+    from backends.string_hash import STRONG
+
+    root, _ = corpus
+    hashed = [f for name in ("keras_hashing", "keras_hashing_salted", MAIN)
+              for f in report_spec(root / f"{name}.onnx").categorical if f.kind == HASH]
+    assert {f.hash for f in hashed} == {"fast", "strong"}
+    rng = np.random.default_rng(13)
+    alphabet = list("abcXYZ09 ,\"\n\t\x00-é漢字😀\U0010ffff")
+    strings = ["", " ", "car", "é", "😀", "a" * 1000] + ["".join(rng.choice(alphabet, size=int(rng.integers(0, 64))))
+                                                        for _ in range(3000)]
+    for feature, buckets in [(f, b) for f in hashed for b in (f.buckets, 1_000_003, 2 ** 63 - 1)]:
+        probe = type(feature)(feature.name, {}, 0, HASH, buckets, feature.hash, feature.key)
+        if feature.hash == STRONG:
+            expected = tf.strings.to_hash_bucket_strong(strings, buckets, list(feature.key)).numpy()
+        else:
+            expected = tf.strings.to_hash_bucket_fast(strings, buckets).numpy()
+        assert [probe.index_of(s) for s in strings] == expected.tolist(), (feature, buckets)
+
+
 def report_spec(onnx_path):
     import onnx
 
@@ -126,11 +151,14 @@ def test_the_main_constructs_served_live_score_as_the_saved_model(corpus, main_t
                for line in report.row_errors)
 
 
-BAD_BRANCHES = {  # an int64 feature sent as something else: that record's error, naming the field
+BAD_BRANCHES = {  # an int64 (or hashed string) feature sent as something else: that record's error, naming it
     '"branch": 2.5': "features.branch: expected an integer, got number",
     '"branch": "101"': "features.branch: expected an integer, got string",
     '"branch": 9223372036854775808': "features.branch: 9223372036854775808 is outside the int64 range",
     '"branch": true': "features.branch: expected an integer, got boolean",
+    '"branch": 7, "merchant": 5': "features.merchant: expected a string, got number",
+    '"branch": 7, "merchant": ["a"]': "features.merchant: expected a string, got array",
+    '"branch": 7, "merchant": "\\ud800"': "features.merchant: not valid Unicode text (a lone surrogate)",
 }
 
 

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from backends.drift import (DRIFT, NO_DRIFT, NOT_ENOUGH_DATA, SCORE_FEATURE, BinPlan, DriftMonitor, DriftWatch,
                             Reference, chi_square_quantile, choose_reference, noise_psi, psi, range_labels)
-from backends.feature_spec import CategoricalFeature, FeatureSpec
+from backends.feature_spec import HASH, INTEGER, CategoricalFeature, FeatureSpec
+from backends.string_hash import FAST
 from s2t.gate.drift import live_report, metrics_address, table
 from tests.conftest import MODEL_REPOSITORY
 from tests.unit import python_backend as backend
@@ -227,6 +228,57 @@ def test_an_unknown_category_index_and_a_nan_score_are_counted_safely():
     assert watched.sampled == 1 and figures[SCORE_FEATURE].sample == 0 and figures["purpose"].sample == 1
 
 
+# int64 features (any value, negative or up to 2^63) and hash buckets (up to 2^63 of them) beside a vocabulary one.
+WIDE_SPEC = FeatureSpec((CategoricalFeature("purpose", PURPOSE, 0), CategoricalFeature("branch", {}, 0, INTEGER),
+                         CategoricalFeature("merchant", {}, 0, HASH, 2 ** 63 - 1, FAST)), ("amount",))
+
+
+def _wide(n, seed, shift=0):
+    rng = np.random.default_rng(seed)
+    branch = rng.choice([-(2 ** 63), -3, 7, 2 ** 40 + 7, 2 ** 63 - 1], size=n, p=[0.1, 0.2, 0.3, 0.3, 0.1])
+    merchant = rng.integers(0, 2 ** 63 - 1, size=n, dtype=np.int64)
+    categorical = np.column_stack([rng.choice([1, 2, 3], size=n), branch, merchant]).astype(np.int64)
+    if shift:
+        categorical[: n // 2, 1] = 7  # half the records moved to one branch
+    numeric = rng.lognormal(7.8, 0.7, size=(n, 1)).astype(np.float32)
+    return categorical, numeric, rng.beta(2, 5, size=(n, 1)).astype(np.float32)
+
+
+def test_int64_and_hashed_features_are_binned_by_quantiles_whatever_their_values():
+    reference = Reference.from_json(Reference.build(WIDE_SPEC, *_wide(2000, 1)).to_json())
+    # Bins by value quantiles, never one count per value: a handful of bins however large or negative the values.
+    assert set(reference.categorical) == {"purpose"}
+    assert all(1 <= len(reference.numeric[name]) <= 11 for name in ("branch", "merchant"))
+    assert sum(reference.numeric["branch"]) == sum(reference.numeric["merchant"]) == 2000
+    watched = DriftMonitor(reference, WIDE_SPEC)
+    watched.observe(*_wide(2000, 2))
+    assert flagged(watched) == set() and watched.figures()["branch"].sample == 2000
+    watched.observe(*_wide(2000, 3, shift=1))
+    assert flagged(watched) == {"branch"}
+    assert watched.figures()["branch"].top_bins[0].label.startswith("(")
+
+
+def test_a_table_with_a_negative_default_or_large_values_is_binned_as_numbers():
+    """A StaticHashTable's values are the column (default -1, or values far apart): binned by quantiles."""
+    spec = FeatureSpec((CategoricalFeature("purpose", {"car": 3, "tv": 7}, -1),
+                        CategoricalFeature("housing", {"own": 10 ** 12}, 0)), ("amount",))
+    rng = np.random.default_rng(6)
+    categorical = np.column_stack([rng.choice([3, 7, -1], 500), rng.choice([10 ** 12, 0], 500)]).astype(np.int64)
+    reference = Reference.build(spec, categorical, np.ones((500, 1), np.float32), np.full((500, 1), 0.5))
+    assert reference.categorical == {} and sum(reference.numeric["purpose"]) == 500
+    assert len(reference.numeric["housing"]) <= 11
+    watched = DriftMonitor(reference, spec)
+    watched.observe(categorical, np.ones((500, 1), np.float32), np.full((500, 1), 0.5, np.float32))
+    assert flagged(watched) == set() and watched.figures()["purpose"].sample == 500
+
+
+def test_a_reference_that_counted_an_int64_feature_per_value_is_refused_clearly():
+    old = Reference({"purpose": np.ones(6), "branch": np.ones(8), "merchant": np.ones(8)},
+                    {"amount": np.array([1.0])}, {"amount": np.ones(2)}, np.ones(10))
+    with pytest.raises(ValueError, match="no bins for the integer feature 'branch' .it counted it per value"):
+        DriftMonitor(old, WIDE_SPEC)
+
+
 def test_scores_of_another_version_than_the_references_are_not_counted():
     published = []
     watch = DriftWatch(DriftMonitor(REFERENCE, SPEC), published.append, 0.01, print, score_source="risk_scorer:2")
@@ -394,3 +446,45 @@ def test_risk_router_counts_the_primarys_scored_records_and_says_not_enough_data
     finally:
         router.finalize()
     assert not router._drift._timer.is_alive()
+
+
+def test_a_tf_example_models_reference_is_built_from_its_gate_data_as_parity_reads_it(tmp_path):
+    """Empty cells take the parse default, int64 values of any size and sign and a hashed text are binned, the row
+    the model refuses (no age) is left out: what `s2t publish` writes beside such a version."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from s2t.gate.drift import build_reference
+    from s2t.models.convert import shape_for_serving
+    from s2t.models.example_signature import EXAMPLE_INPUT_KEY
+
+    nodes = [helper.make_node("Cast", ["branch"], ["branch_f"], to=TensorProto.FLOAT),
+             helper.make_node("Squeeze", ["merchant", "axes"], ["flat"]),
+             helper.make_node("StringToHashBucketFast", ["flat"], ["bucket"], num_buckets=8),
+             helper.make_node("Cast", ["bucket"], ["bucket_f"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["bucket_f", "axes"], ["bucket_col"]),
+             helper.make_node("Sum", ["branch_f", "age", "bucket_col"], ["total"]),
+             helper.make_node("Sigmoid", ["total"], ["output_0"])]
+    graph = helper.make_graph(
+        nodes, "tf2onnx", [helper.make_tensor_value_info("branch", TensorProto.INT64, ["n", 1]),
+                           helper.make_tensor_value_info("merchant", TensorProto.STRING, ["n", 1]),
+                           helper.make_tensor_value_info("age", TensorProto.FLOAT, ["n", 1])],
+        [helper.make_tensor_value_info("output_0", TensorProto.FLOAT, ["n", 1])],
+        [onnx.numpy_helper.from_array(np.array([1], np.int64), "axes")])
+    raw = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    model, spec = shape_for_serving(raw, {"branch": -1, "merchant": "none"}, {EXAMPLE_INPUT_KEY: "examples"})
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    rng = np.random.default_rng(4)
+    lines = ["age,branch,merchant"]
+    for i in range(300):
+        branch = "" if i % 10 == 9 else str(rng.choice([-(2 ** 63), -3, 7, 2 ** 63 - 1]))
+        age = "" if i == 24 else str(int(rng.integers(18, 80)))
+        lines.append(f"{age},{branch},{'' if i % 7 == 6 else 'shop' + str(i % 13)}")
+    (tmp_path / "gate.csv").write_text("\n".join(lines) + "\n")
+
+    reference = build_reference(tmp_path / "gate.csv", tmp_path / "model.onnx", tmp_path / "reference.json")
+
+    assert sum(reference.score) == 299 and sum(reference.numeric["branch"]) == 299
+    assert len(reference.numeric["branch"]) <= 11 and len(reference.numeric["merchant"]) <= 11
+    assert set(reference.categorical) == set()
+    DriftMonitor(Reference.from_json((tmp_path / "reference.json").read_text()), spec)
