@@ -479,7 +479,9 @@ def started_services(on_progress: OnProgress, planned: int, log_base: Path | Non
     on_progress(0, planned, "starting s2t serve --llm and s2t gateway")
     serve, _ = service_process.start(["serve", "--llm", "--http-port", str(ports["http"]), "--grpc-port",
                                       str(ports["grpc"]), "--metrics-port", str(ports["metrics"]),
-                                      "--supervisor-port", str(ports["supervisor"]), "--exit-timeout", "10"],
+                                      "--supervisor-port", str(ports["supervisor"]), "--exit-timeout", "10",
+                                      # the soak does not use /v1: no OpenAI API, so no fixed port 9000
+                                      "--openai-port", "0"],
                                      "ready:", timeout=300,
                                      log=log_base.with_suffix(".serve.log") if log_base else None)
     gateway = None
