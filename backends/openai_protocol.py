@@ -206,3 +206,14 @@ def upstream_error(status: int, message: str) -> OpenAIError:
         field_name = message.split(":", 1)[0] if ":" in message else None
         return OpenAIError(400, message, field_name)
     return OpenAIError(502 if status >= 500 else status, message, kind="server_error")
+
+
+def triton_error_text(status: int, body: bytes) -> str:
+    """What Triton said when it refused a call: the `error` of its JSON body, else a plain status line (a proxy's or
+    a crashed server's body is no message for the caller)."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    return str(error) if error else f"HTTP {status} from Triton"
+
