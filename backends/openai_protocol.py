@@ -209,11 +209,18 @@ def upstream_error(status: int, message: str) -> OpenAIError:
 
 
 def triton_error_text(status: int, body: bytes) -> str:
-    """What Triton said when it refused a call: the `error` of its JSON body, else a plain status line (a proxy's or
-    a crashed server's body is no message for the caller)."""
-    try:
-        error = json.loads(body).get("error")
-    except (ValueError, AttributeError):
-        error = None
-    return str(error) if error else f"HTTP {status} from Triton"
+    """What Triton said when it refused a call: the `error` of its JSON body, plain or as an event (`data: {...}`,
+    how generate_stream refuses), else a plain status line (a proxy's or a crashed server's body is no message for
+    the caller)."""
+    for line in body.splitlines() or [b""]:
+        line = line.strip()
+        if line.startswith(b"data:"):
+            line = line[5:]
+        try:
+            error = json.loads(line).get("error")
+        except (ValueError, AttributeError):
+            continue
+        if error:
+            return str(error)
+    return f"HTTP {status} from Triton"
 

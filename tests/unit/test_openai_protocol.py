@@ -102,6 +102,7 @@ def test_answers_take_openais_shapes_with_usage_and_finish_reason():
     (503, b'{"error": "the admission queue is full"}', "the admission queue is full"),
     (502, b"<html>Bad Gateway</html>", "HTTP 502 from Triton"),
     (500, b"", "HTTP 500 from Triton"),
+    (400, b'data: {"error": "max_tokens: must be positive"}\n\n', "max_tokens: must be positive"),
     (400, b'["not", "an object"]', "HTTP 400 from Triton"),
     (400, b'{"error": ""}', "HTTP 400 from Triton"),
 ])
