@@ -206,3 +206,21 @@ def upstream_error(status: int, message: str) -> OpenAIError:
         field_name = message.split(":", 1)[0] if ":" in message else None
         return OpenAIError(400, message, field_name)
     return OpenAIError(502 if status >= 500 else status, message, kind="server_error")
+
+
+def triton_error_text(status: int, body: bytes) -> str:
+    """What Triton said when it refused a call: the `error` of its JSON body, plain or as an event (`data: {...}`,
+    how generate_stream refuses), else a plain status line (a proxy's or a crashed server's body is no message for
+    the caller)."""
+    for line in body.splitlines() or [b""]:
+        line = line.strip()
+        if line.startswith(b"data:"):
+            line = line[5:]
+        try:
+            error = json.loads(line).get("error")
+        except (ValueError, AttributeError):
+            continue
+        if error:
+            return str(error)
+    return f"HTTP {status} from Triton"
+

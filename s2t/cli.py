@@ -705,18 +705,22 @@ def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mod
     except ServerError as err:
         raise click.ClickException(str(err)) from None
     metrics = start_metrics(supervisor_port, state, lambda line: click.echo(line, err=True))
-    click.echo(f"ready: HTTP localhost:{http_port}  gRPC localhost:{grpc_port}  "
-               f"metrics http://localhost:{metrics_port}/metrics"
-               + (f"  supervisor http://localhost:{supervisor_port}/metrics" if metrics else ""), err=True)
-    click.echo(f"try: curl -s localhost:{http_port}/v2/models/risk_pipeline", err=True)
     openai = None
     if with_llm and openai_port:
+        # Started before the ready line: whoever waits for `ready:` may call /v1 at once.
         from s2t.serve.openai_server import OpenAIFrontend
         try:
             openai = OpenAIFrontend(f"localhost:{http_port}", openai_port).start()
         except RuntimeError as err:
+            if metrics is not None:
+                metrics.stop()
             server.stop()
             raise click.ClickException(str(err)) from None
+    click.echo(f"ready: HTTP localhost:{http_port}  gRPC localhost:{grpc_port}  "
+               f"metrics http://localhost:{metrics_port}/metrics"
+               + (f"  supervisor http://localhost:{supervisor_port}/metrics" if metrics else ""), err=True)
+    click.echo(f"try: curl -s localhost:{http_port}/v2/models/risk_pipeline", err=True)
+    if openai is not None:
         click.echo(f"OpenAI API: http://localhost:{openai_port}/v1 (model llm)", err=True)
     code = keep(server, stop, replace, RestartPolicy(max_restarts=max_restarts), state,
                 log=lambda line: click.echo(line, err=True))
@@ -724,6 +728,8 @@ def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mod
         server.stop()
         if openai is not None:
             openai.stop()
+        if metrics is not None:
+            metrics.stop()
         raise click.ClickException(f"tritonserver could not be kept running (last exit code {code})")
     click.echo("stopping: draining in-flight requests", err=True)
     code = server.stop()

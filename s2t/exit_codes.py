@@ -23,7 +23,8 @@ MEANINGS = {
             "server refused, an unexpected error)",
     USAGE: "the command line is wrong: unknown option, missing argument, options that exclude each other",
     GATE_REFUSED: "a gate said no: parity over tolerance, publish refused the artifact, the automated canary "
-                  "rolled back, check-config found problems, a stream replay lost order or records, a soak grew",
+                  "rolled back, check-config found problems, a stream replay lost order or records, a soak grew, "
+                  "`soak --hostile` found a guarantee not kept",
     UNREACHABLE: "the server (Triton's HTTP or gRPC endpoint, or a metrics endpoint) could not be reached",
     REJECTED: "the server answered the request with an error of its own: the record is invalid (the message names "
               "the field)",

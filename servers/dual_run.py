@@ -267,6 +267,9 @@ class DualRun:
     def close(self) -> dict:
         """Waits for the windows being mirrored (each bounded by its timeout), then writes the last report."""
         self._pool.shutdown(wait=True)
+        close = getattr(self.mirror, "close", None)  # the mirror's per-thread channels and loops (BlockingWindows)
+        if close is not None:
+            close()
         self._stop.set()
         if self._writer is not None:
             self._writer.join()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import queue
 import threading
 import time
@@ -45,6 +46,8 @@ WINDOWS_IN_FLIGHT = 4
 SWEEP_INTERVAL_S = 0.1
 _LEGACY_CALL_STATUS = {UNAVAILABLE: grpc.StatusCode.UNAVAILABLE, INTERNAL: grpc.StatusCode.INTERNAL}
 _SERVICE, _METHOD = "skill.Skill", "Score"
+
+_LOG = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -175,9 +178,15 @@ class TritonWindows:
     record over `max_record_bytes` is answered INVALID_RECORD here and never sent."""
 
     def __init__(self, scorer, window_size: int, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES):
+        self._closes = getattr(scorer, "close", None)
         self.scorer = retrying_async(scorer)
         self.window_size = window_size
         self.max_record_bytes = max_record_bytes
+
+    async def close(self) -> None:
+        """Closes the scorer's channel when it has one."""
+        if self._closes is not None:
+            await self._closes()
 
     async def __call__(self, window: Sequence[bytes], number: int) -> list[skill_pb2.SkillResult]:
         records = parse_records(window, number, self.window_size)
@@ -224,13 +233,31 @@ class BlockingWindows:
     def __init__(self, make: Callable[[], WindowScorer]):
         self._make = make
         self._local = threading.local()
+        self._lock = threading.Lock()
+        self._made: list[tuple[asyncio.AbstractEventLoop, WindowScorer]] = []  # one per thread of a bounded pool
 
     def __call__(self, window: Sequence[bytes], number: int) -> list:
         local = self._local
         if getattr(local, "loop", None) is None:
             local.loop = asyncio.new_event_loop()
             local.windows = local.loop.run_until_complete(_made(self._make))
+            with self._lock:
+                self._made.append((local.loop, local.windows))
         return local.loop.run_until_complete(local.windows(window, number))
+
+    def close(self) -> None:
+        """Closes every thread's scorer (its channel) and loop; call once the threads no longer score."""
+        with self._lock:
+            made, self._made = self._made, []
+        for loop, windows in made:
+            close = getattr(windows, "close", None)
+            try:
+                if close is not None:
+                    loop.run_until_complete(close())
+            except Exception:  # noqa: BLE001 - one scorer that fails to close must not keep the others open
+                _LOG.exception("closing a mirror scorer failed")
+            finally:
+                loop.close()
 
 
 async def _made(make):
@@ -402,23 +429,28 @@ def serve(port: int, triton_url: str, model: str = "risk_pipeline", window_size:
         from servers.triton_infer import TritonInfer
         scorer = TritonInfer(triton_url, model)
         try:
-            max_batch_size = await scorer.max_batch_size()
-        except grpc.aio.AioRpcError:  # Triton unreachable or the model absent: nothing to check against yet
-            pass
-        else:
-            check_window_size(window_size, max_batch_size, model)
-        gateway = SkillGateway(answer or TritonWindows(scorer, window_size, limits.max_record_bytes), window_size,
-                               limits, CallAdmission(admission_limits), mirror)
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", limits.max_message_bytes)])
-        handler = grpc.stream_unary_rpc_method_handler(gateway.score)  # no (de)serializer: raw bytes both ways
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, {_METHOD: handler}),))
-        try:
-            bound = server.add_insecure_port(f"{host}:{port}")
-        except RuntimeError:
-            bound = 0
-        if bound == 0:
-            raise OSError(f"cannot listen on {host}:{port}")
-        await server.start()
+            try:
+                max_batch_size = await scorer.max_batch_size()
+            except grpc.aio.AioRpcError:  # Triton unreachable or the model absent: nothing to check against yet
+                pass
+            else:
+                check_window_size(window_size, max_batch_size, model)
+            gateway = SkillGateway(answer or TritonWindows(scorer, window_size, limits.max_record_bytes),
+                                   window_size, limits, CallAdmission(admission_limits), mirror)
+            server = grpc.aio.server(options=[("grpc.max_receive_message_length", limits.max_message_bytes)])
+            handler = grpc.stream_unary_rpc_method_handler(gateway.score)  # no (de)serializer: raw bytes both ways
+            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, {_METHOD: handler}),))
+            try:
+                bound = server.add_insecure_port(f"{host}:{port}")
+            except RuntimeError:
+                bound = 0
+            if bound == 0:
+                raise OSError(f"cannot listen on {host}:{port}")
+            await server.start()
+        except BaseException:
+            # A gateway that does not start leaves no channel to Triton open behind it.
+            await scorer.close()
+            raise
         sweeper = asyncio.ensure_future(gateway.sweep())
 
         async def close() -> None:

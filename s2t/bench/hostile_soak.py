@@ -122,12 +122,14 @@ class ValidPath(threading.Thread):
         self.samples: list[Sample] = []
         self._lock = threading.Lock()
         self._in_flight = 0
+        self.stop = threading.Event()  # set: no more calls (the run failed before its end)
 
     def run(self) -> None:
         with ThreadPoolExecutor(MAX_IN_FLIGHT, thread_name_prefix=self.name) as pool:
             k = 0
             while (due := self.clock.at(k / self.rate)) < self.clock.at(self.clock.seconds):
-                time.sleep(max(0.0, due - time.monotonic()))
+                if self.stop.wait(max(0.0, due - time.monotonic())):
+                    break
                 phase = self.clock.phase()
                 with self._lock:
                     full = self._in_flight >= MAX_IN_FLIGHT
@@ -479,7 +481,9 @@ def started_services(on_progress: OnProgress, planned: int, log_base: Path | Non
     on_progress(0, planned, "starting s2t serve --llm and s2t gateway")
     serve, _ = service_process.start(["serve", "--llm", "--http-port", str(ports["http"]), "--grpc-port",
                                       str(ports["grpc"]), "--metrics-port", str(ports["metrics"]),
-                                      "--supervisor-port", str(ports["supervisor"]), "--exit-timeout", "10"],
+                                      "--supervisor-port", str(ports["supervisor"]), "--exit-timeout", "10",
+                                      # the soak does not use /v1: no OpenAI API, so no fixed port 9000
+                                      "--openai-port", "0"],
                                      "ready:", timeout=300,
                                      log=log_base.with_suffix(".serve.log") if log_base else None)
     gateway = None
@@ -573,6 +577,7 @@ def _soak(options: Options, records: Sequence[Mapping], services: Services, on_p
     """Valid traffic through the three phases, floods in the middle one, the process trees watched throughout."""
     planned, urls = int(options.seconds), services.urls
     calls = Calls(urls["http"], urls["grpc"], urls["gateway"], records)
+    watch, paths = None, []
     try:
         # Every path warmed once: first-use costs are not the floods' doing. A path that cannot answer yet is not
         # a reason to stop; its phases' counts will show it.
@@ -600,6 +605,11 @@ def _soak(options: Options, records: Sequence[Mapping], services: Services, on_p
         watch.join(10)
         watch.look()
     finally:
+        # On a failure too: no valid-path or watch thread goes on calling or sampling after the soak.
+        for path in paths:
+            path.stop.set()
+        if watch is not None:
+            watch.stop.set()
         calls.close()
     return watch, pids_before, pids_after, paths, flood_results, warm_up, supervisor
 

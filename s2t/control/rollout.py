@@ -488,8 +488,8 @@ def canary(rollout: Rollout, version: int | None, canary_percent: float, shadow_
            candidate_repositories: tuple[Path, ...] = ()):
     """risk_router splits between the primary and `version` (None: no split). Returns the RoutingSettings."""
     if rollout.keeps_state() and rollout.pinned():
-        raise RolloutError(f"{rollout.model} loads one version at a time and has no router in front of it: "
-                           "no canary; `promote` or `rollback` it")
+        raise RolloutError(f"{rollout.model} serves the newest version its config lists and has no router in "
+                           "front of it: no canary; `promote` or `rollback` it")
     candidate = None if version is None else Target(rollout.model, version)
     managed = rollout.keeps_state()
     with rollout.step() as state:

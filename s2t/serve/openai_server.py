@@ -11,19 +11,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import threading
 
 import aiohttp
 from aiohttp import web
 
-from backends.openai_protocol import OpenAIError, OpenAIRequest, finish_reason, parse_request, upstream_error, usage
+from backends.openai_protocol import (OpenAIError, OpenAIRequest, finish_reason, parse_request, triton_error_text,
+                                      upstream_error, usage)
 
 MODELS = ("llm",)
+log = logging.getLogger(__name__)
 # Triton answers a generate_stream call at once; only a generation can take long (bounded by max_tokens).
 UPSTREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=300)
 # Well inside a probe's usual timeout (Kubernetes: 1 s by default is too tight for a busy node, so the manifests
 # give 5 s), so that the probe gets a 503 rather than a timeout.
 READINESS_TIMEOUT = aiohttp.ClientTimeout(total=3)
+# Below stop()'s default bound (10 s), so that cleanup ends before stop() gives up on it.
+SHUTDOWN_TIMEOUT = 5.0
 
 
 def _error(err: OpenAIError) -> web.Response:
@@ -34,15 +39,28 @@ async def _events(session: aiohttp.ClientSession, triton_url: str, request: Open
     """`llm`'s events: each token's text, then the final one (counts, finish reason); OpenAIError when refused."""
     async with session.post(f"http://{triton_url}/v2/models/{request.model}/generate_stream",
                             json=request.triton_body()) as response:
+        if response.status != 200:
+            # A refusal comes as one JSON body ({"error": ...}), not as events: its text is the caller's answer.
+            raise upstream_error(response.status, triton_error_text(response.status, await response.read()))
         async for line in response.content:
             if not line.startswith(b"data:"):
                 continue
-            event = json.loads(line[5:])
+            try:
+                event = json.loads(line[5:])
+            except ValueError:
+                raise OpenAIError(502, "the model server sent a malformed event", kind="server_error") from None
             if "error" in event:
                 raise upstream_error(response.status, str(event["error"]))
             yield event
-        if response.status != 200:
-            raise upstream_error(response.status, f"HTTP {response.status} from Triton")
+
+
+def _upstream_failure(err: Exception) -> OpenAIError:
+    """A failed call to Triton in OpenAI's error shape."""
+    if isinstance(err, OpenAIError):
+        return err
+    if isinstance(err, asyncio.TimeoutError):
+        return OpenAIError(504, "the model server did not answer in time", kind="server_error")
+    return OpenAIError(503, f"the model server cannot be reached: {err}", kind="server_error")
 
 
 class OpenAIFrontend:
@@ -107,10 +125,8 @@ class OpenAIFrontend:
                 elif event.get("text_output"):
                     pieces.append(event["text_output"])
             return web.json_response(request.whole("".join(pieces), finish_reason(final), usage(final)))
-        except OpenAIError as err:
-            return _error(err)
-        except aiohttp.ClientError as err:
-            return _error(OpenAIError(503, f"the model server cannot be reached: {err}", kind="server_error"))
+        except (OpenAIError, aiohttp.ClientError, asyncio.TimeoutError) as err:
+            return _error(_upstream_failure(err))
 
     async def _stream(self, http_request: web.Request, request: OpenAIRequest, events) -> web.StreamResponse:
         response = None
@@ -127,10 +143,11 @@ class OpenAIFrontend:
                         await _send(response, request.usage_chunk(usage(event)))
                 elif event.get("text_output"):
                     await _send(response, request.chunk(event["text_output"]))
-        except OpenAIError as err:
+        except (OpenAIError, aiohttp.ClientError, asyncio.TimeoutError) as err:
             if response is None:
-                return _error(err)
-            await _send(response, err.body())
+                return _error(_upstream_failure(err))
+            # The event stream has begun (status 200 sent): the failure can only be its last event.
+            await _send(response, _upstream_failure(err).body())
         if response is None:
             return _error(OpenAIError(502, "the model server ended the stream without an answer", kind="server_error"))
         await response.write(b"data: [DONE]\n\n")
@@ -149,7 +166,9 @@ class OpenAIFrontend:
         self._loop = asyncio.new_event_loop()
         try:
             # handler_cancellation: a client that disconnects cancels its handler, which closes the call to Triton.
-            self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
+            # shutdown_timeout: in-flight handlers get this long, inside stop()'s own bound, before they are cut.
+            self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None,
+                                         shutdown_timeout=SHUTDOWN_TIMEOUT)
             self._loop.run_until_complete(self._runner.setup())
             self._loop.run_until_complete(web.TCPSite(self._runner, self.host, self.port).start())
         except BaseException as err:  # noqa: BLE001 - reported by start() to its caller
@@ -157,16 +176,33 @@ class OpenAIFrontend:
             self._ready.set()
             return
         self._ready.set()
-        self._loop.run_forever()
+        try:
+            self._loop.run_forever()
+        finally:
+            # What stop() gave up waiting for (a cleanup, a handler) is cancelled here, briefly waited for, so that
+            # no task is left on a closed loop.
+            pending = asyncio.all_tasks(self._loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                self._loop.run_until_complete(asyncio.wait(pending, timeout=SHUTDOWN_TIMEOUT))
+            self._loop.close()
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stops serving within about `timeout` seconds and never raises: the caller has its own cleanup to do."""
         if self._loop is None or self._runner is None:
             return
         future = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
         try:
             future.result(timeout)
+        except Exception as err:  # noqa: BLE001 - a stuck or failed cleanup is logged; the loop stops regardless
+            future.cancel()
+            log.warning("the OpenAI API did not stop cleanly: %r", err)
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            try:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+            except RuntimeError:  # the loop has already stopped and closed
+                pass
             if self._thread is not None:
                 self._thread.join(timeout)
 

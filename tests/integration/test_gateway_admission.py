@@ -49,14 +49,26 @@ def test_eight_silent_calls_holding_every_slot_leave_a_valid_caller_answered_wit
     try:
         silent = [skill_pb2_grpc.SkillStub(c).Score.future(silent_after(record, release), timeout=30)
                   for c in channels]
-        time.sleep(1.0)  # every slot taken, every call silent for longer than the 0.5 s a full gateway allows
         with grpc.insecure_channel(f"localhost:{port}") as channel:
             stub = skill_pb2_grpc.SkillStub(channel)
-            started = time.monotonic()
-            first = stub.Score(iter(skill_records(german_credit_data, range(3))), timeout=10)
-            waited = time.monotonic() - started
+            # Valid calls until one takes a silent call's slot (that call ends): before every silent call is
+            # admitted a valid one finds a free slot, before they have been silent for 0.5 s it is told to retry.
+            # Polled, not slept, because how soon the silent calls are admitted depends on the machine's load.
+            first, waited, deadline = None, 0.0, time.monotonic() + 30
+            while not any(call.done() for call in silent):
+                assert time.monotonic() < deadline, "no silent call gave up its slot within 30 s"
+                started = time.monotonic()
+                try:
+                    first = stub.Score(iter(skill_records(german_credit_data, range(3))), timeout=10)
+                except grpc.RpcError as err:
+                    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
+                    time.sleep(0.1)
+                    continue
+                waited = time.monotonic() - started
             later = [stub.Score(iter(skill_records(german_credit_data, range(3, 6))), timeout=10) for _ in range(3)]
-        assert waited < 1.0, f"the valid caller waited {waited:.2f} s"
+        # Served within a second by design; 3 s leaves room for a loaded (shared, 2-core) test machine while
+        # still far below the 5 s idle limit a silent call would otherwise hold its slot for.
+        assert first is not None and waited < 3.0, f"the valid caller waited {waited:.2f} s"
         for answer in [first, *later]:
             assert [r.status for r in answer.results] == [skill_pb2.OK] * 3
         release.set()
@@ -87,6 +99,19 @@ def trickle(record: skill_pb2.SkillRecord, stop: threading.Event):
             return
 
 
+def refused_once_full(stub, data, within_s: float = 30.0) -> grpc.RpcError:
+    """Calls until one is refused (every slot taken by then): how soon the held calls are all admitted depends on
+    the machine's load. A call made before that is answered and leaves its slot at once."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            stub.Score(iter(skill_records(data, range(3))), timeout=10)
+        except grpc.RpcError as err:
+            return err
+        time.sleep(0.05)
+    raise AssertionError(f"no call refused within {within_s} s")
+
+
 def test_callers_that_go_away_mid_call_free_their_slots_at_once(gateway, german_credit_data):
     port, _ = gateway
     stop = threading.Event()
@@ -95,11 +120,9 @@ def test_callers_that_go_away_mid_call_free_their_slots_at_once(gateway, german_
                 for _ in range(WORKERS)]
     try:
         working = [skill_pb2_grpc.SkillStub(c).Score.future(trickle(record, stop), timeout=30) for c in channels]
-        time.sleep(0.5)
         with grpc.insecure_channel(f"localhost:{port}") as channel:
             stub = skill_pb2_grpc.SkillStub(channel)
-            with pytest.raises(grpc.RpcError) as full:
-                stub.Score(iter(skill_records(german_credit_data, range(3))), timeout=10)
+            full = refused_once_full(stub, german_credit_data)
             for call in working:
                 call.cancel()
             started = time.monotonic()
@@ -115,9 +138,10 @@ def test_callers_that_go_away_mid_call_free_their_slots_at_once(gateway, german_
         stop.set()
         for channel in channels:
             channel.close()
-    assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert full.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert answer is not None and [r.status for r in answer.results] == [skill_pb2.OK] * 3
-    assert freed_after < 1.0, f"slots of cancelled calls were held {freed_after:.2f} s"
+    # Freed at once by design; 3 s is the margin for a loaded test machine (the 5 s idle limit would be slower).
+    assert freed_after < 3.0, f"slots of cancelled calls were held {freed_after:.2f} s"
 
 
 def test_callers_at_exactly_the_workers_each_calling_again_at_once_are_never_refused(gateway, german_credit_data):
@@ -206,9 +230,7 @@ def test_a_connection_gets_its_share_of_slots_and_its_silent_calls_end_at_the_id
         started = time.monotonic()
         held = [skill_pb2_grpc.SkillStub(greedy).Score.future(silent_after(record, release), timeout=30)
                 for _ in range(2)]
-        time.sleep(0.3)
-        with pytest.raises(grpc.RpcError) as over_share:
-            skill_pb2_grpc.SkillStub(greedy).Score(iter(skill_records(german_credit_data, range(3))), timeout=10)
+        over_share = refused_once_full(skill_pb2_grpc.SkillStub(greedy), german_credit_data)
         answer = skill_pb2_grpc.SkillStub(polite).Score(iter(skill_records(german_credit_data, range(3))), timeout=10)
         ended = []
         for call in held:
@@ -217,8 +239,8 @@ def test_a_connection_gets_its_share_of_slots_and_its_silent_calls_end_at_the_id
             ended.append(err.value)
         took = time.monotonic() - started
         release.set()
-    assert over_share.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "already has 2 calls in progress" in over_share.value.details()
+    assert over_share.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "already has 2 calls in progress" in over_share.details()
     assert [r.status for r in answer.results] == [skill_pb2.OK] * 3
     assert all(e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "no record for 1 s" in e.details() for e in ended)
     assert 1.0 <= took < 10

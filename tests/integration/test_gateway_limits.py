@@ -42,16 +42,24 @@ def test_working_calls_at_the_cap_get_the_next_call_refused_at_once_with_when_to
     with grpc.insecure_channel(f"localhost:{gateway_port}") as channel:
         stub = skill_pb2_grpc.SkillStub(channel)
         working = [stub.Score.future(trickle(record, release), timeout=30) for _ in range(8)]
-        time.sleep(0.5)
-        started = time.monotonic()
-        with pytest.raises(grpc.RpcError) as refused:
-            stub.Score(iter(skill_records(german_credit_data, range(3))), timeout=CALL_TIMEOUT_S - 1)
-        waited = time.monotonic() - started
+        # Calls until one is refused: how soon the eight are all admitted depends on the machine's load; a call
+        # made before that is answered and leaves its slot at once.
+        refused, waited, deadline = None, 0.0, time.monotonic() + 30
+        while refused is None:
+            assert time.monotonic() < deadline, "no call refused within 30 s"
+            started = time.monotonic()
+            try:
+                stub.Score(iter(skill_records(german_credit_data, range(3))), timeout=CALL_TIMEOUT_S - 1)
+            except grpc.RpcError as err:
+                refused = err
+            waited = time.monotonic() - started
         release.set()
-        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "all 8 call slots are busy" in refused.value.details() and "retry in" in refused.value.details()
-        assert int(dict(refused.value.trailing_metadata())["retry-after-ms"]) <= 500
-        assert waited < 1.0
+        assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "all 8 call slots are busy" in refused.details() and "retry in" in refused.details()
+        assert int(dict(refused.trailing_metadata())["retry-after-ms"]) <= 500
+        # Refused at once by design (no queueing); 3 s is the margin for a loaded test machine, still below
+        # the 4 s a queued call would wait for.
+        assert waited < 3.0
         for call in working:
             results = call.result().results
             assert results and all(r.status == skill_pb2.OK for r in results)

@@ -4,6 +4,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -143,7 +144,7 @@ def test_s2t_serve_llm_serves_the_language_model_beside_the_risk_models(built_ar
     http_port = free_port()
     openai_port = free_port()
     env = {**os.environ, "HTTP_PORT": str(http_port), "GRPC_PORT": str(free_port()),
-           "METRICS_PORT": str(free_port()), "OPENAI_PORT": str(openai_port)}
+           "METRICS_PORT": str(free_port()), "SUPERVISOR_PORT": str(free_port()), "OPENAI_PORT": str(openai_port)}
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
         process = subprocess.Popen([str(Path(sys.executable).parent / "s2t"), "serve", "--llm", "--exit-timeout", "5"],
@@ -171,3 +172,31 @@ def test_s2t_serve_llm_serves_the_language_model_beside_the_risk_models(built_ar
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(60)
+
+
+def test_s2t_serve_llm_refuses_to_start_when_the_openai_port_is_taken(built_artifacts, tmp_path):
+    """The OpenAI API starts before `ready:`: a port it cannot take fails the start (non-zero, never ready), and what
+    had started (tritonserver, its ports) is stopped."""
+    http_port = free_port()
+    env = {**os.environ, "HTTP_PORT": str(http_port), "GRPC_PORT": str(free_port()),
+           "METRICS_PORT": str(free_port()), "SUPERVISOR_PORT": str(free_port())}
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        env["OPENAI_PORT"] = str(taken.getsockname()[1])
+        log = tmp_path / "serve.log"
+        with open(log, "wb") as out:
+            process = subprocess.Popen([str(Path(sys.executable).parent / "s2t"), "serve", "--llm",
+                                        "--exit-timeout", "5"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            code = process.wait(300)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(30)
+    text = log.read_text()
+    assert code != 0 and "ready:" not in text, text[-3000:]
+    assert "the OpenAI API could not start" in text
+    with socket.socket() as probe:  # nothing listens on tritonserver's HTTP port any more: the server was stopped
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # its closed connections may linger (TIME_WAIT)
+        probe.bind(("0.0.0.0", http_port))

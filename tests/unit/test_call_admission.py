@@ -2,14 +2,7 @@ import pytest
 
 from backends.call_admission import (DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, UNAVAILABLE, AdmissionLimits,
                                      CallAdmission)
-
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
+from tests.unit.fake_clock import Clock
 
 
 def pool(**limits):

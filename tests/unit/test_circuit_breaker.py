@@ -1,17 +1,10 @@
 import pytest
 
 from backends.circuit_breaker import CLOSED, HALF_OPEN, OPEN, BreakerSettings, CircuitBreaker
+from tests.unit.fake_clock import Clock
 
 SETTINGS = BreakerSettings(window_seconds=5, max_error_rate=0.1, max_p99_seconds=0.25, min_requests=20,
                            open_seconds=2)
-
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
 
 
 @pytest.fixture

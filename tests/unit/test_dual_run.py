@@ -1,3 +1,4 @@
+import asyncio
 import json
 import threading
 
@@ -76,3 +77,34 @@ def test_the_report_is_replaced_whole(tmp_path):
     write_json_atomically(path, {"compared": 2})
     assert json.loads(path.read_text()) == {"compared": 2}
     assert [p.name for p in path.parent.iterdir()] == ["report.json"]
+
+
+class ClosingWindows:
+    """A per-thread window scorer that records its loop and whether it was closed."""
+
+    def __init__(self):
+        self.loop = asyncio.get_running_loop()
+        self.closed = False
+
+    async def __call__(self, window, number):
+        return [skill_pb2.SkillResult(probability=0.5, window=number) for _ in window]
+
+    async def close(self):
+        self.closed = True
+
+
+def test_closing_the_dual_run_closes_every_mirror_threads_scorer_and_loop():
+    from servers.legacy_gateway import BlockingWindows
+    made = []
+    lock = threading.Lock()
+
+    def make():
+        with lock:
+            made.append(ClosingWindows())
+            return made[-1]
+    dual_run = DualRun(BlockingWindows(make), "triton", "legacy", threads=3)
+    for number in range(24):
+        dual_run.submit([b"r"], number, [skill_pb2.SkillResult(probability=0.5, window=number)])
+    report = dual_run.close()
+    assert made and len(made) <= 3 and report["mirror"] == "legacy"
+    assert all(windows.closed and windows.loop.is_closed() for windows in made)

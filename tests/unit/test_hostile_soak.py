@@ -29,6 +29,18 @@ def test_a_valid_path_counts_ticks_over_its_in_flight_cap_as_not_sent_and_waits_
     assert {s.phase for s in path.samples} <= {"before", "during", "after"}
 
 
+
+
+def test_a_stopped_valid_path_makes_no_more_calls_and_ends_before_the_run_would():
+    calls = []
+    path = hostile_soak.ValidPath("stopped", lambda k: calls.append(k) or [(ANSWERED, 0.001, "")], rate=20,
+                                  clock=hostile_soak.Clock(600.0))
+    path.start()
+    path.stop.set()
+    path.join(30)  # a path that ignored the stop would run for the clock's 600 s
+    assert not path.is_alive()
+    made = len(calls)
+    assert made < 20 and len(path.samples) == made
 def test_a_client_that_raises_is_an_unanswered_request_and_the_path_goes_on():
     def broken(k):
         if k % 2:

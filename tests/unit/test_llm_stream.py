@@ -10,14 +10,7 @@ from backends.llm_metrics import LlmMetrics
 from backends.llm_request import GenerationRequest
 from backends.llm_stream import PROBE_AFTER_S, GenerationStream, LiveStreams
 from tests.unit import python_backend as backend
-
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
+from tests.unit.fake_clock import Clock
 
 
 @pytest.fixture

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from backends.openai_protocol import (OpenAIError, chat_prompt, finish_reason, parse_request, upstream_error,
-                                      usage)
+from backends.openai_protocol import (OpenAIError, chat_prompt, finish_reason, parse_request, triton_error_text,
+                                      upstream_error, usage)
 
 MODELS = ("llm",)
 
@@ -95,3 +95,16 @@ def test_answers_take_openais_shapes_with_usage_and_finish_reason():
     text = parse({"model": "llm", "prompt": "x"}, chat=False)
     assert text.chunk("Hi")["object"] == "text_completion" and text.chunk("Hi")["choices"][0]["text"] == "Hi"
     assert finish_reason({"finish_reason": "cancelled"}) == "stop"
+
+
+@pytest.mark.parametrize("status, body, text", [
+    (400, b'{"error": "max_tokens: must be at most 64"}', "max_tokens: must be at most 64"),
+    (503, b'{"error": "the admission queue is full"}', "the admission queue is full"),
+    (502, b"<html>Bad Gateway</html>", "HTTP 502 from Triton"),
+    (500, b"", "HTTP 500 from Triton"),
+    (400, b'data: {"error": "max_tokens: must be positive"}\n\n', "max_tokens: must be positive"),
+    (400, b'["not", "an object"]', "HTTP 400 from Triton"),
+    (400, b'{"error": ""}', "HTTP 400 from Triton"),
+])
+def test_tritons_refusal_text_is_its_json_error_else_the_status(status, body, text):
+    assert triton_error_text(status, body) == text

@@ -12,6 +12,7 @@ from backends.errors import INTERNAL, INVALID, UNAVAILABLE, InvalidInput, of_kin
 from backends.record_decoder import SEQUENCE_ID_MAX, parse_record
 from backends.reorder_buffer import ReorderSettings
 from backends.stream_session import DUPLICATE, LATE, OK, Arrival, StreamModelSettings, StreamSession
+from tests.unit.fake_clock import Clock
 
 SETTINGS = ReorderSettings(max_gap=10, reorder_timeout_ms=200, max_buffered=4)
 
@@ -34,19 +35,11 @@ def score_batch(payloads):
             np.array([[b"REVIEW"]] * len(records), dtype=object))
 
 
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
 class Session:
     """A session whose answers are collected per request token."""
 
     def __init__(self, fail_delivery=lambda answer: False, settings=SETTINGS):
-        self.clock, self.answers, self.log, self.sent = Clock(), [], [], 0
+        self.clock, self.answers, self.log, self.sent = Clock(0.0), [], [], 0
 
         def deliver(answer):
             if fail_delivery(answer):
