@@ -418,7 +418,7 @@ def test_the_report_says_reference_window_sample_state_and_the_top_moved_bins():
 
 # --- risk_router's glue, through the wheel's triton_python_backend_utils (no server) ------------------------------
 
-def test_risk_router_counts_the_primarys_scored_records_and_says_not_enough_data_below_the_minimum(built_artifacts):
+def test_risk_router_counts_the_primarys_scored_records_and_says_not_enough_data_below_the_minimum(model_repository):
     record = json.loads((MODEL_REPOSITORY.parent / "clients" / "examples" / "record.json").read_text())
     bad = {**record, "features": {**record["features"], "credit_amount": "lots"}}
     pb_utils = backend.backend_utils()
@@ -427,7 +427,7 @@ def test_risk_router_counts_the_primarys_scored_records_and_says_not_enough_data
             (len(next(t for t in bls.inputs() if t.name() == "numeric").as_numpy()), 1), 0.3, np.float32))]),
         "risk_decision": lambda bls: backend.InferenceResponse([backend.Tensor("decision", np.full(
             bls.inputs()[0].as_numpy().shape, b"APPROVE", dtype=object))])})
-    folder = MODEL_REPOSITORY / "risk_router"
+    folder = model_repository / "risk_router"
     router = backend.initialize(backend.load_model(folder / "1" / "model.py", pb_utils), folder)
     try:
         responses = router.execute([request(payload=payloads(record, record)), request(payload=payloads(bad))])
@@ -443,7 +443,7 @@ def test_risk_router_counts_the_primarys_scored_records_and_says_not_enough_data
         assert value("s2t_feature_drifted", feature="credit_amount") == 0
         assert value("s2t_feature_drift_window_records") == 2000
         # The primary's own score reference when its gated publish wrote one, else the training data's (0).
-        own = (MODEL_REPOSITORY / "risk_scorer" / "1" / "drift_reference.json").is_file()
+        own = (model_repository / "risk_scorer" / "1" / "drift_reference.json").is_file()
         assert value("s2t_feature_drift_reference_version") == (1 if own else 0)
     finally:
         router.finalize()

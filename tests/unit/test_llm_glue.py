@@ -120,21 +120,21 @@ def hanging_llm(pb_utils):
     release.set()
 
 
-def impatient_explainer(pb_utils, workers: int):
+def impatient_explainer(pb_utils, repositories, workers: int):
     from google.protobuf import json_format
 
     from s2t.triton_config import load
-    config = json_format.MessageToDict(load(LLM_REPOSITORY / "risk_explainer"), preserving_proto_field_name=True)
+    folder = repositories["model_repository_llm"] / "risk_explainer"
+    config = json_format.MessageToDict(load(folder), preserving_proto_field_name=True)
     config["parameters"]["token_timeout_s"] = {"string_value": "0.3"}
     config["parameters"]["workers"] = {"string_value": str(workers)}
     pb_utils.InferenceRequest.bls["risk_pipeline"] = pipeline
-    return backend.initialize(backend.load_model(LLM_REPOSITORY / "risk_explainer" / "1" / "model.py", pb_utils),
-                              LLM_REPOSITORY / "risk_explainer", config=config)
+    return backend.initialize(backend.load_model(folder / "1" / "model.py", pb_utils), folder, config=config)
 
 
 def test_risk_explainer_ends_a_stream_whose_language_model_stops_mid_answer_and_frees_its_worker(
-        pb_utils, built_artifacts, hanging_llm):
-    glue = impatient_explainer(pb_utils, workers=1)
+        pb_utils, repositories, hanging_llm):
+    glue = impatient_explainer(pb_utils, repositories, workers=1)
     try:
         first, second = request(payload=payloads(RECORD)), request(payload=payloads(RECORD))
         glue.execute([first, second])
@@ -147,10 +147,10 @@ def test_risk_explainer_ends_a_stream_whose_language_model_stops_mid_answer_and_
         glue.finalize()
 
 
-def test_risk_explainer_stops_asking_a_model_that_left_too_many_streams_unanswered(pb_utils, built_artifacts,
+def test_risk_explainer_stops_asking_a_model_that_left_too_many_streams_unanswered(pb_utils, repositories,
                                                                                   hanging_llm):
     from backends.explainer import ABANDONED_PER_WORKER
-    glue = impatient_explainer(pb_utils, workers=1)
+    glue = impatient_explainer(pb_utils, repositories, workers=1)
     try:
         bound = 1 + ABANDONED_PER_WORKER
         requests = [request(payload=payloads(RECORD)) for _ in range(bound + 2)]
