@@ -11,9 +11,9 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable
 
-from backends.model_parameters import parameter, read_parameters, seconds_from_ms
+from backends.model_parameters import parameter, seconds_from_ms
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 
@@ -33,10 +33,6 @@ class BreakerSettings:
             raise ValueError(f"breaker error rate must be within 0..1, got {self.max_error_rate}")
         if self.min_requests < 1:
             raise ValueError("breaker min_requests must be >= 1")
-
-    @classmethod
-    def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]]) -> "BreakerSettings":
-        return read_parameters(cls, parameters)
 
 
 # Re-evaluating the window on every batch would sort it hundreds of times a second; this often is enough.

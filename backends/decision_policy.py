@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 
-from backends.model_parameters import parameter, read_parameters
+from backends.model_parameters import parameter
 
 APPROVE, REVIEW, DECLINE = b"APPROVE", b"REVIEW", b"DECLINE"
 # Indexed by the band number (0 below review, 1 between, 2 from decline up): one gather per batch. On the hot path
@@ -25,10 +24,6 @@ class Thresholds:
         if not (0.0 <= self.review <= self.decline <= 1.0):
             raise ValueError(f"thresholds must satisfy 0 <= review <= decline <= 1, "
                              f"got review={self.review} decline={self.decline}")
-
-    @classmethod
-    def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]]) -> "Thresholds":
-        return read_parameters(cls, parameters)
 
 
 def decide(probability: np.ndarray, thresholds: Thresholds) -> np.ndarray:

@@ -14,6 +14,8 @@ import threading
 import traceback
 from typing import Callable
 
+from backends.errors import ServingError, triton_error
+
 
 class StreamSender:
     def __init__(self, response_sender, pb_utils):
@@ -45,11 +47,18 @@ class StreamSender:
 
     def fail(self, message: str, code) -> bool:
         """A final error response; a new TritonError each time (a shared one crashes Triton 2.51's server)."""
+        return self._final_error(lambda: self._pb.TritonError(message, code))
+
+    def refuse(self, err: ServingError) -> bool:
+        """A final error response saying `err`, with the Triton code of its kind (backends/errors.py)."""
+        return self._final_error(lambda: triton_error(err, self._pb.TritonError))
+
+    def _final_error(self, new_error: Callable[[], object]) -> bool:
         with self._lock:
             if self._closed:
                 return False
             self._closed = True
-            self._sender.send(self._pb.InferenceResponse(error=self._pb.TritonError(message, code)),
+            self._sender.send(self._pb.InferenceResponse(error=new_error()),
                               flags=self._pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return True
 

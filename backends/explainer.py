@@ -1,9 +1,10 @@
 """risk_explainer's work on one request, without Triton: decode the record, score it, give its reason codes, then
 stream the language model's words, or the template when backends/degrade_policy.py says the model is too slow.
 
-The scoring model and the language model are callables (BLS in the model), the response sender is a StreamSender
-and every send goes through the outbox. `tensor(name, array)` is pb_utils.Tensor; `codes` holds Triton's
-INVALID_ARG and INTERNAL codes. Nothing here imports Triton.
+The scoring model and the language model are callables (BLS in the model, through backends/triton_glue.py), the
+response sender is a StreamSender and every send goes through the outbox. A request's failure is a ServingError
+(backends/errors.py), whose kind gives its Triton code. `tensor(name, array)` is pb_utils.Tensor. Nothing here
+imports Triton.
 """
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
 
 from backends.decoupled_sender import Outbox, StreamSender
 from backends.degrade_policy import DEGRADE_REASONS, EXPECTED_TTFT, LLM, LLM_ERROR, TTFT_TIMEOUT, DegradePolicy
+from backends.errors import InternalError, InvalidInput, ServingError, Unavailable
 from backends.explanation_text import explanation_prompt, template_explanation
-from backends.model_parameters import parameter, positive_integer
+from backends.model_parameters import VERSION_FOLDER, parameter, path_parameter, positive_integer
 from backends.reason_codes import LinearReasons
 from backends.record_decoder import RecordDecoder, RecordError, max_record_bytes_parameter, parse_record
 
@@ -32,7 +35,7 @@ ABANDONED_PER_WORKER = 4
 
 @dataclass(frozen=True)
 class ExplainerSettings:
-    reason_model: str = parameter("reason_model", "reason_model.onnx")  # relative to the version folder
+    reason_model: Path = path_parameter("reason_model", Path("reason_model.onnx"), within=VERSION_FOLDER)
     top_reasons: int = parameter("top_reasons", 3, parse=positive_integer)
     max_record_bytes: int = max_record_bytes_parameter()
     scoring_model: str = parameter("scoring_model", "risk_pipeline")
@@ -48,19 +51,6 @@ class ExplainerSettings:
     def __post_init__(self):
         if not self.token_timeout_s > 0:
             raise ValueError(f"token_timeout_s must be > 0, got {self.token_timeout_s}")
-
-
-@dataclass(frozen=True)
-class TritonCodes:
-    invalid: object
-    internal: object
-    unavailable: object = None
-
-
-class RequestFailed(Exception):
-    def __init__(self, message: str, code):
-        super().__init__(message)
-        self.code = code
 
 
 class ExplainerMetrics:
@@ -79,15 +69,15 @@ class ExplainerMetrics:
 
 class Explainer:
     def __init__(self, settings: ExplainerSettings, reasons: LinearReasons,
-                 score: Callable[[bytes], tuple[float, str]], llm_tokens: Callable[[str], Iterator[str]],
-                 outbox: Outbox, metrics: ExplainerMetrics, tensor: Callable, codes: TritonCodes,
+                 score: Callable[[bytes], tuple], llm_tokens: Callable[[str], Iterator],
+                 outbox: Outbox, metrics: ExplainerMetrics, tensor: Callable,
                  log_warn: Callable[[str], None], log_error: Callable[[str], None]):
-        """`score(payload)` -> (probability, decision), raising RequestFailed; `llm_tokens(prompt)` yields the
-        language model's text pieces, raising on its failure."""
+        """`score(payload)` -> (probability, decision) as one-value arrays, raising a ServingError;
+        `llm_tokens(prompt)` yields the language model's text pieces (one-value arrays), raising on its failure."""
         self.settings, self.reasons, self.score, self.llm_tokens = settings, reasons, score, llm_tokens
         self.decoder = RecordDecoder(reasons.spec, settings.max_record_bytes)
         self.policy = DegradePolicy(settings.degrade_ttft_s, settings.probe_interval_s)
-        self.outbox, self.metrics, self.tensor, self.codes = outbox, metrics, tensor, codes
+        self.outbox, self.metrics, self.tensor = outbox, metrics, tensor
         self.log_warn, self.log_error = log_warn, log_error
         self._pumps = threading.BoundedSemaphore(settings.workers * (1 + ABANDONED_PER_WORKER))
 
@@ -96,30 +86,31 @@ class Explainer:
 
     def handle(self, payloads: np.ndarray, sender: StreamSender) -> None:
         """Answer one request completely (on a worker thread); its final response always goes out."""
-        post = self.outbox.put
         try:
             self._explain(payloads, sender)
-        except RequestFailed as err:
-            # Bound now: `err` is unset once the except block ends, before the outbox runs the task.
-            post(lambda message=str(err), code=err.code: (sender.fail(message, code),
-                                                          self.metrics.answered["error"].increment(1)))
+        except ServingError as err:
+            self.refuse(sender, err)
         except Exception:  # noqa: BLE001 - log it; the client gets a plain message and its final answer
             self.log_error(traceback.format_exc())
-            post(lambda: (sender.fail("risk_explainer: internal error", self.codes.internal),
-                          self.metrics.answered["error"].increment(1)))
+            self.refuse(sender, InternalError("risk_explainer: internal error"))
+
+    def refuse(self, sender: StreamSender, err: ServingError) -> None:
+        """The request's final answer is `err` (sent by the outbox, counted as an error)."""
+        self.outbox.put(lambda: (sender.refuse(err), self.metrics.answered["error"].increment(1)))
 
     def _explain(self, payloads: np.ndarray, sender: StreamSender) -> None:
         post = self.outbox.put
         if len(payloads) != 1:
-            raise RequestFailed(f"payload: one record per request, got {len(payloads)}", self.codes.invalid)
+            raise InvalidInput(f"payload: one record per request, got {len(payloads)}")
         try:
             record = parse_record(payloads[0], self.decoder.max_record_bytes)
         except RecordError as err:
-            raise RequestFailed(str(err), self.codes.invalid) from None
+            raise InvalidInput(str(err)) from None
         decoded = self.decoder.decode([payloads[0]])
         if decoded.errors[0] is not None:
-            raise RequestFailed(str(decoded.errors[0]), self.codes.invalid)
+            raise InvalidInput(str(decoded.errors[0]))
         probability, decision = self.score(payloads[0])
+        probability, decision = float(np.ravel(probability)[0]), _text(np.ravel(decision)[0])
         reasons = self.reasons.explain(decoded.categorical, decoded.numeric)[0].reasons
         head = [self._array("reasons", [r.code().encode() for r in reasons]),
                 self._array("probability", [probability], np.float32), self._array("decision", [decision.encode()]),
@@ -147,8 +138,9 @@ class Explainer:
 
         def pump():
             try:
-                for text in self.llm_tokens(prompt):
-                    tokens.put(text)
+                for piece in self.llm_tokens(prompt):
+                    if (text := _text(np.ravel(piece)[0])):
+                        tokens.put(text)
             except Exception as err:  # noqa: BLE001 - handed to the waiting request, which degrades
                 tokens.put(err)
             finally:
@@ -189,6 +181,10 @@ class Explainer:
         message = (f"risk_explainer: the language model {self.settings.llm_model} {what} mid-explanation; the "
                    "score and reasons sent first stand")
         self.log_warn(message)
-        code = self.codes.unavailable if self.codes.unavailable is not None else self.codes.internal
-        self.outbox.put(lambda: (sender.fail(message, code), self.metrics.answered["error"].increment(1),
+        self.outbox.put(lambda: (sender.refuse(Unavailable(message)), self.metrics.answered["error"].increment(1),
                                  self.metrics.degraded[LLM_ERROR].increment(1)))
+
+
+def _text(value) -> str:
+    """One value of a BYTES tensor as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -17,14 +17,14 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 import onnxruntime as ort
 
 from backends.decision_policy import Thresholds, decide
 from backends.feature_spec import CATEGORICAL_INPUT, METADATA_KEY, NUMERIC_INPUT, PROBABILITY_OUTPUT, FeatureSpec
-from backends.model_parameters import parameter, read_parameters, settings_of
+from backends.model_parameters import parameter, settings_of
 from backends.ort_runner import ModelConfigError, OrtSettings
 from backends.record_decoder import RecordDecoder, RecordError, max_record_bytes_parameter
 from backends.repository_layout import live_switch_file, version_numbers
@@ -54,10 +54,6 @@ class PipelineSettings:
     thresholds: Thresholds = settings_of(Thresholds)
     max_record_bytes: int = max_record_bytes_parameter()
     ort: OrtSettings = settings_of(OrtSettings)
-
-    @classmethod
-    def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]]) -> "PipelineSettings":
-        return read_parameters(cls, parameters, ModelConfigError)
 
 
 def scorer_path(repository: Path, settings: PipelineSettings) -> Path:

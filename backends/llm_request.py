@@ -13,10 +13,11 @@ from typing import Mapping
 
 import numpy as np
 
+from backends.errors import InvalidInput
 from backends.model_parameters import parameter, positive_integer
 
 
-class GenerationError(ValueError):
+class GenerationError(InvalidInput, ValueError):
     """This request's own fault; answered INVALID_ARG, the other requests are unaffected."""
 
     def __init__(self, field: str, reason: str):

@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 
 from backends.decoupled_sender import Outbox, StreamSender
+from backends.errors import InternalError
 from backends.llm_engine import Completion, Job
 from backends.llm_metrics import LlmMetrics, StreamTiming
 from backends.llm_request import GenerationRequest
@@ -36,6 +37,16 @@ class LiveStreams:
         with self._lock:
             self._streams.discard(stream)
 
+    def submit(self, stream: "GenerationStream", submit: Callable[[Job], None]) -> None:
+        """`stream` kept live and its job handed to `submit` (the engine): added first, since the engine may finish
+        it at once; a stream whose job was refused is not kept."""
+        self.add(stream)
+        try:
+            submit(stream.job())
+        except Exception:
+            self.discard(stream)
+            raise
+
     def sweep(self) -> None:
         with self._lock:
             streams = list(self._streams)
@@ -51,11 +62,10 @@ PROBE_AFTER_S = 0.5
 
 class GenerationStream:
     def __init__(self, generation: GenerationRequest, prompt_tokens: int, sender: StreamSender, outbox: Outbox,
-                 metrics: LlmMetrics, client_cancelled: Callable[[], bool], tensor: Callable, internal_code,
+                 metrics: LlmMetrics, client_cancelled: Callable[[], bool], tensor: Callable,
                  clock: Callable[[], float] = time.monotonic, live: LiveStreams | None = None):
         self.generation, self.prompt_tokens, self.sender, self.outbox = generation, prompt_tokens, sender, outbox
-        self.metrics, self.client_cancelled, self.tensor, self.internal_code = (metrics, client_cancelled, tensor,
-                                                                               internal_code)
+        self.metrics, self.client_cancelled, self.tensor = metrics, client_cancelled, tensor
         self.clock, self.timing, self.pieces = clock, StreamTiming(clock()), []
         # Read by the engine on every token and while queued; set from the outbox, which alone asks Triton about
         # the client.
@@ -105,7 +115,7 @@ class GenerationStream:
         if self.live is not None:
             self.live.discard(self)
         if completion.error is not None:
-            self.sender.fail(f"llm: {completion.error}", self.internal_code)
+            self.sender.refuse(InternalError(f"llm: {completion.error}"))
             self.metrics.request("failed")
             return
         text = "".join(self.pieces)

@@ -4,7 +4,9 @@ Triton hands a python model its config as JSON, where each parameter is `{"strin
 a frozen dataclass whose fields say which parameter fills them (`parameter("key")`) or which settings class reads
 the same parameters (`settings_of(Cls)`); the field's type says how the text is parsed, and the key carries its unit
 (`_ms`, `_s`, `_bytes`). A parameter that is absent or blank keeps the field's default; a field without one is
-required. `s2t check-config` reads every config with the same classes, so a typo or a bad value is found before a
+required. A file the config names (`path_parameter`) is relative to the model's folder or to the served version's
+folder; the reader resolves it when it is told those folders (`Glue.settings` does, for every model), so no
+settings type needs a reader of its own. `s2t check-config` reads every config with the same classes, so a typo or a bad value is found before a
 server refuses the model.
 """
 from __future__ import annotations
@@ -21,6 +23,9 @@ T = TypeVar("T")
 _KEY = "parameter"
 _PARSE = "parse"
 _NESTED = "settings"
+_WITHIN = "within"
+# The folders a file parameter may be relative to: the model's folder and the served version's folder in it.
+MODEL_FOLDER, VERSION_FOLDER = "model", "version"
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -34,21 +39,32 @@ def parameter(key: str, default: Any = dataclasses.MISSING, parse: Callable[[str
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def path_parameter(key: str, default: Any = dataclasses.MISSING, within: str = MODEL_FOLDER):
+    """A dataclass field holding a file the config names relative to `within` (MODEL_FOLDER or VERSION_FOLDER);
+    an absolute path is kept as given, and so is every path when the reader is given no folders (s2t check-config
+    reads a config without serving a version)."""
+    if within not in (MODEL_FOLDER, VERSION_FOLDER):
+        raise ValueError(f"within must be {MODEL_FOLDER!r} or {VERSION_FOLDER!r}, got {within!r}")
+    return dataclasses.field(default=default, metadata={_KEY: key, _PARSE: Path, _WITHIN: within})
+
+
 def settings_of(cls: type) -> Any:
     """A dataclass field holding `cls`, read from the same parameters (keyword-only, so it may follow defaults)."""
     return dataclasses.field(metadata={_NESTED: cls}, kw_only=True)
 
 
-def read_parameters(cls: type[T], parameters: Mapping, error: type[ValueError] = ParameterError, **given) -> T:
-    """`cls` built from `parameters`; `given` fills fields that do not come from the config (a folder, a clock).
-    Every failure, the class's own checks included, is raised as `error`."""
+def read_parameters(cls: type[T], parameters: Mapping, error: type[ValueError] = ParameterError,
+                    folders: Mapping[str, Path] | None = None, **given) -> T:
+    """`cls` built from `parameters`; `given` fills fields that do not come from the config (a clock).
+    `folders` (MODEL_FOLDER and VERSION_FOLDER -> the model's folders) resolves the files its path parameters name,
+    defaults included. Every failure, the class's own checks included, is raised as `error`."""
     hints = typing.get_type_hints(cls)
     values = dict(given)
     for field in dataclasses.fields(cls):
         if field.name in given:
             continue
         if _NESTED in field.metadata:
-            values[field.name] = read_parameters(field.metadata[_NESTED], parameters, error)
+            values[field.name] = read_parameters(field.metadata[_NESTED], parameters, error, folders)
             continue
         if _KEY not in field.metadata:
             continue
@@ -62,10 +78,21 @@ def read_parameters(cls: type[T], parameters: Mapping, error: type[ValueError] =
             values[field.name] = (field.metadata[_PARSE] or _parser(hints[field.name]))(raw.strip())
         except ValueError as err:
             raise error(f"parameter {key}: {err}") from None
+    if folders is not None:
+        _resolve_files(cls, values, folders, given)
     try:
         return cls(**values)
     except ValueError as err:
         raise error(str(err)) from None
+
+
+def _resolve_files(cls: type, values: dict, folders: Mapping[str, Path], given: Mapping) -> None:
+    for field in dataclasses.fields(cls):
+        if _WITHIN not in field.metadata or field.name in given:
+            continue
+        value = values.get(field.name, field.default)
+        if value is not None and value is not dataclasses.MISSING:
+            values[field.name] = Path(folders[field.metadata[_WITHIN]]) / value  # an absolute value replaces the folder
 
 
 def declared_parameters(cls: type) -> set[str]:

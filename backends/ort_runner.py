@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnxruntime as ort
 
-from backends.model_parameters import parameter, read_parameters
+from backends.model_parameters import parameter
 from backends.request_rows import RequestRows
 
 # Config data types (model_config.proto names) -> numpy dtypes, as the native backend maps them.
@@ -54,9 +54,6 @@ class OrtSettings:
             if getattr(self, name) < 0:
                 raise ValueError(f"parameter {name}: must be >= 0, got {getattr(self, name)}")
 
-    @classmethod
-    def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]]) -> "OrtSettings":
-        return read_parameters(cls, parameters, ModelConfigError)
 
     def session_options(self) -> ort.SessionOptions:
         options = ort.SessionOptions()

@@ -16,9 +16,9 @@ from __future__ import annotations
 import bisect
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Generic, Hashable, Mapping, TypeVar
+from typing import Generic, Hashable, TypeVar
 
-from backends.model_parameters import parameter, read_parameters
+from backends.model_parameters import parameter
 
 T = TypeVar("T")
 
@@ -54,11 +54,6 @@ class ReorderSettings:
         if self.stream_idle_ms < self.reorder_timeout_ms:
             raise ValueError(f"stream_idle_ms ({self.stream_idle_ms}) must not be below reorder_timeout_ms "
                              f"({self.reorder_timeout_ms}): a stream would be evicted with records still waiting")
-
-    @classmethod
-    def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]]) -> "ReorderSettings":
-        """Triton config `parameters` (string values); absent keys keep the defaults."""
-        return read_parameters(cls, parameters)
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,9 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Mapping
 
 from backends.errors import InvalidInput
-from backends.model_parameters import parameter, read_parameters
+from backends.model_parameters import parameter
 
 BUCKETS = 10_000
 # A `route` request parameter longer than this is refused before it is looked at.
@@ -60,9 +59,6 @@ class RoutingSettings:
         if self.canary_percent and self.shadow_percent:
             raise ValueError("a candidate is either a canary (answers) or a shadow (mirrored), not both")
 
-    @classmethod
-    def from_parameters(cls, parameters: Mapping[str, Mapping[str, str]]) -> "RoutingSettings":
-        return read_parameters(cls, parameters)
 
     @property
     def models(self) -> frozenset[str]:

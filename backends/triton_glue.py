@@ -6,25 +6,29 @@ A model.py makes one `Glue(pb_utils, name)` and declares with it: its settings t
 function's results become responses. From here it gets the per-request error (a new TritonError for every response),
 the catch-all around `execute` (traceback to the log, INTERNAL without details to each caller), the fault point
 `<name>.execute`, joining a dynamic batch and splitting the answers, BLS calls with their error mapping, the decoupled
-check and senders, the config JSON read once and the settings read with unknown keys reported.
+check and senders (each request of a decoupled model handled on its own, refused with its own error), the config
+JSON read once and the settings read with unknown keys reported and file parameters resolved in the model's folders.
 
 Nothing here imports Triton: the model passes its `triton_python_backend_utils` in, so backends/ stays importable
 without a server and the glue is unit-tested through the wheel's own module (tests/unit/python_backend.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from backends import fault_points
+from backends.decoupled_sender import Outbox, StreamSender
 from backends.errors import InternalError, InvalidInput, ServingError, from_triton_code, triton_error
-from backends.model_parameters import ParameterError, read_parameters, unknown_parameters
+from backends.model_parameters import (MODEL_FOLDER, VERSION_FOLDER, ParameterError, read_parameters,
+                                       unknown_parameters)
 from backends.record_decoder import request_error
 from backends.request_rows import RequestRows
 
@@ -56,6 +60,15 @@ class ModelArgs:
         """The model repository this model sits in (`model_repository` is the model's own folder)."""
         return self.folder.parent
 
+    @property
+    def folders(self) -> dict[str, Path]:
+        """What the files a config names are relative to (backends/model_parameters.py `path_parameter`)."""
+        return {MODEL_FOLDER: self.folder, VERSION_FOLDER: self.version_dir}
+
+    def with_parameters(self, parameters: Mapping) -> "ModelArgs":
+        """The same model with other parameters (a version's own settings over the config's)."""
+        return dataclasses.replace(self, config={**self.config, "parameters": dict(parameters)})
+
 
 @dataclass(frozen=True)
 class Rows:
@@ -75,11 +88,12 @@ class Glue:
     # --- configuration ---------------------------------------------------------------------------------------
     def settings(self, cls: type, args: ModelArgs, error: type[ValueError] = ParameterError, strict: bool = True,
                  **given) -> Any:
-        """`cls` read from the config's parameters; with `strict`, keys it does not read are logged (a typo there
-        keeps a default silently; `s2t check-config` refuses them before a server starts)."""
+        """`cls` read from the config's parameters, the files they name resolved in the model's folders; with
+        `strict`, keys it does not read are logged (a typo there keeps a default silently; `s2t check-config`
+        refuses them before a server starts)."""
         if strict:
             self.report_unknown(args, cls)
-        return read_parameters(cls, args.parameters, error, **given)
+        return read_parameters(cls, args.parameters, error, args.folders, **given)
 
     def report_unknown(self, args: ModelArgs, *classes: type) -> list[str]:
         """Logs the keys none of `classes` reads (for a model whose parameters fill several settings types)."""
@@ -105,6 +119,11 @@ class Glue:
 
     def input(self, request, name: str) -> np.ndarray:
         return self.pb.get_input_tensor_by_name(request, name).as_numpy()
+
+    def inputs(self, request, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """The optional inputs among `names` that the request carries."""
+        tensors = {name: self.pb.get_input_tensor_by_name(request, name) for name in names}
+        return {name: tensor.as_numpy() for name, tensor in tensors.items() if tensor is not None}
 
     def flag(self, request, name: str) -> bool:
         """An optional BOOL control input (a sequence's START / END): absent is False."""
@@ -175,21 +194,66 @@ class Glue:
     def send(self, sender, response, final: bool) -> None:
         sender.send(response, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
 
+    def outbox(self) -> Outbox:
+        """The one thread that sends a decoupled model's responses (Triton 2.51 aborts the server when several
+        threads send at once)."""
+        return Outbox(self.pb.Logger.log_error, f"{self.name}-outbox")
+
+    def each_stream(self, refuse: Callable[[Any, StreamSender, ServingError], None]) -> Callable:
+        """`handle(self, request, sender)` served as a decoupled model's `execute`: each request of the call with
+        its own StreamSender, which `handle` (or the work it starts) closes. A ServingError raised for a request is
+        its answer, given to `refuse(self, sender, err)` (the model sends it from its outbox and counts it); any
+        other exception, the fault point included, is logged and refused as INTERNAL without the details. Either
+        way the next request is still taken."""
+        point = f"{self.name}.execute"
+
+        def wrap(handle: Callable) -> Callable:
+            @functools.wraps(handle)
+            def execute(model, requests):
+                for request in requests:
+                    sender = StreamSender(request.get_response_sender(), self.pb)
+                    try:
+                        fault_points.check(point)
+                        handle(model, request, sender)
+                    except ServingError as err:
+                        refuse(model, sender, err)
+                    except Exception:  # noqa: BLE001 - log it, refuse this request alone, keep serving
+                        self.pb.Logger.log_error(traceback.format_exc())
+                        refuse(model, sender, InternalError(f"{self.shown_as}: internal error"))
+                return None
+            return execute
+        return wrap
+
     # --- BLS -------------------------------------------------------------------------------------------------
     def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], version: int = -1,
               failure: str | None = None) -> list[np.ndarray]:
         """`model`'s `outputs` for `inputs`, called in-process. Its error comes back as the caller's error kind
         (by Triton code, never by text); a failure of the call itself is logged and raised as InternalError
         (`<name>: <failure>`) without the details."""
+        response = self._exec(model, inputs, outputs, version, failure, decoupled=False)
+        self._raise_error_of(response)
+        return [self.pb.get_output_tensor_by_name(response, name).as_numpy() for name in outputs]
+
+    def stream(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], version: int = -1,
+               failure: str | None = None) -> Iterator[list[np.ndarray | None]]:
+        """A decoupled model's responses to one BLS request, each as its `outputs` (None for an output a response
+        lacks, as the last one, which only closes the stream, does); errors as `infer` raises them."""
+        for response in self._exec(model, inputs, outputs, version, failure, decoupled=True):
+            self._raise_error_of(response)
+            tensors = [self.pb.get_output_tensor_by_name(response, name) for name in outputs]
+            yield [None if tensor is None else tensor.as_numpy() for tensor in tensors]
+
+    def _exec(self, model, inputs, outputs, version, failure, decoupled: bool):
         request = self.pb.InferenceRequest(
             model_name=model, model_version=version, requested_output_names=list(outputs),
             inputs=[self.pb.Tensor(name, array) for name, array in inputs.items()])
         try:
-            response = request.exec()
+            return request.exec(decoupled=True) if decoupled else request.exec()
         except Exception:  # noqa: BLE001 - the stub's own failure: log it, answer the rows with an error
             self.pb.Logger.log_error(traceback.format_exc())
             raise InternalError(f"{self.name}: {failure or f'internal error calling {model}'}") from None
+
+    def _raise_error_of(self, response) -> None:
         if response.has_error():
             error = response.error()
             raise from_triton_code(error.code(), error.message(), self.pb.TritonError)
-        return [self.pb.get_output_tensor_by_name(response, name).as_numpy() for name in outputs]

@@ -13,6 +13,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from backends.decision_policy import Thresholds
+from backends.model_parameters import read_parameters
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ def backend_parameters(config: mc.ModelConfig) -> dict[str, dict[str, str]]:
 
 def decision_thresholds(model_dir: Path) -> Thresholds:
     """The thresholds a deciding model (risk_pipeline, risk_decision) serves with, read from its config."""
-    return Thresholds.from_parameters(backend_parameters(load(Path(model_dir))))
+    return read_parameters(Thresholds, backend_parameters(load(Path(model_dir))))
 
 
 def tensors(entries: Iterable) -> dict[str, Tensor]:

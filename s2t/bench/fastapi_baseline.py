@@ -33,9 +33,12 @@ APPS = {"baseline": "s2t.bench.fastapi_baseline:create_app",
 
 def _pipeline():
     from backends.fused_pipeline import FusedPipeline, PipelineSettings
+    from backends.model_parameters import read_parameters
+    from backends.ort_runner import ModelConfigError
     from s2t.triton_config import backend_parameters, load
 
-    settings = PipelineSettings.from_parameters(backend_parameters(load(Path(os.environ[PIPELINE_ENV]))))
+    settings = read_parameters(PipelineSettings, backend_parameters(load(Path(os.environ[PIPELINE_ENV]))),
+                               ModelConfigError)
     return FusedPipeline(Path(os.environ[MODEL_ENV]), settings)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from backends.model_parameters import read_parameters
 from backends.routing_policy import RoutingSettings, Target
 from s2t import triton_config
 from s2t.control.config_edit import ConfigEditError, set_string_parameter
@@ -53,7 +54,7 @@ def split_change(repository: Path, candidate: Target | None, canary_percent: flo
         for key, value in lines.items():
             text = set_string_parameter(text, key, value, f"{ROUTER}/config.pbtxt")
         config = triton_config.load_text(text, str(path))
-        settings = RoutingSettings.from_parameters(triton_config.backend_parameters(config))
+        settings = read_parameters(RoutingSettings, triton_config.backend_parameters(config))
     except (ConfigEditError, ValueError) as err:
         raise CanaryError(str(err)) from None
     return settings, ConfigChange(ROUTER, path, text, parameters=lines)

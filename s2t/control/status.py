@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Iterable
 
+from backends.model_parameters import read_parameters
 from backends.routing_policy import RoutingSettings
 from s2t import triton_config
 from s2t.control import primary
@@ -107,7 +108,7 @@ def collect(repository: Path, consumer_repositories: tuple[Path, ...] = (), url:
                               **({"state": live.get(name, {}).get(str(v), "not loaded")} if url else {})}
                              for v in versions]
         if name == ROUTER:
-            settings = RoutingSettings.from_parameters(triton_config.backend_parameters(config))
+            settings = read_parameters(RoutingSettings, triton_config.backend_parameters(config))
             entry["split"] = settings.describe()
             entry["breaker"] = _breaker_state(metrics_url or default_metrics_url(url)) if url else "unknown"
         models[name] = entry

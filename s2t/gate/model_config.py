@@ -172,7 +172,7 @@ def _check_one_decision_policy(configs: dict[str, mc.ModelConfig]) -> list[str]:
         parameters = backend_parameters(config)
         if "review_threshold" in parameters or "decline_threshold" in parameters:
             try:
-                policies[name] = Thresholds.from_parameters(parameters)
+                policies[name] = read_parameters(Thresholds, parameters)
             except ValueError as err:
                 return [f"{name}: {err}"]
     if len(set(policies.values())) > 1:
@@ -192,8 +192,8 @@ def _model_file_check(config: mc.ModelConfig):
 
 def declared_settings(model_dir: Path) -> tuple[type, ...]:
     """The settings classes a python model reads its `parameters` into, as its newest model.py declares them
-    (`SETTINGS = X` or a tuple), found without importing the file (it needs Triton's stub). A model.py not yet on
-    backends/triton_glue.py names them where it reads them: `read_parameters(X, ...)` or `X.from_parameters(...)`."""
+    (`SETTINGS = X` or a tuple, read by backends/triton_glue.py), found without importing the file (it needs
+    Triton's stub). A model.py that declares none is not checked."""
     files = [Path(model_dir) / str(v) / "model.py" for v in sorted(version_numbers(Path(model_dir)), reverse=True)]
     model_py = next((f for f in files if f.is_file()), None)
     if model_py is None:
@@ -206,14 +206,6 @@ def declared_settings(model_dir: Path) -> tuple[type, ...]:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SETTINGS" for t in node.targets):
             values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
             names = [v.id for v in values if isinstance(v, ast.Name)]
-    if not names:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "read_parameters" \
-                    and node.args and isinstance(node.args[0], ast.Name):
-                names.append(node.args[0].id)
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and node.func.attr == "from_parameters" and isinstance(node.func.value, ast.Name):
-                names.append(node.func.value.id)
     return tuple(getattr(importlib.import_module(imported[n][0]), imported[n][1])
                  for n in dict.fromkeys(names) if n in imported)
 

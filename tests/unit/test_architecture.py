@@ -152,7 +152,7 @@ def test_files_for_other_readers_are_written_one_way_only():
 
 # A model.py declares what it serves (settings, inputs/outputs, the pure function); the glue is backends/triton_glue.py.
 MODEL_PY_MAX_LINES = 80
-GLUED_MODELS = sorted([*ROOT.glob("model_repository/*/[0-9]*/model.py"), ROOT / "backends" / "onnxruntime" / "model.py"])
+GLUED_MODELS = sorted([*ROOT.glob("model_repository*/*/[0-9]*/model.py"), ROOT / "backends" / "onnxruntime" / "model.py"])
 OWN_GLUE = {
     "an _error helper": re.compile(r"^def _error\b", re.M),
     "a catch-all": re.compile(r"except Exception"),
@@ -178,7 +178,7 @@ def test_no_model_py_keeps_glue_of_its_own():
 def test_every_model_py_declares_the_settings_check_config_reads():
     from s2t.gate.model_config import declared_settings
 
-    folders = sorted(p.parents[1] for p in ROOT.glob("model_repository/*/[0-9]*/model.py"))
+    folders = sorted(p.parents[1] for p in ROOT.glob("model_repository*/*/[0-9]*/model.py"))
     undeclared = [f.name for f in folders if "SETTINGS = " not in (f / "1" / "model.py").read_text()
                   or not declared_settings(f)]
     assert folders and undeclared == []

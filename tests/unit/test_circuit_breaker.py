@@ -1,5 +1,6 @@
 import pytest
 
+from backends.model_parameters import read_parameters
 from backends.circuit_breaker import CLOSED, HALF_OPEN, OPEN, BreakerSettings, CircuitBreaker
 from tests.unit.fake_clock import Clock
 
@@ -90,10 +91,10 @@ def test_rows_weigh_the_error_rate(breaker, clock):
 ])
 def test_bad_breaker_parameters_are_refused(params, message):
     with pytest.raises(ValueError, match=message):
-        BreakerSettings.from_parameters(params)
+        read_parameters(BreakerSettings, params)
 
 
 def test_breaker_parameters_are_read_in_their_units():
-    settings = BreakerSettings.from_parameters({"breaker_max_p99_ms": {"string_value": "150"},
+    settings = read_parameters(BreakerSettings, {"breaker_max_p99_ms": {"string_value": "150"},
                                                 "breaker_min_requests": {"string_value": "5"}})
     assert settings.max_p99_seconds == 0.15 and settings.min_requests == 5 and settings.window_seconds == 5

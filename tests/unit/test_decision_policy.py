@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from backends.model_parameters import read_parameters
 from backends.decision_policy import APPROVE, DECLINE, REVIEW, Thresholds, decide
 
 POLICY = Thresholds(review=0.3, decline=0.6)
@@ -28,8 +29,8 @@ def test_inconsistent_thresholds_are_refused(review, decline):
 
 def test_thresholds_come_from_config_parameters():
     params = {"review_threshold": {"string_value": "0.25"}, "decline_threshold": {"string_value": "0.7"}}
-    assert Thresholds.from_parameters(params) == Thresholds(0.25, 0.7)
+    assert read_parameters(Thresholds, params) == Thresholds(0.25, 0.7)
     with pytest.raises(ValueError, match="decline_threshold is required"):
-        Thresholds.from_parameters({"review_threshold": {"string_value": "0.25"}})
+        read_parameters(Thresholds, {"review_threshold": {"string_value": "0.25"}})
     with pytest.raises(ValueError, match="expected a number"):
-        Thresholds.from_parameters({**params, "review_threshold": {"string_value": "low"}})
+        read_parameters(Thresholds, {**params, "review_threshold": {"string_value": "low"}})

@@ -4,6 +4,7 @@ import shutil
 import numpy as np
 import pytest
 
+from backends.model_parameters import read_parameters
 from backends.decision_policy import Thresholds, decide
 from backends.fused_pipeline import FusedPipeline, PipelineSettings, scorer_path, warm_pipeline
 from backends.repository_layout import live_switch_file
@@ -16,7 +17,7 @@ PARAMETERS = {"scorer_model": {"string_value": "risk_scorer"}, "scorer_version":
 
 
 def settings(**changes):
-    return PipelineSettings.from_parameters({**PARAMETERS, **{k: {"string_value": v} for k, v in changes.items()}})
+    return read_parameters(PipelineSettings, {**PARAMETERS, **{k: {"string_value": v} for k, v in changes.items()}}, ModelConfigError)
 
 
 def test_settings_read_the_scorer_the_thresholds_and_the_engine_threads_from_parameters():

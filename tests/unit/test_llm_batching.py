@@ -2,7 +2,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.llm_batching import FIFO, BatchingSettings, BatchingSettingsError, LengthAwareQueue
+from backends.model_parameters import ParameterError, read_parameters
+from backends.llm_batching import FIFO, BatchingSettings, LengthAwareQueue
 
 AWARE = BatchingSettings()
 
@@ -100,12 +101,12 @@ def test_drain_returns_everyone_oldest_first():
     ({"max_prefill_tokens": {"string_value": "0"}}, "max_prefill_tokens must be at least 1"),
 ])
 def test_bad_batching_parameters_refuse_to_load(parameters, message):
-    with pytest.raises(BatchingSettingsError, match=message):
-        BatchingSettings.from_parameters(parameters)
+    with pytest.raises(ParameterError, match=message):
+        read_parameters(BatchingSettings, parameters)
 
 
 def test_batching_parameters_default_to_the_design():
-    assert BatchingSettings.from_parameters({}) == BatchingSettings("length_aware", 3.0, 32, 200.0, 64, 1024)
+    assert read_parameters(BatchingSettings, {}) == BatchingSettings("length_aware", 3.0, 32, 200.0, 64, 1024)
 
 
 def test_the_queue_is_full_at_its_configured_size():

@@ -24,7 +24,7 @@ def stream_of(clock, client_gone, stream=True, live=None):
     generation = GenerationRequest("Say hi.", max_tokens=4, stream=stream)
     made = GenerationStream(generation, 5, StreamSender(sender, pb), outbox=None,
                             metrics=LlmMetrics(pb.MetricFamily, {"model": "llm", "version": "1"}, clock),
-                            client_cancelled=lambda: client_gone[0], tensor=pb.Tensor, internal_code=0,
+                            client_cancelled=lambda: client_gone[0], tensor=pb.Tensor,
                             clock=clock, live=live)
     return made, sender
 

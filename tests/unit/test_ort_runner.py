@@ -3,6 +3,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from backends.model_parameters import read_parameters
 from backends.ort_runner import CONFIG_DTYPES, ModelConfigError, OrtRunner, OrtSettings, TensorSpec
 
 TABLE = np.array([[10.0], [20.0], [30.0]], dtype=np.float32)
@@ -79,13 +80,13 @@ def test_missing_model_file_refuses_to_load(tmp_path):
      OrtSettings(0, 2, True)),
 ])
 def test_settings_read_the_native_backend_parameter_names(parameters, expected):
-    assert OrtSettings.from_parameters(parameters) == expected
+    assert read_parameters(OrtSettings, parameters, ModelConfigError) == expected
 
 
 @pytest.mark.parametrize("value", ["two", "-1"])
 def test_bad_thread_count_refuses_to_load(value):
     with pytest.raises(ModelConfigError, match="intra_op_thread_count"):
-        OrtSettings.from_parameters({"intra_op_thread_count": {"string_value": value}})
+        read_parameters(OrtSettings, {"intra_op_thread_count": {"string_value": value}}, ModelConfigError)
 
 
 def test_string_tensors_are_decoded_for_onnx_runtime(tmp_path):

@@ -2,6 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from backends.model_parameters import read_parameters
 from backends.reorder_buffer import (GAP, IN_ORDER, LATE, MAX_SKIPPED_RANGES, BufferFull, ReorderSettings,
                                      StreamReorder, StreamTable)
 
@@ -104,12 +105,12 @@ def test_buffer_overflow_is_refused_and_leaves_the_stream_unchanged():
 ])
 def test_settings_refuse_values_that_cannot_work(parameters, message):
     with pytest.raises(ValueError) as err:
-        ReorderSettings.from_parameters(parameters)
+        read_parameters(ReorderSettings, parameters)
     assert message in str(err.value)
 
 
 def test_settings_default_to_the_documented_values():
-    s = ReorderSettings.from_parameters({})
+    s = read_parameters(ReorderSettings, {})
     assert (s.max_gap, s.reorder_timeout_ms, s.first_sequence_id) == (10, 200.0, 0)
 
 
@@ -230,4 +231,4 @@ def test_the_table_never_holds_more_than_max_streams_however_many_streams_arrive
 
 def test_settings_refuse_a_table_without_room():
     with pytest.raises(ValueError, match="max_streams must be >= 1"):
-        ReorderSettings.from_parameters({"max_streams": {"string_value": "0"}})
+        read_parameters(ReorderSettings, {"max_streams": {"string_value": "0"}})

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from backends.model_parameters import read_parameters
 from backends.errors import INVALID, InvalidInput
 from backends.routing_policy import (BUCKETS, MAX_ROUTE_CHARS, RoutingSettings, Target, bucket, route,
                                      route_parameter)
@@ -113,7 +114,7 @@ def test_a_share_without_a_candidate_is_refused():
 def test_settings_come_from_config_parameters_and_describe_the_split():
     params = {"primary": {"string_value": "risk_scorer"}, "candidate": {"string_value": "risk_scorer:2"},
               "canary_percent": {"string_value": "10"}, "fallback": {"string_value": "risk_scorer_lite"}}
-    parsed = RoutingSettings.from_parameters(params)
+    parsed = read_parameters(RoutingSettings, params)
     assert parsed == RoutingSettings(Target("risk_scorer"), CANDIDATE, 10.0, 0.0, Target("risk_scorer_lite"))
     assert parsed.describe() == "90% risk_scorer, 10% risk_scorer:2"
 
