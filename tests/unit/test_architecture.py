@@ -160,6 +160,9 @@ OWN_GLUE = {
     "the config JSON parsed": re.compile(r"json\.loads\("),
     "a fault point": re.compile(r"fault_points\."),
     "a BLS call": re.compile(r"\.exec\("),
+    "its own response sender": re.compile(r"\bStreamSender\(|\bOutbox\(|get_response_sender\("),
+    "its own decoupled check": re.compile(r"using_decoupled_model_transaction_policy"),
+    "its own parameter reading": re.compile(r"\bread_parameters\(|\.from_parameters\("),
 }
 
 
@@ -182,3 +185,14 @@ def test_every_model_py_declares_the_settings_check_config_reads():
     undeclared = [f.name for f in folders if "SETTINGS = " not in (f / "1" / "model.py").read_text()
                   or not declared_settings(f)]
     assert folders and undeclared == []
+
+
+def test_config_parameters_are_read_one_way():
+    """backends/model_parameters.py `read_parameters` is the one reader; a settings type's own reader beside it
+    would be a second way (and a second place to forget a folder or an error)."""
+    own_reader = re.compile(r"def from_parameters\(|def from_config\(")
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for path in project_sources()
+             for number, line in enumerate(path.read_text().splitlines(), 1) if own_reader.search(line)]
+    assert found == []
+

@@ -77,3 +77,18 @@ def test_the_sweep_checks_every_live_stream_and_forgets_finished_ones(clock):
     assert len(live) == 2
     assert [s.cancelled.is_set() for s in streams] == [False, True, True]
     assert np.all([s.job().is_cancelled() for s in streams[1:]])
+
+
+def test_a_submitted_stream_is_live_until_it_finishes_and_one_the_engine_refuses_is_not_kept(clock):
+    from backends.llm_engine import QueueFull
+
+    live, jobs = LiveStreams(), []
+    accepted, refused = (stream_of(clock, [False], live=live)[0] for _ in range(2))
+    live.submit(accepted, jobs.append)
+
+    def full(job):
+        raise QueueFull("the admission queue is full")
+
+    with pytest.raises(QueueFull):
+        live.submit(refused, full)
+    assert len(live) == 1 and [job.request for job in jobs] == [accepted.generation]

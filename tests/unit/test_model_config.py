@@ -111,3 +111,22 @@ def test_a_language_model_config_with_a_typo_is_reported(tmp_path):
     shutil.copytree(ROOT / "model_repository_llm", copy, ignore=shutil.ignore_patterns("*.gguf", "__pycache__"))
     edit(copy / "llm" / "config.pbtxt", 'key: "threads"', 'key: "thread"')
     assert "llm: parameter thread is not one the model reads" in check_repositories([copy])
+
+
+@pytest.mark.parametrize("model, old, new, problem", [
+    ("llm", 'string_value: "length_aware"', 'string_value: "shortest"',
+     "llm: batching_policy must be one of length_aware, fifo, got 'shortest'"),
+    ("llm", 'key: "slots"\n  value: { string_value: "8" }', 'key: "slots"\n  value: { string_value: "0" }',
+     "llm: engine parameters out of range: threads 1 (>= 1), slots 0 (>= 1), context_per_slot 1536 (>= 64)"),
+    ("llm", 'key: "default_max_tokens"\n  value: { string_value: "64" }',
+     'key: "default_max_tokens"\n  value: { string_value: "lots" }',
+     "llm: parameter default_max_tokens: expected an integer, got 'lots'"),
+    ("risk_explainer", 'key: "workers"\n  value: { string_value: "4" }', 'key: "workers"\n  value: { string_value: "0" }',
+     "risk_explainer: parameter workers: must be a positive integer, got '0'"),
+])
+def test_a_bad_language_model_parameter_is_refused_naming_it(tmp_path, model, old, new, problem):
+    """check-config reads each language model's settings as its model.py declares them, before any server starts."""
+    copy = tmp_path / "model_repository_llm"
+    shutil.copytree(ROOT / "model_repository_llm", copy, ignore=shutil.ignore_patterns("*.gguf", "__pycache__"))
+    edit(copy / model / "config.pbtxt", old, new)
+    assert check_repositories([copy]) == [problem]

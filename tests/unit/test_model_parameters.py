@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from backends.model_parameters import (ParameterError, declared_parameters, parameter, positive_integer,
-                                       read_parameters, seconds_from_ms, settings_of, unknown_parameters)
+from backends.model_parameters import (MODEL_FOLDER, VERSION_FOLDER, ParameterError, declared_parameters, parameter,
+                                       path_parameter, positive_integer, read_parameters, seconds_from_ms, settings_of,
+                                       unknown_parameters)
 
 
 @dataclass(frozen=True)
@@ -79,3 +80,35 @@ def test_fields_given_by_the_caller_are_not_read_from_the_config():
 def test_the_keys_a_settings_class_reads_include_its_nested_settings():
     assert declared_parameters(Example) == {"name", "count", "rate", "enabled", "folder", "timeout_ms", "limit_bytes"}
     assert unknown_parameters(Example, params(name="a", limt_bytes="5", extra="1")) == ["extra", "limt_bytes"]
+
+
+@dataclass(frozen=True)
+class Files:
+    weights: Path | None = path_parameter("weights", None)
+    table: Path = path_parameter("table", Path("table.onnx"), within=VERSION_FOLDER)
+
+
+@dataclass(frozen=True)
+class WithFiles:
+    files: Files = settings_of(Files)
+
+
+FOLDERS = {MODEL_FOLDER: Path("/repo/m"), VERSION_FOLDER: Path("/repo/m/2")}
+
+
+@pytest.mark.parametrize("given, folders, expected", [
+    ({}, FOLDERS, Files(None, Path("/repo/m/2/table.onnx"))),
+    (params(weights="w.gguf", table="sub/t.onnx"), FOLDERS, Files(Path("/repo/m/w.gguf"), Path("/repo/m/2/sub/t.onnx"))),
+    (params(weights="/abs/w.gguf", table="/abs/t.onnx"), FOLDERS, Files(Path("/abs/w.gguf"), Path("/abs/t.onnx"))),
+    (params(weights="w.gguf"), None, Files(Path("w.gguf"), Path("table.onnx"))),  # check-config: as written
+])
+def test_a_file_parameter_is_resolved_in_its_folder_default_included_and_kept_as_written_without_folders(
+        given, folders, expected):
+    assert read_parameters(Files, given, folders=folders) == expected
+    assert read_parameters(WithFiles, given, folders=folders) == WithFiles(files=expected)
+
+
+def test_a_file_parameter_is_relative_to_the_model_or_the_version_folder_only():
+    with pytest.raises(ValueError, match="within must be 'model' or 'version', got 'repository'"):
+        path_parameter("weights", within="repository")
+

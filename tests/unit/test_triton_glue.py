@@ -1,17 +1,19 @@
 """backends/triton_glue.py through the wheel's triton_python_backend_utils (tests/unit/python_backend.py): the
-per-request errors, the catch-all, joining and splitting a dynamic batch, BLS error mapping, the decoupled take-in
-and the settings read with unknown keys reported."""
+per-request errors, the catch-all, joining and splitting a dynamic batch, BLS error mapping (decoupled streams too),
+the decoupled take-in and each_stream, and the settings read with unknown keys reported and files resolved."""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from backends import fault_points
+from backends.decoupled_sender import StreamSender
 from backends.errors import InternalError, InvalidInput, NotServing, Unavailable
-from backends.model_parameters import ParameterError, parameter
+from backends.model_parameters import VERSION_FOLDER, ParameterError, parameter, path_parameter
 from backends.triton_glue import Glue, ModelArgs, Rows
 from tests.unit import python_backend as backend
 from tests.unit.python_backend import TritonError, request
@@ -166,3 +168,117 @@ def test_an_absent_control_flag_is_false_and_a_present_one_is_read(glue):
     assert glue.flag(request(x=column(1)), "START") is False
     assert glue.flag(request(START=np.array([[True]])), "START") is True
     assert glue.flag(request(END=np.array([[False]])), "END") is False
+
+
+@dataclass(frozen=True)
+class Files:
+    weights: Path | None = path_parameter("weights", None)
+    table: Path = path_parameter("table", Path("table.onnx"), within=VERSION_FOLDER)
+
+
+def test_a_file_parameter_is_resolved_in_the_models_folders_and_other_parameters_can_replace_the_configs(glue):
+    args = model_args({"parameters": {"weights": {"string_value": "w.gguf"}}})
+    assert glue.settings(Files, args) == Files(Path("/r/toy/w.gguf"), Path("/r/toy/3/table.onnx"))
+    moved = args.with_parameters({"weights": {"string_value": "/elsewhere/w.gguf"}})
+    assert glue.settings(Files, moved).weights == Path("/elsewhere/w.gguf")
+    assert (moved.name, moved.version, args.parameters["weights"]) == ("toy", "3", {"string_value": "w.gguf"})
+
+
+def test_only_the_optional_inputs_a_request_carries_are_read(glue):
+    read = glue.inputs(request(x=column(1), z=column(3)), ["x", "y", "z"])
+    assert {name: array.ravel().tolist() for name, array in read.items()} == {"x": [1], "z": [3]}
+
+
+def streaming_model(glue):
+    """A toy decoupled model: each request answered twice `x` from its outbox; a negative `x` is refused as bad
+    input, a NaN breaks the handler."""
+
+    class Streaming:
+        def __init__(self):
+            self.outbox, self.refused = glue.outbox(), []
+
+        def _refuse(self, sender, err):
+            self.refused.append(err.kind)
+            self.outbox.put(lambda: sender.refuse(err))
+
+        @glue.each_stream(refuse=_refuse)
+        def execute(self, request, sender):
+            x = glue.input(request, "x")
+            if np.isnan(x).any():
+                raise RuntimeError("secret detail")
+            if (x < 0).any():
+                raise InvalidInput(f"x: negative, got {x.min()}")
+            self.outbox.put(lambda: sender.finish([glue.pb.Tensor("y", x * 2)]))
+
+    return Streaming()
+
+
+def one_final_response(req):
+    """The only response a decoupled request got; it must carry the final flag."""
+    assert len(req.sender.sent) == 1 and req.sender.sent[0][1] == backend.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    return req.sender.sent[0][0]
+
+
+def test_each_stream_refuses_a_bad_or_broken_request_alone_and_answers_the_others(glue):
+    model = streaming_model(glue)
+    requests = [request(x=column(1)), request(x=column(-2)), request(x=column(np.nan)), request(x=column(4))]
+    assert model.execute(requests) is None
+    model.outbox.close()
+    good, bad, broken, last = [one_final_response(r) for r in requests]
+    assert good.output("y").ravel().tolist() == [2] and last.output("y").ravel().tolist() == [8]
+    assert (bad.error().code(), bad.error().message()) == (TritonError.INVALID_ARG, "x: negative, got -2.0")
+    assert (broken.error().code(), broken.error().message()) == (TritonError.INTERNAL, "toy: internal error")
+    assert model.refused == ["invalid", "internal"]
+    assert any("secret detail" in text for level, text in backend.Logger.lines if level == "error")
+
+
+def test_each_stream_fault_point_refuses_every_request_with_its_own_error(glue, monkeypatch):
+    monkeypatch.setattr(fault_points, "_POINTS", fault_points.parse("toy.execute"))
+    model = streaming_model(glue)
+    requests = [request(x=column(1)), request(x=column(2))]
+    model.execute(requests)
+    model.outbox.close()
+    first, second = [one_final_response(r) for r in requests]
+    assert [r.error().message() for r in (first, second)] == ["toy: internal error"] * 2
+    assert first.error() is not second.error()
+
+
+def test_a_stream_sender_refuses_once_with_the_kinds_code():
+    req = request(x=column(1))
+    sender = StreamSender(req.get_response_sender(), backend.backend_utils())
+    assert sender.refuse(Unavailable("busy, retry")) is True
+    assert sender.refuse(InvalidInput("x: late")) is False and sender.finish() is False
+    response = one_final_response(req)
+    assert (response.error().code(), response.error().message()) == (TritonError.UNAVAILABLE, "busy, retry")
+
+
+def words(*texts):
+    return [backend.InferenceResponse([backend.Tensor("text", np.array([t], dtype=object))]) for t in texts]
+
+
+def test_a_decoupled_bls_stream_yields_each_responses_outputs_and_none_for_one_it_lacks(glue):
+    glue.pb.InferenceRequest.bls["talker"] = lambda bls: iter([*words(b"a", b"b"), backend.InferenceResponse()])
+    pieces = list(glue.stream("talker", {"x": column(1)}, ["text"]))
+    assert [p[0] if p[0] is None else p[0].tolist() for p in pieces] == [[b"a"], [b"b"], None]
+
+
+@pytest.mark.parametrize("code, kind", [(TritonError.INVALID_ARG, InvalidInput), (TritonError.UNAVAILABLE, NotServing),
+                                        (TritonError.INTERNAL, InternalError)])
+def test_a_decoupled_bls_stream_raises_its_error_as_the_callers_kind_after_the_pieces_before_it(glue, code, kind):
+    glue.pb.InferenceRequest.bls["talker"] = lambda bls: iter(
+        [*words(b"a"), backend.InferenceResponse(error=TritonError("stopped", code)), *words(b"never")])
+    stream = glue.stream("talker", {"x": column(1)}, ["text"])
+    assert next(stream)[0].tolist() == [b"a"]
+    with pytest.raises(kind) as raised:
+        next(stream)
+    assert type(raised.value) is kind and raised.value.message == "stopped"
+
+
+def test_a_decoupled_bls_call_that_raises_is_logged_and_raised_internal_without_details(glue):
+    def broken(bls):
+        raise RuntimeError("stub detail")
+
+    glue.pb.InferenceRequest.bls["talker"] = broken
+    with pytest.raises(InternalError, match="^toy: internal error calling talker$"):
+        list(glue.stream("talker", {"x": column(1)}, ["text"]))
+    assert any("stub detail" in text for level, text in backend.Logger.lines if level == "error")
