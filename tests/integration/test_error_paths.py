@@ -19,7 +19,8 @@ from tritonclient.utils import InferenceServerException
 
 from backends.fault_points import ENVIRONMENT_VARIABLE
 from clients import stream_client
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
+from clients.llm_client import generate_stream
+from tests.conftest import ENSEMBLES, LLM_REPOSITORY, MODEL_REPOSITORY
 from tests.integration.servers import triton_server
 
 CONCURRENCY = 30
@@ -145,7 +146,8 @@ def test_stream_records_with_an_integer_of_5000_digits_are_refused_and_every_str
 
 
 FAULT_POINTS = ("risk_pipeline.execute", "skill_adapter.execute", "onnxruntime.execute", "risk_decision.execute",
-                "risk_router.execute", "risk_stream.execute", "risk_stream.timer")
+                "risk_router.execute", "risk_stream.execute", "risk_stream.timer", "llm.execute",
+                "risk_explainer.execute")
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +159,9 @@ def faulty_server(built_artifacts, tmp_path_factory):
     shutil.copytree(MODEL_REPOSITORY, repository, ignore=shutil.ignore_patterns("__pycache__"))
     for config in repository.glob("*/config.pbtxt"):
         config.write_text(re.sub(r"\nmodel_warmup \[.*?\n\]\n", "\n", config.read_text(), flags=re.S))
-    server = triton_server([repository, ENSEMBLES],
+    llm_repository = root / "model_repository_llm"
+    shutil.copytree(LLM_REPOSITORY, llm_repository, ignore=shutil.ignore_patterns("__pycache__"))
+    server = triton_server([repository, ENSEMBLES, llm_repository],
                            log_path=root / "tritonserver.log")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(ENVIRONMENT_VARIABLE, ",".join(f"{p}=0.33" for p in FAULT_POINTS))
@@ -200,3 +204,38 @@ def test_risk_streams_catch_all_answers_every_request_and_the_server_survives(fa
     assert any("internal error" in e for e in errors), errors[:5]
     assert all(e.strip() for e in errors), errors
     assert_same_server_serving(faulty_server, pid, faulty_server.grpc_url)
+
+
+LLM_ROUNDS = 6
+
+
+def test_the_language_models_catch_all_refuses_a_request_alone_while_concurrent_ones_are_answered(faulty_server,
+                                                                                                  rows):
+    """llm and risk_explainer fail a third of their requests at their catch-all: each such request gets its own
+    INTERNAL answer, a bad one its own field error, the others their streams, every request its final answer."""
+    pid = faulty_server.process.pid
+    calls = ([("llm", {"text_input": f"Name {n} colours.", "max_tokens": 2}) for n in range(6)]
+             + [("llm", {"text_input": "", "max_tokens": 2})]
+             + [("risk_explainer", {"payload": json.dumps({"features": rows[n]})}) for n in range(4)])
+    seen = {"llm": set(), "risk_explainer": set()}
+    with ThreadPoolExecutor(len(calls)) as pool:
+        for _ in range(LLM_ROUNDS):
+            results = list(pool.map(lambda call: generate_stream(faulty_server.http_url, call[1], call[0],
+                                                                 timeout=120), calls))
+            for (model, body), result in zip(calls, results):
+                if result.error is None:
+                    # The final event: llm's counts, or the explainer's source of the words (model or template).
+                    assert "output_tokens" in result.final or "source" in result.final, result.events
+                    assert body.get("text_input") != "", "an empty prompt was answered"
+                    seen[model].add("answered")
+                elif f"{model}: internal error" in result.error:
+                    seen[model].add("caught")
+                else:
+                    # A request's own error, or (for the explainer) its scoring model's catch-all on the way.
+                    assert ("text_input: empty prompt" in result.error if model == "llm"
+                            else "internal error" in result.error), (model, body, result.error)
+            if all(s >= {"answered", "caught"} for s in seen.values()):
+                break
+    assert seen == {"llm": {"answered", "caught"}, "risk_explainer": {"answered", "caught"}}
+    assert_same_server_serving(faulty_server, pid, faulty_server.grpc_url)
+
