@@ -6,8 +6,8 @@ the same parameters (`settings_of(Cls)`); the field's type says how the text is 
 (`_ms`, `_s`, `_bytes`). A parameter that is absent or blank keeps the field's default; a field without one is
 required. A file the config names (`path_parameter`) is relative to the model's folder or to the served version's
 folder; the reader resolves it when it is told those folders (`Glue.settings` does, for every model), so no
-settings type needs a reader of its own. `s2t check-config` reads every config with the same classes, so a typo or a bad value is found before a
-server refuses the model.
+settings type needs a reader of its own. `s2t check-config` reads every config with the same classes, so a typo or a
+bad value is found before a server refuses the model.
 """
 from __future__ import annotations
 

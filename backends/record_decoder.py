@@ -11,13 +11,14 @@ import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from backends.example_record import as_example
 from backends.feature_spec import INTEGER, CategoricalFeature, FeatureSpec, value_column
-from backends.model_parameters import parameter, positive_integer
+from backends.model_parameters import VERSION_FOLDER, parameter, path_parameter, positive_integer
 from backends.record_types import LegacyRecord, RecordError  # the decoder's interface too
 
 # Bounds on what a record may carry; each is refused with its own error, naming the field. The byte limit comes
@@ -42,7 +43,7 @@ def max_record_bytes_parameter():
 class AdapterSettings:
     """skill_adapter's parameters: the feature spec beside its model.py, the size limit of one record."""
 
-    feature_spec: str = parameter("feature_spec")
+    feature_spec: Path = path_parameter("feature_spec", within=VERSION_FOLDER)
     max_record_bytes: int = max_record_bytes_parameter()
 
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
 from backends.circuit_breaker import BreakerSettings, CircuitBreaker
 from backends.errors import InvalidInput, NotServing, ServingError
-from backends.model_parameters import parameter, settings_of
+from backends.model_parameters import VERSION_FOLDER, parameter, path_parameter, settings_of
 from backends.record_decoder import max_record_bytes_parameter
 from backends.routing_policy import RoutingSettings, Target, route
 
@@ -38,7 +39,7 @@ Scorer = Callable[[Target, np.ndarray, np.ndarray], np.ndarray]
 class RouterModelSettings:
     """risk_router's parameters: where records go (routing, breaker), how they are read, where drift is watched."""
 
-    feature_spec: str = parameter("feature_spec")
+    feature_spec: Path = path_parameter("feature_spec", within=VERSION_FOLDER)
     max_record_bytes: int = max_record_bytes_parameter()
     decision_model: str = parameter("decision_model", "risk_decision")
     drift_reference: str = parameter("drift_reference", "drift_reference.json")

@@ -24,7 +24,7 @@ class TritonPythonModel:
         model = ModelArgs.of(args)
         settings = glue.settings(SETTINGS, model)
         self._repository = model.repository
-        spec = FeatureSpec.from_file(model.version_dir / settings.feature_spec)
+        spec = FeatureSpec.from_file(settings.feature_spec)
         self._router = Router(settings.routing, CircuitBreaker(settings.breaker), self._score, self._versions)
         self._records = RecordRouter(
             RecordDecoder(spec, settings.max_record_bytes), self._router,

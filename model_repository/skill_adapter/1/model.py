@@ -14,14 +14,13 @@ class TritonPythonModel:
     def initialize(self, args):
         model = ModelArgs.of(args)
         settings = glue.settings(SETTINGS, model)
-        spec_path = model.version_dir / settings.feature_spec
-        spec = FeatureSpec.from_file(spec_path)
+        spec = FeatureSpec.from_file(settings.feature_spec)
         self._decoder = RecordDecoder(spec, settings.max_record_bytes)
         outputs = {o["name"]: o["dims"] for o in model.config["output"]}
         expected = {"categorical": [len(spec.categorical)], "numeric": [len(spec.numeric)]}
         for name, dims in expected.items():
             if [int(d) for d in outputs.get(name, [])] != dims:
-                raise ValueError(f"output {name} must have dims {dims} to match {spec_path}, "
+                raise ValueError(f"output {name} must have dims {dims} to match {settings.feature_spec}, "
                                  f"config says {outputs.get(name)}")
 
     @glue.batch(PAYLOAD, ravel=True)
