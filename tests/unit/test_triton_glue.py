@@ -93,7 +93,7 @@ def test_a_bls_error_comes_back_as_the_callers_kind_by_code(glue, code, kind):
     assert type(raised.value) is kind and raised.value.message == "said no"
 
 
-def test_a_bls_call_that_raises_is_logged_and_answered_internal_without_details(glue):
+def test_a_bls_call_or_stream_that_raises_is_logged_and_answered_internal_without_details(glue):
     def broken(bls):
         raise RuntimeError("stub detail")
 
@@ -102,6 +102,8 @@ def test_a_bls_call_that_raises_is_logged_and_answered_internal_without_details(
         glue.infer("other", {"x": column(1)}, ["y"])
     with pytest.raises(InternalError, match="^toy: while scoring$"):
         glue.infer("other", {"x": column(1)}, ["y"], failure="while scoring")
+    with pytest.raises(InternalError, match="^toy: internal error calling other$"):
+        list(glue.stream("other", {"x": column(1)}, ["y"]))
     assert any("stub detail" in text for level, text in backend.Logger.lines if level == "error")
 
 
@@ -272,13 +274,3 @@ def test_a_decoupled_bls_stream_raises_its_error_as_the_callers_kind_after_the_p
     with pytest.raises(kind) as raised:
         next(stream)
     assert type(raised.value) is kind and raised.value.message == "stopped"
-
-
-def test_a_decoupled_bls_call_that_raises_is_logged_and_raised_internal_without_details(glue):
-    def broken(bls):
-        raise RuntimeError("stub detail")
-
-    glue.pb.InferenceRequest.bls["talker"] = broken
-    with pytest.raises(InternalError, match="^toy: internal error calling talker$"):
-        list(glue.stream("talker", {"x": column(1)}, ["text"]))
-    assert any("stub detail" in text for level, text in backend.Logger.lines if level == "error")
