@@ -48,7 +48,7 @@ def serve(options: ServeOptions, environ: Mapping[str, str], log: Callable[[str]
     from s2t.serve.healing import STATE_FILE, SupervisorState
     from s2t.serve.keeper import RestartPolicy, keep, start_metrics
     from s2t.serve.shutdown import stop_on_signals
-    from s2t.serve.triton_server import ServerError, TritonServer
+    from s2t.serve.triton_server import TritonServer
     key = admin_key(options.model_control_mode, environ)
     problems = check_repositories(list(options.repositories))
     if problems:
@@ -63,10 +63,7 @@ def serve(options: ServeOptions, environ: Mapping[str, str], log: Callable[[str]
                           on_give_up=lambda model: replace.set(),
                           extra_args=["--metrics-config=summary_latencies=true"])
     stop = stop_on_signals()
-    try:
-        server.start()
-    except ServerError as err:
-        raise ServeRefused(str(err)) from None
+    server.start()  # a ServerError says why it could not
     # Stopped in this order: the server first (it drains), then what talks to it.
     stoppers = [server.stop]
     metrics = start_metrics(options.supervisor_port, state, log)
