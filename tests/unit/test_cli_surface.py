@@ -27,6 +27,14 @@ def test_version_prints_one_line_with_the_version_number():
     assert re.fullmatch(r"s2t \d+\.\d+\.\d+\n", result.output)
 
 
+def test_python_dash_m_s2t_cli_runs_the_same_command_line():
+    """The GPU environment has no s2t script: `python -m s2t.cli` is how it runs the commands."""
+    import sys
+    done = subprocess.run([sys.executable, "-m", "s2t.cli", "--version"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and re.fullmatch(r"s2t \d+\.\d+\.\d+\n", done.stdout), done.stderr
+
+
 def test_make_refuses_an_unsupported_python_with_a_clear_message(tmp_path):
     result = subprocess.run(["make", "-s", "venv", "PYTHON=", f"VENV={tmp_path / 'venv'}"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
