@@ -53,8 +53,8 @@ def built_artifacts():
 
 @pytest.fixture(scope="session")
 def german_credit_data(built_artifacts):
-    from s2t.models import german_credit
-    return german_credit.load(built_artifacts["data"])
+    from s2t.models import dataset
+    return dataset.load(built_artifacts["data"])
 
 
 @pytest.fixture(scope="session")

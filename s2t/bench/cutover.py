@@ -33,7 +33,7 @@ import psutil
 
 from clients.legacy_record import to_protobuf
 from wire import skill_pb2, skill_pb2_grpc
-from s2t.models import german_credit
+from s2t.models import dataset
 from s2t.serve import service_process
 from s2t.bench import cutover_acceptance, machine_load, process_tree, report
 from s2t.bench.latency import LatencySummary
@@ -240,7 +240,7 @@ def _timed_start(args: list[str], ready: str) -> tuple[object, float]:
 def run(plan: CutoverPlan, out_dir: Path, repositories: list[Path], data_csv: Path, saved_model: Path,
         log=print, on_progress: OnProgress = no_progress) -> dict:
     """`on_progress` hears the STEPS done, naming the one that runs."""
-    data = german_credit.load(data_csv)
+    data = dataset.load(data_csv)
     records = [to_protobuf({"request_id": f"b-{i}", "features": f}) for i, f in enumerate(data.records())]
     size = plan.records_per_call
     batches = [records[i:i + size] for i in range(0, len(records) - size + 1, size)]

@@ -15,12 +15,14 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from s2t.errors import S2TError
+
 ROOT = Path(__file__).resolve().parents[2]
 GENAI_VENV = ROOT / ".venv-genai"
 BACKENDS = ("tensorrtllm", "vllm")
 
 
-class GenaiPerfError(RuntimeError):
+class GenaiPerfError(S2TError, RuntimeError):
     pass
 
 

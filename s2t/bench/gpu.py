@@ -246,12 +246,12 @@ def run(onnx_path: Path, data_csv: Path, out_dir: Path, seconds: float = 1.0, ba
         optima: tuple[int, ...] = OPTIMA, url: str | None = None, log: Callable[[str], None] = print) -> dict:
     """`url`: gRPC HOST:PORT of a Triton serving model_repository_gpu (the compose `gpu` profile)."""
     from s2t.gate import parity
-    from s2t.models import german_credit
+    from s2t.models import dataset
 
     gpu = tensorrt_engine.cuda_device()
     tensorrt_engine.import_tensorrt()
     tensorrt_engine.use_wheel_cuda_runtime()
-    data = german_credit.load(Path(data_csv))
+    data = dataset.load(Path(data_csv))
     categorical, numeric = parity.packed_inputs(Path(onnx_path), data.columns)
     out_dir = Path(out_dir)
     engines_dir = out_dir / "engines"

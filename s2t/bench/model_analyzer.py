@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from s2t.models import german_credit
+from s2t.models import dataset
 from s2t.bench import perf_analyzer
 from s2t.serve.triton_server import TRITON_DIR, assemble_backend_dir, server_env
 
@@ -56,7 +56,7 @@ def prepare(work: Path, repository: Path, data_csv: Path, concurrency: int = 16,
     for name in COPIED:
         shutil.copytree(Path(repository) / name, work / "repository" / name, ignore=shutil.ignore_patterns("__pycache__"))
     assemble_backend_dir(work / "backends")
-    records = german_credit.load(Path(data_csv)).records()[:RECORDS]
+    records = dataset.load(Path(data_csv)).records()[:RECORDS]
     (work / "records.json").write_text(json.dumps(
         {"data": [{"payload": {"content": [json.dumps({"features": r})], "shape": [1]}} for r in records]}))
     wrapper = work / "perf_analyzer.sh"

@@ -10,13 +10,15 @@ import json
 import math
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable, ContextManager
 
 import numpy as np
 import psutil
 
-from s2t.models import german_credit
+from s2t.models import dataset
 from s2t.bench.process_tree import process_rss
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.supervisor import stubs_of
@@ -75,7 +77,7 @@ def soak(server_pid: int, grpc_url: str, data_csv: Path, seconds: float, rate: f
     """
     import tritonclient.grpc as grpc
 
-    records = [json.dumps({"features": r}).encode() for r in german_credit.load(data_csv).records()]
+    records = [json.dumps({"features": r}).encode() for r in dataset.load(data_csv).records()]
     report = SoakReport(seconds, rate)
     lock = threading.Lock()
     client = grpc.InferenceServerClient(grpc_url)
@@ -116,3 +118,20 @@ def soak(server_pid: int, grpc_url: str, data_csv: Path, seconds: float, rate: f
     finally:
         client.close()
     return report
+
+
+def supervised_soak(repositories: list[Path], data_csv: Path, seconds: float, rate: float, report_path: Path,
+                    starting: Callable[[str], ContextManager] = lambda what: nullcontext(),
+                    on_progress: OnProgress = no_progress) -> SoakReport:
+    """`soak` against a supervised tritonserver of its own on free ports, stopped at the end; its log beside the
+    report. `starting` frames the server's start (the command line times it)."""
+    from s2t.serve.triton_server import TritonServer, free_port
+
+    server = TritonServer(repositories, free_port(), free_port(), free_port(), supervise=True,
+                          log_path=report_path.with_suffix(".tritonserver.log"), exit_timeout_seconds=10)
+    with starting("starting tritonserver (supervised)"):
+        server.start()
+    try:
+        return soak(server.process.pid, server.grpc_url, data_csv, seconds, rate, on_progress=on_progress)
+    finally:
+        server.stop()

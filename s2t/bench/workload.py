@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from backends.record_decoder import RecordDecoder
-from s2t.models import german_credit
+from s2t.models import dataset
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class Workload:
 
     @classmethod
     def load(cls, data_csv: Path) -> "Workload":
-        rows = german_credit.load(Path(data_csv)).records()
+        rows = dataset.load(Path(data_csv)).records()
         return cls(tuple({"request_id": f"r-{i}", "features": f} for i, f in enumerate(rows)))
 
     def payloads(self) -> list[bytes]:

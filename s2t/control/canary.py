@@ -16,11 +16,12 @@ from s2t import triton_config
 from s2t.control.config_edit import ConfigEditError, set_string_parameter
 from s2t.control.primary import ConfigChange
 from s2t.control.version_store import VersionStore
+from s2t.errors import S2TError
 
 ROUTER = "risk_router"
 
 
-class CanaryError(Exception):
+class CanaryError(S2TError):
     pass
 
 

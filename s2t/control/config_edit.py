@@ -12,9 +12,10 @@ from pathlib import Path
 from s2t import triton_config
 from backends.atomic_files import write_atomically
 from s2t.control.version_store import VersionStore
+from s2t.errors import S2TError
 
 
-class ConfigEditError(Exception):
+class ConfigEditError(S2TError):
     pass
 
 

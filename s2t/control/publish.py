@@ -25,6 +25,7 @@ from s2t import triton_config
 from s2t.gate import model_config, parity
 from s2t.models.convert import ConversionError, read_spec
 from s2t.control.version_store import VersionStore, durable_rename
+from s2t.errors import GATE_REFUSED, S2TError
 
 # The models that decode records with a feature spec of their own, which a new scorer must match.
 SPEC_READERS = ("skill_adapter", "risk_router")
@@ -32,12 +33,14 @@ SPEC_FILE = Path("1") / "feature_spec.json"
 RECORD_NAME = "publish.json"
 
 
-class PublishError(Exception):
+class PublishError(S2TError):
     """The artifact was refused; the served version is untouched."""
 
 
 class ArtifactRefused(PublishError):
     """A check the artifact must pass said no: not a valid model, not fitting the config, parity over tolerance."""
+
+    exit_code = GATE_REFUSED
 
 
 @dataclass(frozen=True)

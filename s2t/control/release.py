@@ -16,6 +16,7 @@ from pathlib import Path
 
 from backends.atomic_files import durable_rename
 from s2t.project_imports import MissingModuleError, module_file, project_files
+from s2t.errors import S2TError
 
 # The container entry point (s2t/serve/keeper.py) runs from the release too.
 ENTRY_MODULES = ("s2t.serve.keeper",)
@@ -26,7 +27,7 @@ PINNED_FILES = ("base/kustomization.yaml", "kserve/inferenceservice.yaml", "kser
 _RELEASE_REFERENCE = re.compile(r"(releases/)[^\s\"']+")
 
 
-class ReleaseError(RuntimeError):
+class ReleaseError(S2TError, RuntimeError):
     pass
 
 

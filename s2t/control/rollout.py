@@ -44,6 +44,7 @@ from s2t.control import canary as canary_config
 from s2t.control import live_control, primary
 from s2t.control.version_store import VersionStore
 from s2t import triton_config
+from s2t.errors import S2TError
 
 # Without a server to ask, how long a version that was routed to stays loaded after the step that stopped it:
 # a poll (1 s) plus the reload of the router's stub and of the pipeline (2-4 s measured here), with margin.
@@ -52,7 +53,7 @@ DRAIN_SECONDS = 15.0
 SETTLE_SECONDS = 1.0
 
 
-class RolloutError(Exception):
+class RolloutError(S2TError):
     """The step was refused; nothing changed."""
 
 

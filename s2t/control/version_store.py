@@ -22,11 +22,12 @@ from typing import Iterator
 from backends.atomic_files import durable_rename
 from backends.repository_layout import control_folder
 from backends.repository_layout import version_numbers  # part of this module's interface
+from s2t.errors import S2TError
 
 LOCK_TIMEOUT_SECONDS = 300.0
 
 
-class ControlLockTimeout(Exception):
+class ControlLockTimeout(S2TError):
     """Another command that changes what is served held the lock for too long."""
 
 

@@ -23,7 +23,7 @@ def build_reference(data_csv: Path, onnx_model: Path, out: Path, source: str | N
     import onnxruntime as ort
 
     from s2t.gate import example_parity
-    from s2t.models import german_credit
+    from s2t.models import dataset
     from s2t.models.convert import read_spec
 
     model = onnx.load(str(onnx_model), load_external_data=False)
@@ -31,7 +31,7 @@ def build_reference(data_csv: Path, onnx_model: Path, out: Path, source: str | N
     if example_parity.example_input(model) is not None:
         categorical, numeric = _example_columns(data_csv, spec)
     else:
-        categorical, numeric = encode_columns(spec, german_credit.load(data_csv).columns)
+        categorical, numeric = encode_columns(spec, dataset.load(data_csv).columns)
     session = ort.InferenceSession(str(onnx_model), providers=["CPUExecutionProvider"])
     scores = session.run(["probability"], {"categorical": categorical, "numeric": numeric})[0]
     reference = Reference.build(spec, categorical, numeric, np.asarray(scores),

@@ -10,7 +10,7 @@ import numpy as np
 
 from backends.decision_policy import Thresholds
 from backends.record_decoder import encode_columns
-from s2t.models import german_credit
+from s2t.models import dataset
 from s2t.on_progress import OnProgress, no_progress
 from s2t.gate import reference_cache
 from s2t.gate.parity_report import (FP16_ATOL, LIVE_BATCH, REL_FLOOR, Comparison, ParityReport,  # noqa: F401 - also this module's interface
@@ -89,7 +89,7 @@ def fp16_emulation_scores(onnx_path: Path, categorical: np.ndarray, numeric: np.
     return session.run(None, {"categorical": categorical, "numeric": numeric})[0].ravel()
 
 
-def live_scores(url: str, model: str, onnx_path: Path, data: german_credit.Dataset, protocol: str = "http",
+def live_scores(url: str, model: str, onnx_path: Path, data: dataset.Dataset, protocol: str = "http",
                 on_progress: OnProgress = no_progress) -> np.ndarray:
     """Score through the live server: JSON records if the model takes `payload`, packed tensors otherwise;
     `on_progress` hears the rows scored after every batch."""
@@ -134,7 +134,7 @@ def live_scores(url: str, model: str, onnx_path: Path, data: german_credit.Datas
         triton.close()
 
 
-def reference_scores(saved_model: Path, data_csv: Path, data: german_credit.Dataset,
+def reference_scores(saved_model: Path, data_csv: Path, data: dataset.Dataset,
                      cache_dir: Path | None = None) -> np.ndarray:
     """The legacy model's scores on the data, kept under a digest of the model's files and the data (in
     $S2T_REFERENCE_CACHE if set, else in cache_dir; neither: computed each time)."""
@@ -163,7 +163,7 @@ def run(saved_model: Path, onnx_path: Path, data_csv: Path, atol: float = 1e-5, 
             raise ValueError("FP16 emulation and engines are compared on German Credit columns, not on tf.Example data")
         return example_parity.run(Path(saved_model), Path(onnx_path), Path(data_csv), atol, url, model, protocol,
                                   thresholds, on_progress)
-    data = german_credit.load(Path(data_csv))
+    data = dataset.load(Path(data_csv))
     rows = len(data)
 
     def scored_whole(label: str, score, *args):

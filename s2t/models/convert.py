@@ -30,6 +30,7 @@ from backends.feature_spec import (CATEGORICAL_INPUT, HASH, INTEGER, METADATA_KE
                                    CategoricalFeature, FeatureSpec, value_column)
 from backends.string_hash import FAST, STRONG
 from s2t.models import example_signature
+from s2t.errors import S2TError
 
 BATCH_DIM = "batch"
 MIN_OPSET = 15
@@ -45,7 +46,7 @@ _CONTRIB_OPS = {"StringSplit", "StringSplitV2", "StaticRegexReplace", "RegexRepl
                 "SentencepieceOp", "RegexSplitWithOffsets"}
 
 
-class ConversionError(Exception):
+class ConversionError(S2TError):
     """The SavedModel cannot be served as converted; the message says what and the way out."""
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from backends.atomic_files import durable_rename
-from s2t.models import german_credit
+from s2t.models import dataset
 
 SEED = 20261129
 HOLDOUT_FRACTION = 0.2
@@ -35,14 +35,14 @@ def split(n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.sort(order[:cut]), np.sort(order[cut:])
 
 
-def _keras_inputs(data: german_credit.Dataset):
+def _keras_inputs(data: dataset.Dataset):
     import tensorflow as tf
 
     return {name: tf.constant(col.reshape(-1, 1).astype(str if name in data.categorical else np.float32))
             for name, col in data.columns.items()}
 
 
-def _build(train: german_credit.Dataset, lite: bool = False):
+def _build(train: dataset.Dataset, lite: bool = False):
     """`lite`: the linear part alone, a logistic regression with the same preprocessing: the fallback scorer."""
     import keras
 
@@ -73,14 +73,14 @@ def _build(train: german_credit.Dataset, lite: bool = False):
     return model
 
 
-def _logistic_regression_auc(train: german_credit.Dataset, holdout: german_credit.Dataset) -> float:
+def _logistic_regression_auc(train: dataset.Dataset, holdout: dataset.Dataset) -> float:
     from sklearn.compose import ColumnTransformer
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
-    def table(d: german_credit.Dataset) -> np.ndarray:
+    def table(d: dataset.Dataset) -> np.ndarray:
         return np.column_stack([d.categorical[n] for n in d.categorical] + [d.numeric[n] for n in d.numeric])
 
     n_cat = len(train.categorical)
@@ -102,7 +102,7 @@ def build(csv_path: Path, out_dir: Path, lite: bool = False) -> TrainingReport:
 
     keras.utils.set_random_seed(SEED)
     tf.config.experimental.enable_op_determinism()
-    data = german_credit.load(csv_path)
+    data = dataset.load(csv_path)
     train_rows, holdout_rows = split(len(data))
     train, holdout = data.take(train_rows), data.take(holdout_rows)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from s2t.errors import S2TError
+
 
 @dataclass(frozen=True)
 class NgcRelease:
@@ -56,7 +58,7 @@ RELEASES = {
 SERVING_IMAGE = "nvcr.io/nvidia/tritonserver:25.08-py3"
 
 
-class UnknownImageError(Exception):
+class UnknownImageError(S2TError):
     """The image has no entry in RELEASES: its TensorRT, and so the engines it loads, are not known here."""
 
 

@@ -25,6 +25,7 @@ from backends.atomic_files import write_atomically
 from s2t import triton_config
 from s2t.triton_config import engine_report_path as report_path  # part of this module's interface
 from s2t.models.serving_image import SERVING_IMAGE, release_of, same_release
+from s2t.errors import S2TError
 
 # The versions of the image deploy/triton builds on (s2t/models/serving_image.py): an engine loads only in the
 # TensorRT release that built it.
@@ -39,7 +40,7 @@ STRING_OPS = {"CategoryMapper", "LabelEncoder", "StringNormalizer", "TfIdfVector
 WORKSPACE_MIB = 1024
 
 
-class EngineBuildError(Exception):
+class EngineBuildError(S2TError):
     """The engine cannot be built here or from this model; the message says why and what to do."""
 
 

@@ -10,10 +10,12 @@ import threading
 import time
 from pathlib import Path
 
+from s2t.errors import S2TError
+
 S2T = Path(sys.executable).parent / "s2t"
 
 
-class ServiceError(RuntimeError):
+class ServiceError(S2TError, RuntimeError):
     pass
 
 

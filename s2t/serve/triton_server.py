@@ -29,6 +29,7 @@ from s2t.control.live_control import admin_headers
 from s2t.serve.supervisor import StubSupervisor
 from s2t.control.version_store import VersionStore
 from s2t.triton_admin import TritonAdmin, wait_until_ready
+from s2t.errors import S2TError
 
 # Located, not imported: importing pytriton pulls in its client (aiohttp, tritonclient.http.aio), most of
 # `s2t serve`'s start-up CPU before tritonserver is even launched.
@@ -44,7 +45,7 @@ PYTHON_BASED_BACKENDS = ("onnxruntime",)
 MODEL_LOAD_THREADS = 16
 
 
-class ServerError(RuntimeError):
+class ServerError(S2TError, RuntimeError):
     pass
 
 

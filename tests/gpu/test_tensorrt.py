@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import DATA_CSV, ROOT, SAVED_MODEL, SCORER_ONNX
 from s2t.gate import model_config, parity
-from s2t.models import german_credit, serving_image, tensorrt_engine
+from s2t.models import dataset, serving_image, tensorrt_engine
 from s2t.control.publish import ParityGate, publish
 from s2t.models.tensorrt_engine import BatchProfile
 
@@ -56,7 +56,7 @@ def test_fp16_engine_is_within_the_documented_tolerance_and_lists_any_changed_de
 
 @pytest.mark.parametrize("rows", [1, 63, 256, 1000])
 def test_every_batch_size_of_the_profile_gives_the_same_scores(engines, rows):
-    data = german_credit.load(DATA_CSV)
+    data = dataset.load(DATA_CSV)
     categorical, numeric = parity.packed_inputs(SCORER_ONNX, data.columns)
     full = tensorrt_engine.engine_scores(engines["fp32"], categorical, numeric)
     part = tensorrt_engine.engine_scores(engines["fp32"], categorical[:rows], numeric[:rows])
@@ -65,7 +65,7 @@ def test_every_batch_size_of_the_profile_gives_the_same_scores(engines, rows):
 
 def test_onnxruntime_cuda_ep_matches_the_legacy_model(built_artifacts):
     import onnxruntime as ort
-    data = german_credit.load(DATA_CSV)
+    data = dataset.load(DATA_CSV)
     categorical, numeric = parity.packed_inputs(SCORER_ONNX, data.columns)
     session = ort.InferenceSession(str(SCORER_ONNX), providers=["CUDAExecutionProvider"])
     assert session.get_providers()[0] == "CUDAExecutionProvider"

@@ -14,7 +14,7 @@ from tests.integration.servers import repository_copies, triton_server
 from tests.samples import SHIFT, shifted_model
 from s2t.control.live_control import ADMIN_KEY_ENV
 from s2t.control.version_store import VersionStore
-from s2t.exit_codes import GATE_REFUSED
+from s2t.errors import GATE_REFUSED
 
 KEY = "analysis-key"
 

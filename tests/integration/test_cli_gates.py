@@ -5,7 +5,7 @@ import subprocess
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT, S2T
 from tests.samples import shifted_model
-from s2t.exit_codes import GATE_REFUSED
+from s2t.errors import GATE_REFUSED
 from s2t.control.version_store import VersionStore
 
 

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.conftest import ROOT, S2T
-from s2t import exit_codes
+from s2t import errors
 
 RECORD = json.loads((ROOT / "clients" / "examples" / "record.json").read_text())
 
@@ -21,7 +21,7 @@ def score(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
 def test_score_prints_the_answer_of_risk_pipeline_as_json(triton, protocol, http_client):
     url = triton.http_url if protocol == "http" else triton.grpc_url
     done = score("clients/examples/record.json", f"--{protocol}-url", url)
-    assert done.returncode == exit_codes.OK, done.stderr
+    assert done.returncode == errors.OK, done.stderr
     answer = json.loads(done.stdout)
     import numpy as np
     import tritonclient.http as http
@@ -35,7 +35,7 @@ def test_score_prints_the_answer_of_risk_pipeline_as_json(triton, protocol, http
 
 def test_score_reads_the_record_from_stdin(triton):
     done = score("-", "--http-url", triton.http_url, stdin=json.dumps(RECORD))
-    assert done.returncode == exit_codes.OK, done.stderr
+    assert done.returncode == errors.OK, done.stderr
     assert json.loads(done.stdout)["decision"] in {"APPROVE", "REVIEW", "DECLINE"}
 
 
@@ -54,7 +54,7 @@ BAD_RECORDS = {
 @pytest.mark.parametrize("record, field", BAD_RECORDS.values(), ids=BAD_RECORDS.keys())
 def test_a_bad_record_exits_rejected_with_the_servers_message_naming_the_field(triton, record, field):
     done = score("-", "--http-url", triton.http_url, stdin=record)
-    assert done.returncode == exit_codes.REJECTED, done.stdout + done.stderr
+    assert done.returncode == errors.REJECTED, done.stdout + done.stderr
     assert field in done.stderr and field in json.loads(done.stdout)["error"]
     assert "Traceback" not in done.stderr
 
@@ -65,12 +65,12 @@ def test_bad_and_good_records_scored_at_once_each_get_their_own_answer(triton):
         runs = list(pool.map(lambda r: (r, score("-", "--grpc-url", triton.grpc_url, stdin=r)), [good, bad] * 6))
     for record, done in runs:
         if record == good:
-            assert done.returncode == exit_codes.OK and json.loads(done.stdout)["probability"] >= 0, done.stderr
+            assert done.returncode == errors.OK and json.loads(done.stdout)["probability"] >= 0, done.stderr
         else:
-            assert done.returncode == exit_codes.REJECTED and "credit_amount" in done.stderr, done.stderr
+            assert done.returncode == errors.REJECTED and "credit_amount" in done.stderr, done.stderr
 
 
 def test_score_against_a_port_where_nothing_listens_exits_unreachable(tmp_path):
     from s2t.serve.triton_server import free_port
     done = score("clients/examples/record.json", "--grpc-url", f"localhost:{free_port()}")
-    assert done.returncode == exit_codes.UNREACHABLE and "unreachable" in done.stderr
+    assert done.returncode == errors.UNREACHABLE and "unreachable" in done.stderr

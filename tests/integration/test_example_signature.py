@@ -196,8 +196,8 @@ def test_published_example_model_passes_s2t_parity_live_with_a_bad_row_on_its_ow
     data = write_csv(example_model["tmp"] / "live.csv", rows)
     report = example_model["tmp"] / "live.json"
     done = subprocess.run([str(S2T), "parity", "--saved-model", str(example_model["saved_model"]), "--onnx",
-                           str(example_model["onnx"]), "--data", str(data), "--url", example_triton.grpc_url,
-                           "--protocol", "grpc", "--report", str(report)],
+                           str(example_model["onnx"]), "--data", str(data), "--grpc-url", example_triton.grpc_url,
+                           "--report", str(report)],
                           capture_output=True, text=True, env=TF_QUIET, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(report.read_text())

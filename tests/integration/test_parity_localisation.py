@@ -8,7 +8,7 @@ from tests.conftest import DATA_CSV as DATA
 from tests.conftest import SAVED_MODEL
 from tests.conftest import SCORER_ONNX as SCORER
 from s2t.gate import parity
-from s2t.models import german_credit
+from s2t.models import dataset
 from s2t.gate.divergence import first_divergence
 
 ATOL = 1e-5
@@ -45,6 +45,6 @@ def test_parity_failure_names_the_matmul_whose_weight_was_perturbed(tmp_path):
 
 
 def test_first_divergence_finds_nothing_when_the_scorer_matches_the_legacy_model():
-    data = german_credit.load(DATA)
+    data = dataset.load(DATA)
 
     assert first_divergence(SAVED_MODEL, SCORER, data, row=0, atol=ATOL) is None

@@ -3,7 +3,7 @@ import json
 import subprocess
 
 from tests.conftest import ROOT, S2T
-from s2t.exit_codes import GATE_REFUSED
+from s2t.errors import GATE_REFUSED
 
 
 

@@ -39,11 +39,11 @@ def imported_modules(path: Path) -> set[str]:
 
 
 # Inside s2t/, lowest first: a module may import from its own layer and those before it, never from one after it.
-# The leaves (readers every layer shares) import no other s2t module; the command line sits on top of everything.
+# The leaves (readers every layer shares) import no other s2t module; the command line, the package s2t/cli/ and
+# nothing else, sits on top of everything.
 S2T_LAYERS = ("leaf", "models", "gate", "control", "serve", "bench", "cli")
-S2T_LEAVES = {"s2t", "s2t.on_progress", "s2t.project_imports", "s2t.prometheus_text", "s2t.triton_admin",
-              "s2t.triton_config"}
-S2T_COMMAND_LINE = {"s2t.cli", "s2t.cli_options", "s2t.cli_progress", "s2t.exit_codes"}
+S2T_LEAVES = {"s2t", "s2t.errors", "s2t.on_progress", "s2t.project_imports", "s2t.prometheus_text",
+              "s2t.triton_admin", "s2t.triton_config"}
 
 
 def s2t_layer(module: str) -> str | None:
@@ -52,8 +52,6 @@ def s2t_layer(module: str) -> str | None:
     top = ".".join(parts[:2])
     if module == "s2t" or top in S2T_LEAVES - {"s2t"}:
         return "leaf"
-    if top in S2T_COMMAND_LINE:
-        return "cli"
     return parts[1] if parts[0] == "s2t" and len(parts) > 1 and parts[1] in S2T_LAYERS else None
 
 
@@ -126,6 +124,47 @@ def test_the_project_modules_import_each_other_without_a_cycle():
         if name not in state:
             visit(name, [name])
     assert cycles == []
+
+
+def test_the_command_line_is_the_s2t_cli_package_alone():
+    """Only s2t/cli/ talks to people through click; below it, modules return values and raise S2TErrors."""
+    command_line = sorted(module_name(p) for p in project_sources() if layer(p) == "s2t"
+                          and s2t_layer(module_name(p)) == "cli")
+    stray = [module_name(p) for p in project_sources() if layer(p) == "s2t" and p.parent != ROOT / "s2t" / "cli"
+             and "click" in imported_third_party(p)]
+    assert command_line and all(m.startswith("s2t.cli.") or m == "s2t.cli" for m in command_line)
+    assert stray == []
+
+
+# A command module parses options and calls the library: past this, a command is doing the library's work.
+CLI_MODULE_MAX_LINES = 150
+
+
+def test_every_command_module_is_short():
+    modules = sorted((ROOT / "s2t" / "cli").glob("*.py"))
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for p in modules if (n := len(p.read_text().splitlines())) >
+            CLI_MODULE_MAX_LINES]
+    assert len(modules) > 5 and long == []
+
+
+def test_no_command_turns_an_error_into_an_exit_code_of_its_own():
+    """s2t/cli/failures.py maps errors to exit codes once; a command that catches to exit would be a second way."""
+    own_mapping = re.compile(r"ClickException\(|\bfailure\(|_live_errors|exit_code\s*=")
+    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in sorted((ROOT / "s2t" / "cli").glob("*.py"))
+             if p.name != "failures.py"
+             for n, line in enumerate(p.read_text().splitlines(), 1) if own_mapping.search(line)]
+    assert found == []
+
+
+def imported_third_party(path: Path) -> set[str]:
+    import ast
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
 
 
 def test_no_model_config_points_into_another_models_folder():

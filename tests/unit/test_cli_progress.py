@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, strategies as st
 
-from s2t.cli_progress import progress
+from s2t.cli.progress import progress
 
 
 def lines_of(stream: io.StringIO) -> list[str]:

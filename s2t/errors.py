@@ -1,14 +1,15 @@
-"""The exit codes of every `s2t` command, and the errors that carry them.
+"""The errors of skill2triton and the exit code each one means to `s2t`.
 
-Scripts branch on these: a refused gate is an answer about the model, an unreachable server is a fact about the
-network, a usage error is a mistake in the command line; each gets its own code.
+Scripts branch on these codes: a refused gate is an answer about the model, an unreachable server is a fact about
+the network, a usage error is a mistake in the command line; each gets its own code. Every error the project raises
+on purpose derives from `S2TError` and names its code once, in its class; the command line maps them in one place
+(s2t/cli/failures.py). Standard library only at import (tritonclient is imported where a check needs it): the
+serving image's keeper imports modules that raise these.
 """
 from __future__ import annotations
 
 import socket
 import urllib.error
-
-import click
 
 OK = 0
 FAILED = 1
@@ -31,15 +32,21 @@ MEANINGS = {
 }
 
 
-class GateRefused(click.ClickException):
+class S2TError(Exception):
+    """An error the project raises on purpose; its message is meant for the person who ran the command."""
+
+    exit_code = FAILED
+
+
+class GateRefused(S2TError):
     exit_code = GATE_REFUSED
 
 
-class ServerUnreachable(click.ClickException):
+class ServerUnreachable(S2TError):
     exit_code = UNREACHABLE
 
 
-class RecordRejected(click.ClickException):
+class RecordRejected(S2TError):
     exit_code = REJECTED
 
 
@@ -71,14 +78,6 @@ def is_invalid_input(err: BaseException) -> bool:
     return isinstance(err, InferenceServerException) and err.status() in ("400", "StatusCode.INVALID_ARGUMENT")
 
 
-def failure(err: BaseException, context: str = "") -> click.ClickException:
-    """The click error that exits with the code `err` deserves; `context` says what was being done."""
-    message = f"{context}{err}" if str(err) else f"{context}{type(err).__name__}"
-    if is_unreachable(err):
-        return ServerUnreachable(f"server unreachable: {message}")
-    return click.ClickException(message)
-
-
 def require_reachable(url: str | None, protocol: str = "http") -> None:
     """Checked before a command changes anything, so that an unreachable server leaves nothing half done."""
     if not url:
@@ -97,17 +96,3 @@ def require_reachable(url: str | None, protocol: str = "http") -> None:
         reason = str(err) or type(err).__name__
         raise ServerUnreachable(f"server unreachable: no Triton answers {protocol.upper()} at {url} ({reason}); "
                                 "nothing was changed") from None
-
-
-class ExitCodeGroup(click.Group):
-    """Whatever command lets a connection error escape, it exits UNREACHABLE, not with a traceback and 1."""
-
-    def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
-            raise
-        except Exception as err:  # re-raised unless it is a connection error
-            if is_unreachable(err):
-                raise failure(err) from None
-            raise

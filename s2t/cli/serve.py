@@ -1,0 +1,107 @@
+"""Commands that serve: the embedded tritonserver and the legacy Skill gateway in front of it."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from s2t.cli.options import DEFAULT_REPOSITORIES, LLM_REPOSITORY, grpc_url_option, log_to_stderr, repositories_option
+from s2t.serve.shutdown import exit_after_shutdown, stop_on_signals, wait_for_stop
+
+
+@click.command()
+@click.option("--http-port", type=int, envvar="HTTP_PORT", default=8000, show_default=True,
+              help="Triton's HTTP port")
+@click.option("--grpc-port", type=int, envvar="GRPC_PORT", default=8001, show_default=True,
+              help="Triton's gRPC port")
+@click.option("--metrics-port", type=int, envvar="METRICS_PORT", default=8002, show_default=True,
+              help="Triton's Prometheus metrics port")
+@click.option("--supervisor-port", type=int, envvar="SUPERVISOR_PORT", default=8003, show_default=True,
+              help="Prometheus metrics of the supervisor (reloads, server restarts); 0: none")
+@click.option("--model-control-mode", type=click.Choice(["poll", "explicit"]), default="poll", show_default=True,
+              help="poll: version folders swap in live; explicit: loads only on request (needs S2T_ADMIN_KEY)")
+@repositories_option(contract_spelling="--model-repository")
+@click.option("--exit-timeout", type=int, default=30, show_default=True,
+              help="seconds Triton waits for in-flight requests on SIGINT/SIGTERM")
+@click.option("--rate-limit", "rate_limit", type=int, envvar="S2T_RATE_LIMIT",
+              help="Triton's rate limiter: at most N model executions at once (off by default)")
+@click.option("--max-restarts", type=int, default=5, show_default=True,
+              help="tritonserver is started again after it dies, at most this often within 10 minutes")
+@click.option("--llm", "with_llm", is_flag=True, help=f"also serve {LLM_REPOSITORY}/ (llm, risk_explainer)")
+@click.option("--openai-port", type=int, envvar="OPENAI_PORT", default=9000, show_default=True,
+              help="with --llm: the OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models); 0: none")
+def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mode, repositories, exit_timeout,
+          rate_limit, max_restarts, with_llm, openai_port) -> None:
+    """Run the embedded tritonserver until SIGINT/SIGTERM, then drain in-flight requests.
+
+    Supervised: a model whose stub died or that fails over 10% of its requests for 5 s is reloaded; a dead
+    tritonserver is started again (with backoff); its stubs never outlive it. What was done is in
+    supervisor.json in the repository's control area and on --supervisor-port."""
+    from s2t.serve.foreground import ServeOptions, serve as run_serve
+    served = (*(repositories or DEFAULT_REPOSITORIES), *([LLM_REPOSITORY] if with_llm else []))
+    options = ServeOptions(served, http_port, grpc_port, metrics_port, supervisor_port, model_control_mode,
+                           exit_timeout, rate_limit, max_restarts, openai_port if with_llm else 0)
+    sys.exit(run_serve(options, os.environ, log_to_stderr))
+
+
+@click.command()
+@click.option("--port", type=int, envvar="GATEWAY_PORT", default=50051, show_default=True,
+              help="where legacy Skill callers connect")
+@grpc_url_option("Triton's gRPC endpoint", name="triton_url", contract_spelling="--triton-url",
+                 default="localhost:8001", show_default=True)
+@click.option("--model", default="risk_pipeline", show_default=True,
+              help="the Triton model the records go to")
+@click.option("--window-size", type=int, default=32, show_default=True,
+              help="records scored together, as the legacy did; at most the model's max_batch_size")
+@click.option("--workers", type=int, default=16, show_default=True,
+              help="call slots: legacy calls served at once; when all are taken, a call silent for 0.5 s gives "
+                   "its slot to a new call, else the new call is refused RESOURCE_EXHAUSTED at once")
+@click.option("--max-calls-per-caller", type=int, default=None,
+              help="call slots one client connection may hold at once (gRPC clients share one connection per "
+                   "process and target); default: --workers")
+@click.option("--call-timeout-s", type=float, default=60.0, show_default=True,
+              help="longest a call may last, idle or not (DEADLINE_EXCEEDED after)")
+@click.option("--idle-timeout-s", type=float, default=5.0, show_default=True,
+              help="longest a call may go without sending a record (DEADLINE_EXCEEDED after)")
+@click.option("--max-records", type=int, default=10_000, show_default=True,
+              help="records one call may carry (INVALID_ARGUMENT past it)")
+@click.option("--max-message-bytes", type=int, default=256 * 1024, show_default=True,
+              help="largest message accepted; a record over 64 KiB but within this is answered INVALID_RECORD, "
+                   "a larger one fails its call RESOURCE_EXHAUSTED before it is buffered")
+@click.option("--mirror", metavar="HOST:PORT", help="dual-run: also send every window to the legacy service here")
+@click.option("--answer-from", type=click.Choice(["triton", "legacy"]), default="triton", show_default=True,
+              help="with --mirror: the service whose answers the callers get")
+@click.option("--diff-report", type=click.Path(dir_okay=False, path_type=Path),
+              help="with --mirror: JSON comparison written every --diff-report-interval-s and at exit")
+@click.option("--diff-report-interval-s", type=float, default=10.0, show_default=True,
+              help="with --diff-report: seconds between writes")
+@click.option("--mirror-timeout-s", type=float, default=5.0, show_default=True,
+              help="longest a mirrored window is waited for in the background (callers never wait for it)")
+@click.option("--tolerance", type=float, default=1e-5, show_default=True,
+              help="probability difference counted over tolerance")
+@click.option("--metrics-port", type=int, default=0, show_default=True,
+              help="Prometheus metrics (s2t_cutover_*) on this port; 0: none")
+def gateway(port, triton_url, model, window_size, workers, max_calls_per_caller, call_timeout_s, idle_timeout_s,
+            max_records, max_message_bytes, mirror, answer_from, diff_report, diff_report_interval_s, mirror_timeout_s,
+            tolerance, metrics_port) -> None:
+    """Serve the legacy Skill gRPC service (wire/skill.proto), forwarding to Triton, until SIGINT/SIGTERM."""
+    from s2t.serve.gateway import GatewayOptions, RunningGateway
+    if (answer_from != "triton" or diff_report) and not mirror:
+        raise click.UsageError("--answer-from and --diff-report need --mirror HOST:PORT")
+    if workers < 1 or max_calls_per_caller is not None and not 1 <= max_calls_per_caller <= workers:
+        raise click.UsageError(f"need --workers >= 1 and --max-calls-per-caller between 1 and --workers ({workers}), "
+                               f"got {max_calls_per_caller}")
+    gateway = RunningGateway(GatewayOptions(
+        port, triton_url, model, window_size, workers, max_calls_per_caller, call_timeout_s, idle_timeout_s,
+        max_records, max_message_bytes, mirror, answer_from, diff_report, diff_report_interval_s, mirror_timeout_s,
+        tolerance, metrics_port))
+    stop = stop_on_signals()
+    log_to_stderr(gateway.ready_line)
+    wait_for_stop(stop)
+    gateway.stop(log_to_stderr)
+    exit_after_shutdown()
+
+
+COMMANDS = (serve, gateway)

@@ -1,0 +1,109 @@
+"""`s2t serve`: the embedded tritonserver in the foreground, supervised, until SIGINT/SIGTERM; then a drain.
+
+Holds the policy of what may be served (explicit mode only with an admin key, only repositories whose configs fit
+their models) and the wiring of the supervisor, its metrics and the OpenAI-compatible API around the server.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+
+from s2t.control.live_control import ADMIN_KEY_ENV
+from s2t.errors import FAILED, S2TError
+
+
+class ServeRefused(S2TError):
+    """The server was not started, or could not be kept running."""
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    repositories: tuple[Path, ...]
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    supervisor_port: int = 8003  # 0: no supervisor metrics
+    model_control_mode: str = "poll"
+    exit_timeout_s: int = 30
+    rate_limit_slots: int | None = None
+    max_restarts: int = 5
+    openai_port: int = 0  # 0: no OpenAI-compatible API
+
+
+def admin_key(model_control_mode: str, environ: Mapping[str, str]) -> str | None:
+    """The key of the repository API; explicit mode opens load/unload, so it is refused without one."""
+    key = environ.get(ADMIN_KEY_ENV) or None
+    if model_control_mode == "explicit" and not key:
+        raise ServeRefused(f"explicit mode opens the repository API (load/unload): set {ADMIN_KEY_ENV} so that only "
+                           "callers with that key can use it")
+    return key
+
+
+def serve(options: ServeOptions, environ: Mapping[str, str], log: Callable[[str], None]) -> int:
+    """Runs until SIGINT or SIGTERM; the exit code. Raises ServeRefused when nothing could be served."""
+    from s2t.control.version_store import VersionStore
+    from s2t.gate.model_config import check_repositories
+    from s2t.serve.healing import STATE_FILE, SupervisorState
+    from s2t.serve.keeper import RestartPolicy, keep, start_metrics
+    from s2t.serve.shutdown import stop_on_signals
+    from s2t.serve.triton_server import TritonServer
+    key = admin_key(options.model_control_mode, environ)
+    problems = check_repositories(list(options.repositories))
+    if problems:
+        raise ServeRefused("the repository is not servable:\n" + "\n".join(problems)
+                           + "\n(`make serve` builds what is missing)")
+    state = SupervisorState(path=VersionStore(options.repositories[0]).control / STATE_FILE)
+    replace = threading.Event()
+    # summary_latencies: the p99 quantiles the alert rules and the dashboard read.
+    server = TritonServer(list(options.repositories), options.http_port, options.grpc_port, options.metrics_port,
+                          options.model_control_mode, exit_timeout_seconds=options.exit_timeout_s, admin_key=key,
+                          rate_limit_slots=options.rate_limit_slots, supervise=True, supervisor_state=state,
+                          on_give_up=lambda model: replace.set(),
+                          extra_args=["--metrics-config=summary_latencies=true"])
+    stop = stop_on_signals()
+    server.start()  # a ServerError says why it could not
+    # Stopped in this order: the server first (it drains), then what talks to it.
+    stoppers = [server.stop]
+    metrics = start_metrics(options.supervisor_port, state, log)
+    if metrics is not None:
+        stoppers.append(metrics.stop)
+    try:
+        openai = _start_openai(options)
+    except RuntimeError as err:
+        _stop_all(stoppers)
+        raise ServeRefused(str(err)) from None
+    if openai is not None:
+        stoppers.insert(1, openai.stop)
+    _say_ready(options, metrics is not None, openai is not None, log)
+    code = keep(server, stop, replace, RestartPolicy(max_restarts=options.max_restarts), state, log=log)
+    if code:
+        _stop_all(stoppers)
+        raise ServeRefused(f"tritonserver could not be kept running (last exit code {code})")
+    log("stopping: draining in-flight requests")
+    code = server.stop()
+    _stop_all(stoppers[1:])
+    return 0 if code in (0, None) else FAILED
+
+
+def _start_openai(options: ServeOptions):
+    """Started before the ready line: whoever waits for `ready:` may call /v1 at once."""
+    if not options.openai_port:
+        return None
+    from s2t.serve.openai_server import OpenAIFrontend
+    return OpenAIFrontend(f"localhost:{options.http_port}", options.openai_port).start()
+
+
+def _stop_all(stoppers: list[Callable[[], object]]) -> None:
+    for stop in stoppers:
+        stop()
+
+
+def _say_ready(options: ServeOptions, supervisor_metrics: bool, openai: bool, log: Callable[[str], None]) -> None:
+    log(f"ready: HTTP localhost:{options.http_port}  gRPC localhost:{options.grpc_port}  "
+        f"metrics http://localhost:{options.metrics_port}/metrics"
+        + (f"  supervisor http://localhost:{options.supervisor_port}/metrics" if supervisor_metrics else ""))
+    log(f"try: curl -s localhost:{options.http_port}/v2/models/risk_pipeline")
+    if openai:
+        log(f"OpenAI API: http://localhost:{options.openai_port}/v1 (model llm)")

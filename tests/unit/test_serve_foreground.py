@@ -1,0 +1,36 @@
+"""`s2t serve`'s policy, held in s2t/serve/foreground.py: explicit mode (the repository API open to load and unload)
+only with an admin key; the command refuses before any server starts."""
+import subprocess
+
+import pytest
+
+from s2t import errors
+from s2t.control.live_control import ADMIN_KEY_ENV
+from s2t.serve.foreground import ServeRefused, admin_key
+from tests.conftest import ROOT, S2T
+
+
+@pytest.mark.parametrize("mode, environ, expected", [
+    ("poll", {}, None),
+    ("poll", {ADMIN_KEY_ENV: "k"}, "k"),
+    ("explicit", {ADMIN_KEY_ENV: "k"}, "k"),
+    ("poll", {ADMIN_KEY_ENV: ""}, None),
+], ids=["poll-no-key", "poll-key", "explicit-key", "poll-empty-key"])
+def test_the_admin_key_is_read_from_the_environment(mode, environ, expected):
+    assert admin_key(mode, environ) == expected
+
+
+@pytest.mark.parametrize("environ", [{}, {ADMIN_KEY_ENV: ""}], ids=["unset", "empty"])
+def test_explicit_mode_without_a_key_is_refused(environ):
+    with pytest.raises(ServeRefused, match=ADMIN_KEY_ENV) as refused:
+        admin_key("explicit", environ)
+    assert refused.value.exit_code == errors.FAILED
+
+
+def test_serve_in_explicit_mode_without_a_key_exits_failed_before_starting_anything():
+    env = {"PATH": "/usr/bin:/bin", "HTTP_PORT": "1", "GRPC_PORT": "1", "METRICS_PORT": "1"}
+    done = subprocess.run([str(S2T), "serve", "--model-control-mode", "explicit"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == errors.FAILED, done.stderr
+    assert done.stderr.startswith("Error: explicit mode") and ADMIN_KEY_ENV in done.stderr
+    assert "ready:" not in done.stderr and "Traceback" not in done.stderr
