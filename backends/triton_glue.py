@@ -18,12 +18,13 @@ import json
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from backends import fault_points
-from backends.errors import InternalError, InvalidInput, ServingError, from_triton_code, triton_error
+from backends.errors import (TRITON_CODE, InternalError, InvalidInput, ServingError, from_triton_code,
+                             triton_error)
 from backends.model_parameters import ParameterError, read_parameters, unknown_parameters
 from backends.record_decoder import request_error
 from backends.request_rows import RequestRows
@@ -96,6 +97,10 @@ class Glue:
     def error(self, err: ServingError):
         # A new TritonError for every response: Triton 2.51 crashes when responses share one.
         return self.pb.InferenceResponse(error=triton_error(err, self.pb.TritonError))
+
+    def error_code(self, err: ServingError) -> int:
+        """The TritonError code of `err`'s kind (for a decoupled sender's final error response)."""
+        return getattr(self.pb.TritonError, TRITON_CODE[err.kind])
 
     def internal_error(self):
         return self.error(InternalError(f"{self.shown_as}: internal error"))
@@ -193,3 +198,24 @@ class Glue:
             error = response.error()
             raise from_triton_code(error.code(), error.message(), self.pb.TritonError)
         return [self.pb.get_output_tensor_by_name(response, name).as_numpy() for name in outputs]
+
+    def stream(self, model: str, inputs: Sequence, outputs: Sequence[str], version: int = -1,
+               failure: str | None = None) -> Iterator[dict[str, np.ndarray]]:
+        """`model`'s responses to one request, called in-process as a decoupled stream: each response's outputs by
+        name (a response without outputs, such as a bare final flag, is skipped). `inputs` are Triton tensors (a
+        caller's own, passed on). An error response raises the caller's error kind (by Triton code); a failure of
+        the call itself is logged and raised as InternalError, as in `infer`."""
+        request = self.pb.InferenceRequest(model_name=model, model_version=version,
+                                           requested_output_names=list(outputs), inputs=list(inputs))
+        try:
+            responses = request.exec(decoupled=True)
+        except Exception:  # noqa: BLE001 - the stub's own failure: log it, answer the caller with an error
+            self.pb.Logger.log_error(traceback.format_exc())
+            raise InternalError(f"{self.name}: {failure or f'internal error calling {model}'}") from None
+        for response in responses:
+            if response.has_error():
+                error = response.error()
+                raise from_triton_code(error.code(), error.message(), self.pb.TritonError)
+            tensors = response.output_tensors()
+            if tensors:
+                yield {tensor.name(): tensor.as_numpy() for tensor in tensors}
