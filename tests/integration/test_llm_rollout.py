@@ -211,6 +211,28 @@ ROUTED_TOKENS = 16
 CANARY_STREAMS = 16
 
 
+# OpenAI completions sent during the canary (4 tokens each): the share's keys are the API's own request count.
+OPENAI_CALLS = 8
+
+
+def openai_versions(triton_url, calls) -> list[str]:
+    """The version (system_fingerprint) that answered each of `calls` completions through the OpenAI API."""
+    import openai
+
+    from s2t.serve.openai_server import OpenAIFrontend
+    from tests.integration.servers import free_port
+
+    port = free_port()
+    frontend = OpenAIFrontend(triton_url, port).start()
+    sdk = openai.OpenAI(base_url=f"http://localhost:{port}/v1", api_key="unused", timeout=120, max_retries=0)
+    try:
+        return [sdk.completions.create(model="llm", prompt="Say hi.", max_tokens=4).system_fingerprint
+                for _ in range(calls)]
+    finally:
+        sdk.close()
+        frontend.stop()
+
+
 def served_by(result) -> str:
     tags = {event.get("served_by") for _, event in result.events}
     assert len(tags) == 1, f"a stream answered by several versions: {tags}"
@@ -234,6 +256,7 @@ def test_canary_of_llm_splits_generations_and_promote_and_rollback_after_it_cut_
         # A bad request through the router is refused alone, naming the field, while the streams go on.
         bad = generate_stream(server.http_url, {"text_input": "Hi.", "max_tokens": 100_000}, model="llm_router")
         assert bad.status == 400 and "max_tokens" in (bad.error or "")
+        openai_answers = openai_versions(server.http_url, OPENAI_CALLS)
         during_canary = load.wait_started_after(canary_at, CANARY_STREAMS)
         promoted_from = time.monotonic()
         s2t(server, repo, "promote", "llm", "2")
@@ -253,6 +276,8 @@ def test_canary_of_llm_splits_generations_and_promote_and_rollback_after_it_cut_
         assert result.final.get("finish_reason") in ("length", "stop"), result.final
         assert result.final["finish_reason"] == "stop" or result.final["output_tokens"] == ROUTED_TOKENS
     assert {served_by(r) for _, _, r in during_canary} == {"llm:1", "llm:2"}
+    # The OpenAI API follows the router's split: it names the version it calls, so its callers see the canary too.
+    assert set(openai_answers) == {"llm:1", "llm:2"}
     assert {served_by(r) for _, _, r in after_promote} == {"llm:2"}
     assert rolled["serving"] == 1 and {served_by(r) for _, _, r in after_rollback} == {"llm:1"}
     # Streams in flight when the canary began were the primary's; those in flight at each later step finished.
