@@ -1,7 +1,7 @@
 """The one place that says which version of a scorer is the primary, in every model that serves it.
 
 A consumer is a served model that picks a scorer version for its callers:
-- risk_router: parameter `primary` (`risk_scorer:N`);
+- a router (risk_router, llm_router): parameter `primary` (`risk_scorer:N`, `llm:N`), beside its canary split;
 - a pipeline model with parameters `scorer_model` / `scorer_version` (the version it loads) and, when it has
   one, `standby_scorer_version` (the version it keeps warm beside it: the previous primary, which a rollback goes
   back to by the live switch alone);

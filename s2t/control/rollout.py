@@ -16,7 +16,9 @@ rewrites that line and the server loads the new version before it unloads the ol
 requests it has (a decoupled model's streams included: Triton unloads a version once every response sender has
 sent its final flag). `previous` stays listed, loaded, when it is older than the primary, so the usual rollback
 (after a promotion) only unloads; a newer one cannot stay loaded, it would take the callers. Its candidate is a
-validated folder that is not loaded until promoted.
+validated folder that is not loaded until promoted, or until a canary through its router (llm_router, a consumer
+with a `primary` like risk_router) sends it generations: each step then loads what it adds before the router
+names it and unloads what it drops after (`primary.phases`).
 
 A model with a `latest` policy (risk_scorer_lite, the GPU scorers) serves its newest folder: its rollback retires
 the newer folders instead, newest first, so the newest folder left is always one that was served before.
