@@ -42,8 +42,9 @@ from s2t.errors import GATE_REFUSED, require_reachable
 def canary(model, version, percent, shadow, off, repository, consumer_repositories, candidate_repositories,
            url, auto, steps, interval, metrics_url, max_shadow_diff, max_error_rate, max_p99_ms, max_psi,
            min_rows, as_json) -> None:
-    """risk_router sends PERCENT% of records to MODEL VERSION (or mirrors them), the rest to the primary; prints the
-    split in force. With --auto: prints each step's figures, then `promoted N` or `rolled back (why)`."""
+    """MODEL's router (risk_router; llm_router for llm) sends PERCENT% of requests to MODEL VERSION (or mirrors
+    records, scorers only), the rest to the primary; prints the split in force. With --auto: prints each step's
+    figures, then `promoted N` or `rolled back (why)`."""
     from s2t.control.rollout import canary as run_canary
     if auto:
         return _auto_canary(model, version, repository, consumer_repositories, url, steps, interval, metrics_url,

@@ -1,4 +1,7 @@
-"""risk_router's split as a config change: its routing parameters rewritten in config.pbtxt, validated.
+"""A router's split as a config change: its routing parameters rewritten in config.pbtxt, validated.
+
+The router of a model is the served model whose `primary` names it (s2t/control/primary.py): risk_router for
+risk_scorer, llm_router for llm; a candidate from another repository (a GPU scorer) goes through risk_router.
 
 The step that writes it (under the control lock, recorded first) is `canary` in s2t/control/rollout.py.
 
@@ -31,14 +34,14 @@ def _split_lines(candidate: Target | None, canary_percent: float, shadow_percent
 
 
 def split_change(repository: Path, candidate: Target | None, canary_percent: float = 0.0,
-                 shadow_percent: float = 0.0, candidate_repositories: tuple[Path, ...] = ()
+                 shadow_percent: float = 0.0, candidate_repositories: tuple[Path, ...] = (), router: str = ROUTER
                  ) -> tuple[RoutingSettings, ConfigChange]:
     """The router's config with this split, validated; nothing is written.
 
     `candidate_repositories`: where else the candidate may live (model_repository_gpu holds the GPU scorers,
     which the router calls by name like any other model the server serves)."""
     store = VersionStore(Path(repository))
-    path = store.model_dir(ROUTER) / "config.pbtxt"
+    path = store.model_dir(router) / "config.pbtxt"
     if not path.is_file():
         raise CanaryError(f"{path} not found")
     if candidate is not None:
@@ -53,9 +56,9 @@ def split_change(repository: Path, candidate: Target | None, canary_percent: flo
     lines = _split_lines(candidate, canary_percent, shadow_percent)
     try:
         for key, value in lines.items():
-            text = set_string_parameter(text, key, value, f"{ROUTER}/config.pbtxt")
+            text = set_string_parameter(text, key, value, f"{router}/config.pbtxt")
         config = triton_config.load_text(text, str(path))
         settings = read_parameters(RoutingSettings, triton_config.backend_parameters(config))
     except (ConfigEditError, ValueError) as err:
         raise CanaryError(str(err)) from None
-    return settings, ConfigChange(ROUTER, path, text, parameters=lines)
+    return settings, ConfigChange(router, path, text, parameters=lines)

@@ -1,7 +1,7 @@
 """The one place that says which version of a scorer is the primary, in every model that serves it.
 
 A consumer is a served model that picks a scorer version for its callers:
-- risk_router: parameter `primary` (`risk_scorer:N`);
+- a router (risk_router, llm_router): parameter `primary` (`risk_scorer:N`, `llm:N`), beside its canary split;
 - a pipeline model with parameters `scorer_model` / `scorer_version` (the version it loads) and, when it has
   one, `standby_scorer_version` (the version it keeps warm beside it: the previous primary, which a rollback goes
   back to by the live switch alone);
@@ -113,7 +113,9 @@ def plan(model: str, version: int, repositories: Iterable[Path], router_split: d
     canary/shadow lines in the same file (a promotion clears the split in the one step that moves the primary);
     `standby`: the version pipelines keep warm beside it (the previous primary)."""
     changes = []
-    for consumer in consumers(model, repositories):
+    found = consumers(model, repositories)
+    routed = routed_candidate(model, found, router_split)
+    for consumer in found:
         text = consumer.path.read_text()
         where = str(consumer.path)
         if consumer.kind == ROUTER_KIND:
@@ -131,14 +133,65 @@ def plan(model: str, version: int, repositories: Iterable[Path], router_split: d
                 changes.append(ConfigChange(consumer.name, consumer.path, text,
                                             parameters={"scorer_version": str(version)}))
         elif consumer.kind == PINNED_KIND:
-            # Only an older standby can stay loaded: callers that name no version get the newest one loaded.
-            versions = sorted({version} | ({standby} if standby is not None and standby < version else set()))
+            # Only an older standby can stay loaded: callers that name no version get the newest one loaded. A
+            # candidate that a router's canary sends generations to is loaded too, whatever its number (callers of
+            # the model itself that name no version get the newest; the split holds for the router's callers).
+            versions = sorted({version} | ({standby} if standby is not None and standby < version else set())
+                              | ({routed} if routed is not None else set()))
             text = set_pinned_versions(text, versions, where)
             changes.append(ConfigChange(consumer.name, consumer.path, text, pinned_versions=tuple(versions)))
         else:
             text = set_step_version(text, model, version, where)
             changes.append(ConfigChange(consumer.name, consumer.path, text, step_versions={model: version}))
     return changes
+
+
+def routed_candidate(model: str, found: Iterable[Consumer], router_split: dict[str, str] | None) -> int | None:
+    """The version of `model` a router's canary names once the split `router_split` is written (None: the split
+    each router's config holds now)."""
+    for consumer in found:
+        if consumer.kind != ROUTER_KIND:
+            continue
+        if router_split is not None:
+            text = router_split.get("candidate", "").strip()
+        else:
+            params = triton_config.backend_parameters(triton_config.load(consumer.path.parent))
+            text = params.get("candidate", {}).get("string_value", "").strip()
+        target = Target.parse(text) if text else None
+        if target is not None and target.model == model:
+            return target.version
+    return None
+
+
+def phases(changes: list[ConfigChange]) -> list[list[ConfigChange]]:
+    """`changes` in the order that keeps every version a router names loaded: a pinned model first lists the
+    versions it gains (loads them), then the routers switch, then it drops the versions it loses (unloads them,
+    once their streams are done). One phase when no router takes part."""
+    pinned = [c for c in changes if c.pinned_versions]
+    others = [c for c in changes if not c.pinned_versions]
+    if not pinned or not others:
+        return [changes] if changes else []
+    loads, unloads = [], []
+    for change in pinned:
+        listed = set(pinned_versions(triton_config.load_text(change.path.read_text(), str(change.path))))
+        union = tuple(sorted(listed | set(change.pinned_versions)))
+        if union == change.pinned_versions:
+            loads.append(change)
+            continue
+        if set(union) != listed:
+            loads.append(ConfigChange(change.name, change.path,
+                                      set_pinned_versions(change.text, list(union), str(change.path)),
+                                      pinned_versions=union))
+        unloads.append(change)
+    return [phase for phase in (loads, others, unloads) if phase]
+
+
+def pinned_versions(config) -> tuple[int, ...]:
+    """The versions a `specific` version policy lists (none for any other policy)."""
+    policy = config.version_policy
+    if policy.WhichOneof("policy_choice") != "specific":
+        return ()
+    return tuple(sorted(int(v) for v in policy.specific.versions))
 
 
 def pinned_version(config) -> int | None:

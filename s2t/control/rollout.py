@@ -16,7 +16,9 @@ rewrites that line and the server loads the new version before it unloads the ol
 requests it has (a decoupled model's streams included: Triton unloads a version once every response sender has
 sent its final flag). `previous` stays listed, loaded, when it is older than the primary, so the usual rollback
 (after a promotion) only unloads; a newer one cannot stay loaded, it would take the callers. Its candidate is a
-validated folder that is not loaded until promoted.
+validated folder that is not loaded until promoted, or until a canary through its router (llm_router, a consumer
+with a `primary` like risk_router) sends it generations: each step then loads what it adds before the router
+names it and unloads what it drops after (`primary.phases`).
 
 A model with a `latest` policy (risk_scorer_lite, the GPU scorers) serves its newest folder: its rollback retires
 the newer folders instead, newest first, so the newest folder left is always one that was served before.
@@ -266,15 +268,23 @@ class Rollout:
         # Only consumers the server runs now are waited for: one it has not loaded (explicit mode: the operator's
         # choice) reads the new config whenever it is loaded, and a rollout never loads it as a side effect.
         live = live_control.loaded(self.url, [c.name for c in planned]) if self.url else set()
-        for change in changes:
-            primary.write(self.store, [change])
-            reached(f"consumer.{change.name}")
+        # A router in front of a pinned model names only loaded versions: loads, then routers, then unloads, each
+        # phase in force before the next is written (without a server to ask, the router falls back by itself).
+        steps = primary.phases(changes)
+        started = time.monotonic()
+        for number, phase in enumerate(steps):
+            for change in phase:
+                primary.write(self.store, [change])
+                reached(f"consumer.{change.name}")
+            if self.url and number < len(steps) - 1:
+                self.confirm([c for c in phase if c.name in live])
         if self.url:
-            waited = changes
+            waited = steps[-1] if steps else []
             if confirm_all:
                 running = live_control.live_configs(self.url, [c.name for c in planned if c.name in live])
-                waited = [c for c in planned if c in changes or not c.in_force(running.get(c.name, {}))]
+                waited = [c for c in planned if c in waited or not c.in_force(running.get(c.name, {}))]
             self.confirm([c for c in waited if c.name in live])
+            self.timings["in force"] = time.monotonic() - started
         return [c.name for c in changes]
 
     def confirm(self, changes: list) -> None:
@@ -485,12 +495,26 @@ def rollback(rollout: Rollout, expected: RollbackPlan) -> RollbackPlan:
     return done
 
 
+def router_of(rollout: Rollout) -> str | None:
+    """The served model whose `primary` names this model and that splits its traffic (risk_router, llm_router)."""
+    return next((c.name for c in primary.consumers(rollout.model, rollout.repositories)
+                 if c.kind == primary.ROUTER_KIND), None)
+
+
 def canary(rollout: Rollout, version: int | None, canary_percent: float, shadow_percent: float,
            candidate_repositories: tuple[Path, ...] = ()):
-    """risk_router splits between the primary and `version` (None: no split). Returns the RoutingSettings."""
-    if rollout.keeps_state() and rollout.pinned():
+    """The model's router splits between the primary and `version` (None: no split). Returns the RoutingSettings.
+
+    A pinned model (llm) loads the candidate before its router names it, and unloads it once the router no
+    longer does (`point_consumers`); its streams finish on the version they started on."""
+    router = router_of(rollout)
+    pinned = rollout.keeps_state() and rollout.pinned()
+    if pinned and router is None:
         raise RolloutError(f"{rollout.model} serves the newest version its config lists and has no router in "
                            "front of it: no canary; `promote` or `rollback` it")
+    if pinned and shadow_percent:
+        raise RolloutError(f"{rollout.model}: no shadow for a generating model (a mirrored generation costs a "
+                           "whole one); use --percent")
     candidate = None if version is None else Target(rollout.model, version)
     managed = rollout.keeps_state()
     with rollout.step() as state:
@@ -501,13 +525,16 @@ def canary(rollout: Rollout, version: int | None, canary_percent: float, shadow_
                 raise RolloutError(f"{rollout.model} version {state.candidate} is the candidate; promote it or "
                                    "roll it back first")
         settings, change = canary_config.split_change(rollout.repository, candidate, canary_percent, shadow_percent,
-                                                      candidate_repositories)
-        rollout.begin(state, {"action": "canary", "model": canary_config.ROUTER, "scorer": rollout.model,
+                                                      candidate_repositories, router or canary_config.ROUTER)
+        rollout.begin(state, {"action": "canary", "model": change.name, "scorer": rollout.model,
                               "split": settings.describe()})
-        primary.write(rollout.store, [change])
-        reached(f"consumer.{change.name}")
-        if rollout.url:
-            rollout.confirm([change])
+        if pinned:
+            rollout.point_consumers(state.primary, change.parameters, standby=state.previous)
+        else:
+            primary.write(rollout.store, [change])
+            reached(f"consumer.{change.name}")
+            if rollout.url:
+                rollout.confirm([change])
         if managed and version is not None:
             state.candidate = version
             state.draining.pop(version, None)

@@ -1,9 +1,9 @@
 """`s2t status`: what is served, from the repositories, the control area and (with `url`) the live server.
 
 Per model: its version folders and their role (primary, previous, candidate, draining), what the live server
-reports for each version (READY, UNAVAILABLE, ...), the primary every consumer serves, risk_router's split and
-breaker state, the supervisor's restarts (`supervisor.json` in the control area, when the supervisor writes one)
-and the last history lines.
+reports for each version (READY, UNAVAILABLE, ...), the primary every consumer serves, each router's split
+(risk_router, llm_router), risk_router's breaker state, the supervisor's restarts (`supervisor.json` in the control
+area, when the supervisor writes one) and the last history lines.
 """
 from __future__ import annotations
 
@@ -107,9 +107,10 @@ def collect(repository: Path, consumer_repositories: tuple[Path, ...] = (), url:
         entry["versions"] = [{"version": v, "role": roles.get(v, ""), "folder": v in folders,
                               **({"state": live.get(name, {}).get(str(v), "not loaded")} if url else {})}
                              for v in versions]
+        parameters = triton_config.backend_parameters(config)
+        if "primary" in parameters and "canary_percent" in parameters:  # a router: risk_router, llm_router
+            entry["split"] = read_parameters(RoutingSettings, parameters).describe()
         if name == ROUTER:
-            settings = read_parameters(RoutingSettings, triton_config.backend_parameters(config))
-            entry["split"] = settings.describe()
             entry["breaker"] = _breaker_state(metrics_url or default_metrics_url(url)) if url else "unknown"
         models[name] = entry
     supervisor = store.control / SUPERVISOR_FILE
@@ -166,7 +167,8 @@ def table(status: dict) -> str:
             lines.append(f"{'':<18} served as primary by: "
                          + ", ".join(f"{c}:{v if v is not None else 'newest'}" for c, v in entry["consumers"].items()))
         if "split" in entry:
-            lines.append(f"{'':<18} split: {entry['split']}; breaker: {entry['breaker']}")
+            lines.append(f"{'':<18} split: {entry['split']}"
+                         + (f"; breaker: {entry['breaker']}" if "breaker" in entry else ""))
     if status["supervisor"] is not None:
         lines += supervisor_lines(status["supervisor"], time.time())
     if status["history"]:

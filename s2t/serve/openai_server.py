@@ -3,6 +3,10 @@ streamed (server-sent events) or not. A small aiohttp server: each request becom
 Triton's HTTP endpoint (backends/openai_protocol.py translates both ways). A client that disconnects cancels its
 handler, which closes the call to Triton, and `llm` stops the generation (docs/llm.md).
 
+Which version generates follows `llm_router`'s split when the server has one (docs/llm.md, Versions): the API
+reads the router's config (at most once a second) and calls the version it picks by name, so a canary's share holds
+here too and a client that leaves still stops its own generation; without a router it calls `llm` unversioned.
+
 `s2t serve --llm --openai-port N` runs it in a thread of its own beside the server; `python -m
 s2t.serve.openai_server --port N --http-url HOST:PORT` runs it alone.
 """
@@ -13,14 +17,21 @@ import asyncio
 import json
 import logging
 import threading
+import time
 
 import aiohttp
 from aiohttp import web
 
+from backends.llm_routing import Splitter
 from backends.openai_protocol import (OpenAIError, OpenAIRequest, finish_reason, parse_request, triton_error_text,
                                       upstream_error, usage)
+from backends.model_parameters import read_parameters
+from backends.routing_policy import RoutingSettings
 
 MODELS = ("llm",)
+# The model whose split the API follows, and how long a split read from it is used before it is read again.
+ROUTER_MODEL = "llm_router"
+SPLIT_REFRESH_S = 1.0
 log = logging.getLogger(__name__)
 # Triton answers a generate_stream call at once; only a generation can take long (bounded by max_tokens).
 UPSTREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=300)
@@ -35,23 +46,54 @@ def _error(err: OpenAIError) -> web.Response:
     return web.json_response(err.body(), status=err.status)
 
 
-async def _events(session: aiohttp.ClientSession, triton_url: str, request: OpenAIRequest):
-    """`llm`'s events: each token's text, then the final one (counts, finish reason); OpenAIError when refused."""
-    async with session.post(f"http://{triton_url}/v2/models/{request.model}/generate_stream",
+def _model_path(model: str, version: int | None) -> str:
+    return f"/v2/models/{model}" + (f"/versions/{version}" if version is not None else "")
+
+
+async def _version_ready(session: aiohttp.ClientSession, triton_url: str, model: str, version: int) -> bool:
+    try:
+        async with session.get(f"http://{triton_url}{_model_path(model, version)}/ready",
+                               timeout=READINESS_TIMEOUT) as response:
+            return response.status == 200
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return False
+
+
+async def _events(session: aiohttp.ClientSession, triton_url: str, request: OpenAIRequest,
+                  version: int | None = None):
+    """`llm`'s events (of `version`; None: the newest loaded): each token's text, then the final one (counts,
+    finish reason); OpenAIError when refused. A version the split named that is no longer loaded (unloaded since
+    the split was read) gives way to the newest loaded one."""
+    gone = False
+    async with session.post(f"http://{triton_url}{_model_path(request.model, version)}/generate_stream",
                             json=request.triton_body()) as response:
         if response.status != 200:
             # A refusal comes as one JSON body ({"error": ...}), not as events: its text is the caller's answer.
-            raise upstream_error(response.status, triton_error_text(response.status, await response.read()))
-        async for line in response.content:
-            if not line.startswith(b"data:"):
-                continue
-            try:
-                event = json.loads(line[5:])
-            except ValueError:
-                raise OpenAIError(502, "the model server sent a malformed event", kind="server_error") from None
-            if "error" in event:
-                raise upstream_error(response.status, str(event["error"]))
+            text = triton_error_text(response.status, await response.read())
+            if version is None or await _version_ready(session, triton_url, request.model, version):
+                raise upstream_error(response.status, text)
+            gone = True
+        else:
+            async for line in response.content:
+                if not line.startswith(b"data:"):
+                    continue
+                try:
+                    event = json.loads(line[5:])
+                except ValueError:
+                    raise OpenAIError(502, "the model server sent a malformed event", kind="server_error") from None
+                if "error" in event:
+                    raise upstream_error(response.status, str(event["error"]))
+                yield event
+    if gone:
+        async for event in _events(session, triton_url, request):
             yield event
+
+
+def _fingerprint(event: dict) -> dict:
+    """OpenAI's `system_fingerprint` (the configuration that answered): the model version, `llm:2`."""
+    if "model_name" in event and "model_version" in event:
+        return {"system_fingerprint": f"{event['model_name']}:{event['model_version']}"}
+    return {}
 
 
 def _upstream_failure(err: Exception) -> OpenAIError:
@@ -71,6 +113,10 @@ class OpenAIFrontend:
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
+        # llm_router's split as last read (None: no router), its request count kept across reads.
+        self._split: tuple[RoutingSettings, set[int]] | None = None
+        self._split_read_at = -SPLIT_REFRESH_S
+        self._splitter: Splitter | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=1 << 20)
@@ -103,6 +149,35 @@ class OpenAIFrontend:
         return web.json_response({"object": "list", "data": [
             {"id": name, "object": "model", "created": 0, "owned_by": "skill2triton"} for name in MODELS]})
 
+    async def _version(self, model: str) -> int | None:
+        """The version of `model` that llm_router's split picks for a new generation; None without a router."""
+        if time.monotonic() - self._split_read_at >= SPLIT_REFRESH_S:
+            self._split_read_at = time.monotonic()
+            self._split = await self._read_split(model)
+        if self._split is None:
+            return None
+        routing, loaded = self._split
+        if self._splitter is None:
+            self._splitter = Splitter(routing)
+        self._splitter.routing = routing
+        return self._splitter.target(None, lambda target: target.version in loaded).version
+
+    async def _read_split(self, model: str) -> tuple[RoutingSettings, set[int]] | None:
+        """The router's live split and which of its versions are loaded; None when the server has no router."""
+        try:
+            async with self.session.get(f"http://{self.triton_url}/v2/models/{ROUTER_MODEL}/config",
+                                        timeout=READINESS_TIMEOUT) as response:
+                if response.status != 200:
+                    return None
+                config = await response.json()
+            routing = read_parameters(RoutingSettings, config.get("parameters", {}))
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return None
+        if routing.primary.model != model:
+            return None
+        named = {t.version for t in (routing.primary, routing.candidate) if t is not None and t.version is not None}
+        return routing, {v for v in named if await _version_ready(self.session, self.triton_url, model, v)}
+
     async def chat_completions(self, http_request: web.Request) -> web.StreamResponse:
         return await self.complete(http_request, chat=True)
 
@@ -114,7 +189,7 @@ class OpenAIFrontend:
             request = parse_request(await http_request.read(), chat, MODELS)
         except OpenAIError as err:
             return _error(err)
-        events = _events(self.session, self.triton_url, request)
+        events = _events(self.session, self.triton_url, request, await self._version(request.model))
         try:
             if request.stream:
                 return await self._stream(http_request, request, events)
@@ -124,7 +199,8 @@ class OpenAIFrontend:
                     final = event
                 elif event.get("text_output"):
                     pieces.append(event["text_output"])
-            return web.json_response(request.whole("".join(pieces), finish_reason(final), usage(final)))
+            return web.json_response({**request.whole("".join(pieces), finish_reason(final), usage(final)),
+                                      **_fingerprint(final)})
         except (OpenAIError, aiohttp.ClientError, asyncio.TimeoutError) as err:
             return _error(_upstream_failure(err))
 
@@ -138,7 +214,7 @@ class OpenAIFrontend:
                                                            "Cache-Control": "no-cache"})
                     await response.prepare(http_request)
                 if "finish_reason" in event:
-                    await _send(response, request.chunk("", finish_reason(event)))
+                    await _send(response, {**request.chunk("", finish_reason(event)), **_fingerprint(event)})
                     if request.include_usage:
                         await _send(response, request.usage_chunk(usage(event)))
                 elif event.get("text_output"):

@@ -32,9 +32,11 @@ PHASE_TIMEOUT_S = 120.0
 
 @pytest.fixture(params=["explicit", "poll"])
 def live_llm(request, tmp_path):
-    """A server of its own on a writable copy of `llm` only: the steps rewrite its config and version folders."""
+    """A server of its own on a writable copy of `llm` and `llm_router`: the steps rewrite their configs and llm's
+    version folders."""
     repo = tmp_path / "model_repository_llm"
-    shutil.copytree(LLM_REPOSITORY / "llm", repo / "llm", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("llm", "llm_router"):
+        shutil.copytree(LLM_REPOSITORY / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     explicit = request.param == "explicit"
     server = triton_server([repo], model_control_mode=request.param, admin_key=KEY if explicit else None,
                            log_path=tmp_path / "triton.log", exit_timeout_seconds=10)
@@ -59,8 +61,9 @@ def s2t(server, repo, *args) -> tuple[dict, float]:
 class Streams:
     """CLIENTS generate_stream clients, each starting its next stream as soon as the last one ends."""
 
-    def __init__(self, url):
-        self.url = url
+    def __init__(self, url, model="llm", max_tokens=None):
+        self.url, self.model = url, model
+        self.limits = {} if max_tokens is None else {"max_tokens": max_tokens}
         self.stop = threading.Event()
         self.results = []  # (started, ended, StreamResult)
         self.lock = threading.Lock()
@@ -80,8 +83,8 @@ class Streams:
         i = 0
         while not self.stop.is_set():
             started = time.monotonic()
-            result = generate_stream(self.url, {"text_input": f"Name {i % 5 + 2} colours, client {n}."},
-                                     timeout=PHASE_TIMEOUT_S)
+            result = generate_stream(self.url, {"text_input": f"Name {i % 5 + 2} colours, client {n}.", **self.limits},
+                                     model=self.model, timeout=PHASE_TIMEOUT_S)
             with self.lock:
                 self.results.append((started, time.monotonic(), result))
             i += 1
@@ -200,3 +203,85 @@ def test_publish_promote_rollback_of_llm_under_four_streams_cut_no_stream_and_fa
     print(f"llm: in force after promote {promote_in_force:.2f} s, after rollback {rollback_in_force:.2f} s "
           f"(from the command's start, this test's clock)")
     assert promote_in_force < IN_FORCE_BOUND_S and rollback_in_force < IN_FORCE_BOUND_S
+
+
+# Through llm_router: short answers keep the phases short; which version answered is in every event's served_by.
+ROUTED_TOKENS = 16
+# Streams that must end after the canary is in force; at 50% all of one version has a chance of 2 ** -15.
+CANARY_STREAMS = 16
+
+
+# OpenAI completions sent during the canary (4 tokens each): the share's keys are the API's own request count.
+OPENAI_CALLS = 8
+
+
+def openai_versions(triton_url, calls) -> list[str]:
+    """The version (system_fingerprint) that answered each of `calls` completions through the OpenAI API."""
+    import openai
+
+    from s2t.serve.openai_server import OpenAIFrontend
+    from tests.integration.servers import free_port
+
+    port = free_port()
+    frontend = OpenAIFrontend(triton_url, port).start()
+    sdk = openai.OpenAI(base_url=f"http://localhost:{port}/v1", api_key="unused", timeout=120, max_retries=0)
+    try:
+        return [sdk.completions.create(model="llm", prompt="Say hi.", max_tokens=4).system_fingerprint
+                for _ in range(calls)]
+    finally:
+        sdk.close()
+        frontend.stop()
+
+
+def served_by(result) -> str:
+    tags = {event.get("served_by") for _, event in result.events}
+    assert len(tags) == 1, f"a stream answered by several versions: {tags}"
+    return tags.pop()
+
+
+@pytest.mark.parametrize("live_llm", ["poll"], indirect=True)
+def test_canary_of_llm_splits_generations_and_promote_and_rollback_after_it_cut_no_stream(live_llm, tmp_path):
+    server, repo = live_llm
+    with Streams(server.http_url, model="llm_router", max_tokens=ROUTED_TOKENS) as load:
+        load.wait_started_after(0.0, 1)
+        staged, _ = s2t(server, repo, "publish", "llm", str(packaged_model_path()), "--stage")
+        assert staged["version"] == 2
+        canary_from = time.monotonic()
+        split, _ = s2t(server, repo, "canary", "llm", "2", "--percent", "50")
+        canary_at = time.monotonic()
+        assert split["split"] == "50% llm:1, 50% llm:2"
+        status, _ = s2t(server, repo, "status", "--history", "0")
+        assert status["models"]["llm_router"]["split"] == "50% llm:1, 50% llm:2"
+        assert {v["version"]: v["state"] for v in status["models"]["llm"]["versions"]} == {1: "READY", 2: "READY"}
+        # A bad request through the router is refused alone, naming the field, while the streams go on.
+        bad = generate_stream(server.http_url, {"text_input": "Hi.", "max_tokens": 100_000}, model="llm_router")
+        assert bad.status == 400 and "max_tokens" in (bad.error or "")
+        openai_answers = openai_versions(server.http_url, OPENAI_CALLS)
+        during_canary = load.wait_started_after(canary_at, CANARY_STREAMS)
+        promoted_from = time.monotonic()
+        s2t(server, repo, "promote", "llm", "2")
+        promoted_at = time.monotonic()
+        after_promote = load.wait_started_after(promoted_at, 2)
+        rolled_from = time.monotonic()
+        rolled, _ = s2t(server, repo, "rollback", "llm", "--yes")
+        rolled_at = time.monotonic()
+        after_rollback = load.wait_started_after(rolled_at, 2)
+    results = load.results
+    print(f"llm canary: {len(results)} streams through llm_router, {len(during_canary)} during the canary")
+
+    failed = [r.error or f"HTTP {r.status}" for _, _, r in results if r.error or r.status != 200]
+    assert failed == []
+    for _, _, result in results:
+        # Never cut: each stream ends with its final response, at its full length or at a stop.
+        assert result.final.get("finish_reason") in ("length", "stop"), result.final
+        assert result.final["finish_reason"] == "stop" or result.final["output_tokens"] == ROUTED_TOKENS
+    assert {served_by(r) for _, _, r in during_canary} == {"llm:1", "llm:2"}
+    # The OpenAI API follows the router's split: it names the version it calls, so its callers see the canary too.
+    assert set(openai_answers) == {"llm:1", "llm:2"}
+    assert {served_by(r) for _, _, r in after_promote} == {"llm:2"}
+    assert rolled["serving"] == 1 and {served_by(r) for _, _, r in after_rollback} == {"llm:1"}
+    # Streams in flight when the canary began were the primary's; those in flight at each later step finished.
+    in_flight = [r for s, e, r in results if s < canary_from < e]
+    assert in_flight and {served_by(r) for r in in_flight} == {"llm:1"}
+    for began in (promoted_from, rolled_from):
+        assert [r for s, e, r in results if s < began < e]

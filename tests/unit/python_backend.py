@@ -100,6 +100,9 @@ class InferenceRequest:
     def correlation_id(self):
         return self._correlation_id
 
+    def request_id(self) -> str:
+        return ""  # the client sent no id
+
     def get_response_sender(self) -> ResponseSender:
         return self.sender
 
