@@ -41,7 +41,7 @@ from wire.names import PIPELINE, SCORER
 
 CLIENTS = ("wrk", "perf_analyzer")
 # The knobs a side may set: server knobs make a server of their own, client knobs only change the load.
-SERVER_KNOBS = ("instances", "queue_delay_us", "preferred", "intra_op_threads", "rev")
+SERVER_KNOBS = ("instances", "queue_delay_us", "preferred", "intra_op_threads", "http_threads", "rev")
 CLIENT_KNOBS = ("client", "protocol")
 
 
@@ -100,6 +100,11 @@ def edit_config(text: str, knobs: dict[str, str]) -> str:
     return text_format.MessageToString(config)
 
 
+def server_args(knobs: dict[str, str]) -> list[str]:
+    """tritonserver's own options for the side's knobs."""
+    return [f"--http-thread-count={int(knobs['http_threads'])}"] if "http_threads" in knobs else []
+
+
 def with_source_root(model_py: str, root: Path) -> str:
     """A model.py that imports `backends` and `wire` from `root` (another revision's code) before this checkout's:
     the stub puts the installed checkout on its path, and the first entry wins."""
@@ -122,10 +127,16 @@ def median_round(rounds: list[dict]) -> dict:
     return {k: statistics.median(r[k] for r in rounds) for k in keys}
 
 
-def relative(medians: dict[str, dict], key: str) -> dict[str, float]:
-    """Each side's `key` over the first side's."""
-    first = medians[next(iter(medians))][key]
-    return {side: (m[key] / first if first else float("nan")) for side, m in medians.items()}
+def relative(measured: dict[str, list[dict]], key: str) -> dict[str, float]:
+    """Each side's `key` over the first side's, round by round (the two ran moments apart, on the same machine),
+    and the median of those ratios: on a busy machine a round's figure moves by far more than the sides differ,
+    and a ratio taken within one round cancels most of that."""
+    first = measured[next(iter(measured))]
+    out = {}
+    for side, rounds in measured.items():
+        ratios = [r[key] / f[key] for r, f in zip(rounds, first) if f[key]]
+        out[side] = statistics.median(ratios) if ratios else float("nan")
+    return out
 
 
 @dataclass
@@ -212,7 +223,8 @@ def run(sides: list[Side], repository: Path, data_csv: Path, rounds: int, concur
         try:
             for number, entry in enumerate(servers.values()):
                 entry.server = TritonServer([entry.repository], free_port(), free_port(), free_port(),
-                                            log_path=tmp / f"server{number}.log", exit_timeout_seconds=10).start()
+                                            log_path=tmp / f"server{number}.log", exit_timeout_seconds=10,
+                                            extra_args=server_args(entry.knobs)).start()
             for side in sides:  # warm-up: connections, lazy imports, the first batches
                 server = servers[side.server_key].server
                 _drive(side, server, concurrency, 1, max(requests // 4, 100), script, inputs)
@@ -236,12 +248,14 @@ def run(sides: list[Side], repository: Path, data_csv: Path, rounds: int, concur
     return {"started": started, "concurrency": concurrency, "rounds": rounds,
             "sides": {s.name: {"server": dict(s.server), "client": s.client, "protocol": s.protocol} for s in sides},
             "measured": measured, "median": medians,
-            "relative_server_cpu_per_request": relative(medians, "server_cpu_us_per_request"),
-            "relative_requests_per_s": relative(medians, "requests_per_s"), "load": load.summary()}
+            "relative_server_cpu_per_request": relative(measured, "server_cpu_us_per_request"),
+            "relative_stubs_cpu_per_request": relative(measured, "stubs_cpu_us_per_request"),
+            "relative_requests_per_s": relative(measured, "requests_per_s"), "load": load.summary()}
 
 
 def markdown(results: dict) -> str:
-    lines = [f"# CPU per request of {PIPELINE} (c={results['concurrency']}, {results['rounds']} rounds, median)", ""]
+    lines = [f"# CPU per request of {PIPELINE} (c={results['concurrency']}, {results['rounds']} rounds, median; "
+             "relative: the median of each round's ratio to the first side)", ""]
     if not results["load"]["publishable"]:
         lines += ["Taken on a busy machine: read the CPU per request and the relative figures only.", ""]
     lines += ["| side | server CPU us/req | front end | stubs | client | mean batch | req/s (relative) | p99 ms "
@@ -249,7 +263,8 @@ def markdown(results: dict) -> str:
     for name, m in results["median"].items():
         lines.append(f"| {name} | {m['server_cpu_us_per_request']:.0f} "
                      f"({results['relative_server_cpu_per_request'][name]:.2f}x) | "
-                     f"{m['front_end_cpu_us_per_request']:.0f} | {m['stubs_cpu_us_per_request']:.0f} | "
+                     f"{m['front_end_cpu_us_per_request']:.0f} | {m['stubs_cpu_us_per_request']:.0f} "
+                     f"({results['relative_stubs_cpu_per_request'][name]:.2f}x) | "
                      f"{m['client_cpu_us_per_request']:.0f} | {m['mean_batch']:.1f} | "
                      f"{results['relative_requests_per_s'][name]:.2f}x | {m['p99_ms']:.2f} | "
                      f"{m['load_average_1m']:.1f} |")
