@@ -34,12 +34,12 @@ import psutil
 from google.protobuf import text_format
 
 from s2t import triton_config
-from s2t.bench import perf_analyzer, process_tree, report, stub_profile, workload, wrk
+from s2t.bench import h2load, perf_analyzer, process_tree, report, stub_profile, workload, wrk
 from s2t.bench.machine_load import LoadWatch
 from s2t.serve.triton_server import TritonServer, free_port
-from wire.names import PIPELINE, SCORER
+from wire.names import PAYLOAD, PIPELINE, SCORER
 
-CLIENTS = ("wrk", "perf_analyzer")
+CLIENTS = ("wrk", "perf_analyzer", "h2load")
 # The knobs a side may set: server knobs make a server of their own, client knobs only change the load.
 SERVER_KNOBS = ("instances", "queue_delay_us", "preferred", "intra_op_threads", "http_threads", "rev")
 CLIENT_KNOBS = ("client", "protocol")
@@ -59,12 +59,17 @@ class Side:
         return self.server
 
 
+# The protocol each load generator speaks unless told (h2load: gRPC only, wrk: HTTP only).
+DEFAULT_PROTOCOL = {"wrk": "http", "perf_analyzer": "http", "h2load": "grpc"}
+PROTOCOLS = {"wrk": ("http",), "perf_analyzer": ("http", "grpc"), "h2load": ("grpc",)}
+
+
 def parse_side(text: str) -> Side:
     """`NAME` or `NAME:knob=value,knob=value` (knobs: SERVER_KNOBS and CLIENT_KNOBS; `preferred` as 4/8/16)."""
     name, _, knobs = text.partition(":")
     if not name:
         raise ValueError(f"side {text!r}: no name")
-    server, client = {}, {"client": "wrk", "protocol": "http"}
+    server, client = {}, {"client": "wrk"}
     for item in filter(None, knobs.split(",")):
         key, eq, value = item.partition("=")
         if not eq or not value:
@@ -75,13 +80,13 @@ def parse_side(text: str) -> Side:
             client[key] = value
         else:
             raise ValueError(f"side {name}: unknown knob {key!r} (knobs: {', '.join(SERVER_KNOBS + CLIENT_KNOBS)})")
-    if client["client"] not in CLIENTS:
-        raise ValueError(f"side {name}: client must be one of {CLIENTS}, got {client['client']!r}")
-    if client["protocol"] not in ("http", "grpc"):
-        raise ValueError(f"side {name}: protocol must be http or grpc, got {client['protocol']!r}")
-    if client["client"] == "wrk" and client["protocol"] != "http":
-        raise ValueError(f"side {name}: wrk speaks HTTP only (use client=perf_analyzer for gRPC)")
-    return Side(name, tuple(sorted(server.items())), client["client"], client["protocol"])
+    generator = client["client"]
+    if generator not in CLIENTS:
+        raise ValueError(f"side {name}: client must be one of {CLIENTS}, got {generator!r}")
+    protocol = client.get("protocol", DEFAULT_PROTOCOL[generator])
+    if protocol not in PROTOCOLS[generator]:
+        raise ValueError(f"side {name}: {generator} speaks {' or '.join(PROTOCOLS[generator])} here, not {protocol!r}")
+    return Side(name, tuple(sorted(server.items())), generator, protocol)
 
 
 def edit_config(text: str, knobs: dict[str, str]) -> str:
@@ -173,6 +178,10 @@ def _repository(source: Path, dest: Path, knobs: dict[str, str], tmp: Path) -> P
 
 def _drive(side: Side, server: TritonServer, concurrency: int, seconds: float, requests: int, script: Path,
            inputs: Path) -> dict:
+    if side.client == "h2load":
+        found = h2load.run(server.grpc_url, inputs.with_name("grpc_body.bin"), concurrency, seconds)
+        return {"requests_per_s": found.throughput, "p50_ms": float("nan"), "p99_ms": float("nan"),
+                "mean_ms": found.mean_ms, "errors": found.failed}
     if side.client == "wrk":
         result = wrk.run("http://" + server.http_url, script, concurrency, seconds)
         return {"requests_per_s": result.throughput, "p50_ms": result.p50_ms, "p99_ms": result.p99_ms,
@@ -211,6 +220,7 @@ def run(sides: list[Side], repository: Path, data_csv: Path, rounds: int, concur
                                   [workload.triton_json_body(p) for p in payloads])
         inputs = tmp / "pipeline.json"
         inputs.write_text(json.dumps(workload.perf_input_pipeline(payloads)))
+        (tmp / "grpc_body.bin").write_bytes(h2load.infer_body(PIPELINE, PAYLOAD, payloads[0]))
         servers: dict[tuple, _Server] = {}
         for side in sides:
             if side.server_key not in servers:

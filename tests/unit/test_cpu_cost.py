@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from s2t import triton_config
-from s2t.bench import cpu_cost
+from backends import bytes_tensor
+from s2t.bench import cpu_cost, h2load
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE_CONFIG = (ROOT / "model_repository" / "risk_pipeline" / "config.pbtxt").read_text()
@@ -16,6 +17,7 @@ PIPELINE_CONFIG = (ROOT / "model_repository" / "risk_pipeline" / "config.pbtxt")
     ("base", cpu_cost.Side("base")),
     ("two:instances=2", cpu_cost.Side("two", (("instances", "2"),))),
     ("g:client=perf_analyzer,protocol=grpc", cpu_cost.Side("g", (), "perf_analyzer", "grpc")),
+    ("h:client=h2load", cpu_cost.Side("h", (), "h2load", "grpc")),
     ("old:rev=HEAD~1,queue_delay_us=0", cpu_cost.Side("old", (("queue_delay_us", "0"), ("rev", "HEAD~1")))),
 ])
 def test_a_side_is_a_name_with_server_and_client_knobs(text, side):
@@ -27,8 +29,9 @@ def test_a_side_is_a_name_with_server_and_client_knobs(text, side):
     ("a:instances", "is not knob=value"),
     ("a:threads=2", "unknown knob 'threads'"),
     ("a:client=ab", "client must be one of"),
-    ("a:protocol=grpc", "wrk speaks HTTP only"),
-    ("a:client=perf_analyzer,protocol=udp", "protocol must be http or grpc"),
+    ("a:protocol=grpc", "wrk speaks http here, not 'grpc'"),
+    ("a:client=perf_analyzer,protocol=udp", "perf_analyzer speaks http or grpc here, not 'udp'"),
+    ("a:client=h2load,protocol=http", "h2load speaks grpc here"),
 ])
 def test_a_side_that_cannot_be_measured_is_refused_naming_the_knob(text, message):
     with pytest.raises(ValueError, match=message):
@@ -102,3 +105,36 @@ def test_relative_figures_are_the_median_of_each_rounds_ratio():
 def test_the_median_round_takes_each_figure_on_its_own():
     rounds = [{"x": 1.0, "y": 30, "label": "r1"}, {"x": 3.0, "y": 10, "label": "r2"}, {"x": 2.0, "y": 20, "label": "r3"}]
     assert cpu_cost.median_round(rounds) == {"x": 2.0, "y": 20}
+
+
+H2LOAD_OUTPUT = """starting benchmark...
+finished in 3.00s, 7074.10 req/s, 1.02MB/s
+requests: 21222 total, 21238 started, 21222 done, 21200 succeeded, 20 failed, 2 errored, 0 timeout
+status codes: 21200 2xx, 0 3xx, 0 4xx, 0 5xx
+traffic: 3.07MB (3215456) total, 0B (0) headers (space savings 0.00%), 1.99MB (2081756) data
+                     min         max         mean         sd        +/- sd
+time for request:      426us     24.70ms      2.24ms      1.55ms    83.31%
+"""
+
+
+def test_h2loads_summary_gives_answers_seconds_failures_and_mean_latency():
+    found = h2load.parse(H2LOAD_OUTPUT)
+    assert (found.requests, found.seconds, found.failed, found.mean_ms) == (21200, 3.0, 22, 2.24)
+    assert found.throughput == pytest.approx(21200 / 3.0)
+
+
+def test_h2load_without_a_summary_is_an_error():
+    with pytest.raises(RuntimeError, match="no result"):
+        h2load.parse("connect failed\n")
+
+
+def test_the_grpc_body_is_one_framed_model_infer_request_of_the_record():
+    from tritonclient.grpc import service_pb2
+
+    body = h2load.infer_body("risk_pipeline", "payload", b'{"features": {}}')
+    assert body[0] == 0 and int.from_bytes(body[1:5], "big") == len(body) - 5
+    request = service_pb2.ModelInferRequest.FromString(body[5:])
+    assert (request.model_name, request.inputs[0].name, request.inputs[0].datatype) == ("risk_pipeline", "payload",
+                                                                                         "BYTES")
+    assert list(request.inputs[0].shape) == [1, 1]
+    assert bytes_tensor.decode(request.raw_input_contents[0]) == [b'{"features": {}}']
