@@ -226,3 +226,11 @@ def test_the_glue_gives_the_stub_bytes_converters_with_the_wheels_results(glue):
         encoded = np.frombuffer(raw, dtype=np.uint8)
         assert deserialize(encoded).tolist() == wheel.deserialize_bytes_tensor(encoded).tolist()
         assert deserialize(encoded).dtype == np.object_
+
+
+def test_in_a_batch_of_one_record_requests_only_the_bad_record_fails_and_the_others_keep_their_rows(glue):
+    responses = Doubler(glue).execute([request(x=column(v)) for v in (1, -2, 3, -4, 5)])
+    assert [r.has_error() for r in responses] == [False, True, False, True, False]
+    assert [r.error().message() for r in responses if r.has_error()] == ["x: negative, got -2.0",
+                                                                         "x: negative, got -4.0"]
+    assert [r.output("y").tolist() for r in responses if not r.has_error()] == [[[2.0]], [[6.0]], [[10.0]]]
