@@ -34,8 +34,14 @@ class TritonError(Exception):
 
 
 class Tensor:
+    # The module whose `serialize_byte_tensor` a BYTES tensor goes through when it is built: the stub looks it up by
+    # name on `triton_python_backend_utils` for every BYTES tensor (set by backend_utils()).
+    utils: types.ModuleType | None = None
+
     def __init__(self, name: str, array):
         self._name, self._array = name, np.asarray(array)
+        if Tensor.utils is not None and (self._array.dtype == np.object_ or self._array.dtype.type == np.bytes_):
+            self.serialized = Tensor.utils.serialize_byte_tensor(self._array)
 
     def name(self) -> str:
         return self._name
@@ -178,6 +184,7 @@ def backend_utils() -> types.ModuleType:
     for cls in (TritonError, Tensor, InferenceRequest, InferenceResponse, Logger, MetricFamily):
         setattr(module, cls.__name__, cls)
     module.TRITONSERVER_RESPONSE_COMPLETE_FINAL = TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    Tensor.utils = module
     return module
 
 

@@ -1,0 +1,312 @@
+"""CPU per request of risk_pipeline, side by side: the measure of the hot path that a busy machine does not spoil.
+
+Wall-clock req/s on a machine shared with other work says more about the other work than about the server. What a
+request costs the server does not depend on who else runs: the user + system CPU of tritonserver and all its stubs
+(from /proc) over a round, divided by the requests Triton answered in it. Each *side* is a server variant (config
+knobs of risk_pipeline, or another revision's python code) with a load generator (wrk on HTTP JSON, or
+perf_analyzer on HTTP or gRPC) at a fixed concurrency; all servers are up together and the sides take turns, round
+after round, so the machine's changes fall on every side alike. Each side's figure is its median round; req/s is
+recorded too, but only as a figure relative to the first side measured at the same moments.
+
+CPU per request still moves with the batch size the dynamic batcher forms (a starved server batches more), so each
+round records the mean batch as well: compare sides at equal mean batch.
+
+    python -m s2t.bench.cpu_cost --side base --side two:instances=2 --side grpc:client=perf_analyzer,protocol=grpc
+    python -m s2t.bench.cpu_cost --side before:rev=HEAD~1 --side after      # this tree's code against a revision
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import psutil
+from google.protobuf import text_format
+
+from s2t import triton_config
+from s2t.bench import h2load, perf_analyzer, process_tree, report, stub_profile, workload, wrk
+from s2t.bench.machine_load import LoadWatch
+from s2t.serve.triton_server import TritonServer, free_port
+from wire.names import PAYLOAD, PIPELINE, SCORER
+
+CLIENTS = ("wrk", "perf_analyzer", "h2load")
+# The knobs a side may set: server knobs make a server of their own, client knobs only change the load.
+SERVER_KNOBS = ("instances", "queue_delay_us", "preferred", "intra_op_threads", "http_threads", "rev")
+CLIENT_KNOBS = ("client", "protocol")
+
+
+@dataclass(frozen=True)
+class Side:
+    """One measured side: a name, the server it runs on (its knobs) and the load generator."""
+
+    name: str
+    server: tuple[tuple[str, str], ...] = ()
+    client: str = "wrk"
+    protocol: str = "http"
+
+    @property
+    def server_key(self) -> tuple[tuple[str, str], ...]:
+        return self.server
+
+
+# The protocol each load generator speaks unless told (h2load: gRPC only, wrk: HTTP only).
+DEFAULT_PROTOCOL = {"wrk": "http", "perf_analyzer": "http", "h2load": "grpc"}
+PROTOCOLS = {"wrk": ("http",), "perf_analyzer": ("http", "grpc"), "h2load": ("grpc",)}
+
+
+def parse_side(text: str) -> Side:
+    """`NAME` or `NAME:knob=value,knob=value` (knobs: SERVER_KNOBS and CLIENT_KNOBS; `preferred` as 4/8/16)."""
+    name, _, knobs = text.partition(":")
+    if not name:
+        raise ValueError(f"side {text!r}: no name")
+    server, client = {}, {"client": "wrk"}
+    for item in filter(None, knobs.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not value:
+            raise ValueError(f"side {name}: {item!r} is not knob=value")
+        if key in SERVER_KNOBS:
+            server[key] = value
+        elif key in CLIENT_KNOBS:
+            client[key] = value
+        else:
+            raise ValueError(f"side {name}: unknown knob {key!r} (knobs: {', '.join(SERVER_KNOBS + CLIENT_KNOBS)})")
+    generator = client["client"]
+    if generator not in CLIENTS:
+        raise ValueError(f"side {name}: client must be one of {CLIENTS}, got {generator!r}")
+    protocol = client.get("protocol", DEFAULT_PROTOCOL[generator])
+    if protocol not in PROTOCOLS[generator]:
+        raise ValueError(f"side {name}: {generator} speaks {' or '.join(PROTOCOLS[generator])} here, not {protocol!r}")
+    return Side(name, tuple(sorted(server.items())), generator, protocol)
+
+
+def edit_config(text: str, knobs: dict[str, str]) -> str:
+    """risk_pipeline's config with the side's server knobs applied (comments are not kept: a copy to measure)."""
+    config = triton_config.load_text(text)
+    if "instances" in knobs:
+        for group in config.instance_group:
+            group.count = int(knobs["instances"])
+    if "queue_delay_us" in knobs:
+        config.dynamic_batching.max_queue_delay_microseconds = int(knobs["queue_delay_us"])
+    if "preferred" in knobs:
+        del config.dynamic_batching.preferred_batch_size[:]
+        config.dynamic_batching.preferred_batch_size.extend(int(s) for s in knobs["preferred"].split("/"))
+    if "intra_op_threads" in knobs:
+        config.parameters["intra_op_thread_count"].string_value = knobs["intra_op_threads"]
+    return text_format.MessageToString(config)
+
+
+def server_args(knobs: dict[str, str]) -> list[str]:
+    """tritonserver's own options for the side's knobs."""
+    return [f"--http-thread-count={int(knobs['http_threads'])}"] if "http_threads" in knobs else []
+
+
+def with_source_root(model_py: str, root: Path) -> str:
+    """A model.py that imports `backends` and `wire` from `root` (another revision's code) before this checkout's:
+    the stub puts the installed checkout on its path, and the first entry wins."""
+    return f"import sys; sys.path.insert(0, {str(root)!r})\n" + model_py
+
+
+def per_request(delta: dict, requests: int) -> dict:
+    """CPU microseconds per request: the whole server tree, tritonserver's own process (front ends, batcher) and
+    the stubs; and the load generator's."""
+    n = max(requests, 1)
+    return {"server_cpu_us_per_request": round(1e6 * delta["tree"] / n, 1),
+            "front_end_cpu_us_per_request": round(1e6 * delta["own"] / n, 1),
+            "stubs_cpu_us_per_request": round(1e6 * (delta["tree"] - delta["own"]) / n, 1),
+            "client_cpu_us_per_request": round(1e6 * delta["client"] / n, 1)}
+
+
+def median_round(rounds: list[dict]) -> dict:
+    """Each figure's median over the rounds (every key on its own)."""
+    keys = [k for k, v in rounds[0].items() if isinstance(v, (int, float))]
+    return {k: statistics.median(r[k] for r in rounds) for k in keys}
+
+
+def relative(measured: dict[str, list[dict]], key: str) -> dict[str, float]:
+    """Each side's `key` over the first side's, round by round (the two ran moments apart, on the same machine),
+    and the median of those ratios: on a busy machine a round's figure moves by far more than the sides differ,
+    and a ratio taken within one round cancels most of that."""
+    first = measured[next(iter(measured))]
+    out = {}
+    for side, rounds in measured.items():
+        ratios = [r[key] / f[key] for r, f in zip(rounds, first) if f[key]]
+        out[side] = statistics.median(ratios) if ratios else float("nan")
+    return out
+
+
+@dataclass
+class _Server:
+    knobs: dict[str, str]
+    repository: Path
+    server: TritonServer | None = None
+    sides: list[Side] = field(default_factory=list)
+
+
+def _revision_tree(rev: str, dest: Path) -> Path:
+    """`backends/` and `wire/` of git revision `rev` of this checkout, in `dest`."""
+    root = Path(__file__).resolve().parents[2]
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(root), "archive", rev, "backends", "wire"], capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
+def _repository(source: Path, dest: Path, knobs: dict[str, str], tmp: Path) -> Path:
+    """risk_pipeline and the scorer it reads, copied from `source`, with the side's knobs."""
+    dest.mkdir(parents=True)
+    for model in (PIPELINE, SCORER):
+        shutil.copytree(source / model, dest / model, ignore=shutil.ignore_patterns("__pycache__"))
+    config = dest / PIPELINE / "config.pbtxt"
+    config.write_text(edit_config(config.read_text(), knobs))
+    if "rev" in knobs:
+        root = _revision_tree(knobs["rev"], tmp / f"rev-{dest.name}")
+        for model_py in (dest / PIPELINE).glob("[0-9]*/model.py"):
+            model_py.write_text(with_source_root(model_py.read_text(), root))
+    return dest
+
+
+def _drive(side: Side, server: TritonServer, concurrency: int, seconds: float, requests: int, script: Path,
+           inputs: Path) -> dict:
+    if side.client == "h2load":
+        found = h2load.run(server.grpc_url, inputs.with_name("grpc_body.bin"), concurrency, seconds)
+        return {"requests_per_s": found.throughput, "p50_ms": float("nan"), "p99_ms": float("nan"),
+                "mean_ms": found.mean_ms, "errors": found.failed}
+    if side.client == "wrk":
+        result = wrk.run("http://" + server.http_url, script, concurrency, seconds)
+        return {"requests_per_s": result.throughput, "p50_ms": result.p50_ms, "p99_ms": result.p99_ms,
+                "errors": result.errors}
+    url = server.http_url if side.protocol == "http" else server.grpc_url
+    point = perf_analyzer.measure(url, side.protocol, PIPELINE, inputs, perf_analyzer.Settings(requests, max_trials=3),
+                                  concurrency=concurrency)
+    return {"requests_per_s": point.requests_per_s, "p50_ms": point.p50_ms, "p99_ms": point.p99_ms, "errors": 0}
+
+
+def measure_round(side: Side, server: TritonServer, drive: Callable[[], dict]) -> dict:
+    """One round of one side: CPU of the server tree, its own process and the load generator, per answered request,
+    with the mean dynamic batch Triton formed."""
+    pid = server.process.pid
+    stats = stub_profile.snapshot(server.http_url, PIPELINE)
+    tree, own = process_tree.cpu_seconds(pid), process_tree.own_cpu_seconds(pid)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load1 = psutil.getloadavg()[0]
+    figures = drive()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    delta = {"tree": process_tree.cpu_seconds(pid) - tree, "own": process_tree.own_cpu_seconds(pid) - own,
+             "client": (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)}
+    breakdown = stub_profile.breakdown(stats, stub_profile.snapshot(server.http_url, PIPELINE))
+    return {**figures, "requests": breakdown["requests"], "mean_batch": round(breakdown["mean_batch"], 2),
+            "load_average_1m": round(load1, 2), **per_request(delta, breakdown["requests"])}
+
+
+def run(sides: list[Side], repository: Path, data_csv: Path, rounds: int, concurrency: int, seconds: float,
+        requests: int, log: Callable[[str], None] = print) -> dict:
+    load = LoadWatch()
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    with tempfile.TemporaryDirectory(prefix="s2t-cpu-cost-") as tmp_name:
+        tmp = Path(tmp_name)
+        payloads = workload.Workload.load(data_csv).payloads()
+        script = wrk.write_script(tmp / "triton.lua", f"/v2/models/{PIPELINE}/infer",
+                                  [workload.triton_json_body(p) for p in payloads])
+        inputs = tmp / "pipeline.json"
+        inputs.write_text(json.dumps(workload.perf_input_pipeline(payloads)))
+        (tmp / "grpc_body.bin").write_bytes(h2load.infer_body(PIPELINE, PAYLOAD, payloads[0]))
+        servers: dict[tuple, _Server] = {}
+        for side in sides:
+            if side.server_key not in servers:
+                number = len(servers)
+                knobs = dict(side.server_key)
+                servers[side.server_key] = _Server(knobs, _repository(Path(repository), tmp / f"repo{number}", knobs,
+                                                                      tmp))
+            servers[side.server_key].sides.append(side)
+        measured: dict[str, list[dict]] = {side.name: [] for side in sides}
+        try:
+            for number, entry in enumerate(servers.values()):
+                entry.server = TritonServer([entry.repository], free_port(), free_port(), free_port(),
+                                            log_path=tmp / f"server{number}.log", exit_timeout_seconds=10,
+                                            extra_args=server_args(entry.knobs)).start()
+            for side in sides:  # warm-up: connections, lazy imports, the first batches
+                server = servers[side.server_key].server
+                _drive(side, server, concurrency, 1, max(requests // 4, 100), script, inputs)
+            for number in range(rounds):
+                for side in sides:
+                    server = servers[side.server_key].server
+                    label = f"{side.name} round {number + 1}"
+                    with load.round(label):
+                        entry = measure_round(side, server, lambda: _drive(side, server, concurrency, seconds,
+                                                                            requests, script, inputs))
+                    measured[side.name].append(entry)
+                    log(f"{label}: {entry['server_cpu_us_per_request']:.0f} us CPU/request (front end "
+                        f"{entry['front_end_cpu_us_per_request']:.0f}, stubs {entry['stubs_cpu_us_per_request']:.0f}),"
+                        f" batch {entry['mean_batch']:.1f}, {entry['requests_per_s']:.0f} req/s, "
+                        f"load {entry['load_average_1m']:.1f}")
+        finally:
+            for entry in servers.values():
+                if entry.server is not None:
+                    entry.server.stop()
+    medians = {name: median_round(entries) for name, entries in measured.items()}
+    return {"started": started, "concurrency": concurrency, "rounds": rounds,
+            "sides": {s.name: {"server": dict(s.server), "client": s.client, "protocol": s.protocol} for s in sides},
+            "measured": measured, "median": medians,
+            "relative_server_cpu_per_request": relative(measured, "server_cpu_us_per_request"),
+            "relative_stubs_cpu_per_request": relative(measured, "stubs_cpu_us_per_request"),
+            "relative_requests_per_s": relative(measured, "requests_per_s"), "load": load.summary()}
+
+
+def markdown(results: dict) -> str:
+    lines = [f"# CPU per request of {PIPELINE} (c={results['concurrency']}, {results['rounds']} rounds, median; "
+             "relative: the median of each round's ratio to the first side)", ""]
+    if not results["load"]["publishable"]:
+        lines += ["Taken on a busy machine: read the CPU per request and the relative figures only.", ""]
+    lines += ["| side | server CPU us/req | front end | stubs | client | mean batch | req/s (relative) | p99 ms "
+              "| load avg |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, m in results["median"].items():
+        lines.append(f"| {name} | {m['server_cpu_us_per_request']:.0f} "
+                     f"({results['relative_server_cpu_per_request'][name]:.2f}x) | "
+                     f"{m['front_end_cpu_us_per_request']:.0f} | {m['stubs_cpu_us_per_request']:.0f} "
+                     f"({results['relative_stubs_cpu_per_request'][name]:.2f}x) | "
+                     f"{m['client_cpu_us_per_request']:.0f} | {m['mean_batch']:.1f} | "
+                     f"{results['relative_requests_per_s'][name]:.2f}x | {m['p99_ms']:.2f} | "
+                     f"{m['load_average_1m']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m s2t.bench.cpu_cost", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--side", action="append", required=True,
+                        help="NAME[:knob=value,...]; knobs " + ", ".join(SERVER_KNOBS + CLIENT_KNOBS))
+    parser.add_argument("--repository", type=Path, default=Path("model_repository"))
+    parser.add_argument("--data", type=Path, default=Path("artifacts/data/germancredit.csv"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=5.0, help="wrk's duration per round")
+    parser.add_argument("--requests", type=int, default=3000, help="perf_analyzer's requests per window")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/cpu_cost"))
+    args = parser.parse_args(argv)
+    try:
+        sides = [parse_side(text) for text in args.side]
+    except ValueError as err:
+        parser.error(str(err))
+    if len({s.name for s in sides}) != len(sides):
+        parser.error("side names must differ")
+    results = run(sides, args.repository, args.data, args.rounds, args.concurrency, args.seconds, args.requests,
+                  log=lambda line: print(line, file=sys.stderr, flush=True))
+    text = markdown(results)
+    report.write_files(args.out, results, text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""s2t/bench/cpu_cost.py's pure parts: the sides as written on the command line, the config a side serves, the
+code of another revision, and the arithmetic of CPU per request and of paired ratios."""
+import sys
+from pathlib import Path
+
+import pytest
+
+from s2t import triton_config
+from backends import bytes_tensor
+from s2t.bench import cpu_cost, h2load
+
+ROOT = Path(__file__).resolve().parents[2]
+PIPELINE_CONFIG = (ROOT / "model_repository" / "risk_pipeline" / "config.pbtxt").read_text()
+
+
+@pytest.mark.parametrize("text, side", [
+    ("base", cpu_cost.Side("base")),
+    ("two:instances=2", cpu_cost.Side("two", (("instances", "2"),))),
+    ("g:client=perf_analyzer,protocol=grpc", cpu_cost.Side("g", (), "perf_analyzer", "grpc")),
+    ("h:client=h2load", cpu_cost.Side("h", (), "h2load", "grpc")),
+    ("old:rev=HEAD~1,queue_delay_us=0", cpu_cost.Side("old", (("queue_delay_us", "0"), ("rev", "HEAD~1")))),
+])
+def test_a_side_is_a_name_with_server_and_client_knobs(text, side):
+    assert cpu_cost.parse_side(text) == side
+
+
+@pytest.mark.parametrize("text, message", [
+    (":instances=2", "no name"),
+    ("a:instances", "is not knob=value"),
+    ("a:threads=2", "unknown knob 'threads'"),
+    ("a:client=ab", "client must be one of"),
+    ("a:protocol=grpc", "wrk speaks http here, not 'grpc'"),
+    ("a:client=perf_analyzer,protocol=udp", "perf_analyzer speaks http or grpc here, not 'udp'"),
+    ("a:client=h2load,protocol=http", "h2load speaks grpc here"),
+])
+def test_a_side_that_cannot_be_measured_is_refused_naming_the_knob(text, message):
+    with pytest.raises(ValueError, match=message):
+        cpu_cost.parse_side(text)
+
+
+def test_sides_with_the_same_server_knobs_share_one_server():
+    http, grpc = cpu_cost.parse_side("h"), cpu_cost.parse_side("g:client=perf_analyzer,protocol=grpc")
+    assert http.server_key == grpc.server_key != cpu_cost.parse_side("two:instances=2").server_key
+
+
+def test_a_sides_knobs_change_only_what_they_name_in_the_pipelines_config():
+    before = triton_config.load_text(PIPELINE_CONFIG)
+    after = triton_config.load_text(cpu_cost.edit_config(PIPELINE_CONFIG, {
+        "instances": "2", "queue_delay_us": "500", "preferred": "8/16", "intra_op_threads": "2"}))
+    assert [g.count for g in after.instance_group] == [2]
+    assert after.dynamic_batching.max_queue_delay_microseconds == 500
+    assert list(after.dynamic_batching.preferred_batch_size) == [8, 16]
+    assert after.parameters["intra_op_thread_count"].string_value == "2"
+    for group in after.instance_group:
+        group.count = before.instance_group[0].count
+    after.dynamic_batching.CopyFrom(before.dynamic_batching)
+    after.parameters["intra_op_thread_count"].string_value = before.parameters["intra_op_thread_count"].string_value
+    assert after == before
+
+
+def test_no_knob_serves_the_config_as_it_is():
+    assert triton_config.load_text(cpu_cost.edit_config(PIPELINE_CONFIG, {})) == triton_config.load_text(PIPELINE_CONFIG)
+
+
+def test_http_threads_become_tritonservers_option():
+    assert cpu_cost.server_args({"http_threads": "4"}) == ["--http-thread-count=4"]
+    assert cpu_cost.server_args({"instances": "2"}) == []
+
+
+def test_another_revisions_code_comes_first_on_the_stubs_path(tmp_path):
+    (tmp_path / "backends").mkdir()
+    (tmp_path / "backends" / "__init__.py").write_text("")
+    (tmp_path / "backends" / "marker.py").write_text("WHERE = 'revision'\n")
+    source = cpu_cost.with_source_root("from backends.marker import WHERE\n", tmp_path)
+    namespace: dict = {}
+    saved_path, saved_modules = list(sys.path), dict(sys.modules)
+    try:
+        for name in [m for m in sys.modules if m == "backends" or m.startswith("backends.")]:
+            del sys.modules[name]
+        exec(compile(source, "model.py", "exec"), namespace)
+    finally:
+        sys.path[:] = saved_path
+        sys.modules.clear()
+        sys.modules.update(saved_modules)
+    assert namespace["WHERE"] == "revision"
+
+
+def test_cpu_per_request_splits_the_server_tree_into_front_end_and_stubs():
+    figures = cpu_cost.per_request({"tree": 0.3, "own": 0.1, "client": 0.05}, 2000)
+    assert figures == {"server_cpu_us_per_request": 150.0, "front_end_cpu_us_per_request": 50.0,
+                       "stubs_cpu_us_per_request": 100.0, "client_cpu_us_per_request": 25.0}
+
+
+def test_a_round_that_answered_nothing_divides_by_one_not_zero():
+    assert cpu_cost.per_request({"tree": 0.001, "own": 0.0, "client": 0.0}, 0)["server_cpu_us_per_request"] == 1000.0
+
+
+def test_relative_figures_are_the_median_of_each_rounds_ratio():
+    # The machine doubles everyone's cost in round 2: ratios within a round still say "b costs 0.9x of a".
+    measured = {"a": [{"cost": 100.0}, {"cost": 200.0}, {"cost": 110.0}],
+                "b": [{"cost": 90.0}, {"cost": 180.0}, {"cost": 110.0}]}
+    assert cpu_cost.relative(measured, "cost") == {"a": 1.0, "b": 0.9}
+
+
+def test_the_median_round_takes_each_figure_on_its_own():
+    rounds = [{"x": 1.0, "y": 30, "label": "r1"}, {"x": 3.0, "y": 10, "label": "r2"}, {"x": 2.0, "y": 20, "label": "r3"}]
+    assert cpu_cost.median_round(rounds) == {"x": 2.0, "y": 20}
+
+
+H2LOAD_OUTPUT = """starting benchmark...
+finished in 3.00s, 7074.10 req/s, 1.02MB/s
+requests: 21222 total, 21238 started, 21222 done, 21200 succeeded, 20 failed, 2 errored, 0 timeout
+status codes: 21200 2xx, 0 3xx, 0 4xx, 0 5xx
+traffic: 3.07MB (3215456) total, 0B (0) headers (space savings 0.00%), 1.99MB (2081756) data
+                     min         max         mean         sd        +/- sd
+time for request:      426us     24.70ms      2.24ms      1.55ms    83.31%
+"""
+
+
+def test_h2loads_summary_gives_answers_seconds_failures_and_mean_latency():
+    found = h2load.parse(H2LOAD_OUTPUT)
+    assert (found.requests, found.seconds, found.failed, found.mean_ms) == (21200, 3.0, 22, 2.24)
+    assert found.throughput == pytest.approx(21200 / 3.0)
+
+
+def test_h2load_without_a_summary_is_an_error():
+    with pytest.raises(RuntimeError, match="no result"):
+        h2load.parse("connect failed\n")
+
+
+def test_the_grpc_body_is_one_framed_model_infer_request_of_the_record():
+    from tritonclient.grpc import service_pb2
+
+    body = h2load.infer_body("risk_pipeline", "payload", b'{"features": {}}')
+    assert body[0] == 0 and int.from_bytes(body[1:5], "big") == len(body) - 5
+    request = service_pb2.ModelInferRequest.FromString(body[5:])
+    assert (request.model_name, request.inputs[0].name, request.inputs[0].datatype) == ("risk_pipeline", "payload",
+                                                                                         "BYTES")
+    assert list(request.inputs[0].shape) == [1, 1]
+    assert bytes_tensor.decode(request.raw_input_contents[0]) == [b'{"features": {}}']
