@@ -101,12 +101,14 @@ def legacy_serve(port: int, saved_model: Path, window_size: int, decision_config
 @click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--opset", type=int, default=15, show_default=True,
               help="ONNX opset of the converted graph (15 or newer)")
-def convert(saved_model: Path, output: Path, opset: int) -> None:
+@click.option("--max-values", "max_values", multiple=True, metavar="FEATURE=N",
+              help="the most values a record may carry for a sparse or ragged tf.Example feature (repeatable)")
+def convert(saved_model: Path, output: Path, opset: int, max_values: tuple[str, ...]) -> None:
     """SAVED_MODEL -> OUTPUT, an ONNX file (tf2onnx): inputs `categorical` and `numeric`, output `probability`."""
-    from s2t.models.convert import ConversionError, convert as run_convert
+    from s2t.models.convert import ConversionError, convert as run_convert, parse_max_values
     try:
         with step(f"converting {saved_model} with tf2onnx (opset {opset})"):
-            spec = run_convert(saved_model, output, opset)
+            spec = run_convert(saved_model, output, opset, parse_max_values(max_values))
     except ConversionError as err:
         raise click.ClickException(str(err)) from None
     click.echo(f"{output}: {len(spec.categorical)} categorical + {len(spec.numeric)} numeric features, "

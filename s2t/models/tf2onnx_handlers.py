@@ -9,7 +9,8 @@ tables have float values. Each is rewritten to ONNX operators that give the same
   int32 values are its int64 values cast back, other values are gathered by the key's position;
 - integer keys: the keys are cast to their decimal text first (exact for every int64), then as string keys;
 - `Bucketize`: the number of boundaries at or below the value, which is TensorFlow's bucket index;
-- integer `FloorMod`: ONNX `Mod` (tf2onnx's own rewrite truncates, and differs for negative numbers).
+- integer `FloorMod`: ONNX `Mod` (tf2onnx's own rewrite truncates, and differs for negative numbers);
+- `SparseReduceSum` (`tf.sparse.reduce_sum`, which tf2onnx lacks) of a parsed sparse feature: a dense sum.
 
 What these handlers cannot rewrite exactly is refused by raising `Refusal`, whose message `s2t convert` shows with
 the node; the runner below reports it on one line that convert.py parses.
@@ -19,7 +20,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper, numpy_helper
 from tf2onnx import constants
 from tf2onnx.handler import tf_op
 
@@ -138,6 +139,30 @@ class FloorMod:
         node.set_attr("fmod", 0)
 
 
+class SparseReduceSum:
+    @classmethod
+    def version_13(cls, ctx, node, **kwargs):
+        """`tf.sparse.reduce_sum` of a sparse feature as parsed: its values scattered into zeros of its dense shape,
+        then summed over the same axes. A parsed sparse tensor has one value per position (ScatterND needs that);
+        the sum of one elsewhere may hold repeated positions, which TensorFlow adds up, so it is refused."""
+        indices = node.inputs[0]
+        if indices.type != "ParseExampleV2":
+            raise Refusal(node.type, node.name, "it sums a sparse tensor the graph computes, which may repeat a "
+                          "position", "sum the sparse feature as parsed, or densify it first (tf.sparse.to_dense)")
+        if not node.inputs[3].is_const():
+            raise Refusal(node.type, node.name, "its axes are computed", "give tf.sparse.reduce_sum constant axes")
+        value_type = ctx.get_dtype(node.input[1])
+        axes = np.asarray(node.inputs[3].get_tensor_value(as_list=False), dtype=np.int64).reshape(-1)
+        keep_dims = int(bool(node.get_attr_value("keep_dims", False)))
+        name, (index, values, shape), outputs = node.name, node.input[:3], node.output
+        ctx.remove_node(name)
+        zero = numpy_helper.from_array(np.zeros([1], helper.tensor_dtype_to_np_dtype(value_type)))
+        zeros = ctx.make_node("ConstantOfShape", [shape], attr={"value": zero}, name=f"{name}/zeros").output[0]
+        dense = ctx.make_node("ScatterND", [zeros, index, values], name=f"{name}/dense").output[0]
+        ctx.make_node("ReduceSum", [dense, _const(ctx, f"{name}/axes", axes)], outputs=outputs,
+                      attr={"keepdims": keep_dims}, name=f"{name}/sum", dtypes=[value_type])
+
+
 def register() -> None:
     """Put these handlers in tf2onnx's registry, over its own LookupTableFindV2 handler (registered on import of
     tf2onnx.convert, so that module is imported first)."""
@@ -146,6 +171,7 @@ def register() -> None:
     tf_op("LookupTableFindV2")(LookupTableFind)
     tf_op("Bucketize")(Bucketize)
     tf_op("FloorMod")(FloorMod)
+    tf_op("SparseReduceSum")(SparseReduceSum)
 
 
 def main() -> None:

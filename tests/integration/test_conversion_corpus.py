@@ -32,7 +32,8 @@ def corpus(tmp_path_factory):
         legacy_corpus.build(construct, root / construct.name)
 
     def convert(name: str):
-        return name, subprocess.run([str(S2T), "convert", str(root / name), str(root / f"{name}.onnx")],
+        options = legacy_corpus.BY_NAME[name].convert_options
+        return name, subprocess.run([str(S2T), "convert", str(root / name), str(root / f"{name}.onnx"), *options],
                                     capture_output=True, text=True, env=TF_QUIET, timeout=900)
 
     with ThreadPoolExecutor(3) as pool:
