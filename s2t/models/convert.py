@@ -243,10 +243,12 @@ def _lookups_of(name: str, consumers: dict[str, list[onnx.NodeProto]], outputs: 
                       or u.op_type in _RESHAPING_OPS and u.input[0] != tensor})
         if not users or bad or tensor in outputs:
             ops = sorted({u.op_type for u in users}) or ["nothing"]
+            at = next((f" (node {u.name})" for u in users if u.op_type in bad and u.name), "")
             raise ConversionError(
-                f"string input {name!r} feeds {', '.join(ops)}; only vocabulary lookups "
+                f"string input {name!r} feeds {', '.join(ops)}{at}; only vocabulary lookups "
                 "(StringLookup -> CategoryMapper) and hash buckets (Hashing -> StringToHashBucketFast/Strong), "
-                "reached through reshaping ops, can be moved out of the graph")
+                "reached through reshaping ops, can be moved out of the graph: look the strings up (a "
+                "StaticHashTable, StringLookup; for a sparse feature, its values) or hash them before any other op")
         for user in users:
             if id(user) in seen:
                 continue

@@ -126,6 +126,15 @@ def _ragged_to_tensor(tf, keras):
     return {}, lambda p: tf.cast(p["ids"].to_tensor(default_value=0, shape=[None, 3]), tf.float32) / 10.0
 
 
+def _reduce_sum_of_computed_positions(tf, keras):
+    # A sum over positions the graph computes (two values may land on one), which TensorFlow adds up.
+    def transform(p):
+        amounts = p["amounts"]
+        return tf.sparse.reduce_sum(tf.sparse.SparseTensor(amounts.indices // 2, amounts.values, amounts.dense_shape),
+                                    axis=1, keepdims=True)
+    return {}, transform
+
+
 def _var_len_multi_hot(tf, keras):
     layer = keras.layers.StringLookup(vocabulary=PURPOSES, output_mode="multi_hot")
     return {"lookup": layer}, lambda p: tf.cast(layer(p["tags"]), tf.float32)
@@ -229,6 +238,11 @@ CORPUS = (
               max_values={"tags": 4}),
     Construct("ragged_feature_to_tensor", {"ids": ("ragged_int64", None)}, _ragged_to_tensor, 3,
               max_values={"ids": 3}),
+    Construct("var_len_strings_compared", {"tags": ("varlen_string", None)}, _var_len, 1, max_values={"tags": 2},
+              refused_with="string input 'tags' feeds ScatterND (node"),
+    Construct("var_len_reduce_sum_of_computed_positions", {"amounts": ("varlen_float", None)},
+              _reduce_sum_of_computed_positions, 1, max_values={"amounts": 4},
+              refused_with="op SparseReduceSum at node"),
     Construct("var_len_keras_multi_hot", {"tags": ("varlen_string", None)}, _var_len_multi_hot, 5,
               max_values={"tags": 4}, refused_with="op SparseBincount at node"),
     Construct("keras_hashing", PURPOSE, _hashing, 8, free_text=True),
