@@ -10,7 +10,9 @@ tables have float values. Each is rewritten to ONNX operators that give the same
 - integer keys: the keys are cast to their decimal text first (exact for every int64), then as string keys;
 - `Bucketize`: the number of boundaries at or below the value, which is TensorFlow's bucket index;
 - integer `FloorMod`: ONNX `Mod` (tf2onnx's own rewrite truncates, and differs for negative numbers);
-- `SparseReduceSum` (`tf.sparse.reduce_sum`, which tf2onnx lacks) of a parsed sparse feature: a dense sum.
+- `SparseReduceSum` (`tf.sparse.reduce_sum`, which tf2onnx lacks) of a parsed sparse feature: a dense sum;
+- `SparseReshape`, `SparseFillEmptyRows`, `RaggedTensorToTensor`, `RaggedTensorToSparse`: tf2onnx's rewrites, with
+  their integer divisions safe for a batch whose records carry no value of the feature.
 
 What these handlers cannot rewrite exactly is refused by raising `Refusal`, whose message `s2t convert` shows with
 the node; the runner below reports it on one line that convert.py parses.
@@ -163,6 +165,43 @@ class SparseReduceSum:
                       attr={"keepdims": keep_dims}, name=f"{name}/sum", dtypes=[value_type])
 
 
+# tf2onnx rewrites of sparse and ragged ops that divide integers by a size or a product of sizes: a batch whose
+# records carry no value of a sparse or ragged feature has a width of 0 there (TensorFlow's parse gives that too).
+_SIZE_DIVIDING_OPS = ("SparseReshape", "SparseFillEmptyRows", "RaggedTensorToTensor", "RaggedTensorToSparse")
+
+
+def _safe_sizes(op: str):
+    """tf2onnx's own handler for `op`, with each integer division or modulo it adds made safe for a zero divisor
+    (taken as 1). There, a zero divisor comes with an empty dividend or an unused quotient (tf2onnx infers a -1
+    dimension even where there is none), where TensorFlow does not divide at all; ONNX Runtime refuses an integer
+    division by zero even of an empty tensor, which failed a whole batch of records without values."""
+    from tf2onnx.onnx_opset import tensor
+
+    original = getattr(tensor, op)
+
+    def convert(cls, ctx, node, **kwargs):
+        versions = [int(n.split("_")[1]) for n in dir(original) if n.startswith("version_")]
+        handler = getattr(original, f"version_{max(v for v in versions if v <= ctx.opset)}")
+        before = {n.name for n in ctx.get_nodes()}
+        name = node.name
+        handler(ctx, node, **kwargs)
+        added = [n for n in ctx.get_nodes() if n.name not in before and n.type in ("Div", "Mod")]
+        for index, division in enumerate(added):
+            divisor, kind = division.input[1], ctx.get_dtype(division.input[1])
+            if kind not in _ALL_INTEGERS:
+                continue
+            zero = _const(ctx, f"{name}/safe_{index}_zero", np.array(0, helper.tensor_dtype_to_np_dtype(kind)))
+            is_zero = ctx.make_node("Equal", [divisor, zero], name=f"{name}/safe_{index}_is_zero").output[0]
+            one_if_zero = ctx.make_node("Cast", [is_zero], attr={"to": kind},
+                                        name=f"{name}/safe_{index}_one_if_zero").output[0]
+            safe = ctx.make_node("Add", [divisor, one_if_zero], name=f"{name}/safe_{index}_divisor").output[0]
+            ctx.replace_input(division, divisor, safe, 1)
+
+    # The same versions as tf2onnx's handler, so that each of its registrations is replaced.
+    versions = {name: classmethod(convert) for name in dir(original) if name.startswith("version_")}
+    return type(f"SafeSizes{op}", (), versions)
+
+
 def register() -> None:
     """Put these handlers in tf2onnx's registry, over its own LookupTableFindV2 handler (registered on import of
     tf2onnx.convert, so that module is imported first)."""
@@ -172,6 +211,8 @@ def register() -> None:
     tf_op("Bucketize")(Bucketize)
     tf_op("FloorMod")(FloorMod)
     tf_op("SparseReduceSum")(SparseReduceSum)
+    for op in _SIZE_DIVIDING_OPS:
+        tf_op(op)(_safe_sizes(op))
 
 
 def main() -> None:
