@@ -12,7 +12,7 @@ import math
 from functools import lru_cache
 from typing import Mapping
 
-from backends.record_types import LegacyRecord, RecordError
+from backends.record_types import LegacyRecord, NoValues, RecordError
 
 
 @lru_cache(maxsize=1)
@@ -26,7 +26,7 @@ def _example_class():
 
 def as_example(payload: bytes) -> LegacyRecord | None:
     """The record when `payload` is a tf.Example with at least one feature; None when it is no Example; the
-    RecordError of its first bad feature when it is one with a feature that is not one value."""
+    RecordError of its first bad feature when it is one with a value that cannot be read."""
     try:
         example_class, decode_error = _example_class()
     except ImportError:
@@ -54,7 +54,10 @@ def _features(feature_map: Mapping) -> dict[str, object]:
         kind = feature.WhichOneof("kind")
         values = list(getattr(feature, kind).value) if kind else []
         if not values:
-            raise RecordError(f"features.{name}", "a tf.Example feature of a record holds at least one value, got 0")
+            # An empty list is what a sparse feature (VarLenFeature) of no value looks like; the decoder refuses it
+            # for any other feature.
+            features[name] = NoValues()
+            continue
         values = [_value(name, kind, v) for v in values]
         # One value is the feature itself; several are its list, which the spec's feature of several values takes.
         features[name] = values[0] if len(values) == 1 else values

@@ -55,6 +55,11 @@ class FeatureSpec:
     # Features of more than one value per record (tf.io.FixedLenFeature([n])): key -> n. Value i is the column
     # named value_column(key, i); a record carries the key with a list of n values.
     values: dict[str, int] = field(default_factory=dict)
+    # Features of a varying number of values per record (tf.io.VarLenFeature, tf.io.RaggedFeature): key -> the most
+    # values a record may carry (the density rule, given at convert time). They take the columns
+    # sparse_columns(key, most), padded past the record's values, and the int64 column count_column(key) with how
+    # many it carries, from which the graph rebuilds the sparse or ragged tensor TensorFlow's parse gave.
+    sparse: dict[str, int] = field(default_factory=dict)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -64,6 +69,8 @@ class FeatureSpec:
     def keys(self) -> tuple[str, ...]:
         """The features as a record carries them: a feature of several values once, under its key."""
         columns = {value_column(key, i): key for key, n in self.values.items() for i in range(n)}
+        columns.update({c: key for key, most in self.sparse.items()
+                        for c in (*sparse_columns(key, most), count_column(key))})
         return tuple(dict.fromkeys(columns.get(name, name) for name in self.names))
 
     def to_json(self) -> str:
@@ -80,6 +87,8 @@ class FeatureSpec:
             raw["defaults"] = self.defaults
         if self.values:
             raw["values"] = self.values
+        if self.sparse:
+            raw["sparse"] = self.sparse
         return json.dumps(raw, indent=1, sort_keys=True)
 
     @classmethod
@@ -90,6 +99,7 @@ class FeatureSpec:
             tuple(str(n) for n in raw["numeric"]),
             {str(k): v for k, v in raw.get("defaults", {}).items()},
             {str(k): int(v) for k, v in raw.get("values", {}).items()},
+            {str(k): _most_values(k, v) for k, v in raw.get("sparse", {}).items()},
         )
 
     @classmethod
@@ -100,6 +110,23 @@ class FeatureSpec:
 def value_column(key: str, index: int) -> str:
     """The column of value `index` of a feature of several values per record."""
     return f"{key}/{index}"
+
+
+def sparse_columns(key: str, most: int) -> list[str]:
+    """The value columns of a sparse or ragged feature of at most `most` values per record."""
+    return [key] if most == 1 else [value_column(key, i) for i in range(most)]
+
+
+def count_column(key: str) -> str:
+    """The column holding how many values a record carries for a sparse or ragged feature."""
+    return f"{key}/count"
+
+
+def _most_values(key: str, most: object) -> int:
+    if isinstance(most, bool) or not isinstance(most, int) or most <= 0:
+        raise ValueError(f"sparse feature {key!r}: the most values per record must be a positive integer, got "
+                         f"{most!r}")
+    return most
 
 
 def _categorical(raw: dict) -> CategoricalFeature:

@@ -17,9 +17,9 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from backends.example_record import as_example
-from backends.feature_spec import INTEGER, CategoricalFeature, FeatureSpec, value_column
+from backends.feature_spec import INTEGER, CategoricalFeature, FeatureSpec, count_column, sparse_columns, value_column
 from backends.model_parameters import VERSION_FOLDER, parameter, path_parameter, positive_integer
-from backends.record_types import LegacyRecord, RecordError  # the decoder's interface too
+from backends.record_types import LegacyRecord, NoValues, RecordError  # the decoder's interface too
 
 # Bounds on what a record may carry; each is refused with its own error, naming the field. The byte limit comes
 # first and bounds everything else; the others keep what a record leaves behind (routing keys, stream state,
@@ -67,6 +67,8 @@ class DecodedBatch:
 def _type_name(value: object) -> str:
     if value is None:
         return "null"
+    if isinstance(value, NoValues):
+        return "no value (an empty tf.Example feature)"
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, str):
@@ -84,6 +86,7 @@ class RecordDecoder:
             raise ValueError(f"max_record_bytes must be positive, got {max_record_bytes}")
         self.spec = spec
         self.max_record_bytes = max_record_bytes
+        self._padding = sparse_padding(spec)
 
     def decode(self, payloads: Sequence[bytes]) -> DecodedBatch:
         n_cat, n_num = len(self.spec.categorical), len(self.spec.numeric)
@@ -112,6 +115,8 @@ class RecordDecoder:
         return parse_record(payload, self.max_record_bytes)
 
     def _row(self, features: Mapping[str, object]) -> tuple[list[int], list[float]]:
+        if self.spec.sparse:
+            features = spread_sparse(features, self.spec.sparse, self._padding)
         if self.spec.values:
             features = _spread(features, self.spec.values)
         if self.spec.defaults:
@@ -159,6 +164,32 @@ def _spread(features: Mapping[str, object], values: Mapping[str, int]) -> dict[s
             got = f"{len(value)}" if isinstance(value, list) else f"a {_type_name(value)}"
             raise RecordError(f"features.{key}", f"expected a list of {count} values, got {got}")
         spread.update({value_column(key, i): v for i, v in enumerate(value)})
+    return spread
+
+
+def sparse_padding(spec: FeatureSpec) -> dict[str, object]:
+    """What fills each value column of a sparse feature past the record's values: a value of the column's type, which
+    the graph never reads (the count column says where the record's values end)."""
+    integers = {f.name for f in spec.categorical if f.kind == INTEGER}
+    numbers = set(spec.numeric)
+    return {column: 0.0 if column in numbers else 0 if column in integers else ""
+            for key, most in spec.sparse.items() for column in sparse_columns(key, most)}
+
+
+def spread_sparse(features: Mapping[str, object], sparse: Mapping[str, int], padding: Mapping[str, object]
+                  ) -> dict[str, object]:
+    """Each sparse feature as its padded value columns and its count column. A record may leave it out or send no
+    value (no value, as TensorFlow parses it), one value or a list; more than the feature's limit is refused."""
+    spread = dict(features)
+    for key, most in sparse.items():
+        value = spread.pop(key, None)
+        values = [] if value is None else value if isinstance(value, list) else [value]
+        if len(values) > most:
+            raise RecordError(f"features.{key}", f"{len(values)} values is over the limit of {most} for this sparse "
+                                                 "feature (the most values per record it was converted with)")
+        columns = sparse_columns(key, most)
+        spread.update(zip(columns, [*values, *(padding[c] for c in columns[len(values):])]))
+        spread[count_column(key)] = len(values)
     return spread
 
 

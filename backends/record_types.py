@@ -25,3 +25,8 @@ class LegacyRecord:
     stream_id: object
     sequence_id: object
     features: Mapping[str, object]
+
+
+class NoValues(list):
+    """A tf.Example feature that holds no value: a sparse feature's empty list, an error for any other feature
+    (JSON has no such form: a JSON `[]` is an array)."""

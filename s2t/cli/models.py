@@ -23,16 +23,21 @@ def data(out: Path) -> None:
 @click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--opset", type=int, default=15, show_default=True,
               help="ONNX opset of the converted graph (15 or newer)")
-def convert(saved_model: Path, output: Path, opset: int) -> None:
+@click.option("--max-values", "max_values", multiple=True, metavar="FEATURE=N",
+              help="the most values a record may carry for a sparse or ragged tf.Example feature (repeatable)")
+def convert(saved_model: Path, output: Path, opset: int, max_values: tuple[str, ...]) -> None:
     """SAVED_MODEL -> OUTPUT, an ONNX file (tf2onnx): inputs `categorical` and `numeric`, output `probability`."""
-    from s2t.models.convert import convert as run_convert
+    from s2t.models.convert import convert as run_convert, parse_max_values
     with step(f"converting {saved_model} with tf2onnx (opset {opset})"):
-        spec = run_convert(saved_model, output, opset)
+        spec = run_convert(saved_model, output, opset, parse_max_values(max_values))
     click.echo(f"{output}: {len(spec.categorical)} categorical + {len(spec.numeric)} numeric features, "
                f"opset {opset}, onnx.checker passed")
     if spec.defaults:
         click.echo("tf.Example parsing lifted into the feature spec; parse defaults: "
                    + ", ".join(f"{name}={value!r}" for name, value in sorted(spec.defaults.items())))
+    if spec.sparse:
+        click.echo("values per record at most (larger records are refused): "
+                   + ", ".join(f"{name}={limit}" for name, limit in sorted(spec.sparse.items())))
 
 
 @click.command()

@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from backends.decision_policy import Thresholds
-from backends.feature_spec import INTEGER, FeatureSpec, value_column
+from backends.feature_spec import INTEGER, FeatureSpec, sparse_columns, value_column
 from backends.record_decoder import RecordDecoder
 from s2t.gate.parity_report import LIVE_BATCH, Comparison, ParityReport, compare
 from s2t.on_progress import OnProgress, no_progress
@@ -28,6 +28,8 @@ from wire.names import PAYLOAD, PROBABILITY
 # A score, or the reason the side refused the row.
 Outcome = float | str
 MAX_REASON_CHARS = 200
+# A cell holding a sparse feature's empty list (an empty cell leaves the feature out).
+EMPTY_LIST_CELL = "[]"
 
 
 class RowError(ValueError):
@@ -50,13 +52,18 @@ def example_input(onnx_model) -> str | None:
 
 def example_features(cells: Mapping[str, str | None], spec: FeatureSpec) -> dict[str, object]:
     """The features of one CSV row; columns that are no feature are left out, and so are empty cells. A feature of
-    several values per record is one cell holding them separated by spaces."""
+    several values per record is one cell holding them separated by spaces; so is a sparse feature's list, which
+    `[]` leaves empty."""
     parsers = {f.name: _integer_cell if f.kind == INTEGER else _text_cell for f in spec.categorical}
     parsers.update({name: _number_cell for name in spec.numeric})
     features: dict[str, object] = {}
     for key in spec.keys:
         cell = cells.get(key)
         if not cell:
+            continue
+        if key in spec.sparse:
+            parse = parsers[sparse_columns(key, spec.sparse[key])[0]]
+            features[key] = [] if cell.strip() == EMPTY_LIST_CELL else [parse(key, part) for part in cell.split()]
             continue
         count = spec.values.get(key, 1)
         if count == 1:
@@ -112,7 +119,7 @@ def examples_from_csv(path: Path, spec: FeatureSpec) -> list[ExampleRow]:
         reader = csv.DictReader(handle)
         # A feature with a parse default may be left out of the data altogether; one without may not.
         absent = [k for k in spec.keys if k not in (reader.fieldnames or []) and k not in spec.defaults
-                  and value_column(k, 0) not in spec.defaults]
+                  and value_column(k, 0) not in spec.defaults and k not in spec.sparse]
         if absent:
             raise ValueError(f"{path} has no column for features {', '.join(absent)}")
         rows = []

@@ -20,6 +20,7 @@ import tempfile
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -228,7 +229,8 @@ def pack_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FeatureSpec]:
 
 # Ops that only move or reshape values; tf2onnx puts them between a string input and its lookup (a Keras layer
 # that squeezes its input first, say).
-_RESHAPING_OPS = frozenset({"Slice", "Squeeze", "Unsqueeze", "Reshape", "Flatten"})
+# A sparse feature's values are taken from its padded columns by a Compress (s2t/models/example_signature.py).
+_RESHAPING_OPS = frozenset({"Slice", "Squeeze", "Unsqueeze", "Reshape", "Flatten", "Compress"})
 _STRING_USERS = frozenset({"CategoryMapper", "StringToHashBucketFast", "StringToHashBucketStrong"})
 
 
@@ -242,10 +244,12 @@ def _lookups_of(name: str, consumers: dict[str, list[onnx.NodeProto]], outputs: 
                       or u.op_type in _RESHAPING_OPS and u.input[0] != tensor})
         if not users or bad or tensor in outputs:
             ops = sorted({u.op_type for u in users}) or ["nothing"]
+            at = next((f" (node {u.name})" for u in users if u.op_type in bad and u.name), "")
             raise ConversionError(
-                f"string input {name!r} feeds {', '.join(ops)}; only vocabulary lookups "
+                f"string input {name!r} feeds {', '.join(ops)}{at}; only vocabulary lookups "
                 "(StringLookup -> CategoryMapper) and hash buckets (Hashing -> StringToHashBucketFast/Strong), "
-                "reached through reshaping ops, can be moved out of the graph")
+                "reached through reshaping ops, can be moved out of the graph: look the strings up (a "
+                "StaticHashTable, StringLookup; for a sparse feature, its values) or hash them before any other op")
         for user in users:
             if id(user) in seen:
                 continue
@@ -360,11 +364,16 @@ def name_output(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def shape_for_serving(raw: onnx.ModelProto, defaults: dict[str, str | float | int] | None = None,
-                      metadata: dict[str, str] | None = None) -> tuple[onnx.ModelProto, FeatureSpec]:
+                      metadata: dict[str, str] | None = None, sparse: Mapping[str, int] | None = None
+                      ) -> tuple[onnx.ModelProto, FeatureSpec]:
     refuse_unlifted(raw)
     model, spec = pack_inputs(raw)
     if defaults:
         spec = replace(spec, defaults=dict(defaults))
+    if sparse:
+        # A sparse feature's padded columns are packed as a feature of several values is; the spec says how a
+        # record fills them.
+        spec = replace(spec, values={k: n for k, n in spec.values.items() if k not in sparse}, sparse=dict(sparse))
     model = name_output(model)
     helper.set_model_props(model, {**(metadata or {}), METADATA_KEY: spec.to_json()})
     model.producer_name = "skill2triton"
@@ -379,14 +388,31 @@ def read_spec(model: onnx.ModelProto) -> FeatureSpec:
     return FeatureSpec.from_json(props[METADATA_KEY])
 
 
-def convert(saved_model: Path, output: Path, opset: int = MIN_OPSET) -> FeatureSpec:
+def parse_max_values(options: Sequence[str]) -> dict[str, int]:
+    """`FEATURE=N` options -> {feature: N}; a malformed one is refused, naming it."""
+    parsed: dict[str, int] = {}
+    for option in options:
+        key, _, most = option.rpartition("=")
+        if not key or not most.isdigit() or int(most) <= 0 or key in parsed:
+            raise ConversionError(f"--max-values {option!r}: expected FEATURE=N with N a positive integer, once per "
+                                  "feature")
+        parsed[key] = int(most)
+    return parsed
+
+
+def convert(saved_model: Path, output: Path, opset: int = MIN_OPSET, max_values: Mapping[str, int] | None = None
+            ) -> FeatureSpec:
+    """`max_values`: the most values per record of each sparse or ragged tf.Example feature (the density rule)."""
     if opset < MIN_OPSET:
         raise ConversionError(f"opset {opset} is below {MIN_OPSET}, the lowest this project serves")
+    bad = {k: v for k, v in (max_values or {}).items() if isinstance(v, bool) or not isinstance(v, int) or v <= 0}
+    if bad:
+        raise ConversionError(f"--max-values must give a positive integer per feature, got {bad}")
     raw = run_tf2onnx(Path(saved_model), opset, frozenset({example_signature.PARSE_OP, *HASHED_OPS}))
     try:
-        raw, defaults, metadata = example_signature.lift_from_saved_model(raw, Path(saved_model))
+        raw, defaults, metadata = example_signature.lift_from_saved_model(raw, Path(saved_model), max_values)
     except example_signature.SignatureError as err:
         raise ConversionError(f"the tf.Example parsing cannot be lifted out: {err}") from None
-    model, spec = shape_for_serving(raw, defaults, metadata)
+    model, spec = shape_for_serving(raw, defaults, metadata, max_values)
     write_atomically(Path(output), model.SerializeToString())
     return spec

@@ -5,8 +5,10 @@ graph where the parse op hands its dense features to the rest: each parsed featu
 as its tf.Example key, and the numeric graph behind it converts as any other (its StaticHashTable look-ups become
 CategoryMappers, which s2t/models/convert.py lifts into the feature spec). What the parse op did moves to the adapter,
 which reads tf.Example records without TensorFlow (backends/example_record.py): the keys become the spec's
-feature names and the parse defaults the spec's defaults. Parity against the SavedModel, on the same serialized
-Examples, proves the split.
+feature names and the parse defaults the spec's defaults. A sparse (VarLenFeature) or ragged feature becomes its
+values padded to the most a record may carry (given at convert time) and their count; nodes put where the parse was
+rebuild from those the very tensors the parse gave, so the graph behind converts as it is. Parity against the
+SavedModel, on the same serialized Examples, proves the split.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from backends.feature_spec import value_column
+from backends.feature_spec import count_column, value_column
 
 PARSE_OP = "ParseExampleV2"
 # The converted model keeps the name of the signature's input, so that parity can call the SavedModel with the
@@ -33,6 +35,17 @@ _LIFTED_TYPES = frozenset({TensorProto.FLOAT, TensorProto.STRING, TensorProto.IN
 
 class SignatureError(Exception):
     """The tf.Example signature cannot be lifted; the message names the feature and the reason."""
+
+
+@dataclass(frozen=True)
+class SparseFeature:
+    """A tf.io.VarLenFeature (sparse) or tf.io.RaggedFeature: a varying number of values per example, at most
+    `most` per record (the density rule, given at convert time)."""
+    key: str
+    elem_type: int  # ONNX TensorProto type of its values
+    most: int
+    ragged: bool = False
+    split_type: int = TensorProto.INT64  # a ragged feature's row splits
 
 
 @dataclass(frozen=True)
@@ -54,17 +67,7 @@ def parse_node(model: onnx.ModelProto) -> onnx.NodeProto | None:
 
 def dense_features(node: onnx.NodeProto, initializers: Mapping[str, np.ndarray],
                    shapes: Mapping[str, tuple[int, ...]]) -> tuple[DenseFeature, ...]:
-    """The features the parse op yields, from its constant inputs and the shapes the SavedModel declares."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    for kind, keys_input in (("sparse (VarLenFeature)", _SPARSE_KEYS), ("ragged", _RAGGED_KEYS)):
-        keys = _constant(node, keys_input, initializers)
-        if keys.size:
-            raise SignatureError(f"{kind} features {', '.join(_texts(keys))} cannot be lifted: a record holds a fixed "
-                                 "number of values per feature; re-export them as tf.io.FixedLenFeature([n], "
-                                 "default_value=...) padded to n values")
-    if attrs.get("num_sparse", 0) or attrs.get("ragged_value_types"):
-        raise SignatureError("sparse or ragged features cannot be lifted: a record holds a fixed number of values per "
-                             "feature; re-export them as tf.io.FixedLenFeature([n]) padded to n values")
+    """The dense features the parse op yields, from its constant inputs and the shapes the SavedModel declares."""
     keys = _texts(_constant(node, _DENSE_KEYS, initializers))
     if len(node.input) != _FIRST_DEFAULT + len(keys):
         raise SignatureError(f"the parse op has {len(node.input) - _FIRST_DEFAULT} defaults for {len(keys)} features")
@@ -74,9 +77,7 @@ def dense_features(node: onnx.NodeProto, initializers: Mapping[str, np.ndarray],
         default = _constant(node, _FIRST_DEFAULT + offset, initializers)
         is_text = default.dtype.kind in "OSU"
         elem_type = TensorProto.STRING if is_text else helper.np_dtype_to_tensor_dtype(default.dtype)
-        if elem_type not in _LIFTED_TYPES:
-            raise SignatureError(f"feature {key!r} is parsed as {TensorProto.DataType.Name(elem_type)}; a record "
-                                 "carries float32 numbers, int64 integers and strings")
+        _check_type(key, elem_type)
         if key not in shapes:
             raise SignatureError(f"the SavedModel declares no shape for feature {key!r} (default {default_name})")
         shape = tuple(shapes[key])
@@ -88,8 +89,44 @@ def dense_features(node: onnx.NodeProto, initializers: Mapping[str, np.ndarray],
     return tuple(features)
 
 
-def lift_parse_example(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]
-                       ) -> tuple[onnx.ModelProto, tuple[DenseFeature, ...], str]:
+def sparse_features(node: onnx.NodeProto, initializers: Mapping[str, np.ndarray], most_values: Mapping[str, int]
+                    ) -> tuple[SparseFeature, ...]:
+    """The sparse features, then the ragged ones, the parse op yields (its output order), each with the most values
+    per record `most_values` gives it; a feature without one is refused, naming the option that gives it."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    found = []
+    for ragged, keys_input, types in ((False, _SPARSE_KEYS, attrs.get("sparse_types", [])),
+                                      (True, _RAGGED_KEYS, attrs.get("ragged_value_types", []))):
+        keys = _texts(_constant(node, keys_input, initializers))
+        if len(keys) != len(types):
+            raise SignatureError(f"the parse op has {len(types)} types for {len(keys)} "
+                                 f"{'ragged' if ragged else 'sparse'} features")
+        splits = list(attrs.get("ragged_split_types", [])) if ragged else [TensorProto.INT64] * len(keys)
+        found.extend((ragged, key, int(kind), int(split)) for key, kind, split in zip(keys, types, splits))
+    features = []
+    for ragged, key, elem_type, split_type in found:
+        kind = "ragged (RaggedFeature)" if ragged else "sparse (VarLenFeature)"
+        _check_type(key, elem_type)
+        if key not in most_values:
+            raise SignatureError(f"{kind} feature {key!r} needs the most values a record may carry: convert with "
+                                 f"--max-values {key}=N (a record with more is refused, naming the feature)")
+        features.append(SparseFeature(key, elem_type, int(most_values[key]), ragged, split_type))
+    unknown = sorted(set(most_values) - {f.key for f in features})
+    if unknown:
+        raise SignatureError(f"--max-values names {', '.join(unknown)}, which the signature does not parse as a "
+                             "sparse or ragged feature")
+    return tuple(features)
+
+
+def _check_type(key: str, elem_type: int) -> None:
+    if elem_type not in _LIFTED_TYPES:
+        raise SignatureError(f"feature {key!r} is parsed as {TensorProto.DataType.Name(elem_type)}; a record "
+                             "carries float32 numbers, int64 integers and strings")
+
+
+def lift_parse_example(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]],
+                       most_values: Mapping[str, int] | None = None
+                       ) -> tuple[onnx.ModelProto, tuple[DenseFeature | SparseFeature, ...], str]:
     """The graph behind the parse op, its parsed features as inputs; the features; the signature's input name."""
     graph = model.graph
     node = parse_node(model)
@@ -100,40 +137,121 @@ def lift_parse_example(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, .
         raise SignatureError(f"the signature takes {', '.join(i.name for i in graph.input)}; a tf.Example signature "
                              f"takes the serialized Examples ({serialized}) alone")
     initializers = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    sparse = sparse_features(node, initializers, most_values or {})
     features = dense_features(node, initializers, shapes)
-    # With no sparse features (refused above) the dense values are the op's first outputs.
-    renamed = {node.output[i]: f.key for i, f in enumerate(features)}
+    n_sparse = sum(not f.ragged for f in sparse)
+    n_ragged = len(sparse) - n_sparse
+    # ParseExampleV2's outputs: sparse indices, values and shapes (one each per sparse feature), dense values,
+    # ragged values and row splits.
+    if len(node.output) != 3 * n_sparse + len(features) + 2 * n_ragged:
+        raise SignatureError(f"the parse op has {len(node.output)} outputs for {n_sparse} sparse, {len(features)} "
+                             f"dense and {n_ragged} ragged features")
+    renamed = {node.output[3 * n_sparse + i]: f.key for i, f in enumerate(features)}
+    rebuilt = {node.output[i + offset]: f.key for offset in (0, n_sparse, 2 * n_sparse)
+               for i, f in enumerate(f for f in sparse if not f.ragged)}
+    first_ragged = 3 * n_sparse + len(features)
+    rebuilt.update({node.output[first_ragged + i + offset]: f.key for offset in (0, n_ragged)
+                    for i, f in enumerate(f for f in sparse if f.ragged)})
+    inputs = [helper.make_tensor_value_info(f.key, f.elem_type, [BATCH_DIM, *f.shape]) for f in features]
+    new_nodes, consts = [], []
+    sparse_outputs = [[node.output[i + offset] for offset in (0, n_sparse, 2 * n_sparse)] for i in range(n_sparse)]
+    ragged_outputs = [[node.output[first_ragged + i + offset] for offset in (0, n_ragged)] for i in range(n_ragged)]
+    for feature in sparse:
+        outputs = ragged_outputs.pop(0) if feature.ragged else sparse_outputs.pop(0)
+        nodes, constants = _rebuild_sparse(feature, outputs)
+        new_nodes.extend(nodes)
+        consts.extend(constants)
+        inputs.extend([helper.make_tensor_value_info(feature.key, feature.elem_type, [BATCH_DIM, feature.most]),
+                       helper.make_tensor_value_info(count_column(feature.key), TensorProto.INT64, [BATCH_DIM])])
     taken = {o for n in graph.node for o in n.output} | set(initializers)
-    clashes = sorted(set(renamed.values()) & taken)
+    clashes = sorted({i.name for i in inputs} & taken)
     if clashes:
         raise SignatureError(f"feature names {', '.join(clashes)} are also tensor names in the graph")
     for output in graph.output:
-        if output.name in renamed:
-            raise SignatureError(f"the signature returns the parsed feature {renamed[output.name]!r} itself")
+        if output.name in renamed or output.name in rebuilt:
+            raise SignatureError(f"the signature returns the parsed feature "
+                                 f"{renamed.get(output.name) or rebuilt[output.name]!r} itself")
     for other in graph.node:
         other.input[:] = [renamed.get(i, i) for i in other.input]
     graph.node.remove(node)
+    kept_nodes = list(graph.node)
+    del graph.node[:]
+    graph.node.extend(new_nodes + kept_nodes)
     del graph.input[:]
-    graph.input.extend(helper.make_tensor_value_info(f.key, f.elem_type, [BATCH_DIM, *f.shape]) for f in features)
+    graph.input.extend(inputs)
     used = {i for n in graph.node for i in n.input}
     kept = [i for i in graph.initializer if i.name in used]
     del graph.initializer[:]
-    graph.initializer.extend(kept)
-    dropped = [v for v in graph.value_info if v.name in renamed]
+    graph.initializer.extend(kept + consts)
+    dropped = [v for v in graph.value_info if v.name in renamed or v.name in rebuilt]
     for value_info in dropped:
         graph.value_info.remove(value_info)
-    return model, features, serialized
+    return model, (*features, *sparse), serialized
 
 
-def lift_from_saved_model(model: onnx.ModelProto, saved_model: Path
+def _rebuild_sparse(feature: SparseFeature, outputs: list[str]
+                    ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """Nodes that compute, from the padded values [batch, most] and the count [batch] the decoder gives, exactly the
+    tensors TensorFlow's parse gives for the feature: a sparse one's indices [n, 2] (row-major, as parsed), values
+    [n] and dense shape [batch, the batch's largest count]; a ragged one's values [n] and row splits [batch + 1]."""
+    key, prefix = feature.key, f"{feature.key}__parsed"
+    count = count_column(key)
+    consts = [numpy_helper.from_array(np.arange(feature.most, dtype=np.int64).reshape(1, -1), f"{prefix}__positions"),
+              numpy_helper.from_array(np.array([1], np.int64), f"{prefix}__axis1"),
+              numpy_helper.from_array(np.array([-1], np.int64), f"{prefix}__flat"),
+              numpy_helper.from_array(np.array([0], np.int64), f"{prefix}__zero")]
+    nodes = [
+        helper.make_node("Unsqueeze", [count, f"{prefix}__axis1"], [f"{prefix}__count_column"],
+                         name=f"{prefix}__count_column"),
+        helper.make_node("Less", [f"{prefix}__positions", f"{prefix}__count_column"], [f"{prefix}__mask"],
+                         name=f"{prefix}__mask"),
+        helper.make_node("Reshape", [key, f"{prefix}__flat"], [f"{prefix}__flat_values"],
+                         name=f"{prefix}__flat_values"),
+        helper.make_node("Reshape", [f"{prefix}__mask", f"{prefix}__flat"], [f"{prefix}__flat_mask"],
+                         name=f"{prefix}__flat_mask"),
+        helper.make_node("Compress", [f"{prefix}__flat_values", f"{prefix}__flat_mask"], [outputs[0 if feature.ragged
+                                                                                                  else 1]],
+                         axis=0, name=f"{prefix}__values"),
+    ]
+    if feature.ragged:
+        nodes += [helper.make_node("CumSum", [count, f"{prefix}__zero_axis"], [f"{prefix}__ends"],
+                                   name=f"{prefix}__ends"),
+                  helper.make_node("Concat", [f"{prefix}__zero", f"{prefix}__ends"], [f"{prefix}__splits"], axis=0,
+                                   name=f"{prefix}__splits"),
+                  helper.make_node("Cast", [f"{prefix}__splits"], [outputs[1]], to=feature.split_type,
+                                   name=f"{prefix}__row_splits")]
+        consts.append(numpy_helper.from_array(np.array(0, np.int64), f"{prefix}__zero_axis"))
+        return nodes, consts
+    nodes += [helper.make_node("NonZero", [f"{prefix}__mask"], [f"{prefix}__positions_of_values"],
+                               name=f"{prefix}__positions_of_values"),
+              helper.make_node("Transpose", [f"{prefix}__positions_of_values"], [outputs[0]], perm=[1, 0],
+                               name=f"{prefix}__indices"),
+              helper.make_node("Shape", [count], [f"{prefix}__batch"], name=f"{prefix}__batch"),
+              # The batch's largest count (0 for none): ReduceMax over the counts and a zero, so an empty batch
+              # has one too.
+              helper.make_node("Concat", [count, f"{prefix}__zero"], [f"{prefix}__counts_and_zero"], axis=0,
+                               name=f"{prefix}__counts_and_zero"),
+              helper.make_node("ReduceMax", [f"{prefix}__counts_and_zero"], [f"{prefix}__width"], keepdims=1,
+                               name=f"{prefix}__width"),
+              helper.make_node("Concat", [f"{prefix}__batch", f"{prefix}__width"], [outputs[2]], axis=0,
+                               name=f"{prefix}__dense_shape")]
+    return nodes, consts
+
+
+def lift_from_saved_model(model: onnx.ModelProto, saved_model: Path, most_values: Mapping[str, int] | None = None
                           ) -> tuple[onnx.ModelProto, dict[str, str | float | int], dict[str, str]]:
     """The converted graph with its tf.Example parsing lifted out, the parse defaults and the metadata to keep; the
     graph unchanged (no defaults, no metadata) when its signature takes no serialized tf.Example."""
     if parse_node(model) is None:
+        if most_values:
+            raise SignatureError(f"--max-values names {', '.join(sorted(most_values))}, but the signature parses no "
+                                 "tf.Example")
         return model, {}, {}
-    model, features, example_input = lift_parse_example(model, saved_model_dense_shapes(saved_model))
+    model, features, example_input = lift_parse_example(model, saved_model_dense_shapes(saved_model), most_values)
     defaults: dict[str, str | float | int] = {}
     for feature in features:
+        if isinstance(feature, SparseFeature):
+            continue
         if isinstance(feature.default, tuple):
             defaults.update({value_column(feature.key, i): v for i, v in enumerate(feature.default)})
         elif feature.default is not None:

@@ -9,7 +9,10 @@ tables have float values. Each is rewritten to ONNX operators that give the same
   int32 values are its int64 values cast back, other values are gathered by the key's position;
 - integer keys: the keys are cast to their decimal text first (exact for every int64), then as string keys;
 - `Bucketize`: the number of boundaries at or below the value, which is TensorFlow's bucket index;
-- integer `FloorMod`: ONNX `Mod` (tf2onnx's own rewrite truncates, and differs for negative numbers).
+- integer `FloorMod`: ONNX `Mod` (tf2onnx's own rewrite truncates, and differs for negative numbers);
+- `SparseReduceSum` (`tf.sparse.reduce_sum`, which tf2onnx lacks) of a parsed sparse feature: a dense sum;
+- `SparseReshape`, `SparseFillEmptyRows`, `RaggedTensorToTensor`, `RaggedTensorToSparse`: tf2onnx's rewrites, with
+  their integer divisions safe for a batch whose records carry no value of the feature.
 
 What these handlers cannot rewrite exactly is refused by raising `Refusal`, whose message `s2t convert` shows with
 the node; the runner below reports it on one line that convert.py parses.
@@ -19,7 +22,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper, numpy_helper
 from tf2onnx import constants
 from tf2onnx.handler import tf_op
 
@@ -138,6 +141,67 @@ class FloorMod:
         node.set_attr("fmod", 0)
 
 
+class SparseReduceSum:
+    @classmethod
+    def version_13(cls, ctx, node, **kwargs):
+        """`tf.sparse.reduce_sum` of a sparse feature as parsed: its values scattered into zeros of its dense shape,
+        then summed over the same axes. A parsed sparse tensor has one value per position (ScatterND needs that);
+        the sum of one elsewhere may hold repeated positions, which TensorFlow adds up, so it is refused."""
+        indices = node.inputs[0]
+        if indices.type != "ParseExampleV2":
+            raise Refusal(node.type, node.name, "it sums a sparse tensor the graph computes, which may repeat a "
+                          "position", "sum the sparse feature as parsed, or densify it first (tf.sparse.to_dense)")
+        if not node.inputs[3].is_const():
+            raise Refusal(node.type, node.name, "its axes are computed", "give tf.sparse.reduce_sum constant axes")
+        value_type = ctx.get_dtype(node.input[1])
+        axes = np.asarray(node.inputs[3].get_tensor_value(as_list=False), dtype=np.int64).reshape(-1)
+        keep_dims = int(bool(node.get_attr_value("keep_dims", False)))
+        name, (index, values, shape), outputs = node.name, node.input[:3], node.output
+        ctx.remove_node(name)
+        zero = numpy_helper.from_array(np.zeros([1], helper.tensor_dtype_to_np_dtype(value_type)))
+        zeros = ctx.make_node("ConstantOfShape", [shape], attr={"value": zero}, name=f"{name}/zeros").output[0]
+        dense = ctx.make_node("ScatterND", [zeros, index, values], name=f"{name}/dense").output[0]
+        ctx.make_node("ReduceSum", [dense, _const(ctx, f"{name}/axes", axes)], outputs=outputs,
+                      attr={"keepdims": keep_dims}, name=f"{name}/sum", dtypes=[value_type])
+
+
+# tf2onnx rewrites of sparse and ragged ops that divide integers by a size or a product of sizes: a batch whose
+# records carry no value of a sparse or ragged feature has a width of 0 there (TensorFlow's parse gives that too).
+_SIZE_DIVIDING_OPS = ("SparseReshape", "SparseFillEmptyRows", "RaggedTensorToTensor", "RaggedTensorToSparse")
+
+
+def _safe_sizes(op: str):
+    """tf2onnx's own handler for `op`, with each integer division or modulo it adds made safe for a zero divisor
+    (taken as 1). There, a zero divisor comes with an empty dividend or an unused quotient (tf2onnx infers a -1
+    dimension even where there is none), where TensorFlow does not divide at all; ONNX Runtime refuses an integer
+    division by zero even of an empty tensor, which failed a whole batch of records without values."""
+    from tf2onnx.onnx_opset import tensor
+
+    original = getattr(tensor, op)
+
+    def convert(cls, ctx, node, **kwargs):
+        versions = [int(n.split("_")[1]) for n in dir(original) if n.startswith("version_")]
+        handler = getattr(original, f"version_{max(v for v in versions if v <= ctx.opset)}")
+        before = {n.name for n in ctx.get_nodes()}
+        name = node.name
+        handler(ctx, node, **kwargs)
+        added = [n for n in ctx.get_nodes() if n.name not in before and n.type in ("Div", "Mod")]
+        for index, division in enumerate(added):
+            divisor, kind = division.input[1], ctx.get_dtype(division.input[1])
+            if kind not in _ALL_INTEGERS:
+                continue
+            zero = _const(ctx, f"{name}/safe_{index}_zero", np.array(0, helper.tensor_dtype_to_np_dtype(kind)))
+            is_zero = ctx.make_node("Equal", [divisor, zero], name=f"{name}/safe_{index}_is_zero").output[0]
+            one_if_zero = ctx.make_node("Cast", [is_zero], attr={"to": kind},
+                                        name=f"{name}/safe_{index}_one_if_zero").output[0]
+            safe = ctx.make_node("Add", [divisor, one_if_zero], name=f"{name}/safe_{index}_divisor").output[0]
+            ctx.replace_input(division, divisor, safe, 1)
+
+    # The same versions as tf2onnx's handler, so that each of its registrations is replaced.
+    versions = {name: classmethod(convert) for name in dir(original) if name.startswith("version_")}
+    return type(f"SafeSizes{op}", (), versions)
+
+
 def register() -> None:
     """Put these handlers in tf2onnx's registry, over its own LookupTableFindV2 handler (registered on import of
     tf2onnx.convert, so that module is imported first)."""
@@ -146,6 +210,9 @@ def register() -> None:
     tf_op("LookupTableFindV2")(LookupTableFind)
     tf_op("Bucketize")(Bucketize)
     tf_op("FloorMod")(FloorMod)
+    tf_op("SparseReduceSum")(SparseReduceSum)
+    for op in _SIZE_DIVIDING_OPS:
+        tf_op(op)(_safe_sizes(op))
 
 
 def main() -> None:

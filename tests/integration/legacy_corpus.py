@@ -29,6 +29,12 @@ class Construct:
     main: bool = False  # also served and compared live
     free_text: bool = False  # its string cells are mostly random text (unicode too), not a small vocabulary
     notes: dict = field(default_factory=dict)
+    # The most values per record of each sparse or ragged feature, given to `s2t convert --max-values`.
+    max_values: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def convert_options(self) -> list[str]:
+        return [option for key, most in self.max_values.items() for option in ("--max-values", f"{key}={most}")]
 
 
 def _table_int32_values(tf, keras):
@@ -73,6 +79,67 @@ def _var_len(tf, keras):
     return {}, lambda p: tf.cast(tf.sparse.to_dense(p["tags"], default_value="")[:, :1] == "car", tf.float32)
 
 
+def _var_len_to_dense(tf, keras):
+    # Densified with a default and padded to a fixed width, as a legacy net that takes the first ids does.
+    def transform(p):
+        dense = tf.sparse.to_dense(p["ids"], default_value=-1)
+        filler = tf.fill([tf.shape(dense)[0], 3], tf.constant(-1, tf.int64))
+        return tf.cast(tf.concat([dense, filler], axis=1)[:, :3], tf.float32) / 10.0
+    return {}, transform
+
+
+def _var_len_reduce_sum(tf, keras):
+    return {}, lambda p: tf.sparse.reduce_sum(p["amounts"], axis=1, keepdims=True) / 1000.0
+
+
+def _embedding(tf, rows: int, seed: int):
+    return tf.Variable(tf.random.stateless_normal([rows, 3], seed=[seed, 1]))
+
+
+def _var_len_embedding_mean(tf, keras):
+    embeddings = _embedding(tf, 10, 1)
+
+    def transform(p):
+        ids = p["ids"]
+        return tf.nn.safe_embedding_lookup_sparse(
+            embeddings, tf.sparse.SparseTensor(ids.indices, tf.math.floormod(ids.values, 10), ids.dense_shape),
+            combiner="mean")
+    return {"embeddings": embeddings}, transform
+
+
+def _var_len_vocabulary_embedding(tf, keras, feature="tags"):
+    """feature_column's categorical_column_with_vocabulary_list + embedding_column over a sparse string feature:
+    each value looked up (-1 out of the vocabulary, which the safe lookup drops), embeddings combined by sqrtn."""
+    table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(PURPOSES, tf.constant([0, 1, 2, 3],
+                                                                                               tf.int64)),
+                                      default_value=tf.constant(-1, tf.int64))
+    embeddings = _embedding(tf, len(PURPOSES), 2)
+
+    def transform(p):
+        tags = p[feature]
+        ids = tf.sparse.SparseTensor(tags.indices, table.lookup(tags.values), tags.dense_shape)
+        return tf.nn.safe_embedding_lookup_sparse(embeddings, ids, combiner="sqrtn")
+    return {"table": table, "embeddings": embeddings}, transform
+
+
+def _ragged_to_tensor(tf, keras):
+    return {}, lambda p: tf.cast(p["ids"].to_tensor(default_value=0, shape=[None, 3]), tf.float32) / 10.0
+
+
+def _reduce_sum_of_computed_positions(tf, keras):
+    # A sum over positions the graph computes (two values may land on one), which TensorFlow adds up.
+    def transform(p):
+        amounts = p["amounts"]
+        return tf.sparse.reduce_sum(tf.sparse.SparseTensor(amounts.indices // 2, amounts.values, amounts.dense_shape),
+                                    axis=1, keepdims=True)
+    return {}, transform
+
+
+def _var_len_multi_hot(tf, keras):
+    layer = keras.layers.StringLookup(vocabulary=PURPOSES, output_mode="multi_hot")
+    return {"lookup": layer}, lambda p: tf.cast(layer(p["tags"]), tf.float32)
+
+
 def _several_values(tf, keras):
     table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(PURPOSES, [1, 2, 3, 4]), default_value=0)
     return {"table": table}, lambda p: tf.concat([p["history"] / 1000.0, tf.cast(p["codes"], tf.float32) / 5.0,
@@ -83,7 +150,8 @@ def _main_constructs(tf, keras):
     """The constructs legacy risk models hold most: an int32-valued table, an int64-keyed lookup, bucketing, a
     salted hash of a string feature."""
     parts = [_table_int32_values(tf, keras), _integer_lookup(tf, keras), _discretization(tf, keras),
-             _salted_hashing(tf, keras, "merchant")]
+             _salted_hashing(tf, keras, "merchant"), _var_len_vocabulary_embedding(tf, keras),
+             _var_len_reduce_sum(tf, keras)]
     attributes = {f"{key}_{i}": value for i, (held, _) in enumerate(parts) for key, value in held.items()}
     return attributes, lambda p: tf.concat([transform(p) for _, transform in parts], axis=1)
 
@@ -152,11 +220,31 @@ CORPUS = (
                                            "codes": ("int64[2]", None), "purposes": ("string[2]", ["other", "other"])},
               _several_values, 3 + 2 + 2),
     Construct("main_constructs", {**PURPOSE, "branch": ("int64", -1), "amount": ("float", 1000.0),
-                                  "merchant": ("string", "none")}, _main_constructs, 9 + 6 + 4 + 8, main=True),
+                                  "merchant": ("string", "none"), "tags": ("varlen_string", None),
+                                  "amounts": ("varlen_float", None)}, _main_constructs, 9 + 6 + 4 + 8 + 3 + 1,
+              main=True, max_values={"tags": 4, "amounts": 3}),
     Construct("dense_hash_table", PURPOSE, _dense_hash_table, 1),
     Construct("keras_string_lookup_two_oov", PURPOSE, _string_lookup_two_oov, 6, free_text=True),
     Construct("var_len_feature", {"tags": ("varlen_string", None)}, _var_len, 1,
-              refused_with="sparse (VarLenFeature) features tags cannot be lifted"),
+              refused_with="sparse (VarLenFeature) feature 'tags' needs the most values a record may carry: "
+                           "convert with --max-values tags=N"),
+    Construct("var_len_int64_to_dense", {"ids": ("varlen_int64", None)}, _var_len_to_dense, 3,
+              max_values={"ids": 3}),
+    Construct("var_len_float_reduce_sum", {"amounts": ("varlen_float", None)}, _var_len_reduce_sum, 1,
+              max_values={"amounts": 4}),
+    Construct("var_len_embedding_mean", {"ids": ("varlen_int64", None)}, _var_len_embedding_mean, 3,
+              max_values={"ids": 5}),
+    Construct("var_len_vocabulary_embedding", {"tags": ("varlen_string", None)}, _var_len_vocabulary_embedding, 3,
+              max_values={"tags": 4}),
+    Construct("ragged_feature_to_tensor", {"ids": ("ragged_int64", None)}, _ragged_to_tensor, 3,
+              max_values={"ids": 3}),
+    Construct("var_len_strings_compared", {"tags": ("varlen_string", None)}, _var_len, 1, max_values={"tags": 2},
+              refused_with="string input 'tags' feeds ScatterND (node"),
+    Construct("var_len_reduce_sum_of_computed_positions", {"amounts": ("varlen_float", None)},
+              _reduce_sum_of_computed_positions, 1, max_values={"amounts": 4},
+              refused_with="op SparseReduceSum at node"),
+    Construct("var_len_keras_multi_hot", {"tags": ("varlen_string", None)}, _var_len_multi_hot, 5,
+              max_values={"tags": 4}, refused_with="op SparseBincount at node"),
     Construct("keras_hashing", PURPOSE, _hashing, 8, free_text=True),
     Construct("keras_hashing_salted", PURPOSE, _salted_hashing, 8, free_text=True),
     Construct("hashing_a_computed_string", PURPOSE, _hashing_a_computed_string, 8,
@@ -177,8 +265,10 @@ def build(construct: Construct, path: Path, seed: int = 7) -> None:
     spec = {}
     for name, (kind, default) in features.items():
         base, count = _kind_and_count(kind)
-        if base == "varlen_string":
-            spec[name] = tf.io.VarLenFeature(tf.string)
+        if base.startswith(("varlen_", "ragged_")):
+            # A varying number of values per example: sparse (VarLenFeature) or ragged (RaggedFeature).
+            parse = tf.io.VarLenFeature if base.startswith("varlen_") else tf.io.RaggedFeature
+            spec[name] = parse(kinds[base.partition("_")[2]])
         else:
             spec[name] = tf.io.FixedLenFeature([count], kinds[base], default_value=default if default is None or
                                                count > 1 else [default])
@@ -224,6 +314,8 @@ def _cell(rng, name: str, kind: str, count: int, free_text: bool = False) -> str
         return str(rng.choice(PURPOSES + ["yacht", "Car"] + (["car "] if count == 1 else [])))
     if name == "branch":
         return str(rng.choice(BRANCHES + [7, -3, 2 ** 40 + 8, 2 ** 62]))
+    if name == "ids":
+        return str(int(rng.integers(-3, 25)))
     if kind == "int64":
         return str(int(rng.integers(-2, 9)))
     return f"{rng.choice([rng.uniform(0, 6000), rng.choice(BOUNDARIES)]):.2f}"
@@ -239,6 +331,13 @@ def rows(construct: Construct, n: int, seed: int = 3) -> list[dict[str, str]]:
         for name, (kind, default) in construct.features.items():
             base, count = _kind_and_count(kind)
             # A feature of several values is one cell of them separated by spaces (as `s2t parity` reads it).
+            if name in construct.max_values:
+                # A sparse feature: 0 up to the most values ("[]": an empty list), or (every 10th row) left out.
+                values = int(rng.integers(0, construct.max_values[name] + 1))
+                row[name] = " ".join(_cell(rng, name, base.partition("_")[2], 2) for _ in range(values)) or "[]"
+                if i % 10 == 9:
+                    row[name] = ""
+                continue
             row[name] = " ".join(_cell(rng, name, base, count, construct.free_text) for _ in range(count))
             if i % 10 == 9 and default is not None:
                 row[name] = ""

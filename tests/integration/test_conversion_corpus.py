@@ -2,6 +2,7 @@
 converted by `s2t convert`, parity-gated against TensorFlow over 500 rows with out-of-vocabulary values and missing
 features; the main one published and compared live over HTTP and gRPC, good and bad records side by side; each
 construct that cannot be served exactly refused by `s2t convert` in its own words."""
+import json
 import os
 import shutil
 import subprocess
@@ -32,7 +33,8 @@ def corpus(tmp_path_factory):
         legacy_corpus.build(construct, root / construct.name)
 
     def convert(name: str):
-        return name, subprocess.run([str(S2T), "convert", str(root / name), str(root / f"{name}.onnx")],
+        options = legacy_corpus.BY_NAME[name].convert_options
+        return name, subprocess.run([str(S2T), "convert", str(root / name), str(root / f"{name}.onnx"), *options],
                                     capture_output=True, text=True, env=TF_QUIET, timeout=900)
 
     with ThreadPoolExecutor(3) as pool:
@@ -66,6 +68,13 @@ def test_each_construct_converts_and_scores_as_the_saved_model_on_500_rows(corpu
     scored = [example_parity.serialize_example(example_parity.example_features(r, spec)) for r in rows if r["age"]]
     scores = example_parity.onnx_outcomes(root / f"{name}.onnx", spec, scored[:100])
     assert len({round(s, 6) for s in scores}) > 10, "the construct must change the score"
+    # A batch in which no record carries a value of the sparse features (TensorFlow's parse gives them a width of 0
+    # too) scores as the SavedModel scores it, empty lists or features left out.
+    for cell in ("[]", "") if construct.max_values else ():
+        empty = [example_parity.serialize_example(example_parity.example_features(
+            {**r, **{key: cell for key in construct.max_values}}, spec)) for r in rows[:12] if r["age"]]
+        expected = example_parity.legacy_outcomes(root / name, "examples", empty)
+        assert np.allclose(example_parity.onnx_outcomes(root / f"{name}.onnx", spec, empty), expected, atol=ATOL, rtol=0)
 
 
 def test_hash_buckets_are_tensorflows_bit_for_bit_on_thousands_of_strings(corpus):
@@ -163,17 +172,43 @@ BAD_BRANCHES = {  # an int64 (or hashed string) feature sent as something else: 
 
 
 def test_bad_int64_features_are_refused_alone_while_good_records_score_exactly(corpus, main_triton):
+    root, _ = corpus
+    bad = [f'{{"features": {{"purpose": "car", "amount": 100.0, "age": 40.0, {field}}}}}'.encode()
+           for field in BAD_BRANCHES]
+    _score_beside_good_records(root, main_triton, list(zip(bad, BAD_BRANCHES.values())))
+
+
+def test_a_record_over_a_sparse_features_limit_is_refused_alone_in_every_form(corpus, main_triton):
+    """The density rule: main_constructs was converted with --max-values tags=4 amounts=3. A record with more values
+    (a JSON list or a tf.Example feature) is refused naming the feature and the limit; good records, JSON ones with
+    sparse lists and Examples with empty lists among them, score as the SavedModel does."""
+    root, _ = corpus
+    base = {"purpose": "car", "amount": 100.0, "age": 40.0, "branch": 7}
+    over = {"tags": ["car"] * 5, "amounts": [1.0, 2.0, 3.0, 4.0]}
+    messages = {"tags": "features.tags: 5 values is over the limit of 4", "amounts":
+                "features.amounts: 4 values is over the limit of 3"}
+    bad = [(json.dumps({"features": {**base, key: values}}).encode(), messages[key]) for key, values in over.items()]
+    bad += [(example_parity.serialize_example({**base, key: values}), messages[key]) for key, values in over.items()]
+    bad.append((json.dumps({"features": {**base, "tags": ["car", 1]}}).encode(),
+                "features.tags/1: expected a string, got number"))
+    _score_beside_good_records(root, main_triton, bad, also_json=True)
+
+
+def _score_beside_good_records(root, main_triton, bad: list[tuple[bytes, str]], also_json: bool = False):
+    """Good records (serialized Examples; with `also_json` their JSON form too) and bad ones, shuffled, each sent
+    twice by 12 concurrent gRPC clients: each good record scores as the SavedModel, each bad one gets its error."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    root, _ = corpus
     spec = report_spec(root / f"{MAIN}.onnx")
-    good = [r for r in legacy_corpus.rows(legacy_corpus.BY_NAME[MAIN], 48, seed=23) if r["age"]]
-    examples = [example_parity.serialize_example(example_parity.example_features(r, spec)) for r in good]
+    good = [example_parity.example_features(r, spec)
+            for r in legacy_corpus.rows(legacy_corpus.BY_NAME[MAIN], 48, seed=23) if r["age"]]
+    examples = [example_parity.serialize_example(f) for f in good]
     legacy = example_parity.legacy_outcomes(root / MAIN, "examples", examples)
-    bad = [f'{{"features": {{"purpose": "car", "amount": 100.0, "age": 40.0, {field}}}}}'.encode()
-           for field in BAD_BRANCHES]
-    payloads = [(p, float(s)) for p, s in zip(examples, legacy)] + [(p, m) for p, m in zip(bad, BAD_BRANCHES.values())]
+    payloads = [(p, float(s)) for p, s in zip(examples, legacy)] + bad
+    if also_json:
+        payloads += [(json.dumps({"features": f}).encode(), float(s)) for f, s in zip(good, legacy)]
+    assert any(f.get("tags") == [] for f in good) and any("tags" not in f for f in good)
     order = np.random.default_rng(5).permutation(len(payloads) * 2) % len(payloads)
 
     def score(index: int):

@@ -59,8 +59,6 @@ def test_parsed_features_come_from_the_keys_defaults_and_declared_shapes(keys, d
     (["amount"], [REQUIRED_FLOAT], {"amount": (2, 3)}, EMPTY_TEXT, "feature 'amount' has shape [2, 3] per example"),
     (["count"], [np.array([], np.float64)], {"count": (1,)}, EMPTY_TEXT, "feature 'count' is parsed as DOUBLE"),
     (["amount"], [REQUIRED_FLOAT], {}, EMPTY_TEXT, "declares no shape for feature 'amount'"),
-    (["amount"], [REQUIRED_FLOAT], {"amount": (1,)}, np.array(["tags"], dtype=object),
-     "sparse (VarLenFeature) features tags cannot be lifted"),
     (["amount"], [np.array([1.0, 2.0], np.float32)], {"amount": (1,)}, EMPTY_TEXT,
      "feature 'amount' has a default of 2 values"),
 ])
