@@ -39,7 +39,8 @@ class ExplainerSettings:
     top_reasons: int = parameter("top_reasons", 3, parse=positive_integer)
     max_record_bytes: int = max_record_bytes_parameter()
     scoring_model: str = parameter("scoring_model", "risk_pipeline")
-    llm_model: str = parameter("llm_model", "llm")
+    # llm's canary router, so explanations follow the split between llm's versions (it relays llm's outputs).
+    llm_model: str = parameter("llm_model", "llm_router")
     max_tokens: int = parameter("max_tokens", 48, parse=positive_integer)
     degrade_ttft_s: float = parameter("degrade_ttft_s", 1.0)
     probe_interval_s: float = parameter("probe_interval_s", 5.0)

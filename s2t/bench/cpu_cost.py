@@ -13,6 +13,7 @@ round records the mean batch as well: compare sides at equal mean batch.
 
     python -m s2t.bench.cpu_cost --side base --side two:instances=2 --side grpc:client=perf_analyzer,protocol=grpc
     python -m s2t.bench.cpu_cost --side before:rev=HEAD~1 --side after      # this tree's code against a revision
+    s2t bench --mode cpu-cost --side base --side grpc:client=h2load          # the same, as a mode of `s2t bench`
 """
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ from s2t.serve.triton_server import TritonServer, free_port
 from wire.names import PAYLOAD, PIPELINE, SCORER
 
 CLIENTS = ("wrk", "perf_analyzer", "h2load")
+# Two sides when none are named: the served config, and a second instance (the knob most often asked about).
+DEFAULT_SIDES = ("base", "two:instances=2")
 # The knobs a side may set: server knobs make a server of their own, client knobs only change the load.
 SERVER_KNOBS = ("instances", "queue_delay_us", "preferred", "intra_op_threads", "http_threads", "rev")
 CLIENT_KNOBS = ("client", "protocol")
@@ -62,6 +65,20 @@ class Side:
 # The protocol each load generator speaks unless told (h2load: gRPC only, wrk: HTTP only).
 DEFAULT_PROTOCOL = {"wrk": "http", "perf_analyzer": "http", "h2load": "grpc"}
 PROTOCOLS = {"wrk": ("http",), "perf_analyzer": ("http", "grpc"), "h2load": ("grpc",)}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much one run measures."""
+
+    rounds: int
+    concurrency: int
+    seconds: float  # wrk's and h2load's duration per round
+    requests: int  # perf_analyzer's requests per window
+
+
+# `s2t bench --mode cpu-cost` and `cpu-cost-smoke` (the tests' plan: it only proves the machinery).
+PLANS = {"cpu-cost": Plan(3, 16, 5.0, 3000), "cpu-cost-smoke": Plan(2, 4, 1.0, 500)}
 
 
 def parse_side(text: str) -> Side:
@@ -281,28 +298,44 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def parse_sides(texts: list[str] | tuple[str, ...]) -> list[Side]:
+    """The sides to measure (DEFAULT_SIDES when none), each named once; ValueError names the one that is wrong."""
+    sides = [parse_side(text) for text in (texts or DEFAULT_SIDES)]
+    if len({s.name for s in sides}) != len(sides):
+        raise ValueError("side names must differ")
+    return sides
+
+
+def measure(sides: list[Side], repository: Path, data_csv: Path, plan: Plan, out_dir: Path,
+            log: Callable[[str], None] = print) -> tuple[dict, str]:
+    """One run of `plan` over `sides`, written to OUT/results.json and results.md; the results and the table."""
+    results = run(sides, repository, data_csv, plan.rounds, plan.concurrency, plan.seconds, plan.requests, log=log)
+    text = markdown(results)
+    report.write_files(out_dir, results, text)
+    return results, text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m s2t.bench.cpu_cost", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--side", action="append", required=True,
-                        help="NAME[:knob=value,...]; knobs " + ", ".join(SERVER_KNOBS + CLIENT_KNOBS))
+    parser.add_argument("--side", action="append", default=[],
+                        help="NAME[:knob=value,...]; knobs " + ", ".join(SERVER_KNOBS + CLIENT_KNOBS)
+                        + f" [default: {' '.join(DEFAULT_SIDES)}]")
     parser.add_argument("--repository", type=Path, default=Path("model_repository"))
     parser.add_argument("--data", type=Path, default=Path("artifacts/data/germancredit.csv"))
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--seconds", type=float, default=5.0, help="wrk's duration per round")
-    parser.add_argument("--requests", type=int, default=3000, help="perf_analyzer's requests per window")
+    plan = PLANS["cpu-cost"]
+    parser.add_argument("--rounds", type=int, default=plan.rounds)
+    parser.add_argument("--concurrency", type=int, default=plan.concurrency)
+    parser.add_argument("--seconds", type=float, default=plan.seconds, help="wrk's and h2load's duration per round")
+    parser.add_argument("--requests", type=int, default=plan.requests, help="perf_analyzer's requests per window")
     parser.add_argument("--out", type=Path, default=Path("bench/results/cpu_cost"))
     args = parser.parse_args(argv)
     try:
-        sides = [parse_side(text) for text in args.side]
+        sides = parse_sides(args.side)
     except ValueError as err:
         parser.error(str(err))
-    if len({s.name for s in sides}) != len(sides):
-        parser.error("side names must differ")
-    results = run(sides, args.repository, args.data, args.rounds, args.concurrency, args.seconds, args.requests,
-                  log=lambda line: print(line, file=sys.stderr, flush=True))
-    text = markdown(results)
-    report.write_files(args.out, results, text)
+    _, text = measure(sides, args.repository, args.data, Plan(args.rounds, args.concurrency, args.seconds,
+                                                             args.requests), args.out,
+                      log=lambda line: print(line, file=sys.stderr, flush=True))
     print(text)
     return 0
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from s2t.bench.modes import MODES
-from s2t.errors import require_reachable
+from s2t.errors import S2TError, require_reachable
 from s2t.on_progress import OnProgress, no_progress
 
 
@@ -24,6 +24,11 @@ class BenchOptions:
     grpc_url: str | None  # gpu: a Triton serving model_repository_gpu
     saved_model: Path  # cutover: the legacy service's model
     llm_repository: Path
+    # cpu-cost: the sides measured against each other (`NAME[:knob=value,...]`, s2t/bench/cpu_cost.py); none: its
+    # default pair.
+    sides: tuple[str, ...] = ()
+    # smoke, quick, full: the load generators of the HTTP / gRPC comparison (s2t/bench/protocols.py, GENERATORS).
+    protocol_clients: str = "perf_analyzer"
     log: Callable[[str], None] = print
     on_progress: OnProgress = no_progress
 
@@ -64,7 +69,7 @@ def _side_by_side(name: str) -> Callable[[BenchOptions], BenchResult]:
     def run(options: BenchOptions) -> BenchResult:
         from s2t.bench.runner import Bench
         results = Bench(MODES[name], options.out_dir, list(options.repositories), options.data_csv, log=options.log,
-                        on_progress=options.on_progress).run()
+                        on_progress=options.on_progress, protocol_clients=options.protocol_clients).run()
         lines = [f"{'met   ' if target['met'] else 'MISSED'}  {target['target']}: {target['measured']}"
                  for target in results["targets"]]
         summary = options.out_dir / "results.md"
@@ -117,6 +122,21 @@ def _llm(options: BenchOptions) -> BenchResult:
     return _written_with_verdict(options.out_dir / "llm")
 
 
+def _cpu_cost(plan: str) -> Callable[[BenchOptions], BenchResult]:
+    def run(options: BenchOptions) -> BenchResult:
+        from s2t.bench import cpu_cost
+        try:
+            sides = cpu_cost.parse_sides(options.sides)
+        except ValueError as err:
+            raise S2TError(f"--side: {err}") from None
+        folder = options.out_dir / plan.replace("-", "_")
+        _, text = cpu_cost.measure(sides, options.pipeline_repository, options.data_csv, cpu_cost.PLANS[plan],
+                                   folder, log=options.log)
+        document = _written(folder)
+        return BenchResult(document, _verdict(document) + text + f"\nresults: {folder / 'results.md'}")
+    return run
+
+
 BENCH_MODES = {
     "smoke": BenchMode("only proves the machinery", _side_by_side("smoke")),
     "quick": BenchMode("under 3 minutes", _side_by_side("quick")),
@@ -129,4 +149,7 @@ BENCH_MODES = {
                          _cutover("cutover")),
     "cutover-smoke": BenchMode("cutover on a short plan", _cutover("smoke")),
     "llm": BenchMode("tokens/s, TTFT, ITL, length-aware vs FIFO, risk_pipeline beside LLM streams", _llm),
+    "cpu-cost": BenchMode("risk_pipeline's CPU per request, server variants (--side) in alternating rounds",
+                          _cpu_cost("cpu-cost")),
+    "cpu-cost-smoke": BenchMode("cpu-cost on a short plan", _cpu_cost("cpu-cost-smoke")),
 }

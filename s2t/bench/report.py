@@ -67,6 +67,15 @@ def ratios(results: dict) -> dict:
     return out
 
 
+def protocol_clients(found: dict | None) -> str:
+    """The load generators of the HTTP / gRPC comparison, as the tables name them."""
+    # Runs written before the generators were a choice used perf_analyzer on both sides.
+    generators = (found or {}).get("generators", {"http": "perf_analyzer", "grpc": "perf_analyzer"})
+    if generators["http"] == generators["grpc"]:
+        return generators["http"]
+    return f"HTTP: {generators['http']}, gRPC: {generators['grpc']}"
+
+
 def targets(results: dict, r: dict) -> list[dict]:
     triton, base, memory = results["http_triton"], results["http_baseline"], results["memory"]
     # The serving tree as a user runs it (s2t serve, tritonserver, stubs) after load, where the run measured it.
@@ -84,7 +93,8 @@ def targets(results: dict, r: dict) -> list[dict]:
          "met": triton["p99_ms"] <= base["p99_ms"]},
     ]
     if "perf_analyzer_grpc_vs_http_pipeline" in r:
-        rows.append({"target": f"risk_pipeline gRPC c={triton['connections']} at least its HTTP req/s (perf_analyzer)",
+        rows.append({"target": f"risk_pipeline gRPC c={triton['connections']} at least its HTTP req/s "
+                               f"({protocol_clients(results.get('protocols'))})",
                      "measured": f"{r['perf_analyzer_grpc_vs_http_pipeline']:.2f}x" + (
                          f" (median of {len(results['protocols']['rounds']['grpc'])} alternating rounds)"
                          if "protocols" in results else ""),
@@ -190,7 +200,8 @@ def _protocols(found: dict | None) -> list[str]:
     rows = [[protocol, m["requests_per_s"], " / ".join(f"{e['requests_per_s']:.0f}" for e in found["rounds"][protocol]),
              m["p50_ms"], m["p99_ms"], m["client_cpu_us_per_request"], m["front_end_cpu_us_per_request"],
              m["stubs_cpu_us_per_request"]] for protocol, m in found["median"].items()]
-    return [f"### HTTP and gRPC, {found['model']}, perf_analyzer c={found['concurrency']}, alternating rounds", "",
+    return [f"### HTTP and gRPC, {found['model']}, {protocol_clients(found)} c={found['concurrency']}, "
+            "alternating rounds", "",
             f"gRPC / HTTP req/s (median rounds): {found['grpc_vs_http']:.2f}x. CPU per request in microseconds: the "
             "load generator, tritonserver's own process (front end, batcher) and the python stubs.", "",
             _table(["protocol", "req/s", "rounds req/s", "p50 ms", "p99 ms", "client us", "front end us", "stubs us"],

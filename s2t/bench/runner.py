@@ -23,7 +23,7 @@ import psutil
 from backends.feature_spec import FeatureSpec
 from backends.record_decoder import RecordDecoder
 from s2t import triton_config
-from s2t.bench import inprocess, perf_analyzer, process_tree, protocols, report, stub_profile, workload, wrk
+from s2t.bench import h2load, inprocess, perf_analyzer, process_tree, protocols, report, stub_profile, workload, wrk
 from s2t.bench.fastapi_baseline import APPS as BASELINE_APPS, ROUTE as BASELINE_ROUTE, BaselineServer
 from s2t.bench.machine_load import LoadWatch
 from s2t.bench.modes import Mode
@@ -85,9 +85,14 @@ class _PeakRss(threading.Thread):
 
 class Bench:
     def __init__(self, mode: Mode, out_dir: Path, repositories: list[Path], data_csv: Path,
-                 log: Callable[[str], None] = print, on_progress: OnProgress = no_progress):
-        """`on_progress` hears the steps done out of the run's total (`steps()`), naming the one that runs."""
+                 log: Callable[[str], None] = print, on_progress: OnProgress = no_progress,
+                 protocol_clients: str = "perf_analyzer"):
+        """`on_progress` hears the steps done out of the run's total (`steps()`), naming the one that runs;
+        `protocol_clients` picks the load generators of the HTTP / gRPC comparison (protocols.GENERATORS)."""
+        if protocol_clients not in protocols.GENERATORS:
+            raise ValueError(f"protocol_clients: one of {', '.join(protocols.GENERATORS)}, got {protocol_clients!r}")
         self.mode, self.out_dir, self.data_csv, self.log = mode, Path(out_dir), Path(data_csv), log
+        self.protocol_clients = protocol_clients
         self.on_progress, self.steps_done = on_progress, 0
         self.source_repositories = [Path(r) for r in repositories]
         self.results: dict = {"mode": mode.name, "machine": machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
@@ -197,11 +202,14 @@ class Bench:
             peak = _PeakRss(pid)
             peak.start()
             self.results["perf_analyzer"], self.results["perf_analyzer_failures"] = self._perf_points(server)
+            grpc_body = self.tmp / "grpc_body.bin"
+            grpc_body.write_bytes(h2load.infer_body(PIPELINE, PAYLOAD, self.payloads[0]))
+            load = protocols.Load(self.inputs[PIPELINE], perf_analyzer.Settings(self.mode.window_requests),
+                                  self.triton_script, grpc_body, self.mode.http_seconds)
             self.results["protocols"] = protocols.compare(
-                pid, {"http": server.http_url, "grpc": server.grpc_url}, PIPELINE, self.inputs[PIPELINE],
-                perf_analyzer.Settings(self.mode.window_requests), self.mode.http_connections,
-                self.mode.protocol_rounds, lambda: _stats(server.http_url, PIPELINE)[0], self.log,
-                self._steps_of(self.steps_done), self.load.round)
+                pid, {"http": server.http_url, "grpc": server.grpc_url}, PIPELINE, load,
+                self.mode.http_connections, self.mode.protocol_rounds, lambda: _stats(server.http_url, PIPELINE)[0],
+                self.log, self._steps_of(self.steps_done), self.load.round, clients=self.protocol_clients)
             self.steps_done += len(protocols.PROTOCOLS) * self.mode.protocol_rounds
             self._side_by_side(server)
             self.results["memory"]["triton_peak_bytes"] = peak.stop()

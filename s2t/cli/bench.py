@@ -27,12 +27,20 @@ from s2t.cli.progress import progress
 @grpc_url_option("gpu mode: Triton serving model_repository_gpu, measured with perf_analyzer", envvar=None)
 @click.option("--saved-model", type=click.Path(path_type=Path), default=DEFAULT_SAVED_MODEL, show_default=True,
               help="cutover mode: the legacy service's model")
+@click.option("--side", "sides", multiple=True, metavar="NAME[:knob=value,...]",
+              help="cpu-cost modes: a server variant and load generator to measure (repeatable; knobs in "
+                   "docs/benchmarks.md) [default: base, two:instances=2]")
+@click.option("--protocol-clients", type=click.Choice(["perf_analyzer", "low-cpu"]), default="perf_analyzer",
+              show_default=True, help="smoke, quick, full: the load generators of the HTTP / gRPC comparison "
+                                      "(low-cpu: wrk on HTTP, h2load on gRPC)")
 @json_option
-def bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_model, as_json) -> None:
+def bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_model, sides, protocol_clients,
+          as_json) -> None:
     """Triton (perf_analyzer, wrk) side by side with FastAPI + ONNX Runtime and in-process ONNX Runtime."""
     with progress(f"bench {mode}", "steps") as shown:
         options = BenchOptions(out_dir, tuple(repositories or DEFAULT_REPOSITORIES), data_csv, onnx_model, url,
-                               saved_model, LLM_REPOSITORY, log=shown.echo, on_progress=shown)
+                               saved_model, LLM_REPOSITORY, tuple(sides), protocol_clients, log=shown.echo,
+                               on_progress=shown)
         result = BENCH_MODES[mode].run(options)
     emit(as_json, {"mode": mode, **result.document}, result.text)
 

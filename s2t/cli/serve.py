@@ -29,7 +29,8 @@ from s2t.serve.shutdown import exit_after_shutdown, stop_on_signals, wait_for_st
               help="Triton's rate limiter: at most N model executions at once (off by default)")
 @click.option("--max-restarts", type=int, default=5, show_default=True,
               help="tritonserver is started again after it dies, at most this often within 10 minutes")
-@click.option("--llm", "with_llm", is_flag=True, help=f"also serve {LLM_REPOSITORY}/ (llm, risk_explainer)")
+@click.option("--llm", "with_llm", is_flag=True,
+              help=f"also serve {LLM_REPOSITORY}/ (llm, llm_router, risk_explainer)")
 @click.option("--openai-port", type=int, envvar="OPENAI_PORT", default=9000, show_default=True,
               help="with --llm: the OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models); 0: none")
 def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mode, repositories, exit_timeout,

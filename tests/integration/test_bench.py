@@ -43,6 +43,7 @@ def test_bench_compares_http_and_grpc_in_turns_with_the_cpu_each_side_spends(smo
     out, results, _ = smoke_run
     found = results["protocols"]
     assert found["model"] == "risk_pipeline" and found["concurrency"] == results["http_triton"]["connections"]
+    assert found["generators"] == {"http": "perf_analyzer", "grpc": "perf_analyzer"}
     for protocol in ("http", "grpc"):
         for entry in found["rounds"][protocol]:
             assert entry["requests_per_s"] > 0 and entry["requests"] > 0

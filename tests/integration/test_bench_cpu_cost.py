@@ -1,13 +1,12 @@
-"""`python -m s2t.bench.cpu_cost` against real servers: two sides (this tree's code, and a config knob) take turns
+"""`s2t bench --mode cpu-cost-smoke` against real servers: two sides (this tree's code, and a config knob) take turns
 and each round's CPU per request is read from the server's process tree; no timed assertions."""
 import json
 import shutil
 import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import DATA_CSV, MODEL_REPOSITORY, ROOT
+from tests.conftest import DATA_CSV, MODEL_REPOSITORY, ROOT, S2T
 
 
 @pytest.fixture(scope="module")
@@ -16,11 +15,14 @@ def cost_run(built_artifacts, tmp_path_factory):
     sides = ["--side", "base", "--side", "two:instances=2"]
     if shutil.which("h2load"):
         sides += ["--side", "grpc:client=h2load"]
-    proc = subprocess.run([sys.executable, "-m", "s2t.bench.cpu_cost", *sides, "--rounds", "2", "--seconds", "1",
-                           "--concurrency", "4", "--repository", str(MODEL_REPOSITORY), "--data", str(DATA_CSV),
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run([str(S2T), "bench", "--mode", "cpu-cost-smoke", *sides, "--repository",
+                           str(MODEL_REPOSITORY), "--data", str(DATA_CSV), "--out", str(out), "--json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return json.loads((out / "results.json").read_text()), (out / "results.md").read_text()
+    document = json.loads(proc.stdout)
+    folder = out / "cpu_cost_smoke"
+    assert document["mode"] == "cpu-cost-smoke" and document["results"] == str(folder / "results.md")
+    return json.loads((folder / "results.json").read_text()), (folder / "results.md").read_text()
 
 
 def test_every_side_is_measured_in_every_round_with_its_cpu_per_request(cost_run):
@@ -41,3 +43,29 @@ def test_the_report_names_each_side_and_says_whether_the_machine_was_quiet(cost_
     results, text = cost_run
     assert all(f"| {side} |" in text for side in results["measured"])
     assert ("busy machine" in text) != results["load"]["publishable"]
+
+
+def test_the_protocol_comparison_can_use_the_low_cpu_generators_and_names_them(triton, tmp_path):
+    """wrk on HTTP and h2load on gRPC against the session server: one short round each, counted by Triton."""
+    if not (shutil.which("wrk") and shutil.which("h2load")):
+        pytest.skip("wrk and h2load (Debian wrk, nghttp2-client) are installed by `make test`")
+    from s2t.bench import h2load, perf_analyzer, protocols, report, workload, wrk
+    from s2t.bench.runner import TRITON_ROUTE, _stats
+    from wire.names import PAYLOAD, PIPELINE
+
+    payloads = workload.Workload.load(DATA_CSV).payloads()[:50]
+    body = tmp_path / "grpc_body.bin"
+    body.write_bytes(h2load.infer_body(PIPELINE, PAYLOAD, payloads[0]))
+    load = protocols.Load(tmp_path / "unused.json", perf_analyzer.Settings(100),
+                          wrk.write_script(tmp_path / "triton.lua", TRITON_ROUTE,
+                                           [workload.triton_json_body(p) for p in payloads]), body, seconds=1)
+    found = protocols.compare(triton.process.pid, {"http": triton.http_url, "grpc": triton.grpc_url}, PIPELINE, load,
+                              4, 1, lambda: _stats(triton.http_url, PIPELINE)[0], log=lambda line: None,
+                              clients="low-cpu")
+    assert found["generators"] == {"http": "wrk", "grpc": "h2load"}
+    for protocol in protocols.PROTOCOLS:
+        (entry,) = found["rounds"][protocol]
+        assert entry["requests"] > 1 and entry["requests_per_s"] > 0, (protocol, entry)
+        assert entry["client_cpu_us_per_request"] > 0 and entry["stubs_cpu_us_per_request"] > 0, (protocol, entry)
+    assert found["grpc_vs_http"] > 0
+    assert report.protocol_clients(found) == "HTTP: wrk, gRPC: h2load"

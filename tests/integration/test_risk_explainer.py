@@ -197,3 +197,53 @@ def test_explainer_streams_and_new_requests_answer_when_the_language_model_dies_
             break
         time.sleep(1)
     assert events[-1]["source"] == "llm"
+
+
+# Explanations sent during a 50% canary of llm; at 50% all of them from one version has a chance of 2 ** -11.
+CANARY_EXPLANATIONS = 12
+
+
+def llm_generations(url: str) -> dict[str, int]:
+    """Requests each loaded version of `llm` has answered so far (Triton's own statistics)."""
+    with urllib.request.urlopen(f"http://{url}/v2/models/llm/stats", timeout=30) as response:
+        stats = json.loads(response.read())["model_stats"]
+    return {s["version"]: s["inference_stats"]["success"]["count"] for s in stats}
+
+
+def generations_since(url: str, before: dict[str, int], timeout_s: float = 10) -> dict[str, int]:
+    """Requests per version of `llm` since `before`, once every version has some (bounded): Triton counts a
+    decoupled request only some time after its last response has gone out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        served = {version: count - before.get(version, 0) for version, count in llm_generations(url).items()}
+        if all(served.values()) or time.monotonic() > deadline:
+            return served
+        time.sleep(0.2)
+
+
+def test_explanations_follow_a_canary_of_the_language_model_to_both_versions(triton_llm):
+    from backends.llm_engine import packaged_model_path
+    from tests.integration.test_llm_rollout import s2t
+
+    repo = triton_llm.repositories[-1]
+    staged, _ = s2t(triton_llm, repo, "publish", "llm", str(packaged_model_path()), "--stage")
+    try:
+        split, _ = s2t(triton_llm, repo, "canary", "llm", str(staged["version"]), "--percent", "50")
+        assert split["split"] == f"50% llm:1, 50% llm:{staged['version']}"
+        before = llm_generations(triton_llm.http_url)
+        # Valid explanations beside a client that sends broken records: each answered on its own.
+        with ThreadPoolExecutor(5) as pool:
+            good = [pool.submit(generate_stream, triton_llm.http_url, body(RECORD), "risk_explainer", 300)
+                    for _ in range(CANARY_EXPLANATIONS)]
+            broken = [pool.submit(generate_stream, triton_llm.http_url, b, "risk_explainer", 300)
+                      for b, _ in BAD_RECORDS]
+            results = [f.result() for f in good]
+            refused = [(f.result(), message) for f, (_, message) in zip(broken, BAD_RECORDS)]
+        served = generations_since(triton_llm.http_url, before)
+    finally:
+        s2t(triton_llm, repo, "canary", "llm", "--off")
+    assert [r.error for r in results] == [None] * CANARY_EXPLANATIONS
+    assert {r.final["source"] for r in results} == {"llm"}
+    for result, message in refused:
+        assert result.status == 400 and message in (result.error or ""), result.error
+    assert served["1"] > 0 and served[str(staged["version"])] > 0, served

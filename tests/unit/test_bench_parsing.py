@@ -116,3 +116,31 @@ def test_each_protocol_figure_is_its_own_median_over_the_rounds():
     rounds = [{"requests_per_s": r, "client_cpu_us_per_request": c} for r, c in ((900.0, 80.0), (1200.0, 95.0),
                                                                                   (1000.0, 70.0))]
     assert protocols.median_of_rounds(rounds) == {"requests_per_s": 1000.0, "client_cpu_us_per_request": 80.0}
+
+
+@pytest.mark.parametrize("found, named", [
+    ({"generators": {"http": "perf_analyzer", "grpc": "perf_analyzer"}}, "perf_analyzer"),
+    ({"generators": {"http": "wrk", "grpc": "h2load"}}, "HTTP: wrk, gRPC: h2load"),
+    ({}, "perf_analyzer"),  # a run written before the generators were a choice
+    (None, "perf_analyzer"),
+])
+def test_the_protocol_comparison_names_the_generator_of_each_side(found, named):
+    assert report.protocol_clients(found) == named
+
+
+def test_the_clis_protocol_clients_are_the_comparisons_generator_pairs():
+    from s2t.bench import protocols
+    from s2t.cli.bench import bench
+    option = next(p for p in bench.params if p.name == "protocol_clients")
+    assert list(option.type.choices) == list(protocols.GENERATORS)
+    assert protocols.GENERATORS["low-cpu"] == {"http": "wrk", "grpc": "h2load"}
+
+
+def test_the_grpc_target_names_the_generators_it_was_measured_with():
+    results = {"http_triton": {"connections": 16, "throughput": 1.0, "p99_ms": 1.0},
+               "http_baseline": {"throughput": 1.0, "p99_ms": 1.0}, "cold_start": {"median_s": 1.0},
+               "memory": {"triton_peak_bytes": 1, "triton_after_load_bytes": 1},
+               "protocols": {"rounds": {"grpc": [{}]}, "generators": {"http": "wrk", "grpc": "h2load"}}}
+    ratios = {"http_throughput_vs_fastapi": 1.0, "perf_analyzer_grpc_vs_http_pipeline": 1.1}
+    grpc_target = next(t for t in report.targets(results, ratios) if "gRPC c=16" in t["target"])
+    assert "(HTTP: wrk, gRPC: h2load)" in grpc_target["target"]

@@ -38,6 +38,23 @@ def test_a_side_that_cannot_be_measured_is_refused_naming_the_knob(text, message
         cpu_cost.parse_side(text)
 
 
+def test_no_side_named_measures_the_default_pair_and_a_name_given_twice_is_refused():
+    assert [s.name for s in cpu_cost.parse_sides(())] == [cpu_cost.parse_side(t).name for t in cpu_cost.DEFAULT_SIDES]
+    assert len(cpu_cost.parse_sides(())) == 2
+    with pytest.raises(ValueError, match="side names must differ"):
+        cpu_cost.parse_sides(["a", "a:instances=2"])
+
+
+def test_s2t_bench_refuses_a_side_it_cannot_measure_naming_the_knob_before_starting_a_server(tmp_path):
+    from click.testing import CliRunner
+
+    from s2t.cli import main
+    result = CliRunner().invoke(main, ["bench", "--mode", "cpu-cost-smoke", "--side", "a:threads=2",
+                                       "--out", str(tmp_path)])
+    assert result.exit_code != 0 and "--side: side a: unknown knob 'threads'" in result.output, result.output
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_sides_with_the_same_server_knobs_share_one_server():
     http, grpc = cpu_cost.parse_side("h"), cpu_cost.parse_side("g:client=perf_analyzer,protocol=grpc")
     assert http.server_key == grpc.server_key != cpu_cost.parse_side("two:instances=2").server_key

@@ -73,7 +73,7 @@ def explainer(pb_utils, repositories):
 
 
 def test_risk_explainer_sends_the_score_and_reasons_first_then_the_language_models_words(pb_utils, explainer):
-    pb_utils.InferenceRequest.bls["llm"] = lambda bls: iter(
+    pb_utils.InferenceRequest.bls["llm_router"] = lambda bls: iter(
         [backend.InferenceResponse([backend.Tensor("text_output", np.array([t], dtype=object))])
          for t in (b"A moderate ", b"risk.")])
     req = request(payload=payloads(RECORD))
@@ -88,7 +88,7 @@ def test_risk_explainer_answers_with_the_template_when_the_language_model_fails(
     def broken(bls):
         raise RuntimeError("llm not loaded")
 
-    pb_utils.InferenceRequest.bls["llm"] = broken
+    pb_utils.InferenceRequest.bls["llm_router"] = broken
     req = request(payload=payloads(RECORD))
     explainer.execute([req])
     head, final = finished(req)
@@ -96,7 +96,7 @@ def test_risk_explainer_answers_with_the_template_when_the_language_model_fails(
 
 
 def test_risk_explainer_fails_a_bad_record_alone_naming_the_field(pb_utils, explainer):
-    pb_utils.InferenceRequest.bls["llm"] = lambda bls: iter([])
+    pb_utils.InferenceRequest.bls["llm_router"] = lambda bls: iter([])
     bad = request(payload=payloads({**RECORD, "features": {**RECORD["features"], "age_in_years": "old"}}))
     two = request(payload=payloads(RECORD, RECORD))
     explainer.execute([bad, two])
@@ -107,7 +107,7 @@ def test_risk_explainer_fails_a_bad_record_alone_naming_the_field(pb_utils, expl
 
 @pytest.fixture
 def hanging_llm(pb_utils):
-    """`llm` as a killed stub leaves it: one word, then a stream that never yields again (until the test ends)."""
+    """`llm` (behind llm_router) as a killed stub leaves it: one word, then a stream that never yields again (until the test ends)."""
     release, calls = threading.Event(), []
 
     def stream(bls):
@@ -115,7 +115,7 @@ def hanging_llm(pb_utils):
         yield backend.InferenceResponse([backend.Tensor("text_output", np.array([b"The "], dtype=object))])
         release.wait(60)
 
-    pb_utils.InferenceRequest.bls["llm"] = stream
+    pb_utils.InferenceRequest.bls["llm_router"] = stream
     yield calls
     release.set()
 
