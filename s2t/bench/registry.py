@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Callable
 
 from s2t.bench.modes import MODES
-from s2t.errors import S2TError, require_reachable
+from s2t.control.reachability import require_reachable
+from s2t.errors import S2TError
 from s2t.on_progress import OnProgress, no_progress
 
 

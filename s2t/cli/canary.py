@@ -9,7 +9,8 @@ import click
 
 from s2t.cli.options import emit, json_option
 from s2t.cli.rollouts import consumers_option, report_timings, repository_option, rollout_of, timings_ms, url_option
-from s2t.errors import GATE_REFUSED, require_reachable
+from s2t.control.reachability import require_reachable
+from s2t.errors import GATE_REFUSED
 
 
 @click.command()

@@ -11,7 +11,7 @@ from s2t.cli.failures import about
 from s2t.cli.options import DEFAULT_REPOSITORIES, emit, http_url_option, json_option, repositories_option
 from s2t.cli.rollouts import (URL_HELP, consumers_option, report_timings, repository_option, rollout_of, timings_ms,
                               url_option)
-from s2t.errors import require_reachable
+from s2t.control.reachability import require_reachable
 
 
 @click.command()

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 import click
 
 from s2t import errors
+from s2t.control.reachability import is_unreachable
 
 # What goes wrong outside the program, and what a library says of a file or value it was given: a message is all
 # a person needs (a missing file, a port in use, a time limit, a config that does not parse, the server refusing).
@@ -26,7 +27,7 @@ def exit_error(err: Exception) -> click.ClickException | None:
     """The click error that exits with the code `err` deserves, or None for an error that is a bug."""
     context = "".join(getattr(err, "__notes__", ()))
     message = f"{context}{err}" if str(err) else f"{context}{type(err).__name__}"
-    if errors.is_unreachable(err):
+    if is_unreachable(err):
         code, message = errors.UNREACHABLE, f"server unreachable: {message}"
     elif isinstance(err, errors.S2TError):
         code = err.exit_code

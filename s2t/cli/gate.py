@@ -12,7 +12,8 @@ from s2t.cli.options import (DEFAULT_DATA, DEFAULT_REPOSITORIES, DEFAULT_SAVED_M
                              json_option, repositories_option, server_address)
 from s2t.cli.progress import progress, step
 from s2t.cli.rollouts import consumers_option, repository_option, rollout_of, url_option
-from s2t.errors import GATE_REFUSED, require_reachable
+from s2t.control.reachability import require_reachable
+from s2t.errors import GATE_REFUSED
 
 
 @click.command()

@@ -9,7 +9,8 @@ import click
 
 from s2t.cli.failures import about
 from s2t.cli.options import DEFAULT_DATA, grpc_url_option, http_url_option
-from s2t.errors import GATE_REFUSED, GateRefused, RecordRejected, is_invalid_input, require_reachable
+from s2t.control.reachability import is_invalid_input, require_reachable
+from s2t.errors import GATE_REFUSED, GateRefused, RecordRejected
 
 
 @click.command()

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT, S2T
 from s2t import errors
+from s2t.control import reachability
 from s2t.cli import main
 from s2t.serve.triton_server import free_port
 
@@ -125,7 +126,7 @@ def _triton_error(status: str, message: str):
 ], ids=["refused", "unknown-host", "urlopen-refused", "http-404", "grpc-no-connection", "grpc-model-unavailable",
         "invalid-record", "missing-file"])
 def test_only_errors_where_nothing_answered_count_as_unreachable(err, unreachable):
-    assert errors.is_unreachable(err) is unreachable
+    assert reachability.is_unreachable(err) is unreachable
 
 
 def _commands(group: click.Group = main, prefix: tuple[str, ...] = ()):
