@@ -15,8 +15,8 @@ ALLOWED = {
     "backends": {"backends", "wire"},
     "models": {"backends", "wire"},
     "clients": {"clients", "wire"},
-    "servers": {"servers", "clients", "backends", "wire"},
-    "s2t": {"s2t", "servers", "clients", "backends", "wire"},
+    "legacy": {"legacy", "clients", "backends", "wire"},
+    "s2t": {"s2t", "legacy", "clients", "backends", "wire"},
 }
 
 

@@ -7,10 +7,10 @@ import pytest
 
 from backends.call_admission import AdmissionLimits, CallAdmission
 from backends.errors import INTERNAL, INVALID, UNAVAILABLE, of_kind
-from servers.legacy_gateway import (CallLimits, CallRefused, SkillGateway, TritonWindows, check_window_size,
-                                    records_within, windows)
-from servers.triton_infer import error_kind
 from clients.legacy_record import to_protobuf
+from legacy.gateway import (CallLimits, CallRefused, SkillGateway, TritonWindows, check_window_size,
+                            records_within, windows)
+from legacy.triton_infer import error_kind
 from wire import skill_pb2
 
 
@@ -200,7 +200,7 @@ def test_nothing_on_the_gateways_path_imports_tensorflow():
     """The gateway must accept calls within a second of its launch: TensorFlow alone takes longer to import."""
     import subprocess
     import sys
-    code = ("import sys, s2t.cli, servers.legacy_gateway, servers.triton_infer, servers.dual_run; "
+    code = ("import sys, s2t.cli, legacy.gateway, legacy.triton_infer, legacy.dual_run; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'tf2onnx')))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert run.stdout.strip() == "[]"

@@ -174,7 +174,7 @@ WindowScorer = Callable[[Sequence[bytes], int], Awaitable[list]]
 
 class TritonWindows:
     """`await windows(records, number)`: a window of raw records -> a SkillResult per record, scored by Triton
-    (`scorer`: servers.triton_infer.TritonInfer or any coroutine of payloads); CallRefused when Triton fails. A
+    (`scorer`: legacy.triton_infer.TritonInfer or any coroutine of payloads); CallRefused when Triton fails. A
     record over `max_record_bytes` is answered INVALID_RECORD here and never sent."""
 
     def __init__(self, scorer, window_size: int, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES):
@@ -271,7 +271,7 @@ class SkillGateway:
                  limits: CallLimits = CallLimits(), admission: CallAdmission | None = None, mirror=None,
                  windows_in_flight: int = WINDOWS_IN_FLIGHT):
         """`answer` scores the windows the caller gets; `mirror`, when given, receives each window and its answer
-        (servers.dual_run.DualRun) and must not block."""
+        (legacy.dual_run.DualRun) and must not block."""
         if window_size < 1:
             raise ValueError(f"window_size must be >= 1, got {window_size}")
         self.answer = answer
@@ -426,7 +426,7 @@ def serve(port: int, triton_url: str, model: str = "risk_pipeline", window_size:
                                        idle_timeout_s=idle_timeout_s)
 
     async def start():
-        from servers.triton_infer import TritonInfer
+        from legacy.triton_infer import TritonInfer
         scorer = TritonInfer(triton_url, model)
         try:
             try:
