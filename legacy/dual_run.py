@@ -22,8 +22,8 @@ from typing import Callable, Sequence
 import grpc
 
 from backends.atomic_files import write_atomically
-from legacy.gateway import CallRefused
 from wire import skill_pb2
+from wire.skill_call import CallRefused
 
 TRITON, LEGACY = "triton", "legacy"
 DEFAULT_TOLERANCE = 1e-5

@@ -6,8 +6,8 @@ import grpc
 import pytest
 
 from legacy.dual_run import MAX_IDS_KEPT, DiffTally, DualRun, write_json_atomically
-from legacy.gateway import CallRefused
 from wire import skill_pb2
+from wire.skill_call import CallRefused
 
 OK, BAD = skill_pb2.OK, skill_pb2.INVALID_RECORD
 
