@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PROJECT_PACKAGES = ("backends", "clients", "s2t", "servers", "wire")
+PROJECT_PACKAGES = ("backends", "clients", "legacy", "s2t", "wire")
 
 
 class MissingModuleError(RuntimeError):

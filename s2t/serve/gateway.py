@@ -1,6 +1,6 @@
 """`s2t gateway`: the legacy Skill gRPC service in front of Triton, alone or dual-running against the legacy service.
 
-Wires the gateway (servers/legacy_gateway.py), the dual-run sides and their metrics endpoint together; the command
+Wires the gateway (legacy/gateway.py), the dual-run sides and their metrics endpoint together; the command
 line only parses options and waits for the stop signal."""
 from __future__ import annotations
 
@@ -34,12 +34,12 @@ class GatewayOptions:
 
 class RunningGateway:
     def __init__(self, options: GatewayOptions):
-        from servers.legacy_gateway import CallLimits, serve as serve_gateway
+        from legacy.gateway import CallLimits, serve as serve_gateway
         o = options
         answer = self.dual_run = None
         limits = CallLimits(timeout_s=o.call_timeout_s, max_records=o.max_records, max_message_bytes=o.max_message_bytes)
         if o.mirror:
-            from servers.dual_run import CutoverMetrics, DiffTally, dual_run_sides
+            from legacy.dual_run import CutoverMetrics, DiffTally, dual_run_sides
             metrics = CutoverMetrics()
             answer, self.dual_run = dual_run_sides(o.triton_url, o.model, o.mirror, o.answer_from, o.call_timeout_s,
                                                    o.mirror_timeout_s, o.window_size, tally=DiffTally(o.tolerance),

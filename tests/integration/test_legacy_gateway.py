@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from backends.decision_policy import decide
-from servers.legacy_gateway import serve
 from clients.legacy_record import to_protobuf
+from legacy.gateway import serve
 from wire import skill_pb2, skill_pb2_grpc
 from tests.conftest import S2T, free_port
 from s2t.gate import parity

@@ -117,7 +117,8 @@ def test_core_install_leaves_out_tensorflow_and_every_other_extra(installed):
 
 def test_installed_package_is_this_project_with_its_generated_wire_format(installed):
     root, venv = installed
-    probe = in_venv(venv, "import s2t.cli, wire.skill_pb2, wire.skill_pb2_grpc, wire.tf_example_pb2, backends; "
+    probe = in_venv(venv, "import s2t.cli, wire.skill_pb2, wire.skill_pb2_grpc, wire.tf_example_pb2, wire.skill_call, "
+                          "backends, legacy.service, legacy.gateway, legacy.dual_run, legacy.triton_infer; "
                           "from pathlib import Path; "
                           "print(Path(s2t.cli.__file__).parent.parent); "
                           "print((Path(backends.__file__).parent / 'onnxruntime' / 'model.py').is_file())", root)

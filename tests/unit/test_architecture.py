@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from s2t.project_imports import PROJECT_PACKAGES, imported_project_modules
+from s2t.project_imports import PROJECT_PACKAGES, imported_project_modules, project_files
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -15,8 +15,8 @@ ALLOWED = {
     "backends": {"backends", "wire"},
     "models": {"backends", "wire"},
     "clients": {"clients", "wire"},
-    "servers": {"servers", "clients", "backends", "wire"},
-    "s2t": {"s2t", "servers", "clients", "backends", "wire"},
+    "legacy": {"legacy", "clients", "backends", "wire"},
+    "s2t": {"s2t", "legacy", "clients", "backends", "wire"},
 }
 
 
@@ -91,6 +91,31 @@ def test_every_import_follows_an_allowed_edge():
 def test_s2t_imports_point_only_down_its_layers():
     edges = {module_name(p): imported_modules(p) for p in project_sources() if layer(p) == "s2t"}
     assert upward_imports(edges) == []
+
+
+# The legacy service is the "before" a cutover is measured against: it must run as it did, whatever happens to its
+# replacement. Nothing it reaches by import may belong to the gateway's side or to Triton's serving.
+LEGACY_SERVICE = ROOT / "legacy" / "service.py"
+REPLACEMENT_MODULES = ("legacy.gateway", "legacy.triton_infer", "legacy.dual_run", "s2t.serve")
+TRITON_PACKAGES = {"tritonclient", "tritonserver", "pytriton", "triton_python_backend_utils"}
+
+
+def replacement_reached(start: Path) -> list[str]:
+    """The gateway's-side and Triton-serving modules, and Triton's own packages, that `start` reaches by import."""
+    reached = project_files(ROOT, [start]) | {start}
+    names = {module_name(p) for p in reached}
+    found = sorted(n for n in names if any(n == m or n.startswith(m + ".") for m in REPLACEMENT_MODULES))
+    found += sorted(f"{module_name(p)} imports {package}" for p in reached
+                    for package in imported_third_party(p) & TRITON_PACKAGES)
+    return found
+
+
+def test_the_legacy_service_imports_nothing_of_its_replacement_nor_of_tritons_serving():
+    assert replacement_reached(LEGACY_SERVICE) == []
+
+
+def test_the_replacement_check_sees_what_the_gateway_reaches():
+    assert "legacy.triton_infer" in replacement_reached(ROOT / "legacy" / "gateway.py")
 
 
 def test_the_s2t_layer_check_finds_an_upward_import():

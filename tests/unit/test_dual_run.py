@@ -5,9 +5,9 @@ import threading
 import grpc
 import pytest
 
-from servers.legacy_gateway import CallRefused
+from legacy.dual_run import MAX_IDS_KEPT, DiffTally, DualRun, write_json_atomically
 from wire import skill_pb2
-from servers.dual_run import MAX_IDS_KEPT, DiffTally, DualRun, write_json_atomically
+from wire.skill_call import CallRefused
 
 OK, BAD = skill_pb2.OK, skill_pb2.INVALID_RECORD
 
@@ -94,7 +94,7 @@ class ClosingWindows:
 
 
 def test_closing_the_dual_run_closes_every_mirror_threads_scorer_and_loop():
-    from servers.legacy_gateway import BlockingWindows
+    from legacy.gateway import BlockingWindows
     made = []
     lock = threading.Lock()
 

@@ -1,5 +1,4 @@
 import asyncio
-import threading
 
 import grpc
 import numpy as np
@@ -7,10 +6,9 @@ import pytest
 
 from backends.call_admission import AdmissionLimits, CallAdmission
 from backends.errors import INTERNAL, INVALID, UNAVAILABLE, of_kind
-from servers.legacy_gateway import (CallLimits, CallRefused, SkillGateway, TritonWindows, check_window_size,
-                                    records_within, windows)
-from servers.triton_infer import error_kind
 from clients.legacy_record import to_protobuf
+from legacy.gateway import CallLimits, SkillGateway, TritonWindows, check_window_size
+from legacy.triton_infer import error_kind
 from wire import skill_pb2
 
 
@@ -56,11 +54,6 @@ def score(gateway, items, context=None):
 
 def gateway_with(scorer, window_size=3, **options):
     return SkillGateway(TritonWindows(scorer, window_size), window_size, **options)
-
-
-@pytest.mark.parametrize("n, size, lengths", [(0, 3, []), (2, 3, [2]), (3, 3, [3]), (7, 3, [3, 3, 1]), (4, 1, [1] * 4)])
-def test_records_are_cut_into_fixed_windows_and_the_rest(n, size, lengths):
-    assert [len(w) for w in windows(range(n), size)] == lengths
 
 
 @pytest.mark.parametrize("status, kind", [
@@ -149,36 +142,6 @@ def test_every_slot_is_free_again_once_calls_end_answered_or_refused():
     assert admission.in_use == 0
 
 
-def test_records_within_ends_an_idle_caller_deadline_exceeded():
-    def idle():
-        yield 1
-        threading.Event().wait(5)
-
-    received = []
-    with pytest.raises(CallRefused) as refused:
-        for record in records_within(idle(), timeout_s=0.3, max_records=10):
-            received.append(record)
-    assert received == [1] and refused.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
-
-
-@pytest.mark.parametrize("n, max_records, refused", [(3, 3, False), (4, 3, True), (0, 1, False)])
-def test_records_within_refuses_the_record_past_the_limit(n, max_records, refused):
-    if refused:
-        with pytest.raises(CallRefused, match=f"at most {max_records} records"):
-            list(records_within(iter(range(n)), 5, max_records))
-    else:
-        assert list(records_within(iter(range(n)), 5, max_records)) == list(range(n))
-
-
-def test_records_within_passes_on_the_callers_own_failure():
-    def broken():
-        yield 1
-        raise RuntimeError("caller went away")
-
-    with pytest.raises(RuntimeError, match="went away"):
-        list(records_within(broken(), 5, 10))
-
-
 @pytest.mark.parametrize("window, max_batch, ok", [(32, 256, True), (256, 256, True), (257, 256, False),
                                                    (1, 0, True), (2, 0, False), (0, 256, False)])
 def test_window_size_must_fit_the_models_max_batch_size(window, max_batch, ok):
@@ -200,7 +163,7 @@ def test_nothing_on_the_gateways_path_imports_tensorflow():
     """The gateway must accept calls within a second of its launch: TensorFlow alone takes longer to import."""
     import subprocess
     import sys
-    code = ("import sys, s2t.cli, servers.legacy_gateway, servers.triton_infer, servers.dual_run; "
+    code = ("import sys, s2t.cli, legacy.gateway, legacy.triton_infer, legacy.dual_run; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'tf2onnx')))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert run.stdout.strip() == "[]"

@@ -19,11 +19,9 @@ import asyncio
 import collections
 import contextlib
 import logging
-import queue
 import threading
-import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Iterable, Iterator, Sequence
+from typing import Awaitable, Callable, Sequence
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -33,6 +31,7 @@ from backends.call_admission import AdmissionLimits, CallAdmission, Ending, Tick
 from backends.errors import INTERNAL, INVALID, UNAVAILABLE, of_kind
 from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES
 from wire import skill_pb2
+from wire.skill_call import CallRefused, too_many_records
 
 DEFAULT_WINDOW_SIZE = 32
 DEFAULT_CONCURRENT_CALLS = 16
@@ -67,86 +66,6 @@ class CallLimits:
                              f"({self.max_record_bytes})")
 
 
-class CallRefused(Exception):
-    """The call as a whole is refused with `code`; `details` tells the caller why, `retry_after_s` when to retry."""
-
-    def __init__(self, code: grpc.StatusCode, details: str, retry_after_s: float | None = None):
-        super().__init__(details)
-        self.code = code
-        self.details = details
-        self.retry_after_s = retry_after_s
-
-    @classmethod
-    def of(cls, ending: Ending) -> "CallRefused":
-        return cls(grpc.StatusCode[ending.status], ending.message, ending.retry_after_s)
-
-
-_END = object()
-
-
-def records_within(request_iterator: Iterator, timeout_s: float, max_records: int,
-                   clock=time.monotonic) -> Iterator:
-    """For a thread-per-call server (the legacy service): the caller's records as they arrive, until it closes its
-    side; CallRefused once `timeout_s` have passed since the call began (an idle stream included) or past
-    `max_records`. A reader thread waits on the caller, so the handler can give up on a caller that sends nothing;
-    its queue is bounded, so a fast caller is held back by gRPC's flow control rather than buffered here."""
-    arrivals: queue.Queue = queue.Queue(maxsize=256)
-    done = threading.Event()
-
-    def offer(item) -> bool:
-        try:
-            arrivals.put(item, timeout=0.2)
-            return True
-        except queue.Full:
-            return False
-
-    def read():
-        try:
-            for record in request_iterator:
-                while not offer(record):
-                    if done.is_set():
-                        return
-        except Exception as err:  # noqa: BLE001 - the caller went away, or the call ended: the handler sees why
-            offer(err)
-            return
-        while not offer(_END) and not done.is_set():
-            pass
-
-    threading.Thread(target=read, name="skill-call-reader", daemon=True).start()
-    end = clock() + timeout_s
-    count = 0
-    try:
-        while True:
-            try:
-                item = arrivals.get(timeout=max(end - clock(), 0.0))
-            except queue.Empty:
-                raise CallRefused(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                  f"the call took longer than {timeout_s:g} s (the service's limit)") from None
-            if item is _END:
-                return
-            if isinstance(item, Exception):
-                raise item
-            count += 1
-            if count > max_records:
-                raise CallRefused(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"a call carries at most {max_records} records; send the rest in another call")
-            yield item
-    finally:
-        done.set()
-
-
-def windows(records: Iterable, size: int) -> Iterable[list]:
-    """Fixed-size windows in arrival order; the last one holds the rest."""
-    window = []
-    for record in records:
-        window.append(record)
-        if len(window) == size:
-            yield window
-            window = []
-    if window:
-        yield window
-
-
 def check_window_size(window_size: int, max_batch_size: int, model: str) -> None:
     if window_size < 1:
         raise ValueError(f"window_size must be >= 1, got {window_size}")
@@ -174,7 +93,7 @@ WindowScorer = Callable[[Sequence[bytes], int], Awaitable[list]]
 
 class TritonWindows:
     """`await windows(records, number)`: a window of raw records -> a SkillResult per record, scored by Triton
-    (`scorer`: servers.triton_infer.TritonInfer or any coroutine of payloads); CallRefused when Triton fails. A
+    (`scorer`: legacy.triton_infer.TritonInfer or any coroutine of payloads); CallRefused when Triton fails. A
     record over `max_record_bytes` is answered INVALID_RECORD here and never sent."""
 
     def __init__(self, scorer, window_size: int, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES):
@@ -271,7 +190,7 @@ class SkillGateway:
                  limits: CallLimits = CallLimits(), admission: CallAdmission | None = None, mirror=None,
                  windows_in_flight: int = WINDOWS_IN_FLIGHT):
         """`answer` scores the windows the caller gets; `mirror`, when given, receives each window and its answer
-        (servers.dual_run.DualRun) and must not block."""
+        (legacy.dual_run.DualRun) and must not block."""
         if window_size < 1:
             raise ValueError(f"window_size must be >= 1, got {window_size}")
         self.answer = answer
@@ -284,7 +203,7 @@ class SkillGateway:
     async def score(self, requests, context) -> bytes:
         admission = self.admission.admit(context.peer())
         if admission.refused is not None:
-            await _abort(context, CallRefused.of(admission.refused))
+            await _abort(context, _refused(admission.refused))
         if admission.reclaimed is not None:
             _end(admission.reclaimed)
         ticket = admission.ticket
@@ -295,7 +214,7 @@ class SkillGateway:
             if ticket.ending is None:  # the caller went away, or the server stops: nothing to answer
                 raise
             asyncio.current_task().uncancel()
-            refused = CallRefused.of(ticket.ending)
+            refused = _refused(ticket.ending)
         except CallRefused as err:
             refused = err
         finally:
@@ -314,8 +233,7 @@ class SkillGateway:
                 admission.heard(ticket)
                 count += 1
                 if count > limits.max_records:
-                    raise CallRefused(grpc.StatusCode.INVALID_ARGUMENT, f"a call carries at most "
-                                      f"{limits.max_records} records; send the rest in another call")
+                    raise too_many_records(limits.max_records)
                 window.append(raw)
                 if len(window) == size:
                     pending.append(asyncio.ensure_future(self._window(window, number)))
@@ -355,6 +273,10 @@ class SkillGateway:
             for ticket in self.admission.overdue():
                 _end(ticket)
             await asyncio.sleep(SWEEP_INTERVAL_S)
+
+
+def _refused(ending: Ending) -> CallRefused:
+    return CallRefused(grpc.StatusCode[ending.status], ending.message, ending.retry_after_s)
 
 
 def _end(ticket: Ticket) -> None:
@@ -426,7 +348,7 @@ def serve(port: int, triton_url: str, model: str = "risk_pipeline", window_size:
                                        idle_timeout_s=idle_timeout_s)
 
     async def start():
-        from servers.triton_infer import TritonInfer
+        from legacy.triton_infer import TritonInfer
         scorer = TritonInfer(triton_url, model)
         try:
             try:

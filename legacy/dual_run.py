@@ -22,8 +22,8 @@ from typing import Callable, Sequence
 import grpc
 
 from backends.atomic_files import write_atomically
-from servers.legacy_gateway import CallRefused
 from wire import skill_pb2
+from wire.skill_call import CallRefused
 
 TRITON, LEGACY = "triton", "legacy"
 DEFAULT_TOLERANCE = 1e-5
@@ -285,13 +285,13 @@ def dual_run_sides(triton_url: str, model: str, mirror_target: str, answer_from:
                    mirror_timeout_s: float, window_size: int, **dual_run_options):
     """(what answers the caller, the DualRun mirroring the other side) for `s2t gateway --mirror`. None as the
     answer means the gateway's own Triton scorer."""
-    from servers.legacy_gateway import BlockingWindows, TritonWindows, in_thread
+    from legacy.gateway import BlockingWindows, TritonWindows, in_thread
     if answer_from == TRITON:
         return None, DualRun(LegacyWindows(mirror_target, mirror_timeout_s), TRITON, mirror_target,
                              **dual_run_options)
 
     def triton_windows():
-        from servers.triton_infer import TritonInfer
+        from legacy.triton_infer import TritonInfer
         return TritonWindows(TritonInfer(triton_url, model, timeout_s=mirror_timeout_s), window_size)
     return (in_thread(LegacyWindows(mirror_target, call_timeout_s)),
             DualRun(BlockingWindows(triton_windows), LEGACY, triton_url, **dual_run_options))

@@ -24,8 +24,8 @@ import numpy as np
 
 from backends.decision_policy import Thresholds, decide
 from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, RecordError, parse_record
-from servers.legacy_gateway import CallRefused, records_within, windows
 from wire import skill_pb2, skill_pb2_grpc
+from wire.skill_call import CallRefused, records_within, windows
 
 LEGACY_WINDOW_SIZE = 128
 LEGACY_THREADS = 8
