@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ENSEMBLES, LLM_REPOSITORY, MODEL_REPOSITORY
-from tests.integration.servers import serving, triton_server
+from tests.integration.servers import EXPLICIT_ADMIN_KEY, serving, triton_server
 
 HERE = Path(__file__).resolve().parent
 
@@ -20,6 +20,18 @@ def triton(built_artifacts, tmp_path_factory):
     """The real embedded tritonserver on the repository as `make` built it, on free ports."""
     log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
     server = triton_server([MODEL_REPOSITORY, ENSEMBLES], log_path=log, exit_timeout_seconds=10)
+    with serving(server):
+        yield server
+
+
+@pytest.fixture(scope="session")
+def triton_explicit(built_artifacts, tmp_path_factory):
+    """Explicit model-control mode with the admin key `EXPLICIT_ADMIN_KEY`, as `S2T_ADMIN_KEY=... s2t serve
+    --model-control-mode explicit` runs it, on the repository as `make` built it. Started once for every file that
+    checks that mode without changing the repository; a test that unloads a model loads it again."""
+    log = tmp_path_factory.mktemp("triton_explicit") / "tritonserver.log"
+    server = triton_server([MODEL_REPOSITORY, ENSEMBLES], model_control_mode="explicit",
+                           admin_key=EXPLICIT_ADMIN_KEY, log_path=log, exit_timeout_seconds=10)
     with serving(server):
         yield server
 

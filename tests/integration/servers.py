@@ -2,12 +2,16 @@
 says, stopped within seconds. The session's shared servers (conftest.py) come from here too."""
 from __future__ import annotations
 
+import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
 from s2t.serve.triton_server import TritonServer
+
+# The admin key of the session's explicit-mode server (conftest.py's `triton_explicit`).
+EXPLICIT_ADMIN_KEY = "explicit-" + os.urandom(8).hex()
 
 
 def triton_server(repositories, log_path: Path, **options) -> TritonServer:

@@ -9,22 +9,11 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
 from s2t.control.live_control import admin_headers
-from tests.integration.servers import triton_server
-
-KEY = "test-admin-key"
+from tests.integration.servers import EXPLICIT_ADMIN_KEY as KEY
 
 
-@pytest.fixture(scope="module")
-def explicit_server(built_artifacts, tmp_path_factory):
-    server = triton_server([MODEL_REPOSITORY, ENSEMBLES],
-                           model_control_mode="explicit", admin_key=KEY,
-                           log_path=tmp_path_factory.mktemp("explicit") / "triton.log")
-    with server:
-        yield server
-
-
-def test_explicit_mode_loads_every_model_and_serves_the_pipeline(explicit_server, german_credit_data):
-    client = http.InferenceServerClient(explicit_server.http_url)
+def test_explicit_mode_loads_every_model_and_serves_the_pipeline(triton_explicit, german_credit_data):
+    client = http.InferenceServerClient(triton_explicit.http_url)
     try:
         index = {m["name"]: m.get("state") for m in client.get_model_repository_index(headers=admin_headers(KEY))}
         models = {p.parent.name for repo in (MODEL_REPOSITORY, ENSEMBLES) for p in repo.glob("*/config.pbtxt")}
@@ -38,8 +27,8 @@ def test_explicit_mode_loads_every_model_and_serves_the_pipeline(explicit_server
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_scoring_client_without_the_key_cannot_load_or_unload(explicit_server, protocol):
-    module, url = (http, explicit_server.http_url) if protocol == "http" else (grpc, explicit_server.grpc_url)
+def test_scoring_client_without_the_key_cannot_load_or_unload(triton_explicit, protocol):
+    module, url = (http, triton_explicit.http_url) if protocol == "http" else (grpc, triton_explicit.grpc_url)
     client = module.InferenceServerClient(url)
     try:
         for call in (lambda h: client.unload_model("risk_decision", headers=h),
@@ -52,8 +41,8 @@ def test_scoring_client_without_the_key_cannot_load_or_unload(explicit_server, p
         client.close()
 
 
-def test_holder_of_the_key_can_unload_and_load(explicit_server):
-    client = http.InferenceServerClient(explicit_server.http_url)
+def test_holder_of_the_key_can_unload_and_load(triton_explicit):
+    client = http.InferenceServerClient(triton_explicit.http_url)
     try:
         client.unload_model("risk_decision", headers=admin_headers(KEY))
         assert not client.is_model_ready("risk_decision")

@@ -30,13 +30,16 @@ def payload_input(records):
     return tensor
 
 
-@pytest.fixture(params=["poll", "explicit"])
-def supervised(request, built_artifacts, tmp_path):
-    repo = tmp_path / "model_repository"
+@pytest.fixture(scope="module", params=["poll", "explicit"])
+def supervised(request, built_artifacts, tmp_path_factory):
+    """One supervised server per control mode for the killed-stub tests: each test kills another model's stub and
+    counts only the heals after its own start, and a server stops slowly once a stub was reloaded (6 s here)."""
+    root = tmp_path_factory.mktemp(f"supervised-{request.param}")
+    repo = root / "model_repository"
     shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
     server = triton_server([repo, ENSEMBLES], model_control_mode=request.param,
                            admin_key=KEY if request.param == "explicit" else None, supervise=True,
-                           log_path=tmp_path / "triton.log")
+                           log_path=root / "triton.log")
     with server:
         yield server
 
@@ -48,6 +51,7 @@ def test_a_killed_stub_is_loaded_again_and_serves_within_the_reload_grace(superv
                                                                            caller):
     records = [json.dumps({"features": r}).encode() for r in german_credit_data.records()[:20]]
     outcomes, stop = [], threading.Event()
+    heals_before = len(supervised.supervisor.heals)
 
     def load():
         client = http.InferenceServerClient(supervised.http_url)
@@ -83,7 +87,7 @@ def test_a_killed_stub_is_loaded_again_and_serves_within_the_reload_grace(superv
     assert all(killed_at - 0.5 <= sent <= recovered for sent, _ in failed), "failures only around the death"
     assert all("not healthy" in e or "Stub process" in e or "Failed to" in e for _, e in failed), {e for _, e in failed}
     assert not [e for sent, e in outcomes if sent > recovered and e is not None]
-    heals = supervised.supervisor.heals
+    heals = supervised.supervisor.heals[heals_before:]
     assert [(h.stub.pid, h.reason) for h in heals] == [(victim.pid, "stub_died")], heals
     assert recovered - heals[0].reloaded_at <= RELOAD_GRACE_SECONDS, "served again only after the reload's grace"
     print(f"\n{supervised.model_control_mode}: {model} stub killed; serving again after "

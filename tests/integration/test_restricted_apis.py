@@ -14,10 +14,8 @@ import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
 from s2t.control.live_control import admin_headers
-from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
-from tests.integration.servers import serving, triton_server
+from tests.integration.servers import EXPLICIT_ADMIN_KEY as KEY
 
-KEY = "restricted-" + os.urandom(8).hex()
 PROTOCOLS = {"http": (http, "http_url"), "grpc": (grpc, "grpc_url")}
 # Triton's gRPC endpoint expects the restricted-protocol header with this prefix.
 GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
@@ -105,23 +103,14 @@ def test_without_a_configured_key_nobody_reaches_shared_memory_logging_or_trace(
         client.close()
 
 
-@pytest.fixture(scope="module")
-def keyed_server(built_artifacts, tmp_path_factory):
-    """Explicit mode with the admin key, as `S2T_ADMIN_KEY=... s2t serve --model-control-mode explicit` runs it."""
-    server = triton_server([MODEL_REPOSITORY, ENSEMBLES], model_control_mode="explicit", admin_key=KEY,
-                           log_path=tmp_path_factory.mktemp("restricted") / "triton.log")
-    with serving(server):
-        yield server
-
-
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_only_the_holder_of_the_key_reaches_shared_memory_logging_and_trace(keyed_server, protocol,
+def test_only_the_holder_of_the_key_reaches_shared_memory_logging_and_trace(triton_explicit, protocol,
                                                                             german_credit_data):
     from tritonclient.utils import shared_memory as shm
-    client = client_for(keyed_server, protocol)
+    client = client_for(triton_explicit, protocol)
     region = shm.create_shared_memory_region(f"s2t_probe_{protocol}", f"/s2t_probe_{protocol}_{os.getpid()}", 64)
     try:
-        with ScoringTraffic(keyed_server, german_credit_data.records()[:50]):
+        with ScoringTraffic(triton_explicit, german_credit_data.records()[:50]):
             for what, call in restricted_calls(client, f"/s2t_probe_{protocol}_{os.getpid()}"):
                 for headers in ({}, {"admin-key": "guess"}, {"other-header": KEY}):
                     assert "restricted" in refused(call, headers), (what, headers)
