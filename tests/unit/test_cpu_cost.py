@@ -45,12 +45,13 @@ def test_no_side_named_measures_the_default_pair_and_a_name_given_twice_is_refus
         cpu_cost.parse_sides(["a", "a:instances=2"])
 
 
-def test_s2t_bench_refuses_a_side_it_cannot_measure_naming_the_knob_before_starting_a_server(tmp_path):
+def test_s2t_bench_refuses_a_side_it_cannot_measure_naming_the_knob_before_starting_a_server(tmp_path,
+                                                                                           built_artifacts):
     from click.testing import CliRunner
 
     from s2t.cli import main
     result = CliRunner().invoke(main, ["bench", "--mode", "cpu-cost-smoke", "--side", "a:threads=2",
-                                       "--out", str(tmp_path)])
+                                       "--data", str(built_artifacts["data"]), "--out", str(tmp_path)])
     assert result.exit_code != 0 and "--side: side a: unknown knob 'threads'" in result.output, result.output
     assert list(tmp_path.iterdir()) == []
 
