@@ -15,17 +15,16 @@ from aiohttp import web
 
 from s2t.serve.openai_server import OpenAIFrontend
 from s2t.serve.triton_server import free_port
+from tests.unit.background_app import BackgroundApp
 
 GOOD_EVENT = b'data: {"text_output": "Hi"}\n\n'
 
 
-class FakeTriton:
+class FakeTriton(BackgroundApp):
     """generate_stream answers as the scenario named in the prompt says."""
 
     def __init__(self):
-        self.port = free_port()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__()
 
     async def generate_stream(self, request: web.Request) -> web.StreamResponse:
         scenario = (await request.json())["text_input"]
@@ -42,26 +41,8 @@ class FakeTriton:
             await asyncio.sleep(3600)
         return response
 
-    def _run(self):
-        self.loop = asyncio.new_event_loop()
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v2/models/llm/generate_stream", self.generate_stream)
-        self.runner = web.AppRunner(app, shutdown_timeout=0.5)
-        self.loop.run_until_complete(self.runner.setup())
-        self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
-        self._ready.set()
-        self.loop.run_forever()
-        self.loop.close()
-
-    def __enter__(self):
-        self._thread.start()
-        assert self._ready.wait(30)
-        return self
-
-    def __exit__(self, *exc):
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(30)
 
 
 @pytest.fixture

@@ -3,9 +3,7 @@ the version the split picks is called by name, a version unloaded since the spli
 newest loaded one, and without a router the call names no version."""
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import urllib.request
 
 import pytest
@@ -13,16 +11,15 @@ from aiohttp import web
 
 from s2t.serve.openai_server import OpenAIFrontend
 from s2t.serve.triton_server import free_port
+from tests.unit.background_app import BackgroundApp
 
 
-class SplitTriton:
+class SplitTriton(BackgroundApp):
     """llm versions `loaded`; llm_router's config with `split` (None: no router). Records each generate call's path."""
 
     def __init__(self, loaded: set[int], split: dict[str, str] | None):
         self.loaded, self.split, self.calls = loaded, split, []
-        self.port = free_port()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__()
 
     async def config(self, _request):
         if self.split is None:
@@ -47,29 +44,11 @@ class SplitTriton:
         await response.write(f"data: {json.dumps(final)}\n\n".encode())
         return response
 
-    def _run(self):
-        self.loop = asyncio.new_event_loop()
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_get("/v2/models/llm_router/config", self.config)
         app.router.add_get("/v2/models/llm/versions/{version}/ready", self.ready)
         app.router.add_post("/v2/models/llm/versions/{version}/generate_stream", self.generate)
         app.router.add_post("/v2/models/llm/generate_stream", self.generate)
-        self.runner = web.AppRunner(app, shutdown_timeout=0.5)
-        self.loop.run_until_complete(self.runner.setup())
-        self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
-        self._ready.set()
-        self.loop.run_forever()
-        self.loop.close()
-
-    def __enter__(self):
-        self._thread.start()
-        assert self._ready.wait(30)
-        return self
-
-    def __exit__(self, *exc):
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(30)
 
 
 def complete(api: OpenAIFrontend) -> dict:
