@@ -91,4 +91,5 @@ def _scored(payloads: Sequence[bytes], probabilities, decisions) -> list[Scored]
     if len(probabilities) != len(payloads) or len(decisions) != len(payloads):
         error = InternalError(f"{len(probabilities)} scores for {len(payloads)} records")
         return [Scored(float("nan"), b"", error)] * len(payloads)
-    return [Scored(float(p), bytes(d), None) for p, d in zip(probabilities, decisions)]
+    # tolist(): Python floats in one call, not a numpy scalar per record.
+    return [Scored(p, bytes(d), None) for p, d in zip(probabilities.astype(np.float64, copy=False).tolist(), decisions)]

@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError
 
 from backends.batch_scoring import retrying_async, score_isolating_bad_records_async
 from backends.call_admission import AdmissionLimits, CallAdmission, Ending, Ticket
-from backends.errors import INTERNAL, INVALID, UNAVAILABLE, of_kind
+from backends.errors import INTERNAL, INVALID, UNAVAILABLE
 from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES
 from wire import skill_pb2
 from wire.skill_call import CallRefused, too_many_records
@@ -41,6 +41,8 @@ DEFAULT_MAX_MESSAGE_BYTES = 4 * DEFAULT_MAX_RECORD_BYTES
 # Windows of one call scored at once: enough to keep Triton busy while the caller sends, few enough that a fast
 # caller is held back by gRPC's flow control instead of being buffered here.
 WINDOWS_IN_FLIGHT = 4
+# Event loop turns a window's request takes to leave (the scorer's coroutine, then grpc.aio's own send task).
+TURNS_TO_SEND = 2
 # How often calls are checked against their timeouts; an ended call learns it within this.
 SWEEP_INTERVAL_S = 0.1
 _LEGACY_CALL_STATUS = {UNAVAILABLE: grpc.StatusCode.UNAVAILABLE, INTERNAL: grpc.StatusCode.INTERNAL}
@@ -108,33 +110,42 @@ class TritonWindows:
             await self._closes()
 
     async def __call__(self, window: Sequence[bytes], number: int) -> list[skill_pb2.SkillResult]:
-        records = parse_records(window, number, self.window_size)
-        fits = [i for i, raw in enumerate(window) if len(raw) <= self.max_record_bytes]
-        scored = dict(zip(fits, await score_isolating_bad_records_async([window[i] for i in fits], self.scorer)))
-        results = []
-        for place, (raw, record) in enumerate(zip(window, records)):
-            score = scored.get(place)
-            if score is None:
-                error = of_kind(INVALID, f"payload: {len(raw)} bytes is over the limit of {self.max_record_bytes}")
-                results.append(legacy_result(record, None, number, error))
+        limit = self.max_record_bytes
+        fits = [i for i, raw in enumerate(window) if len(raw) <= limit]
+        sent = window if len(fits) == len(window) else [window[i] for i in fits]
+        # Sent before the records are parsed for their ids: the parse and the results' ids are done while Triton
+        # scores, not between the window's last record and its request. Two turns of the event loop: one for the
+        # scorer to build its request, one for grpc.aio to put it on the wire.
+        scoring = asyncio.ensure_future(score_isolating_bad_records_async(sent, self.scorer))
+        try:
+            for _ in range(TURNS_TO_SEND):
+                await asyncio.sleep(0)
+            results = [skill_pb2.SkillResult(request_id=record.request_id, sequence_id=record.sequence_id,
+                                             window=number)
+                       for record in parse_records(window, number, self.window_size)]
+            scored = iter(await scoring)
+        finally:
+            scoring.cancel()  # a record that is no SkillRecord, or the call ended: nobody reads the answer
+        for raw, result in zip(window, results):
+            if len(raw) > limit:
+                _refuse_record(result, f"payload: {len(raw)} bytes is over the limit of {limit}")
                 continue
-            if score.error is not None and score.error.kind != INVALID:
+            score = next(scored)
+            if score.error is None:
+                result.status = skill_pb2.OK
+                result.probability = score.probability
+                result.decision = score.decision.decode()
+            elif score.error.kind == INVALID:
+                _refuse_record(result, score.error.message)
+            else:
                 raise CallRefused(_LEGACY_CALL_STATUS.get(score.error.kind, grpc.StatusCode.INTERNAL),
                                   f"scoring window {number} failed: {score.error.message}")
-            results.append(legacy_result(record, score, number, score.error))
         return results
 
 
-def legacy_result(record: skill_pb2.SkillRecord, score, window: int, error=None) -> skill_pb2.SkillResult:
-    result = skill_pb2.SkillResult(request_id=record.request_id, sequence_id=record.sequence_id, window=window)
-    if error is not None:
-        result.status = skill_pb2.INVALID_RECORD
-        result.error = error.message
-    else:
-        result.status = skill_pb2.OK
-        result.probability = score.probability
-        result.decision = score.decision.decode()
-    return result
+def _refuse_record(result: skill_pb2.SkillResult, message: str) -> None:
+    result.status = skill_pb2.INVALID_RECORD
+    result.error = message
 
 
 def in_thread(windows_scorer: Callable[[Sequence[bytes], int], list]) -> WindowScorer:

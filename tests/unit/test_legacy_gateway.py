@@ -10,6 +10,7 @@ from clients.legacy_record import to_protobuf
 from legacy.gateway import CallLimits, SkillGateway, TritonWindows, check_window_size
 from legacy.triton_infer import error_kind
 from wire import skill_pb2
+from wire.skill_call import CallRefused
 
 
 class Aborted(Exception):
@@ -101,6 +102,45 @@ def test_bytes_that_are_no_record_fail_the_call_invalid_argument_naming_the_reco
         score(gateway_with(scorer_failing_on(set())), records(4) + [b"\xff\xff\xff\xff"])
     assert err.value.args[0] == grpc.StatusCode.INVALID_ARGUMENT
     assert "record 4 of the call is not a skill.SkillRecord" in err.value.args[1]
+
+
+def test_a_window_goes_to_triton_before_its_records_are_parsed_and_is_called_back_when_one_is_no_record():
+    # The parse for ids runs while Triton scores: it is not on the call's path between its last record and Triton.
+    started, cancelled = [], []
+
+    async def scorer(payloads):
+        started.append(len(payloads))
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.append(len(payloads))
+            raise
+
+    async def call():
+        windows = TritonWindows(scorer, window_size=3)
+        with pytest.raises(CallRefused) as err:
+            await windows(records(2) + [b"\xff\xff\xff\xff"], 1)
+        await asyncio.sleep(0)  # the cancelled request's own handling
+        return err.value
+
+    refused = asyncio.run(asyncio.wait_for(call(), timeout=5))
+    assert refused.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "record 5 of the call is not a skill.SkillRecord" in refused.details
+    assert started == [3] and cancelled == [3]
+
+
+@pytest.mark.parametrize("ids, sizes", [
+    (["a", "", "c-" + "x" * 200], [10, 70_000, 10]),
+    (["r-0", "r-1", "r-2"], [70_000, 70_000, 70_000]),
+])
+def test_results_echo_each_records_ids_and_window_in_place_with_oversized_records_mixed_in(ids, sizes):
+    window = [to_protobuf({"request_id": rid, "sequence_id": n, "features": {"x": "y" * size}}).SerializeToString()
+              for n, (rid, size) in enumerate(zip(ids, sizes))]
+    results = asyncio.run(TritonWindows(scorer_failing_on(set()), window_size=3)(window, 4))
+    assert [(r.request_id, r.sequence_id, r.window) for r in results] == [(rid, n, 4) for n, rid in enumerate(ids)]
+    assert [r.status for r in results] == [skill_pb2.OK if size < 65_536 else skill_pb2.INVALID_RECORD
+                                          for size in sizes]
+    assert all(r.probability == pytest.approx(n / 100) for n, r in enumerate(results) if r.status == skill_pb2.OK)
 
 
 @pytest.mark.parametrize("kind, code", [(UNAVAILABLE, grpc.StatusCode.UNAVAILABLE), (INTERNAL, grpc.StatusCode.INTERNAL)])
