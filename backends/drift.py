@@ -369,6 +369,7 @@ class DriftWatch:
         self._published_at = -float("inf")
         self._dirty = True  # the first tick publishes the empty window: "not enough data" rather than no series
         self._lock = threading.Lock()
+        self._publishing = threading.Lock()
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
 
@@ -385,15 +386,22 @@ class DriftWatch:
         self.tick()
 
     def tick(self) -> None:
-        with self._lock:
-            if self.monitor is None or not self._dirty or self._clock() - self._published_at < self._every:
-                return
-            self._published_at, self._dirty = self._clock(), False
-            figures = self._guarded(self.monitor.figures)
-        # Outside the lock: handing the gauges over is one message each, and a batch must not wait for them. At
-        # most one publication passes the check above per interval, so they cannot overtake each other.
-        if figures is not None:
-            self._guarded(self._publish, figures)
+        # One publication at a time: handing the gauges over can outlast the interval on a loaded machine, and a
+        # second one beside it could leave the older figures last. A tick that finds one running returns (a batch
+        # never waits); what it would have published stays new for the next tick.
+        if not self._publishing.acquire(blocking=False):
+            return
+        try:
+            with self._lock:
+                if self.monitor is None or not self._dirty or self._clock() - self._published_at < self._every:
+                    return
+                self._published_at, self._dirty = self._clock(), False
+                figures = self._guarded(self.monitor.figures)
+            # Outside the lock: handing the gauges over is one message each, and a batch must not wait for them.
+            if figures is not None:
+                self._guarded(self._publish, figures)
+        finally:
+            self._publishing.release()
 
     def _guarded(self, action, *args):
         if self.monitor is None:

@@ -490,3 +490,66 @@ def test_a_tf_example_models_reference_is_built_from_its_gate_data_as_parity_rea
     assert len(reference.numeric["branch"]) <= 11 and len(reference.numeric["merchant"]) <= 11
     assert set(reference.categorical) == set()
     DriftMonitor(Reference.from_json((tmp_path / "reference.json").read_text()), spec)
+
+
+class _RecordingFamily(backend.MetricFamily):
+    """The stub's MetricFamily whose metrics write every `set` into one shared log, in order."""
+
+    log: list = []
+
+    def Metric(self, labels=None, buckets=None):  # noqa: N802 - the stub's spelling
+        metric = super().Metric(labels, buckets)
+        family, log = self.name, self.log
+
+        def recorded_set(value, _set=metric.set):
+            log.append(family)
+            _set(value)
+        metric.set = recorded_set
+        return metric
+
+
+def test_the_sampled_count_is_published_after_every_figure_it_stands_for():
+    """A reader that sees a publication's sampled count sees all of that publication's figures: Triton's metrics page
+    can be scraped between two of the gauges a publication sets, and `s2t drift` (and tests) take the count as the
+    sign that the figures cover every record sent."""
+    from backends.router_metrics import DriftMetrics
+
+    monitor = DriftMonitor(REFERENCE, SPEC, window_records=500)
+    monitor.observe(*(part[:300] for part in TRAINING))
+    _RecordingFamily.log = []
+    metrics = DriftMetrics(_RecordingFamily, monitor.plans, 500, 0)
+    _RecordingFamily.log.clear()
+    metrics.publish(monitor.figures())
+    log = _RecordingFamily.log
+    assert log.count("s2t_feature_drift_sampled_records") == 1
+    assert log[-1] == "s2t_feature_drift_sampled_records", log[-5:]
+    assert {"s2t_feature_psi", "s2t_feature_psi_noise", "s2t_feature_drifted", "s2t_feature_bin_share"} <= set(log)
+
+
+def test_a_publication_slower_than_the_interval_is_never_overtaken_by_the_next():
+    """Handing the gauges over can outlast the publish interval on a loaded machine: a later publication must not
+    run beside it (the older one's last gauges would land after the newer's), and the records that arrived
+    meanwhile are published once it is done."""
+    now, order = [0.0], []
+    first_started, release = threading.Event(), threading.Event()
+
+    def publish(figures):
+        order.append(("start", figures["score"]))
+        if len(order) == 1:
+            first_started.set()
+            assert release.wait(timeout=30)
+        order.append(("end", figures["score"]))
+
+    monitor = _Monitor(fail_after=100)
+    watch = DriftWatch(monitor, publish, 1.0, print, clock=lambda: now[0])
+    rows = np.zeros((2, 1))
+    slow = threading.Thread(target=watch, args=(rows, rows, rows))
+    slow.start()
+    assert first_started.wait(timeout=30)
+    now[0] = 5.0  # an interval and more later, while the first publication is still handing its gauges over
+    watch(rows, rows, rows)  # a batch: counted, returns at once, publishes nothing beside the slow one
+    assert order == [("start", 1.0)]
+    release.set()
+    slow.join(timeout=30)
+    watch.tick()  # the timer: the second batch's figures, after the first publication ended
+    assert order == [("start", 1.0), ("end", 1.0), ("start", 2.0), ("end", 2.0)]
