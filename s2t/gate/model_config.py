@@ -21,7 +21,7 @@ from backends.ort_runner import OrtSettings
 from backends.repository_layout import version_numbers
 from backends.stream_session import StreamModelSettings, check_sequence_batching
 from s2t.models.serving_image import SERVING_IMAGE, release_of, same_release
-from s2t.triton_config import (Tensor, backend_parameters, engine_report_path, is_engine, is_onnx, load,
+from s2t.triton_config import (MODEL_PY_BACKENDS, Tensor, backend_parameters, engine_report_path, is_engine, is_onnx, load,
                                model_filename, tensors)
 
 ONNX_TO_CONFIG = {
@@ -217,7 +217,7 @@ def check_parameters(name: str, config: mc.ModelConfig, model_dir: Path) -> list
     parameters = {key: {"string_value": value.string_value} for key, value in config.parameters.items()}
     if is_onnx(config):
         classes, strict = (OrtSettings,), False
-    elif config.backend == "python" and (classes := declared_settings(model_dir)):
+    elif config.backend in MODEL_PY_BACKENDS and (classes := declared_settings(model_dir)):
         strict = True
     else:
         return []
@@ -269,7 +269,7 @@ def check_repositories(repositories: Iterable[Path]) -> list[str]:
                     problems.append(f"{name}: version {version} has no {filename}")
                 else:
                     problems += check(config, path)
-        elif config.backend == "python":
+        elif config.backend in MODEL_PY_BACKENDS:
             for version in found:
                 if not (model_dir / str(version) / "model.py").is_file():
                     problems.append(f"{name}: version {version} has no model.py")

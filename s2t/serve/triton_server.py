@@ -30,6 +30,7 @@ from s2t.serve.supervisor import StubSupervisor
 from s2t.control.version_store import VersionStore
 from s2t.triton_admin import TritonAdmin, wait_until_ready
 from s2t.errors import S2TError
+from s2t.triton_config import INPROCESS_BACKEND
 
 # Located, not imported: importing pytriton pulls in its client (aiohttp, tritonclient.http.aio), most of
 # `s2t serve`'s start-up CPU before tritonserver is even launched.
@@ -40,6 +41,11 @@ TRITON_LIBS = PYTRITON_DIR.parent / "nvidia_pytriton.libs"
 PROJECT_BACKENDS = Path(backends.__file__).resolve().parent
 # Python-based backends: folders of backends/ holding a model.py that Triton runs as `runtime: model.py`.
 PYTHON_BASED_BACKENDS = ("onnxruntime",)
+# Native backends built by `make native` (native/): Triton's backend name -> the library. The in-process one is
+# built against this Python's library, one build per Python version.
+NATIVE_BUILD = PROJECT_BACKENDS.parent / "build" / "native"
+NATIVE_BACKENDS = {INPROCESS_BACKEND: NATIVE_BUILD / f"python{sys.version_info.major}.{sys.version_info.minor}" /
+                   f"libtriton_{INPROCESS_BACKEND}.so"}
 
 
 MODEL_LOAD_THREADS = 16
@@ -50,7 +56,8 @@ class ServerError(S2TError, RuntimeError):
 
 
 def assemble_backend_dir(dest: Path) -> Path:
-    """python/ from the wheel with the stub for this interpreter, plus the project's Python-based backends."""
+    """python/ from the wheel with the stub for this interpreter, plus the project's Python-based backends and the
+    native ones that are built (a model of a native backend that is not fails to load, Triton naming the library)."""
     python_dir = dest / "python"
     python_dir.mkdir(parents=True)
     wheel_backend = TRITON_DIR / "backends" / "python"
@@ -64,6 +71,10 @@ def assemble_backend_dir(dest: Path) -> Path:
     for backend in PYTHON_BASED_BACKENDS:
         (dest / backend).mkdir()
         shutil.copy2(PROJECT_BACKENDS / backend / "model.py", dest / backend / "model.py")
+    for backend, library in NATIVE_BACKENDS.items():
+        if library.is_file():
+            (dest / backend).mkdir()
+            shutil.copy2(library, dest / backend / library.name)
     return dest
 
 
@@ -152,6 +163,8 @@ class TritonServer:
             "--disable-auto-complete-config",
             # Load all models at once rather than four at a time: each load mostly waits on its stub starting.
             f"--model-load-thread-count={MODEL_LOAD_THREADS}",
+            # The in-process backend's interpreter: this virtual environment's, as the stubs run.
+            f"--backend-config={INPROCESS_BACKEND},python={sys.executable}",
         ]
         if self.model_control_mode == "poll":
             cmd.append(f"--repository-poll-secs={self.poll_seconds}")

@@ -62,7 +62,6 @@ def test_risk_decision_decides_each_request_with_the_configured_thresholds(model
 
 
 @pytest.mark.parametrize("name, point", [("risk_decision", "risk_decision.execute"),
-                                         ("risk_pipeline", "risk_pipeline.execute"),
                                          ("skill_adapter", "skill_adapter.execute")])
 def test_an_internal_failure_answers_every_request_internal_without_its_details(pb_utils, model, faulty,
                                                                                name, point):
@@ -76,20 +75,6 @@ def test_an_internal_failure_answers_every_request_internal_without_its_details(
     assert errors[0] is not errors[1]  # a TritonError shared between responses crashes Triton 2.51
     assert all(e.message() == f"{name}: internal error" for e in errors)
     assert any("Traceback" in text for level, text in backend.Logger.lines if level == "error")
-
-
-def test_risk_pipeline_scores_each_request_and_fails_a_bad_record_alone(pb_utils, model):
-    pipeline = model("risk_pipeline")
-    bad = {**RECORD, "features": {**RECORD["features"], "duration_in_month": "twelve"}}
-    responses = pipeline.execute([request(payload=payloads(RECORD)), request(payload=payloads(RECORD, bad)),
-                                  request(payload=payloads(RECORD, RECORD))])
-    assert [r.has_error() for r in responses] == [False, True, False]
-    assert responses[1].error().code() == TritonError.INVALID_ARG
-    assert "features.duration_in_month: expected a number" in responses[1].error().message()
-    first, third = responses[0], responses[2]
-    assert third.output("probability").shape == (2, 1)
-    assert third.output("probability")[1, 0] == pytest.approx(first.output("probability")[0, 0])
-    assert third.output("decision")[0, 0] in (b"APPROVE", b"REVIEW", b"DECLINE")
 
 
 def scorer(probability: float):

@@ -1,25 +1,25 @@
-"""risk_pipeline: legacy records -> probability and decision in one stub (decode, ONNX Runtime, thresholds)."""
-import triton_python_backend_utils as pb_utils
-
+"""risk_pipeline: legacy records -> probability and decision (decode, ONNX Runtime, thresholds), run inside the
+server process by the in-process backend (backends/inprocess.py)."""
 from backends.fused_pipeline import PipelineSettings, warm_pipeline
+from backends.inprocess import InProcessGlue
 from backends.ort_runner import ModelConfigError
-from backends.triton_glue import Glue, ModelArgs, Rows
+from backends.triton_glue import ModelArgs, Rows
 from wire.names import PAYLOAD
 
 SETTINGS = PipelineSettings
-glue = Glue(pb_utils, "risk_pipeline")
+glue = InProcessGlue("risk_pipeline")
 
 
-class TritonPythonModel:
-    def initialize(self, args):
-        model = ModelArgs.of(args)
+class InProcessModel:
+    INPUTS = (PAYLOAD,)
+
+    def __init__(self, model: ModelArgs):
         settings = glue.settings(SETTINGS, model, ModelConfigError)
         # The scorer is a sibling in the same repository.
         self._pipeline = warm_pipeline(model.repository, settings, model.name)
-        pb_utils.Logger.log_info(f"risk_pipeline keeps {settings.scorer_model} versions "
-                                 f"{sorted(self._pipeline.pipelines)} warm, serves {self._pipeline.serving()}")
+        glue.log_info(f"risk_pipeline keeps {settings.scorer_model} versions {sorted(self._pipeline.pipelines)} "
+                      f"warm, serves {self._pipeline.serving()}")
 
-    @glue.batch(PAYLOAD, ravel=True)
     def execute(self, payloads):
         scored = self._pipeline.score(payloads)
         return Rows({"probability": scored.probability, "decision": scored.decision}, scored.errors)

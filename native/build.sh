@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Builds the in-process backend (libtriton_s2t_inprocess.so) for one Python: `native/build.sh PYTHON`, into
+# build/native/pythonX.Y/ (one build per Python version: it links that version's libpython), when a source is newer.
+# Needs g++ and the Python's headers and shared library (installed with apt where missing, for Debian's Pythons).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${1:?usage: native/build.sh PYTHON}
+read -r version include libdir soname shared < <("$python" -c 'import sysconfig as s; print(s.get_config_var("VERSION"),
+  s.get_paths()["include"], s.get_config_var("LIBDIR"), s.get_config_var("INSTSONAME"), s.get_config_var("Py_ENABLE_SHARED"))')
+out=build/native/python$version/libtriton_s2t_inprocess.so
+sources=(native/python_inprocess.cc native/backend_common.h native/triton_c_api.h native/build.sh)
+if [ -f "$out" ] && ! for s in "${sources[@]}"; do [ "$s" -nt "$out" ] && echo newer; done | grep -q newer; then
+  exit 0
+fi
+sudo=$([ "$(id -u)" = 0 ] || echo sudo)
+missing=()
+command -v g++ >/dev/null || missing+=(g++)
+[ -f "$include/Python.h" ] || missing+=("python$version-dev")
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing ${missing[*]}"
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if [ "$shared" != 1 ]; then
+  echo "$python has no shared libpython (built without --enable-shared): the in-process backend needs one" >&2
+  exit 1
+fi
+mkdir -p "$(dirname "$out")"
+g++ -std=c++17 -O2 -Wall -Wextra -Werror -shared -fPIC -I"$include" -DS2T_LIBPYTHON="\"$soname\"" \
+  native/python_inprocess.cc -L"$libdir" -lpython"$version" -Wl,-rpath,"$libdir" -o "$out.tmp"
+mv "$out.tmp" "$out"
+echo "built $out"
