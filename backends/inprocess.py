@@ -3,8 +3,8 @@
 The python backend runs each model in a stub process and moves every request and every response across the
 process boundary on its own: at one record per request that machinery, and the thread hand-offs around it, cost
 more than the decode, the score and the decision together. The in-process backend runs a model's Python in the
-server process instead: it hands this module the raw input tensors of a whole dynamic batch and the row count of
-each request, and takes back the raw output tensors and each request's error, building the responses itself.
+server process instead: it hands this module the input tensors of a whole dynamic batch (BYTES as a list of
+`bytes`, other types raw) and the row count of each request, and takes back the raw output tensors and each request's error, building the responses itself.
 
 A model for it is a `model.py` in its version folder with a class `InProcessModel(args: ModelArgs)`: `INPUTS` names
 the inputs it reads, `execute(*joined)` takes each one joined over the batch (BYTES as a list of `bytes`, others
@@ -90,11 +90,12 @@ def load(config_json: str, name: str, folder: str, version: int) -> "Handler":
     return Handler(module.InProcessModel(args), name)
 
 
-def joined_input(datatype: int, shape: Sequence[int], raw: bytes) -> list[bytes] | np.ndarray:
-    """One input over the batch: BYTES as its elements, any other type as an array of `shape`."""
+def joined_input(datatype: int, shape: Sequence[int], data: bytes | list[bytes]) -> list[bytes] | np.ndarray:
+    """One input over the batch: BYTES as its elements (the backend hands them over as a list), any other type
+    as an array of `shape` over its raw bytes."""
     if datatype == BYTES:
-        return bytes_tensor.decode(raw)
-    return np.frombuffer(raw, dtype=NUMPY_TYPES[datatype]).reshape(shape)
+        return data if isinstance(data, list) else bytes_tensor.decode(data)
+    return np.frombuffer(data, dtype=NUMPY_TYPES[datatype]).reshape(shape)
 
 
 def raw_output(name: str, array: np.ndarray) -> Output:
@@ -113,7 +114,7 @@ class Handler:
         self.inputs = tuple(model.INPUTS)
         self._fault_point = f"{name}.execute"
 
-    def execute(self, inputs: Mapping[str, tuple[int, Sequence[int], bytes]], request_rows: Sequence[int]
+    def execute(self, inputs: Mapping[str, tuple[int, Sequence[int], bytes | list[bytes]]], request_rows: Sequence[int]
                 ) -> tuple[list[Output], list[tuple[int, str] | None]]:
         try:
             fault_points.check(self._fault_point)

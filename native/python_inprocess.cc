@@ -83,6 +83,28 @@ bool IntAttribute(PyObject* object, const char* name, long* value) {
   return !(*value == -1 && PyErr_Occurred());
 }
 
+// The elements of a BYTES tensor's raw encoding as a list of bytes; nullptr (a ValueError set) when it does not
+// parse.
+PyObject* ElementsOf(PyObject* raw) {
+  const char* data = PyBytes_AS_STRING(raw);
+  const size_t size = static_cast<size_t>(PyBytes_GET_SIZE(raw));
+  PyObject* elements = PyList_New(0);
+  size_t offset = 0;
+  while (elements != nullptr && offset < size) {
+    uint32_t length = 0;
+    if (offset + 4 > size || (std::memcpy(&length, data + offset, 4), offset + 4 + length > size)) {
+      PyErr_SetString(PyExc_ValueError, "a BYTES input does not parse as length-prefixed elements");
+      Py_CLEAR(elements);
+      break;
+    }
+    PyObject* element = PyBytes_FromStringAndSize(data + offset + 4, length);
+    if (element == nullptr || PyList_Append(elements, element) != 0) Py_CLEAR(elements);
+    Py_XDECREF(element);
+    offset += 4 + length;
+  }
+  return elements;
+}
+
 // The Python call for one batch: every request's rows joined per input, each request's row count.
 PyObject* CallExecute(const Model& model, const std::vector<std::vector<InputView>>& inputs,
                       const std::vector<int64_t>& rows) {
@@ -110,6 +132,18 @@ PyObject* CallExecute(const Model& model, const std::vector<std::vector<InputVie
     PyObject* shape = PyList_New(static_cast<Py_ssize_t>(layout[k].shape.size()));
     for (size_t d = 0; d < layout[k].shape.size(); ++d) {
       PyList_SET_ITEM(shape, d, PyLong_FromLongLong(d == 0 ? total : layout[k].shape[d]));
+    }
+    if (layout[k].datatype == TRITONSERVER_TYPE_BYTES) {
+      // BYTES as its elements (each a 4-byte length, then the bytes): a list of bytes objects, made here
+      // rather than parsed again in Python.
+      PyObject* elements = ElementsOf(raw);
+      Py_DECREF(raw);
+      raw = elements;
+    }
+    if (raw == nullptr) {
+      Py_DECREF(shape);
+      Py_CLEAR(joined);
+      break;
     }
     PyObject* entry = Py_BuildValue("(iNN)", static_cast<int>(layout[k].datatype), shape, raw);
     if (entry == nullptr || PyDict_SetItemString(joined, layout[k].name.c_str(), entry) != 0) Py_CLEAR(joined);

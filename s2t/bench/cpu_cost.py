@@ -129,7 +129,7 @@ def server_args(knobs: dict[str, str]) -> list[str]:
 
 def with_source_root(model_py: str, root: Path) -> str:
     """A model.py that imports `backends` and `wire` from `root` (another revision's code) before this checkout's:
-    the stub puts the installed checkout on its path, and the first entry wins."""
+    the interpreter has the installed checkout on its path, and the first entry wins."""
     return f"import sys; sys.path.insert(0, {str(root)!r})\n" + model_py
 
 
@@ -179,11 +179,27 @@ def _revision_tree(rev: str, dest: Path) -> Path:
     return dest
 
 
+def _revision_model(rev: str, dest: Path) -> None:
+    """risk_pipeline's config and model.py as git revision `rev` of this checkout has them (its backend included:
+    a revision before the in-process backend runs it on the python backend), over the copy in `dest`."""
+    root = Path(__file__).resolve().parents[2]
+    folder = f"model_repository/{PIPELINE}"
+    names = subprocess.run(["git", "-C", str(root), "ls-tree", "-r", "--name-only", rev, folder], capture_output=True,
+                           text=True, check=True).stdout.split()
+    for name in names:
+        target = dest / Path(name).relative_to(folder)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(subprocess.run(["git", "-C", str(root), "show", f"{rev}:{name}"], capture_output=True,
+                                          check=True).stdout)
+
+
 def _repository(source: Path, dest: Path, knobs: dict[str, str], tmp: Path) -> Path:
     """risk_pipeline and the scorer it reads, copied from `source`, with the side's knobs."""
     dest.mkdir(parents=True)
     for model in (PIPELINE, SCORER):
         shutil.copytree(source / model, dest / model, ignore=shutil.ignore_patterns("__pycache__"))
+    if "rev" in knobs:
+        _revision_model(knobs["rev"], dest / PIPELINE)
     config = dest / PIPELINE / "config.pbtxt"
     config.write_text(edit_config(config.read_text(), knobs))
     if "rev" in knobs:

@@ -305,12 +305,13 @@ class Bench:
 
     def _profile(self, server: TritonServer) -> dict:
         """One more wrk run on risk_pipeline, outside the measured rounds: Triton's statistics over it, and py-spy
-        on the stub (sampling slows the stub a little, so its run's rate is not a result)."""
+        on the interpreter running its model.py (sampling slows it a little, so its run's rate is not a result)."""
         seconds = self.mode.http_seconds
         before = stub_profile.snapshot(server.http_url, PIPELINE)
         out = self.tmp / "py-spy.txt"
         try:
-            spy = stub_profile.start(stub_profile.stub_pid(server.process.pid, PIPELINE), seconds, out)
+            spy = stub_profile.start(stub_profile.python_pid(server.process.pid, server.http_url, PIPELINE),
+                                     seconds, out)
         except RuntimeError as err:
             spy = None
             self.log(f"py-spy: {err}")

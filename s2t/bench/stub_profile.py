@@ -1,7 +1,9 @@
-"""Where a python model's time goes under load: py-spy on its stub, and Triton's own per-model statistics.
+"""Where a python model's time goes under load: py-spy on the process running its model.py, and Triton's own
+per-model statistics.
 
-py-spy samples the stub process (a Python interpreter running model.py) from outside, without changing it; the
-samples with no Python frame are the stub's C++ side (reading requests from shared memory, sending responses).
+py-spy samples the interpreter from outside, without changing it: a python-backend model's stub process (the
+samples with no Python frame are the stub's C++ side: reading requests from shared memory, sending responses), or
+for a model on the in-process backend the server process itself (its Python runs on the instance's thread).
 Triton's statistics split each execution into queue, compute input, compute infer and compute output.
 """
 from __future__ import annotations
@@ -15,9 +17,18 @@ from pathlib import Path
 import psutil
 
 from s2t.triton_admin import TritonAdmin
+from s2t.triton_config import INPROCESS_BACKEND
 
-NATIVE = "(stub, no Python frame)"
+NATIVE = "(no Python frame)"
 STAGES = ("compute_input", "compute_infer", "compute_output")
+
+
+def python_pid(server_pid: int, http_url: str, model: str) -> int:
+    """The process whose interpreter runs `model`'s model.py: the server's own on the in-process backend, else the
+    stub of its first instance."""
+    if TritonAdmin(http_url).model_config(model).get("backend") == INPROCESS_BACKEND:
+        return server_pid
+    return stub_pid(server_pid, model)
 
 
 def stub_pid(server_pid: int, model: str) -> int:

@@ -123,7 +123,9 @@ def test_the_triton_image_is_a_patched_ngc_release_with_the_models_packages_tagg
     assert dockerfile_stages(TRITON_IMAGE_DIR / "Dockerfile")["serving"][0] == NGC_IMAGE
     for name, target in targets.items():
         service = services[name]
-        assert Path(service["build"]["context"]) == TRITON_IMAGE_DIR, name
+        # The repository: the in-process backend is built in the image from native/.
+        assert Path(service["build"]["context"]) == ROOT, name
+        assert Path(service["build"]["context"]) / service["build"]["dockerfile"] == TRITON_IMAGE_DIR / "Dockerfile"
         assert service["build"]["target"] == target, name
         assert service["image"] == IMAGE + ("" if target == "serving" else f"-{target}"), \
             f"{name}: deploy/triton changed, so its tag must (here and in deploy/kubernetes): {IMAGE}"

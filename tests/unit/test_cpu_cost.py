@@ -156,3 +156,21 @@ def test_the_grpc_body_is_one_framed_model_infer_request_of_the_record():
                                                                                          "BYTES")
     assert list(request.inputs[0].shape) == [1, 1]
     assert bytes_tensor.decode(request.raw_input_contents[0]) == [b'{"features": {}}']
+
+
+def test_a_revision_side_serves_that_revisions_risk_pipeline_config_and_model(tmp_path):
+    import subprocess
+
+    from tests.conftest import ROOT
+    # The revision that added the in-process backend, and the one before it (risk_pipeline on the python backend).
+    before = subprocess.run(["git", "-C", str(ROOT), "log", "--diff-filter=A", "--format=%H", "--",
+                             "native/python_inprocess.cc"], capture_output=True, text=True, check=True).stdout.split()
+    before = before[-1] if before else ""
+    if not before:
+        pytest.skip("no git history here")
+    cpu_cost._revision_model(f"{before}~1", tmp_path)
+    assert 'backend: "python"' in (tmp_path / "config.pbtxt").read_text()
+    assert "TritonPythonModel" in (tmp_path / "1" / "model.py").read_text()
+    cpu_cost._revision_model(before, tmp_path)
+    assert 'backend: "s2t_inprocess"' in (tmp_path / "config.pbtxt").read_text()
+    assert "InProcessModel" in (tmp_path / "1" / "model.py").read_text()
