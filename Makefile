@@ -190,8 +190,8 @@ $(EXPLAINER_REASONS): $(LITE_ONNX)
 	cp $(LITE_ONNX) $@.tmp && mv $@.tmp $@
 
 # risk_pipeline's backend: its Python run inside the server process (native/python_inprocess.cc), built with g++
-# against this venv's Python and Triton's C API as the tritonserver binary exports it; `s2t serve` puts it on the
-# backend directory. Always run: the script rebuilds only when a source is newer.
+# against this venv's Python and Triton's C API as the tritonserver binary exports it, into backends/native/;
+# `s2t serve` puts it on the backend directory. Always run: the script rebuilds only when a source is newer.
 native: $(VENV)/.installed
 	native/build.sh $(BIN)/python
 

@@ -1,6 +1,13 @@
-"""The wheel carries the wire format's Python code, generated from wire/*.proto at build time (never committed)."""
+"""The wheel carries the wire format's Python code, generated from wire/*.proto at build time (never committed), and
+the in-process Triton backend (native/), compiled for the Python that builds it: a platform wheel."""
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
 
 # proto -> whether it has a gRPC service.
 PROTOS = {"wire/skill.proto": True, "wire/tf_example.proto": False}
@@ -9,7 +16,7 @@ PROTOS = {"wire/skill.proto": True, "wire/tf_example.proto": False}
 class BuildWithWireFormat(build_py):
     def run(self):
         super().run()
-        if self.editable_mode:  # a checkout: `make proto` writes the code beside the .proto files
+        if self.editable_mode:  # a checkout: `make proto` and `make native` write these in the tree
             return
         from grpc_tools import protoc
         for proto, has_service in PROTOS.items():
@@ -18,6 +25,15 @@ class BuildWithWireFormat(build_py):
                 args.append(f"--grpc_python_out={self.build_lib}")
             if protoc.main(args + [proto]) != 0:
                 raise RuntimeError(f"protoc failed on {proto}")
+        native = Path(self.build_lib, "backends", "native", f"python{sysconfig.get_config_var('VERSION')}")
+        subprocess.run(["bash", "native/build.sh", sys.executable, str(native.resolve())], check=True)
 
 
-setup(cmdclass={"build_py": BuildWithWireFormat})
+class CompiledDistribution(Distribution):
+    """The in-process backend is native code for one Python and platform: the wheel says so in its tags."""
+
+    def has_ext_modules(self):
+        return True
+
+
+setup(cmdclass={"build_py": BuildWithWireFormat}, distclass=CompiledDistribution)

@@ -4,7 +4,7 @@
 
 #include <chrono>
 #include <cstring>
-#include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -118,25 +118,30 @@ inline bool IndexRows(OutputView* output, int64_t total_rows) {
 }
 
 
-// Answers a request with rows [first, first + rows) of the batch-wide outputs (those it asked for).
-inline TRITONSERVER_Error* Answer(TRITONBACKEND_Request* request, const std::map<std::string, OutputView>& outputs,
-                           int64_t first, int64_t rows) {
+// The batch-wide outputs in the order the model made them (a response lists them in that order).
+using Outputs = std::vector<std::pair<std::string, OutputView>>;
+
+// Answers a request with rows [first, first + rows) of the batch-wide outputs it asked for.
+inline TRITONSERVER_Error* Answer(TRITONBACKEND_Request* request, const Outputs& outputs, int64_t first,
+                                  int64_t rows) {
+  uint32_t count = 0;
+  if (auto* err = TRITONBACKEND_RequestOutputCount(request, &count)) return err;
+  std::set<std::string> requested;
+  for (uint32_t i = 0; i < count; ++i) {
+    const char* name = nullptr;
+    if (auto* err = TRITONBACKEND_RequestOutputName(request, i, &name)) return err;
+    requested.insert(name);
+  }
   TRITONBACKEND_Response* response = nullptr;
   if (auto* err = TRITONBACKEND_ResponseNew(&response, request)) return err;
-  uint32_t requested = 0;
-  TRITONSERVER_Error* failure = TRITONBACKEND_RequestOutputCount(request, &requested);
-  for (uint32_t i = 0; failure == nullptr && i < requested; ++i) {
-    const char* name = nullptr;
-    failure = TRITONBACKEND_RequestOutputName(request, i, &name);
-    if (failure != nullptr) break;
-    auto found = outputs.find(name);
-    if (found == outputs.end()) continue;
-    const OutputView& output = found->second;
+  TRITONSERVER_Error* failure = nullptr;
+  for (const auto& [name, output] : outputs) {
+    if (requested.count(name) == 0) continue;
     std::vector<int64_t> shape = output.shape;
     shape[0] = rows;
     size_t start = output.row_offsets[first], end = output.row_offsets[first + rows];
     TRITONBACKEND_Output* out = nullptr;
-    failure = TRITONBACKEND_ResponseOutput(response, &out, name, output.datatype, shape.data(),
+    failure = TRITONBACKEND_ResponseOutput(response, &out, name.c_str(), output.datatype, shape.data(),
                                            static_cast<uint32_t>(shape.size()));
     if (failure != nullptr) break;
     void* buffer = nullptr;

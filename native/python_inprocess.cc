@@ -18,7 +18,6 @@
 #include <Python.h>
 #include <dlfcn.h>
 
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -166,7 +165,7 @@ bool AnswerAll(const Model& model, PyObject* result, const std::vector<TRITONBAC
   }
   int64_t total = 0;
   for (int64_t r : rows) total += r;
-  std::map<std::string, OutputView> views;
+  s2t::Outputs views;
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outputs); ++i) {
     PyObject* output = PyList_GET_ITEM(outputs, i);
     PyObject* name = PyObject_GetAttrString(output, "name");
@@ -187,7 +186,7 @@ bool AnswerAll(const Model& model, PyObject* result, const std::vector<TRITONBAC
       view.base = PyBytes_AS_STRING(raw);
       view.byte_size = static_cast<size_t>(PyBytes_GET_SIZE(raw));
       ok = s2t::IndexRows(&view, total);
-      if (ok) views.emplace(name_utf8, std::move(view));
+      if (ok) views.emplace_back(name_utf8, std::move(view));
     }
     Py_XDECREF(name);
     Py_XDECREF(shape);

@@ -41,11 +41,10 @@ TRITON_LIBS = PYTRITON_DIR.parent / "nvidia_pytriton.libs"
 PROJECT_BACKENDS = Path(backends.__file__).resolve().parent
 # Python-based backends: folders of backends/ holding a model.py that Triton runs as `runtime: model.py`.
 PYTHON_BASED_BACKENDS = ("onnxruntime",)
-# Native backends built by `make native` (native/): Triton's backend name -> the library. The in-process one is
-# built against this Python's library, one build per Python version.
-NATIVE_BUILD = PROJECT_BACKENDS.parent / "build" / "native"
-NATIVE_BACKENDS = {INPROCESS_BACKEND: NATIVE_BUILD / f"python{sys.version_info.major}.{sys.version_info.minor}" /
-                   f"libtriton_{INPROCESS_BACKEND}.so"}
+# Native backends (native/): Triton's backend name -> the library, built by `make native` in a checkout and by the
+# wheel's build in an installed package. The in-process one links this Python's library: one build per version.
+NATIVE_BACKENDS = {INPROCESS_BACKEND: PROJECT_BACKENDS / "native" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+                   / f"libtriton_{INPROCESS_BACKEND}.so"}
 
 
 MODEL_LOAD_THREADS = 16

@@ -69,7 +69,7 @@ def test_bench_shows_where_risk_pipeline_spends_its_time(smoke_run):
     assert statistics["requests"] > 0 and statistics["mean_batch"] >= 1
     assert all(v > 0 for v in statistics["per_execution_us"].values())
     spy = found["py_spy"]
-    assert spy["samples"] > 0 and any(e["frame"] == "TritonPythonModel.execute (model.py)" for e in spy["inclusive"])
+    assert spy["samples"] > 0 and any(e["frame"] == "InProcessModel.execute (model.py)" for e in spy["inclusive"])
     assert "## Where risk_pipeline's time goes" in (out / "results.md").read_text()
 
 

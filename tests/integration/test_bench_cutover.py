@@ -22,9 +22,9 @@ def test_cutover_bench_measures_legacy_gateway_and_triton_with_no_failed_call(bu
     # Cold start is the clock a user sees: `s2t serve`'s launch to every model ready, then the gateway's own.
     assert results["triton"]["cold_start_s"] == results["triton"]["serve_start_s"] > 0
     assert results["gateway"]["cold_start_s"] == results["gateway"]["serve_start_s"] + results["gateway"]["gateway_start_s"]
-    # Memory of the whole serving tree: s2t serve, tritonserver and the stubs.
+    # Memory of the whole serving tree: s2t serve, tritonserver (risk_pipeline runs inside it) and the stubs.
     served = " ".join(results["triton"]["rss_after_load_by_process"])
-    assert "s2t" in served and "tritonserver" in served and "risk_pipeline" in served, served
+    assert "s2t" in served and "tritonserver" in served and "skill_adapter" in served, served
     # Every record scored on every side, and the same answers.
     answers = results["answers"]
     assert answers["compared"] >= 900 and answers["unanswered"] == answers["unanswered_triton"] == 0
