@@ -1,6 +1,12 @@
 """Whether a bench run was taken on a quiet machine: the 1-minute load average at its start, and the CPU that
 processes other than the run's own (servers, load generators, the bench itself) used during each measured round.
 
+The other processes' CPU is read from each of them (user + system time, /proc/PID/stat). The machine's busy time
+(/proc/stat) beyond the run's own is recorded beside it but is not the measure: it is sampled by the timer tick and
+also holds kernel work that no process is charged for (interrupts and timers on a core that was otherwise idle),
+which a load generator's many short sleeps at a fixed low request rate raised to 11-25% of the CPU on the quiet
+2-core VM while every process outside the run used under 1%.
+
 Measured beside a test suite, the FastAPI apps lost 2-3x more than Triton: a figure from a busy machine says
 nothing about either side, so such a run is marked not publishable, with the reasons."""
 from __future__ import annotations
@@ -28,16 +34,28 @@ class RoundLoad:
     machine_cpu_seconds: float
     own_cpu_seconds: float
     cores: int
+    # The other processes' own CPU over the round; None (a record without it): the machine's beyond the run's own.
+    other_process_cpu_seconds: float | None = None
 
     @property
     def other_cpu_share(self) -> float:
         """The share of all cores that other processes used (0 to 1; NaN for a round of no time)."""
         if self.wall_seconds <= 0 or self.cores <= 0:
             return float("nan")
-        return max(0.0, self.machine_cpu_seconds - self.own_cpu_seconds) / (self.wall_seconds * self.cores)
+        other = self.other_process_cpu_seconds
+        if other is None:
+            other = self.machine_cpu_seconds - self.own_cpu_seconds
+        return max(0.0, other) / (self.wall_seconds * self.cores)
+
+    @property
+    def unattributed_cpu_seconds(self) -> float:
+        """The machine's busy time that neither the run nor any other process was charged for."""
+        other = self.other_process_cpu_seconds or 0.0
+        return max(0.0, self.machine_cpu_seconds - self.own_cpu_seconds - other)
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "other_cpu_share": self.other_cpu_share}
+        return {**asdict(self), "other_cpu_share": self.other_cpu_share,
+                "unattributed_cpu_seconds": self.unattributed_cpu_seconds}
 
 
 @dataclass(frozen=True)
@@ -85,6 +103,35 @@ def own_cpu_seconds(pid: int) -> float:
     return total
 
 
+def other_processes(pid: int) -> dict[int, tuple[float, float]]:
+    """Every process outside `pid`'s tree: its start time and CPU seconds so far."""
+    try:
+        root = psutil.Process(pid)
+        own = {pid, *(p.pid for p in root.children(recursive=True))}
+    except psutil.NoSuchProcess:
+        own = {pid}
+    found = {}
+    for proc in psutil.process_iter():
+        if proc.pid in own:
+            continue
+        try:
+            times = proc.cpu_times()
+            found[proc.pid] = (proc.create_time(), times.user + times.system)
+        except psutil.Error:
+            continue
+    return found
+
+
+def other_cpu_seconds(before: dict[int, tuple[float, float]], after: dict[int, tuple[float, float]]) -> float:
+    """What the other processes used between two looks: each one's growth, all of a process started since (one
+    that started and ended between the looks is not seen)."""
+    total = 0.0
+    for pid, (started, cpu) in after.items():
+        earlier = before.get(pid)
+        total += cpu - earlier[1] if earlier is not None and earlier[0] == started else cpu
+    return max(0.0, total)
+
+
 class LoadWatch:
     """The load of one run: the load average at its start and each round's other-process CPU. Everything this
     process started (the servers, their stubs, the load generators) is the run's own."""
@@ -98,12 +145,14 @@ class LoadWatch:
 
     @contextmanager
     def round(self, label: str) -> Iterator[None]:
+        others = other_processes(self.pid)
         machine, own, wall = machine_cpu_seconds(), own_cpu_seconds(self.pid), time.monotonic()
         try:
             yield
         finally:
             self.rounds.append(RoundLoad(label, time.monotonic() - wall, machine_cpu_seconds() - machine,
-                                         own_cpu_seconds(self.pid) - own, self.cores))
+                                         own_cpu_seconds(self.pid) - own, self.cores,
+                                         other_cpu_seconds(others, other_processes(self.pid))))
 
     def summary(self) -> dict:
         found = verdict(self.load_average_1m, self.cores, self.rounds)

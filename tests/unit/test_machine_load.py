@@ -64,9 +64,30 @@ def test_cpu_burnt_outside_the_watched_processes_counts_as_other():
         idle.wait(timeout=30)
     (entry,) = watch.rounds
     other = entry.machine_cpu_seconds - entry.own_cpu_seconds
-    # Whatever else the machine runs, the loop's own CPU is in the machine's busy time and not in the child's.
+    # Whatever else the machine runs, the loop's own CPU is in the machine's busy time and not in the child's,
+    # and it is this process's: another process's CPU, read from it.
     assert other >= 0.8 * spent - 0.05
     assert entry.own_cpu_seconds < 0.1
+    assert entry.other_process_cpu_seconds >= 0.8 * spent - 0.05
+    assert entry.other_cpu_share >= (0.8 * spent - 0.05) / (entry.wall_seconds * 2)
+
+
+def test_the_share_is_the_other_processes_cpu_not_kernel_time_no_process_was_charged_for():
+    # The machine busy 3.1 s, the run 1.6 s, the other processes 0.05 s: 1.45 s belongs to no process.
+    entry = RoundLoad("perf_analyzer rate=1000/s", 3.0, 3.1, 1.6, 2, 0.05)
+    assert entry.other_cpu_share == pytest.approx(0.05 / 6)
+    assert entry.unattributed_cpu_seconds == pytest.approx(1.45)
+    assert entry.as_dict()["unattributed_cpu_seconds"] == pytest.approx(1.45)
+    assert verdict(0.0, 2, [entry]).publishable
+    # A record without the figure keeps the machine's busy time beyond the run's as the measure.
+    assert RoundLoad("r", 3.0, 3.1, 1.6, 2).other_cpu_share == pytest.approx(1.5 / 6)
+
+
+def test_a_process_started_during_the_round_counts_whole_and_a_reused_pid_as_new():
+    from s2t.bench.machine_load import other_cpu_seconds
+    before = {10: (100.0, 5.0), 11: (100.0, 1.0)}
+    after = {10: (100.0, 5.5), 11: (200.0, 0.3), 12: (300.0, 0.2)}
+    assert other_cpu_seconds(before, after) == pytest.approx(0.5 + 0.3 + 0.2)
 
 
 def test_the_summary_and_the_printed_report_say_whether_the_run_is_publishable():
