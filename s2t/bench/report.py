@@ -212,13 +212,15 @@ def _where_time_goes(found: dict | None) -> list[str]:
     if not found:
         return []
     stats = found["triton_statistics"]
-    lines = ["## Where risk_pipeline's time goes (one more wrk run, py-spy on its stub)", "",
+    lines = ["## Where risk_pipeline's time goes (one more wrk run, py-spy on the interpreter running it)", "",
              f"Triton's statistics: {stats['requests']} requests in {stats['executions']} executions (mean batch "
              f"{stats['mean_batch']:.1f}); queue {stats['queue_us_per_request']:.0f} us per request; per execution "
              + ", ".join(f"{k} {v:.0f} us" for k, v in stats["per_execution_us"].items()) + ".", ""]
     spy = found.get("py_spy", {})
     if spy.get("samples"):
-        lines += [f"py-spy, {spy['samples']} samples of the stub (self time; no Python frame = the stub's C++ side):", "",
+        lines += [f"py-spy, {spy['samples']} samples of the interpreter running its model.py (self time; no Python frame = "
+                  "native code on that thread: on the in-process backend, joining the batch's inputs and answering "
+                  "each request):", "",
                   _table(["frame", "share"], [[e["frame"], f"{e['share']:.1%}"] for e in spy["self"]]), "",
                   _table(["inside (inclusive)", "share"], [[e["frame"], f"{e['share']:.1%}"] for e in spy["inclusive"]]),
                   ""]
