@@ -69,8 +69,8 @@ def test_the_profile_follows_the_served_config_max_batch_and_largest_preferred_b
 
 
 def test_engines_are_built_with_the_tensorrt_of_the_image_compose_serves():
-    # Compose builds its Triton services from deploy/triton, whose image starts from the NGC one.
-    assert "context: ./deploy/triton" in (ROOT / "docker-compose.yml").read_text()
+    # Compose builds its Triton services from deploy/triton's Dockerfile, whose image starts from the NGC one.
+    assert "dockerfile: deploy/triton/Dockerfile" in (ROOT / "docker-compose.yml").read_text()
     assert f"FROM {tensorrt_engine.SERVING_IMAGE} AS serving" in (ROOT / "deploy" / "triton" / "Dockerfile").read_text()
     release = serving_image.release_of(tensorrt_engine.SERVING_IMAGE)
     assert tensorrt_engine.TENSORRT_VERSION == release.tensorrt
