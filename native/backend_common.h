@@ -19,8 +19,10 @@ inline uint64_t NowNs() {
       .count();
 }
 
+// Named after the backend in Triton's log (`s2t_inprocess:LINE]`), whichever of its files logs.
 inline void Log(TRITONSERVER_LogLevel level, int line, const std::string& message) {
-  TRITONSERVER_LogMessage(level, __FILE__, line, message.c_str());
+  const char* file = "s2t_inprocess";
+  TRITONSERVER_LogMessage(level, file, line, message.c_str());
 }
 
 inline std::string TakeMessage(TRITONSERVER_Error* error) {

@@ -73,7 +73,7 @@ class Gil {
   PyGILState_STATE state_;
 };
 
-// A new reference to attribute `name` as a C++ value, or false.
+// Attribute `name` of `object` as a long; false (a Python error set) when it has none or it is no integer.
 bool IntAttribute(PyObject* object, const char* name, long* value) {
   PyObject* attribute = PyObject_GetAttrString(object, name);
   if (attribute == nullptr) return false;
