@@ -49,8 +49,7 @@ def test_bench_compares_http_and_grpc_in_turns_with_the_cpu_each_side_spends(smo
             assert entry["requests_per_s"] > 0 and entry["requests"] > 0
             # risk_pipeline runs in the server process: its work is tritonserver's own CPU (the stubs of the other
             # models may use none in a round).
-            assert entry["client_cpu_us_per_request"] > 0 and entry["stubs_cpu_us_per_request"] >= 0
-            assert entry["front_end_cpu_us_per_request"] > 0
+            assert entry["client_cpu_us_per_request"] > 0 and entry["front_end_cpu_us_per_request"] > 0
             assert entry["server_cpu_us_per_request"] == pytest.approx(
                 entry["front_end_cpu_us_per_request"] + entry["stubs_cpu_us_per_request"], abs=0.2)
     assert results["ratios"]["perf_analyzer_grpc_vs_http_pipeline"] == pytest.approx(found["grpc_vs_http"])
