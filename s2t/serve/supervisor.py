@@ -81,21 +81,67 @@ def parse_stub(pid: int, argv: list[str]) -> Stub | None:
 
 
 def stubs_of(server_pid: int) -> dict[int, Stub]:
-    found = {}
-    for task in Path(f"/proc/{server_pid}/task").glob("*"):
+    """Every stub of the server: the children of each of its threads (a few hundred)."""
+    return _stubs(_children_by_thread(server_pid, None))
+
+
+def _children_by_thread(server_pid: int, threads: list[str] | None) -> dict[str, list[int]]:
+    """The children of `threads` of the server (all of them when None), by thread; threads without any left out."""
+    folder = f"/proc/{server_pid}/task"
+    if threads is None:
         try:
-            children = (task / "children").read_text().split()
+            threads = os.listdir(folder)
+        except OSError:
+            return {}
+    found = {}
+    for thread in threads:
+        try:
+            with open(f"{folder}/{thread}/children") as listing:
+                children = listing.read().split()
         except OSError:
             continue
-        for child in map(int, children):
+        if children:
+            found[thread] = [int(child) for child in children]
+    return found
+
+
+def _stubs(children_by_thread: dict[str, list[int]]) -> dict[int, Stub]:
+    found = {}
+    for children in children_by_thread.values():
+        for child in children:
             try:
-                argv = Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace").split("\0")
+                with open(f"/proc/{child}/cmdline", "rb") as cmdline:
+                    argv = cmdline.read().decode(errors="replace").split("\0")
             except OSError:
                 continue
             stub = parse_stub(child, argv)
             if stub is not None:
                 found[child] = stub
     return found
+
+
+class StubFinder:
+    """The server's stubs, looked for several times a second at little cost. Reading the children of each of the
+    server's few hundred threads took milliseconds of CPU per look (several percent of a core, all the time);
+    the stubs are forked by one or two of them. A look reads only the threads that had children at the last full
+    look, and looks at every thread again when a stub it knew is not among them (a reload may fork the new stub
+    from another thread) and at least every `full_look_seconds` (a stub forked by another thread is known within
+    that)."""
+
+    def __init__(self, server_pid: int, full_look_seconds: float = 2.0, clock: Callable[[], float] = time.monotonic):
+        self.server_pid, self.full_look_seconds, self.clock = server_pid, full_look_seconds, clock
+        self._forking: list[str] = []
+        self._last_full_look = float("-inf")
+
+    def find(self, known: dict[int, Stub]) -> dict[int, Stub]:
+        now = self.clock()
+        if now - self._last_full_look < self.full_look_seconds:
+            found = _stubs(_children_by_thread(self.server_pid, self._forking))
+            if all(pid in found for pid in known):
+                return found
+        by_thread = _children_by_thread(self.server_pid, None)
+        self._forking, self._last_full_look = list(by_thread), now
+        return _stubs(by_thread)
 
 
 @dataclass
@@ -220,6 +266,7 @@ class StubSupervisor(threading.Thread):
         self._policy = HealPolicy(heal_settings or HealSettings())
         self._on_give_up = on_give_up
         self._stubs: dict[int, Stub] = {}
+        self._finder = StubFinder(server_pid)
         self._last_metrics = 0.0
         self._platforms: dict[str, str] = {}
         self._model_files: dict[str, set[Path]] = {}
@@ -288,7 +335,7 @@ class StubSupervisor(threading.Thread):
         return done
 
     def _look(self) -> None:
-        self._stubs = stubs_of(self.server_pid)
+        self._stubs = self._finder.find(self._stubs)
         # Remembered past a stub's death: a retry must know what to touch when no stub of the model is left.
         for stub in self._stubs.values():
             self._model_files.setdefault(stub.model, set()).add(stub.model_file)
