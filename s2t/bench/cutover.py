@@ -1,11 +1,13 @@
 """`s2t bench --mode cutover`: the legacy service against skill2triton through the same legacy protocol, with the
-same client, on the same machine, one after the other (never both loaded at once).
+same client, on the same machine: all three sides up at once and measured in turns (legacy, gateway, Triton
+directly, then again), so that each side samples the same moments of the machine; a virtual machine's speed drifts
+by several times within minutes, and one side measured after the other compared the drift as much as the sides.
 
 Three columns: the legacy service (`s2t legacy serve`: TensorFlow, windows of 128, 8 threads); skill2triton as
 legacy callers reach it (`s2t gateway` in front of Triton's `risk_pipeline`); and Triton directly (the same records
 as one `risk_pipeline` request over gRPC, what a caller moved to Triton's own protocol sends). One call is
 `records_per_call` German Credit records. Latency: one caller, calls back to back. Throughput: `callers` callers in
-a closed loop. Memory: peak RSS of each service's whole process tree (tritonserver and its stubs; the gateway
+a closed loop. Each side's figures pool the calls of all its rounds. Memory: peak RSS of each service's whole process tree (tritonserver and its stubs; the gateway
 counted with Triton, and `s2t serve` with its tritonserver and stubs). Cold start: the command's launch until it
 answers, the clock a user sees (the legacy service's "listening" line comes after it loaded and warmed the
 SavedModel; Triton's is `s2t serve`'s "ready" line, every model ready; the gateway path's, that plus the gateway's
@@ -22,6 +24,7 @@ import shutil
 import tempfile
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from itertools import cycle
 from pathlib import Path
@@ -43,8 +46,7 @@ from s2t.serve.triton_server import free_port
 from wire.names import PAYLOAD
 
 MB = 2**20
-# The legacy service's start, the gateway's, Triton's, and a latency and a throughput run on each of the three sides.
-STEPS = 9
+SIDES = ("legacy service", "gateway -> Triton", "Triton directly")
 # The migration this project repeats, as its design document reports it (legacy -> Triton).
 DESIGN_DOCUMENT = {"avg_latency_ms": (89, 63), "throughput_qps": (8_200, 14_700), "peak_memory_gb": (4.3, 2.8),
                    "cold_start_s": (6.2, 1.8)}
@@ -53,12 +55,20 @@ DESIGN_DOCUMENT = {"avg_latency_ms": (89, 63), "throughput_qps": (8_200, 14_700)
 @dataclass(frozen=True)
 class CutoverPlan:
     records_per_call: int = 32
+    # Per side, over all its rounds.
     latency_seconds: float = 15.0
     throughput_seconds: float = 15.0
     callers: int = 8
+    rounds: int = 3
+
+    @property
+    def steps(self) -> int:
+        """The legacy service's start, `s2t serve`'s, the gateway's, then a latency and a throughput run on each
+        side in every round."""
+        return 3 + 2 * len(SIDES) * self.rounds
 
 
-PLANS = {"cutover": CutoverPlan(), "smoke": CutoverPlan(latency_seconds=1.0, throughput_seconds=2.0)}
+PLANS = {"cutover": CutoverPlan(), "smoke": CutoverPlan(latency_seconds=1.0, throughput_seconds=2.0, rounds=2)}
 
 
 @dataclass
@@ -100,8 +110,33 @@ class PeakRss:
         self._thread.join()
 
 
-def closed_loop(make_call: Callable[[], Callable[[list], None]], batches: list, callers: int,
-                seconds: float) -> LoadResult:
+@dataclass(frozen=True)
+class CallLog:
+    """What one or more closed-loop runs saw, call by call: pooled over rounds before it is summarised."""
+    latencies_s: list
+    records: int
+    seconds: float
+    errors: int
+    error_reasons: dict
+
+    def add(self, other: "CallLog") -> "CallLog":
+        reasons = dict(self.error_reasons)
+        for reason, n in other.error_reasons.items():
+            reasons[reason] = reasons.get(reason, 0) + n
+        return CallLog(self.latencies_s + other.latencies_s, self.records + other.records,
+                       self.seconds + other.seconds, self.errors + other.errors, reasons)
+
+    def summary(self) -> LoadResult:
+        latency = LatencySummary.of_seconds(self.latencies_s)
+        return LoadResult(latency.calls, self.records, self.seconds, latency.mean_ms, latency.p50_ms, latency.p99_ms,
+                          self.errors, self.error_reasons)
+
+
+NO_CALLS = CallLog([], 0, 0.0, 0, {})
+
+
+def closed_loop_calls(make_call: Callable[[], Callable[[list], None]], batches: list, callers: int,
+                      seconds: float) -> CallLog:
     """`callers` threads, each with its own client (`make_call()`), sending batches back to back for `seconds`."""
     latencies: list[float] = []
     counts = {"records": 0, "errors": 0}
@@ -143,9 +178,7 @@ def closed_loop(make_call: Callable[[], Callable[[list], None]], batches: list, 
     for thread in threads:
         thread.join()
     elapsed = time.perf_counter() - began
-    latency = LatencySummary.of_seconds(latencies)
-    return LoadResult(latency.calls, counts["records"], elapsed, latency.mean_ms, latency.p50_ms, latency.p99_ms,
-                      counts["errors"], reasons)
+    return CallLog(latencies, counts["records"], elapsed, counts["errors"], reasons)
 
 
 def skill_caller(port: int) -> Callable[[], Callable[[list], None]]:
@@ -207,28 +240,52 @@ def compare_answers(reference: list[float | None], other: list[float | None]) ->
     return float(diff), unanswered
 
 
-def _measure(name: str, make_call, batches: list, plan: CutoverPlan, pids: list[int], log,
-             begin: Callable[[str], None], watch: LoadWatch) -> dict:
-    """`begin` hears each run as it starts (the progress of the whole plan); `watch` records the machine's load
-    in each measured run."""
+@dataclass
+class Side:
+    """One column of the table: how its callers reach it and which process trees serve it."""
+    name: str
+    make_call: Callable[[], Callable[[list], None]]
+    pids: list
+    latency: CallLog = NO_CALLS
+    throughput: CallLog = NO_CALLS
+    peak_rss_bytes: int = 0
+
+    def figures(self) -> dict:
+        throughput = self.throughput.summary()
+        return {"latency": asdict(self.latency.summary()), "throughput": asdict(throughput),
+                "records_per_s": throughput.records_per_s,
+                "calls_per_s": throughput.calls / throughput.seconds if throughput.seconds else 0.0,
+                "peak_rss_bytes": self.peak_rss_bytes,
+                "rss_after_load_bytes": sum(process_tree.rss_bytes(pid) for pid in self.pids),
+                "rss_after_load_by_process": {name: size for pid in self.pids
+                                              for name, size in process_tree.rss_by_process(pid).items()}}
+
+
+def _measure_in_turns(sides: list[Side], batches: list, plan: CutoverPlan, log, begin: Callable[[str], None],
+                      watch: LoadWatch) -> None:
+    """Every side's latency, then every side's throughput, in `plan.rounds` rounds of turns; `begin` hears each run
+    as it starts (the progress of the whole plan), `watch` records the machine's load in each."""
     # First calls open connections and warm caches on every side; cold start is measured apart.
-    warm = make_call()
-    for batch in batches[:20]:
-        warm(batch)
-    log(f"{name}: latency, 1 caller, {plan.latency_seconds:g} s")
-    begin(f"{name}: latency")
-    with watch.round(f"{name}: latency"):
-        latency = closed_loop(make_call, batches, 1, plan.latency_seconds)
-    log(f"{name}: throughput, {plan.callers} callers, {plan.throughput_seconds:g} s")
-    begin(f"{name}: throughput")
-    with watch.round(f"{name}: throughput"), PeakRss(pids) as peak:
-        throughput = closed_loop(make_call, batches, plan.callers, plan.throughput_seconds)
-    return {"latency": asdict(latency), "throughput": asdict(throughput),
-            "records_per_s": throughput.records_per_s, "calls_per_s": throughput.calls / throughput.seconds,
-            "peak_rss_bytes": peak.peak,
-            "rss_after_load_bytes": sum(process_tree.rss_bytes(pid) for pid in pids),
-            "rss_after_load_by_process": {name: size for pid in pids
-                                          for name, size in process_tree.rss_by_process(pid).items()}}
+    for side in sides:
+        warm = side.make_call()
+        for batch in batches[:20]:
+            warm(batch)
+    latency_s, throughput_s = plan.latency_seconds / plan.rounds, plan.throughput_seconds / plan.rounds
+    for number in range(1, plan.rounds + 1):
+        for side in sides:
+            label = f"{side.name}: latency, round {number}"
+            log(f"{label} (1 caller, {latency_s:g} s)")
+            begin(label)
+            with watch.round(label):
+                side.latency = side.latency.add(closed_loop_calls(side.make_call, batches, 1, latency_s))
+        for side in sides:
+            label = f"{side.name}: throughput, round {number}"
+            log(f"{label} ({plan.callers} callers, {throughput_s:g} s)")
+            begin(label)
+            with watch.round(label), PeakRss(side.pids) as peak:
+                side.throughput = side.throughput.add(
+                    closed_loop_calls(side.make_call, batches, plan.callers, throughput_s))
+            side.peak_rss_bytes = max(side.peak_rss_bytes, peak.peak)
 
 
 def _timed_start(args: list[str], ready: str) -> tuple[object, float]:
@@ -239,7 +296,7 @@ def _timed_start(args: list[str], ready: str) -> tuple[object, float]:
 
 def run(plan: CutoverPlan, out_dir: Path, repositories: list[Path], data_csv: Path, saved_model: Path,
         log=print, on_progress: OnProgress = no_progress) -> dict:
-    """`on_progress` hears the STEPS done, naming the one that runs."""
+    """`on_progress` hears the plan's steps done, naming the one that runs."""
     data = dataset.load(data_csv)
     records = [to_protobuf({"request_id": f"b-{i}", "features": f}) for i, f in enumerate(data.records())]
     size = plan.records_per_call
@@ -250,73 +307,58 @@ def run(plan: CutoverPlan, out_dir: Path, repositories: list[Path], data_csv: Pa
     begun = []
 
     def begin(label: str) -> None:
-        on_progress(len(begun), STEPS, label)
+        on_progress(len(begun), plan.steps, label)
         begun.append(label)
 
-    legacy_port = free_port()
-    begin("legacy service starting")
-    legacy, cold = _timed_start(["legacy", "serve", "--port", str(legacy_port), "--saved-model", str(saved_model)],
-                                "listening")
-    try:
-        results["legacy"] = {"cold_start_s": cold, **_measure("legacy service", skill_caller(legacy_port), batches,
-                                                              plan, [legacy.pid], log, begin, watch)}
-        legacy_scores = skill_scores(legacy_port, batches)
-    finally:
-        service_process.stop(legacy)
-
     out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="s2t-cutover-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="s2t-cutover-") as tmp, ExitStack() as running:
         # Copies: `s2t serve` keeps its supervisor state in the repository's control area.
         copies = [Path(shutil.copytree(repo, Path(tmp) / f"{i}-{Path(repo).resolve().name}",
                                        ignore=shutil.ignore_patterns("__pycache__")))
                   for i, repo in enumerate(repositories)]
-        _serving_sides(results, plan, batches, copies, legacy_scores, log, begin, watch)
-    results["load"] = watch.summary()
-    results["publishable"] = results["load"]["publishable"]
-    results["acceptance"] = cutover_acceptance.summary(results)
-    report.write_files(out_dir, results, table(results))
-    on_progress(len(begun), STEPS, f"results in {out_dir}")
-    return results
 
+        def started(label: str, args: list[str], ready: str) -> tuple[object, float]:
+            begin(label)
+            process, seconds = _timed_start(args, ready)
+            running.callback(service_process.stop, process)
+            return process, seconds
 
-def _serving_sides(results: dict, plan: CutoverPlan, batches: list, repositories: list[Path],
-                   legacy_scores: list, log, begin: Callable[[str], None], watch: LoadWatch) -> None:
-    """The gateway path and Triton directly, on one `s2t serve` started as a user starts it."""
-    grpc_port = free_port()
-    grpc_url = f"localhost:{grpc_port}"
-    begin("s2t serve starting")
-    serve, triton_cold = _timed_start(["serve", "--http-port", str(free_port()), "--grpc-port", str(grpc_port),
-                                       "--metrics-port", str(free_port()), "--supervisor-port", "0",
-                                       "--exit-timeout", "10",
-                                       *[arg for repo in repositories for arg in ("--repository", str(repo))]],
-                                      "ready:")
-    try:
-        gateway_port = free_port()
-        begin("gateway starting")
-        gateway, gateway_cold = _timed_start(["gateway", "--port", str(gateway_port), "--grpc-url", grpc_url,
-                                              "--window-size", str(plan.records_per_call),
-                                              # Exactly the callers: a slot is free again before its call's answer
-                                              # leaves, so a caller's next call is never refused.
-                                              "--workers", str(plan.callers)], "ready")
-        try:
-            results["gateway"] = {"cold_start_s": triton_cold + gateway_cold, "serve_start_s": triton_cold,
-                                  "gateway_start_s": gateway_cold,
-                                  **_measure("gateway -> Triton", skill_caller(gateway_port), batches, plan,
-                                             [serve.pid, gateway.pid], log, begin, watch)}
-            gateway_scores = skill_scores(gateway_port, batches)
-        finally:
-            service_process.stop(gateway)
-        results["triton"] = {"cold_start_s": triton_cold, "serve_start_s": triton_cold,
-                             **_measure("Triton directly", triton_caller(grpc_url), batches, plan,
-                                        [serve.pid], log, begin, watch)}
+        legacy_port, grpc_port, gateway_port = free_port(), free_port(), free_port()
+        grpc_url = f"localhost:{grpc_port}"
+        legacy, legacy_cold = started("legacy service starting", ["legacy", "serve", "--port", str(legacy_port),
+                                                                  "--saved-model", str(saved_model)], "listening")
+        serve, triton_cold = started("s2t serve starting", [
+            "serve", "--http-port", str(free_port()), "--grpc-port", str(grpc_port), "--metrics-port",
+            str(free_port()), "--supervisor-port", "0", "--exit-timeout", "10",
+            *[arg for repo in copies for arg in ("--repository", str(repo))]], "ready:")
+        gateway, gateway_cold = started("gateway starting", [
+            "gateway", "--port", str(gateway_port), "--grpc-url", grpc_url, "--window-size",
+            str(plan.records_per_call),
+            # Exactly the callers: a slot is free again before its call's answer leaves, so a caller's next call
+            # is never refused.
+            "--workers", str(plan.callers)], "ready")
+        sides = [Side(SIDES[0], skill_caller(legacy_port), [legacy.pid]),
+                 Side(SIDES[1], skill_caller(gateway_port), [serve.pid, gateway.pid]),
+                 Side(SIDES[2], triton_caller(grpc_url), [serve.pid])]
+        _measure_in_turns(sides, batches, plan, log, begin, watch)
+        results["legacy"] = {"cold_start_s": legacy_cold, **sides[0].figures()}
+        results["gateway"] = {"cold_start_s": triton_cold + gateway_cold, "serve_start_s": triton_cold,
+                              "gateway_start_s": gateway_cold, **sides[1].figures()}
+        results["triton"] = {"cold_start_s": triton_cold, "serve_start_s": triton_cold, **sides[2].figures()}
+        legacy_scores = skill_scores(legacy_port, batches)
+        gateway_scores = skill_scores(gateway_port, batches)
         direct_scores = triton_scores(grpc_url, batches)
-    finally:
-        service_process.stop(serve)
     gateway_diff, gateway_unanswered = compare_answers(legacy_scores, gateway_scores)
     direct_diff, direct_unanswered = compare_answers(legacy_scores, direct_scores)
     results["answers"] = {"compared": len(legacy_scores), "max_abs_diff_gateway": gateway_diff,
                           "unanswered": gateway_unanswered, "max_abs_diff_triton": direct_diff,
                           "unanswered_triton": direct_unanswered}
+    results["load"] = watch.summary()
+    results["publishable"] = results["load"]["publishable"]
+    results["acceptance"] = cutover_acceptance.summary(results)
+    report.write_files(out_dir, results, table(results))
+    on_progress(len(begun), plan.steps, f"results in {out_dir}")
+    return results
 
 
 def machine() -> dict:
@@ -345,7 +387,8 @@ def table(results: dict) -> str:
     lines = [
         *machine_load.markdown_lines(results["load"]),
         f"Calls of {plan['records_per_call']} German Credit records; latency with 1 caller, throughput with "
-        f"{plan['callers']} callers in a closed loop; machine: {results['machine']['logical_cores']} cores, "
+        f"{plan['callers']} callers in a closed loop; the three sides up at once and measured in turns, "
+        f"{plan.get('rounds', 1)} rounds each, figures over all rounds; machine: {results['machine']['logical_cores']} cores, "
         f"{results['machine']['os']}, load generator on the same cores; run {results['started']}. Cold start: the "
         "command's launch until it answers (`s2t serve` to every model ready, then the gateway to its ready line).",
         "",

@@ -29,9 +29,11 @@ def test_cutover_bench_measures_legacy_gateway_and_triton_with_no_failed_call(bu
     answers = results["answers"]
     assert answers["compared"] >= 900 and answers["unanswered"] == answers["unanswered_triton"] == 0
     assert answers["max_abs_diff_gateway"] <= 1e-5 and answers["max_abs_diff_triton"] <= 1e-5
-    assert_load_follows_the_rule(results, [f"{side}: {run}" for side in ("legacy service", "gateway -> Triton",
-                                                                         "Triton directly")
-                                           for run in ("latency", "throughput")], run.stdout)
+    # All three up at once, measured in turns: every side's latency, then every side's throughput, round after round.
+    sides = ("legacy service", "gateway -> Triton", "Triton directly")
+    assert_load_follows_the_rule(results, [f"{side}: {run}, round {number}" for number in (1, 2)
+                                           for run in ("latency", "throughput") for side in sides], run.stdout)
+    assert "measured in turns, 2 rounds each" in run.stdout
     # The acceptance, recomputed from the figures beside it, printed as one line per promise.
     assert results["acceptance"] == cutover_acceptance.summary(results)
     printed = [line for line in run.stdout.splitlines() if line.startswith(("- PASS: ", "- FAIL: "))]
@@ -39,6 +41,7 @@ def test_cutover_bench_measures_legacy_gateway_and_triton_with_no_failed_call(bu
     assert "Acceptance, gateway path against the legacy service:" in run.stdout
     # Progress: the plan's steps on stderr, a line per tenth on a pipe, the whole reached when the results are in.
     progress = [line for line in run.stderr.splitlines() if line.startswith("bench cutover-smoke: ")]
-    assert progress[0] == "bench cutover-smoke: legacy service starting: 0/9 steps (0%)" and len(progress) <= 11
-    assert progress[-1].startswith(f"bench cutover-smoke: results in {tmp_path / 'cutover-smoke'}: 9/9 steps (100%)")
-    assert sum("9/9 steps" in line for line in progress) == 1 and "steps (" not in run.stdout
+    assert progress[0] == "bench cutover-smoke: legacy service starting: 0/15 steps (0%)" and len(progress) <= 11
+    assert progress[-1].startswith(f"bench cutover-smoke: results in {tmp_path / 'cutover-smoke'}: 15/15 steps "
+                                   "(100%)")
+    assert sum("15/15 steps" in line for line in progress) == 1 and "steps (" not in run.stdout
