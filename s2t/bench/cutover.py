@@ -249,13 +249,16 @@ class Side:
     latency: CallLog = NO_CALLS
     throughput: CallLog = NO_CALLS
     peak_rss_bytes: int = 0
+    # The largest share of the machine's CPU the other sides' processes used while this one was measured (they
+    # wait, up, for their turn).
+    idle_sides_cpu_share: float = 0.0
 
     def figures(self) -> dict:
         throughput = self.throughput.summary()
         return {"latency": asdict(self.latency.summary()), "throughput": asdict(throughput),
                 "records_per_s": throughput.records_per_s,
                 "calls_per_s": throughput.calls / throughput.seconds if throughput.seconds else 0.0,
-                "peak_rss_bytes": self.peak_rss_bytes,
+                "peak_rss_bytes": self.peak_rss_bytes, "idle_sides_cpu_share": self.idle_sides_cpu_share,
                 "rss_after_load_bytes": sum(process_tree.rss_bytes(pid) for pid in self.pids),
                 "rss_after_load_by_process": {name: size for pid in self.pids
                                               for name, size in process_tree.rss_by_process(pid).items()}}
@@ -276,16 +279,37 @@ def _measure_in_turns(sides: list[Side], batches: list, plan: CutoverPlan, log, 
             label = f"{side.name}: latency, round {number}"
             log(f"{label} (1 caller, {latency_s:g} s)")
             begin(label)
-            with watch.round(label):
+            with watch.round(label), _IdleSides(side, sides):
                 side.latency = side.latency.add(closed_loop_calls(side.make_call, batches, 1, latency_s))
         for side in sides:
             label = f"{side.name}: throughput, round {number}"
             log(f"{label} ({plan.callers} callers, {throughput_s:g} s)")
             begin(label)
-            with watch.round(label), PeakRss(side.pids) as peak:
+            with watch.round(label), _IdleSides(side, sides), PeakRss(side.pids) as peak:
                 side.throughput = side.throughput.add(
                     closed_loop_calls(side.make_call, batches, plan.callers, throughput_s))
             side.peak_rss_bytes = max(side.peak_rss_bytes, peak.peak)
+
+
+class _IdleSides:
+    """Records on `measured` the share of the machine's CPU that the sides waiting for their turn used meanwhile
+    (the process trees that serve no part of the measured side)."""
+
+    def __init__(self, measured: Side, sides: list[Side]):
+        self.measured = measured
+        self.pids = sorted({pid for side in sides for pid in side.pids} - set(measured.pids))
+
+    def __enter__(self) -> "_IdleSides":
+        self._cpu, self._wall = self._used(), time.monotonic()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall = time.monotonic() - self._wall
+        share = (self._used() - self._cpu) / (wall * (psutil.cpu_count() or 1)) if wall > 0 else 0.0
+        self.measured.idle_sides_cpu_share = max(self.measured.idle_sides_cpu_share, share)
+
+    def _used(self) -> float:
+        return sum(process_tree.cpu_seconds(pid) for pid in self.pids)
 
 
 def _timed_start(args: list[str], ready: str) -> tuple[object, float]:
@@ -368,6 +392,10 @@ def machine() -> dict:
             "load_average_at_start": [round(load1, 2), round(load5, 2)]}
 
 
+def _idle_share(results: dict) -> float:
+    return max(results[side].get("idle_sides_cpu_share", 0.0) for side in ("legacy", "gateway", "triton"))
+
+
 def cold_start(side: dict) -> str:
     """Launch until it answers; the gateway's own share after Triton's, when it is the gateway path."""
     own = side.get("gateway_start_s")
@@ -388,7 +416,8 @@ def table(results: dict) -> str:
         *machine_load.markdown_lines(results["load"]),
         f"Calls of {plan['records_per_call']} German Credit records; latency with 1 caller, throughput with "
         f"{plan['callers']} callers in a closed loop; the three sides up at once and measured in turns, "
-        f"{plan.get('rounds', 1)} rounds each, figures over all rounds; machine: {results['machine']['logical_cores']} cores, "
+        f"{plan.get('rounds', 1)} rounds each, figures over all rounds (the waiting sides used at most "
+        f"{_idle_share(results):.1%} of the CPU during another's run); machine: {results['machine']['logical_cores']} cores, "
         f"{results['machine']['os']}, load generator on the same cores; run {results['started']}. Cold start: the "
         "command's launch until it answers (`s2t serve` to every model ready, then the gateway to its ready line).",
         "",

@@ -34,6 +34,10 @@ def test_cutover_bench_measures_legacy_gateway_and_triton_with_no_failed_call(bu
     assert_load_follows_the_rule(results, [f"{side}: {run}, round {number}" for number in (1, 2)
                                            for run in ("latency", "throughput") for side in sides], run.stdout)
     assert "measured in turns, 2 rounds each" in run.stdout
+    # What the sides waiting for their turn cost the measured one: recorded, and small (they only wait).
+    idle = [results[side]["idle_sides_cpu_share"] for side in ("legacy", "gateway", "triton")]
+    assert all(0 <= share < 0.1 for share in idle), idle
+    assert f"the waiting sides used at most {max(idle):.1%} of the CPU" in run.stdout
     # The acceptance, recomputed from the figures beside it, printed as one line per promise.
     assert results["acceptance"] == cutover_acceptance.summary(results)
     printed = [line for line in run.stdout.splitlines() if line.startswith(("- PASS: ", "- FAIL: "))]
