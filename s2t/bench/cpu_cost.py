@@ -134,8 +134,8 @@ def with_source_root(model_py: str, root: Path) -> str:
 
 
 def per_request(delta: dict, requests: int) -> dict:
-    """CPU microseconds per request: the whole server tree, tritonserver's own process (front ends, batcher) and
-    the stubs; and the load generator's."""
+    """CPU microseconds per request: the whole server tree, tritonserver's own process (front ends, batcher, the
+    models on the in-process backend) and the stubs; and the load generator's."""
     n = max(requests, 1)
     return {"server_cpu_us_per_request": round(1e6 * delta["tree"] / n, 1),
             "front_end_cpu_us_per_request": round(1e6 * delta["own"] / n, 1),
@@ -279,7 +279,7 @@ def run(sides: list[Side], repository: Path, data_csv: Path, rounds: int, concur
                         entry = measure_round(side, server, lambda: _drive(side, server, concurrency, seconds,
                                                                             requests, script, inputs))
                     measured[side.name].append(entry)
-                    log(f"{label}: {entry['server_cpu_us_per_request']:.0f} us CPU/request (front end "
+                    log(f"{label}: {entry['server_cpu_us_per_request']:.0f} us CPU/request (tritonserver "
                         f"{entry['front_end_cpu_us_per_request']:.0f}, stubs {entry['stubs_cpu_us_per_request']:.0f}),"
                         f" batch {entry['mean_batch']:.1f}, {entry['requests_per_s']:.0f} req/s, "
                         f"load {entry['load_average_1m']:.1f}")
@@ -301,7 +301,7 @@ def markdown(results: dict) -> str:
              "relative: the median of each round's ratio to the first side)", ""]
     if not results["load"]["publishable"]:
         lines += ["Taken on a busy machine: read the CPU per request and the relative figures only.", ""]
-    lines += ["| side | server CPU us/req | front end | stubs | client | mean batch | req/s (relative) | p99 ms "
+    lines += ["| side | server CPU us/req | tritonserver | stubs | client | mean batch | req/s (relative) | p99 ms "
               "| load avg |", "|---|---|---|---|---|---|---|---|---|"]
     for name, m in results["median"].items():
         lines.append(f"| {name} | {m['server_cpu_us_per_request']:.0f} "

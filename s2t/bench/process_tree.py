@@ -26,7 +26,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def own_cpu_seconds(pid: int) -> float:
-    """User + system CPU of this one process, its children left out (tritonserver's front ends without the stubs)."""
+    """User + system CPU of this one process, its children left out (tritonserver's own threads, without the stubs)."""
     times = psutil.Process(pid).cpu_times()
     return times.user + times.system
 

@@ -3,11 +3,11 @@ low-CPU generators (wrk on HTTP, h2load on gRPC).
 
 One point per protocol, measured one after the other, compares two moments of a shared machine more than two
 protocols: on the 2-core machine the gRPC/HTTP ratio of a single pair of rounds ranged from 0.66x to 1.44x within
-minutes. Rounds that alternate the protocols, each figure the median round, put the machine's changes on both
-sides. Each round also splits the CPU a request costs between the load generator, tritonserver's own process (its
-HTTP or gRPC front end, the batcher) and the python stubs, which is where a protocol's cost shows when throughput
-does not. perf_analyzer spends several times wrk's CPU per request, taken from the server on a small machine; the
-low-CPU pair leaves the cores to the server (each side's generator is in the results).
+minutes. Rounds that alternate the protocols, each figure the median round, put the machine's changes on both sides.
+Each round also splits the CPU a request costs between the load generator, tritonserver's own process (its HTTP or
+gRPC front end, the batcher, the models it runs in process) and the python stubs, which is where a protocol's cost
+shows when throughput does not. perf_analyzer spends several times wrk's CPU per request, taken from the server on a
+small machine; the low-CPU pair leaves the cores to the server (each side's generator is in the results).
 """
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def compare(pid: int, urls: dict[str, str], model: str, load: Load, concurrency:
                                count_requests)
             measured[protocol].append(entry)
             log(f"{model} {protocol} c={concurrency} round {number + 1}: {entry['requests_per_s']:.0f} req/s, "
-                f"CPU us/request client {entry['client_cpu_us_per_request']:.0f}, front end "
+                f"CPU us/request client {entry['client_cpu_us_per_request']:.0f}, tritonserver "
                 f"{entry['front_end_cpu_us_per_request']:.0f}, stubs {entry['stubs_cpu_us_per_request']:.0f}")
     medians = {protocol: median_of_rounds(entries) for protocol, entries in measured.items()}
     return {"model": model, "concurrency": concurrency, "generators": dict(generators), "rounds": measured,

@@ -203,8 +203,9 @@ def _protocols(found: dict | None) -> list[str]:
     return [f"### HTTP and gRPC, {found['model']}, {protocol_clients(found)} c={found['concurrency']}, "
             "alternating rounds", "",
             f"gRPC / HTTP req/s (median rounds): {found['grpc_vs_http']:.2f}x. CPU per request in microseconds: the "
-            "load generator, tritonserver's own process (front end, batcher) and the python stubs.", "",
-            _table(["protocol", "req/s", "rounds req/s", "p50 ms", "p99 ms", "client us", "front end us", "stubs us"],
+            "load generator, tritonserver's own process (front end, batcher, and the models it runs in process, "
+            "risk_pipeline among them) and the python stubs.", "",
+            _table(["protocol", "req/s", "rounds req/s", "p50 ms", "p99 ms", "client us", "tritonserver us", "stubs us"],
                    rows), ""]
 
 
