@@ -99,11 +99,16 @@ def test_a_look_reads_only_the_threads_that_fork_stubs(forking, thread_reads):
     assert thread_reads == [None, 1, 1, 1, 1, 1], "one full look, then only the forking thread"
 
 
-def test_a_stub_forked_by_another_thread_is_found_by_the_next_full_look(forking, thread_reads):
+def first_look(forking, full_look_seconds):
+    """A stub of the first thread, and a finder (on a clock of its own) that has looked once."""
     clock = Clock()
     first = forking[0].start_stub("risk_scorer")
-    finder = StubFinder(os.getpid(), full_look_seconds=2.0, clock=clock)
-    known = finder.find({})
+    finder = StubFinder(os.getpid(), full_look_seconds=full_look_seconds, clock=clock)
+    return clock, first, finder, finder.find({})
+
+
+def test_a_stub_forked_by_another_thread_is_found_by_the_next_full_look(forking, thread_reads):
+    clock, first, finder, known = first_look(forking, 2.0)
     second = forking[1].start_stub("skill_adapter")
     clock.now += 1.9
     known = finder.find(known)
@@ -115,10 +120,7 @@ def test_a_stub_forked_by_another_thread_is_found_by_the_next_full_look(forking,
 
 
 def test_a_known_stub_gone_makes_the_next_look_full_and_finds_its_replacement(forking, thread_reads):
-    clock = Clock()
-    old = forking[0].start_stub("risk_scorer")
-    finder = StubFinder(os.getpid(), full_look_seconds=60.0, clock=clock)
-    known = finder.find({})
+    _, old, finder, known = first_look(forking, 60.0)
     replacement = forking[1].start_stub("risk_scorer")
     forking[0].children[-1].kill()
     forking[0].children[-1].wait()
