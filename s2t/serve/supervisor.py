@@ -169,6 +169,7 @@ class DeathWatch:
                     self.reloading[key] = (now + RELOAD_GRACE_SECONDS, stub)
         for pid, stub in list(self.known.items()):
             if pid in current:
+                self.missing.pop(pid, None)  # dead means missing on consecutive looks, not twice in its life
                 continue
             if stub.key in alive_keys or stub.key in self.reloading:
                 self._forget(pid)  # replaced, or being reloaded
@@ -335,7 +336,9 @@ class StubSupervisor(threading.Thread):
         return done
 
     def _look(self) -> None:
-        self._stubs = self._finder.find(self._stubs)
+        # Every stub still watched, the suspects included: one a look missed (the children files are best effort
+        # while the server's threads come and go) is looked for on every thread again, never taken as gone.
+        self._stubs = self._finder.find(self._watch.known)
         # Remembered past a stub's death: a retry must know what to touch when no stub of the model is left.
         for stub in self._stubs.values():
             self._model_files.setdefault(stub.model, set()).add(stub.model_file)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from s2t.serve import supervisor
-from s2t.serve.supervisor import STUB_BINARY, StubFinder, stubs_of
+from s2t.serve.supervisor import STUB_BINARY, StubFinder, StubSupervisor, stubs_of
 
 
 class Clock:
@@ -131,3 +131,28 @@ def test_a_known_stub_gone_makes_the_next_look_full_and_finds_its_replacement(fo
     known = finder.find(known)
     assert old not in known and replacement in known, "a reload's new stub is seen on the look that misses the old"
     assert thread_reads == [1, None]
+
+
+def test_a_stub_one_full_look_missed_is_looked_for_again_and_not_taken_for_dead(forking, monkeypatch):
+    """A full look that misses a stub (a thread's children file read while the server's threads come and go) must
+    not leave the next looks reading only the threads it saw: the stub would stay missing until judged dead."""
+    pid = forking[0].start_stub("risk_scorer")
+    watcher = StubSupervisor(os.getpid(), "localhost:1", explicit=False, log=lambda message: None)
+    watcher._is_ready = lambda model, version: True
+    healed = []
+    watcher._heal = lambda model, reason, stub: healed.append((model, reason)) or []
+    watcher._look()
+    watcher._watch.update(watcher._stubs, watcher._is_ready, 0.0)
+    assert pid in watcher._stubs
+    real, misses = supervisor._children_by_thread, [True]
+
+    def one_blind_full_look(server_pid, threads):
+        if threads is None and misses:
+            misses.pop()
+            return {}
+        return real(server_pid, threads)
+    monkeypatch.setattr(supervisor, "_children_by_thread", one_blind_full_look)
+    watcher._finder._last_full_look = float("-inf")
+    for _ in range(2 * supervisor.MISSING_CHECKS):
+        watcher.check()
+    assert healed == [] and pid in watcher._stubs and not misses

@@ -85,3 +85,11 @@ def test_a_server_too_slow_to_say_whether_a_version_is_ready_keeps_the_stub_unde
         assert watch.update({}, lambda m, v: None) == []
     watch.update({}, lambda m, v: True)
     assert watch.update({}, lambda m, v: True) == [stub(1)]
+
+
+def test_a_stub_missing_on_two_looks_that_are_not_consecutive_is_not_dead():
+    watch = DeathWatch()
+    look(watch, [stub(1)])
+    for _ in range(3):
+        assert look(watch, []) == [], "missing once: only suspect"
+        assert look(watch, [stub(1)]) == [], "back: no longer suspect"
