@@ -7,8 +7,9 @@ Three columns: the legacy service (`s2t legacy serve`: TensorFlow, windows of 12
 legacy callers reach it (`s2t gateway` in front of Triton's `risk_pipeline`); and Triton directly (the same records
 as one `risk_pipeline` request over gRPC, what a caller moved to Triton's own protocol sends). One call is
 `records_per_call` German Credit records. Latency: one caller, calls back to back. Throughput: `callers` callers in
-a closed loop. Each side's figures pool the calls of all its rounds. Memory: peak RSS of each service's whole process tree (tritonserver and its stubs; the gateway
-counted with Triton, and `s2t serve` with its tritonserver and stubs). Cold start: the command's launch until it
+a closed loop. Each side's figures pool the calls of all its rounds. Memory: peak RSS of each service's whole
+process tree (tritonserver and its stubs; the gateway counted with Triton, and `s2t serve` with its tritonserver and
+stubs). Cold start: the command's launch until it
 answers, the clock a user sees (the legacy service's "listening" line comes after it loaded and warmed the
 SavedModel; Triton's is `s2t serve`'s "ready" line, every model ready; the gateway path's, that plus the gateway's
 own start to its "ready" line). The gateway runs with exactly `callers` call slots: no call is refused.
@@ -417,7 +418,8 @@ def table(results: dict) -> str:
         f"Calls of {plan['records_per_call']} German Credit records; latency with 1 caller, throughput with "
         f"{plan['callers']} callers in a closed loop; the three sides up at once and measured in turns, "
         f"{plan.get('rounds', 1)} rounds each, figures over all rounds (the waiting sides used at most "
-        f"{_idle_share(results):.1%} of the CPU during another's run); machine: {results['machine']['logical_cores']} cores, "
+        f"{_idle_share(results):.1%} of the CPU during another's run); machine: "
+        f"{results['machine']['logical_cores']} cores, "
         f"{results['machine']['os']}, load generator on the same cores; run {results['started']}. Cold start: the "
         "command's launch until it answers (`s2t serve` to every model ready, then the gateway to its ready line).",
         "",
