@@ -16,6 +16,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +49,14 @@ NATIVE_BACKENDS = {INPROCESS_BACKEND: PROJECT_BACKENDS / "native" / f"python{sys
 
 
 MODEL_LOAD_THREADS = 16
+
+
+def _reap_when_dead(process: subprocess.Popen) -> None:
+    """The server's stubs killed the moment it exits, however it exits. A stub forked after the server began
+    serving (any reload) inherits its listening sockets and client connections: while such a stub outlives an
+    aborted server, its clients wait on connections nobody answers and its ports stay taken."""
+    process.wait()
+    reap_group(process.pid)
 
 
 class ServerError(S2TError, RuntimeError):
@@ -188,6 +197,7 @@ class TritonServer:
             self.process = spawn(self.command(backend_dir), server_env(), stdout)
         except HiddenArgumentError as err:
             raise ServerError(str(err)) from None
+        threading.Thread(target=_reap_when_dead, args=(self.process,), name="s2t-server-reaper", daemon=True).start()
         try:
             self.wait_ready(timeout)
         except BaseException:

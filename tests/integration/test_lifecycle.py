@@ -7,6 +7,7 @@ import mmap
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -19,7 +20,7 @@ import pytest
 from tests.conftest import DATA_CSV, ENSEMBLES, MODEL_REPOSITORY, ROOT, S2T, free_port
 from s2t.serve.healing import HealSettings, SupervisorState
 from s2t.serve.leftovers import SHM_DIR as SHM, regions_of
-from s2t.serve.supervisor import StubSupervisor, stubs_of
+from s2t.serve.supervisor import Reloader, StubSupervisor, stubs_of
 from s2t.serve.triton_server import TritonServer
 from tests.integration.servers import triton_server
 
@@ -223,6 +224,42 @@ def kill_stub(server: TritonServer, model: str) -> int:
     victim = next(s for s in stubs_of(server.process.pid).values() if s.model == model)
     os.kill(victim.pid, signal.SIGKILL)
     return victim.pid
+
+
+def sockets_of(pid: int) -> int:
+    fds = Path(f"/proc/{pid}/fd")
+    return sum(os.readlink(fds / fd).startswith("socket:") for fd in os.listdir(fds))
+
+
+def test_a_dead_server_leaves_its_clients_no_connection_to_wait_on_and_its_port_free(built_artifacts, tmp_path):
+    """A stub forked after the server began serving (any reload) inherits the server's sockets; when the server dies
+    (as Triton 2.51 aborts when a stub dies holding its shared-memory lock), that stub must not keep its clients
+    waiting on connections nobody answers, nor its port taken."""
+    repo = copy_repository(tmp_path)
+    server = triton_server([repo, ENSEMBLES], log_path=tmp_path / "triton.log")
+    with server:
+        client = socket.create_connection(("localhost", server.http_port), timeout=30)
+        client.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        assert b" 200 " in client.recv(4096)
+        first = {pid for pid, s in stubs_of(server.process.pid).items() if s.model == "skill_adapter"}
+        Reloader(server.http_url, explicit=False).reload("skill_adapter", [repo / "skill_adapter" / "1" / "model.py"])
+        assert wait_until(lambda: any(s.model == "skill_adapter" and pid not in first
+                                      for pid, s in stubs_of(server.process.pid).items()), 30)
+        heir = next(pid for pid, s in stubs_of(server.process.pid).items()
+                    if s.model == "skill_adapter" and pid not in first)
+        assert sockets_of(heir) > 0, "the premise: the reloaded stub holds the server's sockets"
+        os.kill(server.process.pid, signal.SIGKILL)
+        client.settimeout(15)
+        try:
+            assert client.recv(1) == b"", "the client's connection is closed"
+        except ConnectionResetError:
+            pass
+        client.close()
+        assert wait_until(lambda: not alive(heir), 5)
+        with socket.socket() as next_server:
+            # As Triton binds: the closed connection's TIME_WAIT does not hold the port, a listener still open does.
+            next_server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            next_server.bind(("0.0.0.0", server.http_port))
 
 
 def test_poll_mode_on_a_read_only_repository_gives_the_model_up_at_once(read_only_repository, tmp_path):

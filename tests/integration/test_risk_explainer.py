@@ -5,10 +5,12 @@ import json
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -132,10 +134,15 @@ KILL_TTFT_S, KILL_TOKEN_S = 10, 3
 ANSWER_DEADLINE_S = KILL_TTFT_S + KILL_TOKEN_S + 20
 
 
-@pytest.fixture(scope="module")
-def supervised_llm(built_artifacts, tmp_path_factory):
-    """The risk and LLM repositories on a server whose supervisor reloads a model whose stub died."""
-    tmp = tmp_path_factory.mktemp("supervised_llm")
+# Triton 2.51's python backend aborts the whole server (this text in its log) when a stub is killed while it holds
+# its shared-memory lock, which it does for microseconds per message. `s2t serve` starts an aborted server again
+# (tests/integration/test_lifecycle.py); a run the server did not survive says nothing of the explainer.
+SERVER_ABORT = "boost::interprocess::lock_exception"
+KILL_TRIES = 3
+
+
+def supervised_llm(tmp: Path):
+    """The risk and LLM repositories on a server (not started) whose supervisor reloads a model whose stub died."""
     repository, ensembles = repository_copies(tmp)
     llm_repository = _llm_repository_for_tests(tmp / "model_repository_llm")
     config = llm_repository / "risk_explainer" / "config.pbtxt"
@@ -144,10 +151,17 @@ def supervised_llm(built_artifacts, tmp_path_factory):
         text, count = re.subn(rf'(key: "{key}"\s*value: \{{ string_value: )"[^"]*"', rf'\1"{value}"', text)
         assert count == 1, key
     config.write_text(text)
-    server = triton_server([repository, ensembles, llm_repository], log_path=tmp / "tritonserver.log",
-                           supervise=True, exit_timeout_seconds=10)
-    with serving(server):
-        yield server
+    return triton_server([repository, ensembles, llm_repository], log_path=tmp / "tritonserver.log",
+                         supervise=True, exit_timeout_seconds=10)
+
+
+def aborted(server) -> bool:
+    """Whether the server died of the python backend's abort (given a few seconds to finish dying)."""
+    try:
+        server.process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        return False
+    return SERVER_ABORT in Path(server.log_path).read_text(errors="replace")
 
 
 def explain_timed(url: str, started=None) -> tuple[dict, float]:
@@ -171,13 +185,27 @@ def explain_timed(url: str, started=None) -> tuple[dict, float]:
     return events, time.monotonic()
 
 
-def test_explainer_streams_and_new_requests_answer_when_the_language_model_dies_mid_generation(supervised_llm):
-    url, streams, started = supervised_llm.http_url, 4, threading.Semaphore(0)
+def test_explainer_streams_and_new_requests_answer_when_the_language_model_dies_mid_generation(built_artifacts,
+                                                                                              tmp_path):
+    for attempt in range(KILL_TRIES):
+        with serving(supervised_llm(tmp_path / f"try{attempt}")) as server:
+            try:
+                streams_and_new_requests_answer_when_the_language_model_dies(server)
+                return
+            except Exception:
+                if not aborted(server):
+                    raise
+            print(f"tritonserver aborted ({SERVER_ABORT}) when the llm stub was killed; starting it again")
+    pytest.fail(f"tritonserver aborted ({SERVER_ABORT}) on each of {KILL_TRIES} kills of the llm stub")
+
+
+def streams_and_new_requests_answer_when_the_language_model_dies(server):
+    url, streams, started = server.http_url, 4, threading.Semaphore(0)
     with ThreadPoolExecutor(streams + 10) as pool:
         running = [pool.submit(explain_timed, url, started) for _ in range(streams)]
         for _ in range(streams):
             assert started.acquire(timeout=120), "every stream reaches the language model's words"
-        victim = next(s for s in stubs_of(supervised_llm.process.pid).values() if s.model == "llm")
+        victim = next(s for s in stubs_of(server.process.pid).values() if s.model == "llm")
         os.kill(victim.pid, signal.SIGKILL)
         killed = time.monotonic()
         fresh = [pool.submit(explain_timed, url) for _ in range(10)]
