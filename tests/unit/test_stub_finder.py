@@ -5,6 +5,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -52,7 +53,12 @@ class ForkingThread:
             self._asks.append((model, done))
             self._wake.notify()
         assert done.wait(10)
-        return self.children[-1].pid
+        pid = self.children[-1].pid
+        # Popen returns once the exec has begun (vfork): for a moment the new command line may still read empty.
+        deadline = time.monotonic() + 10
+        while not Path(f"/proc/{pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return pid
 
     def stop(self):
         for child in self.children:
