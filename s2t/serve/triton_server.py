@@ -63,6 +63,22 @@ class ServerError(S2TError, RuntimeError):
     pass
 
 
+# What the python backend runs as its stub (`bash -c "exec .../python/triton_python_backend_stub ARGS"`, in a
+# fork of tritonserver): the wheel's stub, without the server's descriptors. Triton forks stubs without closing
+# them, so a stub forked after the server began serving (any reload) held its listening sockets and client
+# connections for its whole life: a connection the server closed stayed open for its client, a dead server's
+# clients waited on connections nobody answered, and new connections could queue on a listener nobody accepts on.
+# 0-2 are the log; bash's own 255 closes at the exec; the listing's own is closed by the time the loop runs. The
+# stub talks to the server through shared memory named on its command line.
+STUB_WRAPPER = """#!/bin/bash
+for fd in /proc/$$/fd/*; do
+    fd=${fd##*/}
+    if (( fd > 2 && fd != 255 )) && [[ -e /proc/$$/fd/$fd ]]; then exec {fd}>&-; fi
+done
+exec "${0%/*}/stub/triton_python_backend_stub" "$@"
+"""
+
+
 def assemble_backend_dir(dest: Path) -> Path:
     """python/ from the wheel with the stub for this interpreter, plus the project's Python-based backends and the
     native ones that are built (a model of a native backend that is not fails to load, Triton naming the library)."""
@@ -75,7 +91,11 @@ def assemble_backend_dir(dest: Path) -> Path:
     stub = TRITON_DIR / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.exists():
         raise ServerError(f"the wheel has no python backend stub for Python {version}")
-    shutil.copy2(stub, python_dir / stub.name)
+    (python_dir / "stub").mkdir()
+    shutil.copy2(stub, python_dir / "stub" / stub.name)
+    wrapper = python_dir / stub.name
+    wrapper.write_text(STUB_WRAPPER)
+    wrapper.chmod(0o755)
     for backend in PYTHON_BASED_BACKENDS:
         (dest / backend).mkdir()
         shutil.copy2(PROJECT_BACKENDS / backend / "model.py", dest / backend / "model.py")

@@ -232,9 +232,10 @@ def sockets_of(pid: int) -> int:
 
 
 def test_a_dead_server_leaves_its_clients_no_connection_to_wait_on_and_its_port_free(built_artifacts, tmp_path):
-    """A stub forked after the server began serving (any reload) inherits the server's sockets; when the server dies
-    (as Triton 2.51 aborts when a stub dies holding its shared-memory lock), that stub must not keep its clients
-    waiting on connections nobody answers, nor its port taken."""
+    """Triton forks a stub without closing its descriptors: one forked after the server began serving (any reload)
+    held its listening sockets and client connections. When the server died (as Triton 2.51 aborts when a stub
+    dies holding its shared-memory lock), that stub kept its clients waiting on connections nobody answered, and
+    its port taken."""
     repo = copy_repository(tmp_path)
     server = triton_server([repo, ENSEMBLES], log_path=tmp_path / "triton.log")
     with server:
@@ -247,7 +248,7 @@ def test_a_dead_server_leaves_its_clients_no_connection_to_wait_on_and_its_port_
                                       for pid, s in stubs_of(server.process.pid).items()), 30)
         heir = next(pid for pid, s in stubs_of(server.process.pid).items()
                     if s.model == "skill_adapter" and pid not in first)
-        assert sockets_of(heir) > 0, "the premise: the reloaded stub holds the server's sockets"
+        assert sockets_of(heir) == 0, "the reloaded stub holds none of the server's sockets"
         os.kill(server.process.pid, signal.SIGKILL)
         client.settimeout(15)
         try:
@@ -255,7 +256,7 @@ def test_a_dead_server_leaves_its_clients_no_connection_to_wait_on_and_its_port_
         except ConnectionResetError:
             pass
         client.close()
-        assert wait_until(lambda: not alive(heir), 5)
+        assert wait_until(lambda: not alive(heir), 5), "the dead server's stubs are gone"
         with socket.socket() as next_server:
             # As Triton binds: the closed connection's TIME_WAIT does not hold the port, a listener still open does.
             next_server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
