@@ -2,7 +2,8 @@
 
 The wheel ships the server binary, the python backend and one stub per Python version; the stub finds this
 virtual environment through `python3` on PATH and loads the interpreter's own libpython through
-LD_LIBRARY_PATH. The backend directory is assembled per server from the wheel plus `backends/`.
+LD_LIBRARY_PATH. The backend directory is assembled per server from the wheel plus `backends/`, the stub behind a
+wrapper that starts it without the server's descriptors (STUB_WRAPPER).
 """
 from __future__ import annotations
 
