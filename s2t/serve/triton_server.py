@@ -69,12 +69,13 @@ class ServerError(S2TError, RuntimeError):
 # them, so a stub forked after the server began serving (any reload) held its listening sockets and client
 # connections for its whole life: a connection the server closed stayed open for its client, a dead server's
 # clients waited on connections nobody answered, and new connections could queue on a listener nobody accepts on.
-# 0-2 are the log; bash's own 255 closes at the exec; the listing's own is closed by the time the loop runs. The
-# stub talks to the server through shared memory named on its command line.
+# 0-2 are the log; this script's own (255, or the highest free below when the server holds 255) closes at the
+# exec; the listing's own is closed by the time the loop runs. The stub talks to the server through shared memory
+# named on its command line.
 STUB_WRAPPER = """#!/bin/bash
 for fd in /proc/$$/fd/*; do
     fd=${fd##*/}
-    if (( fd > 2 && fd != 255 )) && [[ -e /proc/$$/fd/$fd ]]; then exec {fd}>&-; fi
+    if (( fd > 2 )) && [[ -e /proc/$$/fd/$fd && ! /proc/$$/fd/$fd -ef $0 ]]; then exec {fd}>&-; fi
 done
 exec "${0%/*}/stub/triton_python_backend_stub" "$@"
 """

@@ -6,12 +6,18 @@ import subprocess
 
 from s2t.serve.triton_server import assemble_backend_dir, server_env
 
-# Stands in for the wheel's stub: prints its arguments and the descriptors it was started with.
+# Stands in for the wheel's stub: prints its arguments, the standard descriptors it has, and the descriptor number of
+# every socket it was started with.
 STAND_IN = """#!/bin/bash
 echo "args: $*"
-for fd in $(seq 0 64); do if [[ -e /proc/$$/fd/$fd ]]; then echo "fd: $fd"; fi; done
+for fd in 0 1 2; do if [[ -e /proc/$$/fd/$fd ]]; then echo "fd: $fd"; fi; done
+for fd in /proc/$$/fd/*; do
+    case "$(readlink "$fd")" in socket:*) echo "socket: ${fd##*/}";; esac
+done
 exit 1
 """
+# A server with hundreds of connections has a socket where bash would keep its script (255, the highest it can).
+HIGH_FD = 255
 
 
 def start_as_triton_does(stub, args: list[str], keep: list[int]) -> subprocess.CompletedProcess:
@@ -30,17 +36,22 @@ def test_the_stub_starts_with_the_servers_arguments_and_none_of_its_descriptors(
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         connection.connect(listener.getsockname())
-        held = {listener.fileno(), connection.fileno()}
-        unwrapped = start_as_triton_does(real, args, sorted(held))
-        wrapped = start_as_triton_does(python_dir / "triton_python_backend_stub", args, sorted(held))
-    assert held <= descriptors(unwrapped), "the premise: a child of the server holds its sockets"
+        os.dup2(connection.fileno(), HIGH_FD, inheritable=False)
+        try:
+            held = {listener.fileno(), connection.fileno(), HIGH_FD}
+            unwrapped = start_as_triton_does(real, args, sorted(held))
+            wrapped = start_as_triton_does(python_dir / "triton_python_backend_stub", args, sorted(held))
+        finally:
+            os.close(HIGH_FD)
+    assert held <= listed(unwrapped, "socket"), "the premise: a child of the server holds its sockets"
     assert wrapped.stdout.splitlines()[0] == f"args: {' '.join(args)}"
-    assert descriptors(wrapped) == {0, 1, 2}, wrapped.stdout
+    assert listed(wrapped, "socket") == set(), wrapped.stdout
+    assert listed(wrapped, "fd") == {0, 1, 2}, "the log stays"
     assert wrapped.returncode == 1, "the stub's exit status passes through"
 
 
-def descriptors(done: subprocess.CompletedProcess) -> set[int]:
-    return {int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("fd: ")}
+def listed(done: subprocess.CompletedProcess, kind: str) -> set[int]:
+    return {int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith(f"{kind}: ")}
 
 
 def test_the_wrapped_stub_without_arguments_exits_1_as_the_python_backend_checks(tmp_path):
