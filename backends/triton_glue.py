@@ -14,9 +14,13 @@ without a server and the glue is unit-tested through the wheel's own module (tes
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import faulthandler
 import functools
 import json
+import threading
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +35,39 @@ from backends.model_parameters import (MODEL_FOLDER, VERSION_FOLDER, ParameterEr
                                        unknown_parameters)
 from backends.record_decoder import request_error
 from backends.request_rows import RequestRows
+
+
+# How long a finished BLS stream's iterator is kept (see FinishedStreams): far past the stub's own clean-up of it,
+# which comes a message round trip after the last response.
+FINISHED_STREAM_HOLD_S = 10.0
+
+
+class FinishedStreams:
+    """Keeps the iterator of a finished decoupled BLS stream alive for a while, then drops it from a Python thread.
+
+    Triton 2.51's stub keeps every response of such a stream in its ResponseIterator, and a map of its own holds
+    the iterator until its clean-up thread erases the entry after the last response. When Python let go of the
+    iterator first, that thread destroyed it, and with it the responses' numpy arrays, without the GIL: the
+    interpreter's heap was corrupted and the stub died of a SIGSEGV later (in risk_explainer, some seconds into a
+    burst of explanations). Held here until long after the erase, the iterator is destroyed by Python, with the
+    GIL: whichever stream finishes next drops the ones past `hold_s`."""
+
+    def __init__(self, hold_s: float = FINISHED_STREAM_HOLD_S, clock: Callable[[], float] = time.monotonic):
+        self.hold_s, self.clock = hold_s, clock
+        self._held: collections.deque = collections.deque()
+        self._lock = threading.Lock()
+
+    def keep(self, iterator) -> None:
+        now = self.clock()
+        expired = []
+        with self._lock:
+            self._held.append((now, iterator))
+            while self._held and now - self._held[0][0] > self.hold_s:
+                expired.append(self._held.popleft())
+        expired.clear()  # the last references go here, in this Python thread, outside the lock
+
+    def __len__(self) -> int:
+        return len(self._held)
 
 
 @dataclass(frozen=True)
@@ -84,6 +121,10 @@ class Glue:
 
     def __init__(self, pb_utils, name: str, shown_as: str | None = None):
         self.pb, self.name, self.shown_as = pb_utils, name, shown_as or name
+        self.finished_streams = FinishedStreams()
+        # A stub that dies of a signal (a crash in native code) otherwise leaves nothing in the server's log: this
+        # writes every thread's Python stack to the stub's stderr, which is that log.
+        faulthandler.enable(all_threads=True)
         _use_fast_bytes_codec(pb_utils)
 
     # --- configuration ---------------------------------------------------------------------------------------
@@ -250,10 +291,14 @@ class Glue:
                failure: str | None = None) -> Iterator[list[np.ndarray | None]]:
         """A decoupled model's responses to one BLS request, each as its `outputs` (None for an output a response
         lacks, as the last one, which only closes the stream, does); errors as `infer` raises them."""
-        for response in self._exec(model, inputs, outputs, version, failure, decoupled=True):
+        responses = self._exec(model, inputs, outputs, version, failure, decoupled=True)
+        for response in responses:
             self._raise_error_of(response)
             tensors = [self.pb.get_output_tensor_by_name(response, name) for name in outputs]
             yield [None if tensor is None else tensor.as_numpy() for tensor in tensors]
+        # Only a stream read to its end: letting go of an unfinished iterator makes the stub read the rest first,
+        # which must stay on the thread that gave it up rather than land on another stream's.
+        self.finished_streams.keep(responses)
 
     def _exec(self, model, inputs, outputs, version, failure, decoupled: bool):
         request = self.pb.InferenceRequest(

@@ -3,8 +3,13 @@ per-request errors, the catch-all, joining and splitting a dynamic batch, BLS er
 the decoupled take-in and each_stream, and the settings read with unknown keys reported and files resolved."""
 from __future__ import annotations
 
+import gc
 import json
+import os
+import signal
+import subprocess
 import sys
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +20,8 @@ from backends import fault_points
 from backends.decoupled_sender import StreamSender
 from backends.errors import InternalError, InvalidInput, NotServing, Unavailable
 from backends.model_parameters import VERSION_FOLDER, ParameterError, parameter, path_parameter
-from backends.triton_glue import Glue, ModelArgs, Rows
+from backends.triton_glue import FinishedStreams, Glue, ModelArgs, Rows
+from tests.conftest import ROOT
 from tests.unit import python_backend as backend
 from tests.unit.python_backend import TritonError, request
 
@@ -340,3 +346,65 @@ def test_in_a_batch_of_one_record_requests_only_the_bad_record_fails_and_the_oth
     assert [r.error().message() for r in responses if r.has_error()] == ["x: negative, got -2.0",
                                                                          "x: negative, got -4.0"]
     assert [r.output("y").tolist() for r in responses if not r.has_error()] == [[[2.0]], [[6.0]], [[10.0]]]
+
+
+class Responses:
+    """A BLS response iterator whose lifetime a test can watch (the stub's ResponseIterator holds every response)."""
+
+    def __init__(self, responses):
+        self._responses = iter(responses)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._responses)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def a_finished_stream(glue, *texts) -> weakref.ref:
+    """A weak reference to the iterator of a stream consumed to its end and dropped by the caller."""
+    return watched_stream(glue, Responses([*words(*texts), backend.InferenceResponse()]))
+
+
+def watched_stream(glue, iterator: Responses) -> weakref.ref:
+    """`iterator` handed out once by the BLS call, consumed through the glue's stream, then let go of here."""
+    handed, watched = [iterator], weakref.ref(iterator)
+    del iterator
+    glue.pb.InferenceRequest.bls["talker"] = lambda bls: handed.pop()
+    list(glue.stream("talker", {"x": column(1)}, ["text"]))
+    gc.collect()
+    return watched
+
+
+def test_a_finished_bls_streams_iterator_is_kept_past_the_stubs_clean_up_then_dropped_by_a_later_stream(glue):
+    # Dropped by Python before the stub's clean-up thread erased it, the stub destroyed the iterator and its
+    # responses' arrays without the GIL: a corrupted heap and a SIGSEGV later.
+    clock = Clock()
+    glue.finished_streams = FinishedStreams(hold_s=10.0, clock=clock)
+    first = a_finished_stream(glue, b"a", b"b")
+    assert first() is not None, "kept after the stream ended and its caller let go"
+    clock.now = 9.0
+    second = a_finished_stream(glue, b"c")
+    assert first() is not None and second() is not None
+    clock.now = 10.5
+    third = a_finished_stream(glue, b"d")
+    assert first() is None, "dropped, by the Python thread of a later stream, once past the hold"
+    assert second() is not None and third() is not None and len(glue.finished_streams) == 2
+
+
+def test_a_stub_that_dies_of_a_signal_leaves_each_threads_python_stack_in_the_log():
+    crash = ("import ctypes\nfrom tests.unit import python_backend as backend\nfrom backends.triton_glue import Glue\n"
+             "glue = Glue(backend.backend_utils(), 'toy')\nctypes.string_at(0)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}
+    done = subprocess.run([sys.executable, "-c", crash], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == -signal.SIGSEGV
+    assert "Fatal Python error: Segmentation fault" in done.stderr and 'File "<string>", line 5' in done.stderr
