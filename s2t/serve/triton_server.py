@@ -53,9 +53,8 @@ MODEL_LOAD_THREADS = 16
 
 
 def _reap_when_dead(process: subprocess.Popen) -> None:
-    """The server's stubs killed the moment it exits, however it exits. A stub forked after the server began
-    serving (any reload) inherits its listening sockets and client connections: while such a stub outlives an
-    aborted server, its clients wait on connections nobody answers and its ports stay taken."""
+    """The server's stubs killed the moment it exits, however it exits (an abort included), by whoever started
+    it: no stub outlives its server, even when nothing calls `stop`."""
     process.wait()
     reap_group(process.pid)
 

@@ -242,12 +242,12 @@ def test_a_dead_server_leaves_its_clients_no_connection_to_wait_on_and_its_port_
         client = socket.create_connection(("localhost", server.http_port), timeout=30)
         client.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: localhost\r\n\r\n")
         assert b" 200 " in client.recv(4096)
-        first = {pid for pid, s in stubs_of(server.process.pid).items() if s.model == "skill_adapter"}
+        def skill_adapter_stubs() -> set[int]:
+            return {pid for pid, s in stubs_of(server.process.pid).items() if s.model == "skill_adapter"}
+        first = skill_adapter_stubs()
         Reloader(server.http_url, explicit=False).reload("skill_adapter", [repo / "skill_adapter" / "1" / "model.py"])
-        assert wait_until(lambda: any(s.model == "skill_adapter" and pid not in first
-                                      for pid, s in stubs_of(server.process.pid).items()), 30)
-        heir = next(pid for pid, s in stubs_of(server.process.pid).items()
-                    if s.model == "skill_adapter" and pid not in first)
+        assert wait_until(lambda: skill_adapter_stubs() - first, 30)
+        heir = min(skill_adapter_stubs() - first)
         assert sockets_of(heir) == 0, "the reloaded stub holds none of the server's sockets"
         os.kill(server.process.pid, signal.SIGKILL)
         client.settimeout(15)

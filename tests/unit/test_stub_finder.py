@@ -11,14 +11,7 @@ import pytest
 
 from s2t.serve import supervisor
 from s2t.serve.supervisor import STUB_BINARY, StubFinder, StubSupervisor, stubs_of
-
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
+from tests.unit.fake_clock import Clock
 
 
 class ForkingThread:

@@ -23,6 +23,7 @@ from backends.model_parameters import VERSION_FOLDER, ParameterError, parameter,
 from backends.triton_glue import FinishedStreams, Glue, ModelArgs, Rows
 from tests.conftest import ROOT
 from tests.unit import python_backend as backend
+from tests.unit.fake_clock import Clock
 from tests.unit.python_backend import TritonError, request
 
 
@@ -348,34 +349,11 @@ def test_in_a_batch_of_one_record_requests_only_the_bad_record_fails_and_the_oth
     assert [r.output("y").tolist() for r in responses if not r.has_error()] == [[[2.0]], [[6.0]], [[10.0]]]
 
 
-class Responses:
-    """A BLS response iterator whose lifetime a test can watch (the stub's ResponseIterator holds every response)."""
-
-    def __init__(self, responses):
-        self._responses = iter(responses)
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        return next(self._responses)
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
 
 def a_finished_stream(glue, *texts) -> weakref.ref:
-    """A weak reference to the iterator of a stream consumed to its end and dropped by the caller."""
-    return watched_stream(glue, Responses([*words(*texts), backend.InferenceResponse()]))
-
-
-def watched_stream(glue, iterator: Responses) -> weakref.ref:
-    """`iterator` handed out once by the BLS call, consumed through the glue's stream, then let go of here."""
+    """A weak reference to the iterator of a stream the glue read to its end, handed out once by the BLS call and
+    let go of by everyone but the glue."""
+    iterator = (response for response in [*words(*texts), backend.InferenceResponse()])
     handed, watched = [iterator], weakref.ref(iterator)
     del iterator
     glue.pb.InferenceRequest.bls["talker"] = lambda bls: handed.pop()
@@ -383,11 +361,10 @@ def watched_stream(glue, iterator: Responses) -> weakref.ref:
     gc.collect()
     return watched
 
-
 def test_a_finished_bls_streams_iterator_is_kept_past_the_stubs_clean_up_then_dropped_by_a_later_stream(glue):
     # Dropped by Python before the stub's clean-up thread erased it, the stub destroyed the iterator and its
     # responses' arrays without the GIL: a corrupted heap and a SIGSEGV later.
-    clock = Clock()
+    clock = Clock(now=0.0)
     glue.finished_streams = FinishedStreams(hold_s=10.0, clock=clock)
     first = a_finished_stream(glue, b"a", b"b")
     assert first() is not None, "kept after the stream ended and its caller let go"
