@@ -3,9 +3,18 @@
 The records go out as the bytes they arrived in (one BYTES row each, Triton's raw encoding) and the answers come
 back as raw tensors read with numpy: no tensor library, no per-request client objects. Many windows share the
 channel at once (HTTP/2 streams), so a call's windows are scored side by side instead of one round trip at a time.
+
+A call to Triton is never cancelled once sent, whatever happens to its caller: Triton 2.51's gRPC frontend (also in
+the NGC 24.10 image) can crash the whole server on a cancelled ModelInfer, a race between its two handler threads
+over a released request state (SIGSEGV in ModelInferHandler::Process; fixed upstream in 2.57). Measured here: six
+legacy callers whose windows held a record that is no SkillRecord, each window's Triton call cancelled when the
+gateway refused the call, crashed tritonserver within 2 s in three runs out of three. A caller that goes away, a
+call the gateway refuses and a window past `timeout_s` now leave their Triton call to finish unread
+(`Abandoned`); only a call Triton leaves unanswered `UNANSWERED_GRACE_S` longer is cut by its gRPC deadline.
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Sequence
 
 import grpc
@@ -26,6 +35,13 @@ _TRITON_STATUS_KIND = {
     grpc.StatusCode.NOT_FOUND: UNAVAILABLE,
 }
 _NO_LIMIT = -1
+# How much longer than the caller's timeout an unread call to Triton may run before its gRPC deadline cuts it.
+UNANSWERED_GRACE_S = 300.0
+# Unread calls to Triton kept running at most; past this, new windows are refused UNAVAILABLE (Triton is not
+# answering) rather than piling up.
+MAX_ABANDONED = 512
+# How long close() lets unread calls finish before the channel cuts them.
+CLOSE_GRACE_S = 5.0
 
 
 def error_kind(triton_status: grpc.StatusCode | None) -> str:
@@ -38,6 +54,7 @@ class TritonInfer:
 
     def __init__(self, url: str, model: str = "risk_pipeline", timeout_s: float = 30.0):
         self.url, self.model, self.timeout_s = url, model, timeout_s
+        self.abandoned = Abandoned()
         # Replies are as large as the window: no 4 MiB default cap between the gateway and its own Triton.
         self._channel = grpc.aio.insecure_channel(url, options=[("grpc.max_receive_message_length", _NO_LIMIT),
                                                                 ("grpc.max_send_message_length", _NO_LIMIT)])
@@ -51,8 +68,17 @@ class TritonInfer:
         request.raw_input_contents.append(bytes_tensor.encode(list(payloads)))
         for name in (PROBABILITY, DECISION):
             request.outputs.add().name = name
+        if len(self.abandoned) >= MAX_ABANDONED:
+            raise of_kind(UNAVAILABLE, f"Triton has not answered {len(self.abandoned)} earlier calls")
+        call = asyncio.ensure_future(self._stub.ModelInfer(request, timeout=self.timeout_s + UNANSWERED_GRACE_S))
         try:
-            reply = await self._stub.ModelInfer(request, timeout=self.timeout_s)
+            reply = await asyncio.wait_for(asyncio.shield(call), self.timeout_s)
+        except asyncio.TimeoutError:
+            self.abandoned.add(call)
+            raise of_kind(UNAVAILABLE, f"Triton did not answer within {self.timeout_s:g} s") from None
+        except asyncio.CancelledError:
+            self.abandoned.add(call)
+            raise
         except grpc.aio.AioRpcError as err:
             raise of_kind(error_kind(err.code()), err.details() or str(err.code())) from None
         return answers(reply, len(payloads))
@@ -63,7 +89,31 @@ class TritonInfer:
         return int(reply.config.max_batch_size)
 
     async def close(self) -> None:
-        await self._channel.close()
+        """Lets unread calls finish (at most CLOSE_GRACE_S) before the channel goes."""
+        await self._channel.close(grace=CLOSE_GRACE_S if self.abandoned else None)
+
+
+class Abandoned:
+    """Calls to Triton whose caller stopped waiting: held until they end (the event loop keeps only weak references
+    to tasks), their outcome read so that none is reported as never retrieved."""
+
+    def __init__(self):
+        self._calls: set[asyncio.Future] = set()
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def add(self, call: asyncio.Future) -> None:
+        if call.done():
+            self._forget(call)
+            return
+        self._calls.add(call)
+        call.add_done_callback(self._forget)
+
+    def _forget(self, call: asyncio.Future) -> None:
+        self._calls.discard(call)
+        if not call.cancelled():
+            call.exception()
 
 
 def answers(reply, rows: int) -> tuple[np.ndarray, np.ndarray]:
