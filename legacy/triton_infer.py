@@ -40,7 +40,7 @@ UNANSWERED_GRACE_S = 300.0
 # Unread calls to Triton kept running at most; past this, new windows are refused UNAVAILABLE (Triton is not
 # answering) rather than piling up.
 MAX_ABANDONED = 512
-# How long close() lets unread calls finish before the channel cuts them.
+# How long close() lets running calls finish before the channel cuts them.
 CLOSE_GRACE_S = 5.0
 
 
@@ -89,8 +89,9 @@ class TritonInfer:
         return int(reply.config.max_batch_size)
 
     async def close(self) -> None:
-        """Lets unread calls finish (at most CLOSE_GRACE_S) before the channel goes."""
-        await self._channel.close(grace=CLOSE_GRACE_S if self.abandoned else None)
+        """Lets the calls still running, read or not, finish (at most CLOSE_GRACE_S) before the channel goes: closing
+        at once would cancel them."""
+        await self._channel.close(grace=CLOSE_GRACE_S)
 
 
 class Abandoned:
