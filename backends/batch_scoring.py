@@ -14,7 +14,7 @@ from typing import Awaitable, Callable, Sequence
 
 import numpy as np
 
-from backends.errors import INVALID, UNAVAILABLE, InternalError, ServingError
+from backends.errors import INVALID, UNAVAILABLE, InternalError, NotAnsweredInTime, ServingError
 
 
 @dataclass(frozen=True)
@@ -32,13 +32,14 @@ def retrying(score_batch: ScoreBatch, backoff_s: Sequence[float] = (0.05, 0.2),
              sleep: Callable[[float], None] = time.sleep) -> ScoreBatch:
     """`score_batch` (which raises ServingError), tried again after each pause of `backoff_s` while it fails
     UNAVAILABLE. Triton sheds load by refusing a request that waited past its queue timeout; a short, bounded retry
-    rides out a burst, and a server that stays overloaded or unreachable still fails after the last pause."""
+    rides out a burst, and a server that stays overloaded or unreachable still fails after the last pause. A request
+    not answered in time (NotAnsweredInTime) may still be running: it is not sent again."""
     def score(payloads: Sequence[bytes]):
         for pause in backoff_s:
             try:
                 return score_batch(payloads)
             except ServingError as err:
-                if err.kind != UNAVAILABLE:
+                if not _worth_retrying(err):
                     raise
             sleep(pause)
         return score_batch(payloads)
@@ -64,11 +65,15 @@ def retrying_async(score_batch: AsyncScoreBatch, backoff_s: Sequence[float] = (0
             try:
                 return await score_batch(payloads)
             except ServingError as err:
-                if err.kind != UNAVAILABLE:
+                if not _worth_retrying(err):
                     raise
             await asyncio.sleep(pause)
         return await score_batch(payloads)
     return score
+
+
+def _worth_retrying(err: ServingError) -> bool:
+    return err.kind == UNAVAILABLE and not isinstance(err, NotAnsweredInTime)
 
 
 async def score_isolating_bad_records_async(payloads: Sequence[bytes], score_batch: AsyncScoreBatch) -> list[Scored]:

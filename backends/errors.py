@@ -43,6 +43,11 @@ class Unavailable(ServingError):
     kind = UNAVAILABLE
 
 
+class NotAnsweredInTime(Unavailable):
+    """No answer within the caller's time; the request may still be running where it was sent, so sending it again
+    at once would add to the load that made it late (`batch_scoring.retrying` does not)."""
+
+
 class NotServing(Unavailable):
     """The model or version asked for is not loaded (not yet published, being swapped, or retired)."""
 

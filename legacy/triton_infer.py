@@ -4,13 +4,14 @@ The records go out as the bytes they arrived in (one BYTES row each, Triton's ra
 back as raw tensors read with numpy: no tensor library, no per-request client objects. Many windows share the
 channel at once (HTTP/2 streams), so a call's windows are scored side by side instead of one round trip at a time.
 
-A call to Triton is never cancelled once sent, whatever happens to its caller: Triton 2.51's gRPC frontend (also in
-the NGC 24.10 image) can crash the whole server on a cancelled ModelInfer, a race between its two handler threads
-over a released request state (SIGSEGV in ModelInferHandler::Process; fixed upstream in 2.57). Measured here: six
-legacy callers whose windows held a record that is no SkillRecord, each window's Triton call cancelled when the
-gateway refused the call, crashed tritonserver within 2 s in three runs out of three. A caller that goes away, a
-call the gateway refuses and a window past `timeout_s` now leave their Triton call to finish unread
-(`Abandoned`); only a call Triton leaves unanswered `UNANSWERED_GRACE_S` longer is cut by its gRPC deadline.
+A call sent to Triton is left to finish, whatever happens to its caller: Triton 2.51's gRPC frontend (also in the
+NGC 24.10 image) can crash the whole server on a cancelled ModelInfer, a race between its two handler threads over
+a released request state (SIGSEGV in ModelInferHandler::Process; fixed upstream in 2.57). Measured here: six legacy
+callers whose windows held a record that is no SkillRecord, each window's Triton call cancelled when the gateway
+refused the call, crashed tritonserver within 2 s in three runs out of three. A caller that goes away, a call the
+gateway refuses and a window past `timeout_s` now leave their call to finish unread (`Calls` holds every call until
+it ends). Two cuts remain, both rare: a call Triton leaves unanswered UNANSWERED_GRACE_S past `timeout_s` (its gRPC
+deadline), and a call still running CLOSE_GRACE_S into close().
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from backends import bytes_tensor
-from backends.errors import INTERNAL, INVALID, UNAVAILABLE, InternalError, of_kind
+from backends.errors import INTERNAL, INVALID, UNAVAILABLE, InternalError, NotAnsweredInTime, of_kind
 from wire.names import DECISION, PAYLOAD, PROBABILITY
 
 # Triton's gRPC status -> what it means for the legacy caller. Anything not listed is INTERNAL.
@@ -37,9 +38,9 @@ _TRITON_STATUS_KIND = {
 _NO_LIMIT = -1
 # How much longer than the caller's timeout an unread call to Triton may run before its gRPC deadline cuts it.
 UNANSWERED_GRACE_S = 300.0
-# Unread calls to Triton kept running at most; past this, new windows are refused UNAVAILABLE (Triton is not
-# answering) rather than piling up.
-MAX_ABANDONED = 512
+# Calls to Triton running at once at most, read or not; past this, new windows are refused UNAVAILABLE (Triton is
+# not answering) rather than piling up.
+MAX_CALLS = 512
 # How long close() lets running calls finish before the channel cuts them.
 CLOSE_GRACE_S = 5.0
 
@@ -54,7 +55,7 @@ class TritonInfer:
 
     def __init__(self, url: str, model: str = "risk_pipeline", timeout_s: float = 30.0):
         self.url, self.model, self.timeout_s = url, model, timeout_s
-        self.abandoned = Abandoned()
+        self.calls = Calls()
         # Replies are as large as the window: no 4 MiB default cap between the gateway and its own Triton.
         self._channel = grpc.aio.insecure_channel(url, options=[("grpc.max_receive_message_length", _NO_LIMIT),
                                                                 ("grpc.max_send_message_length", _NO_LIMIT)])
@@ -68,17 +69,16 @@ class TritonInfer:
         request.raw_input_contents.append(bytes_tensor.encode(list(payloads)))
         for name in (PROBABILITY, DECISION):
             request.outputs.add().name = name
-        if len(self.abandoned) >= MAX_ABANDONED:
-            raise of_kind(UNAVAILABLE, f"Triton has not answered {len(self.abandoned)} earlier calls")
-        call = asyncio.ensure_future(self._stub.ModelInfer(request, timeout=self.timeout_s + UNANSWERED_GRACE_S))
+        if len(self.calls) >= MAX_CALLS:
+            raise of_kind(UNAVAILABLE, f"Triton has not answered {len(self.calls)} earlier calls")
+        call = self.calls.start(self._stub.ModelInfer(request, timeout=self.timeout_s + UNANSWERED_GRACE_S))
+        # asyncio.wait neither cancels the call nor, unlike wait_for on Python 3.11, drops a cancellation of this
+        # task that arrives as the call completes (the gateway ends a call past its time by cancelling it once).
+        done, _ = await asyncio.wait((call,), timeout=self.timeout_s)
+        if not done:
+            raise NotAnsweredInTime(f"Triton did not answer within {self.timeout_s:g} s")
         try:
-            reply = await asyncio.wait_for(asyncio.shield(call), self.timeout_s)
-        except asyncio.TimeoutError:
-            self.abandoned.add(call)
-            raise of_kind(UNAVAILABLE, f"Triton did not answer within {self.timeout_s:g} s") from None
-        except asyncio.CancelledError:
-            self.abandoned.add(call)
-            raise
+            reply = call.result()
         except grpc.aio.AioRpcError as err:
             raise of_kind(error_kind(err.code()), err.details() or str(err.code())) from None
         return answers(reply, len(payloads))
@@ -89,32 +89,37 @@ class TritonInfer:
         return int(reply.config.max_batch_size)
 
     async def close(self) -> None:
-        """Lets the calls still running, read or not, finish (at most CLOSE_GRACE_S) before the channel goes: closing
-        at once would cancel them."""
-        await self._channel.close(grace=CLOSE_GRACE_S)
+        """Gives the calls still running, read or not, CLOSE_GRACE_S to finish, then closes the channel, which
+        cancels those still running."""
+        await self.calls.wait(CLOSE_GRACE_S)
+        await self._channel.close()
 
 
-class Abandoned:
-    """Calls to Triton whose caller stopped waiting: held until they end (the event loop keeps only weak references
-    to tasks), their outcome read so that none is reported as never retrieved."""
+class Calls:
+    """Every call to Triton until it ends, whether its caller still waits or not: held (the event loop keeps only
+    weak references to tasks) and its outcome read, so that none is reported as never retrieved."""
 
     def __init__(self):
-        self._calls: set[asyncio.Future] = set()
+        self._running: set[asyncio.Future] = set()
 
     def __len__(self) -> int:
-        return len(self._calls)
+        return len(self._running)
 
-    def add(self, call: asyncio.Future) -> None:
-        if call.done():
-            self._forget(call)
-            return
-        self._calls.add(call)
-        call.add_done_callback(self._forget)
+    def start(self, awaitable) -> asyncio.Future:
+        call = asyncio.ensure_future(awaitable)
+        self._running.add(call)
+        call.add_done_callback(self._ended)
+        return call
 
-    def _forget(self, call: asyncio.Future) -> None:
-        self._calls.discard(call)
+    def _ended(self, call: asyncio.Future) -> None:
+        self._running.discard(call)
         if not call.cancelled():
             call.exception()
+
+    async def wait(self, timeout: float) -> None:
+        """Until every call has ended, or `timeout` seconds."""
+        if self._running:
+            await asyncio.wait(set(self._running), timeout=timeout)
 
 
 def answers(reply, rows: int) -> tuple[np.ndarray, np.ndarray]:

@@ -9,6 +9,8 @@ import threading
 from typing import Callable
 
 GRPC_STOP_GRACE_S = 10.0
+# Past the grace: the gateway then gives its own calls to Triton up to 5 s to end (legacy.triton_infer).
+GRPC_STOP_MARGIN_S = 10.0
 
 
 def stop_on_signals() -> threading.Event:
@@ -31,7 +33,7 @@ def stop_grpc_service(server, say: Callable[[str], None], grace_s: float = GRPC_
     """Calls in flight get `grace_s` to finish, then are cancelled. The wait is bounded: gRPC's shutdown event can
     stay unset after a call whose bytes did not parse, and the process must exit on SIGTERM all the same."""
     say("stopping: finishing calls in flight")
-    if not server.stop(grace=grace_s).wait(timeout=grace_s + 5):
+    if not server.stop(grace=grace_s).wait(timeout=grace_s + GRPC_STOP_MARGIN_S):
         say("stopped: gRPC did not confirm its shutdown; exiting anyway")
 
 

@@ -4,7 +4,7 @@ callers whose windows held a record that is no SkillRecord took tritonserver dow
 
 The server here logs verbosely, so every cancellation notification Triton receives is counted: the gateway must
 cause none, whether it refuses a call or its caller goes away mid-window, while valid callers beside them are
-scored as the legacy model scores them."""
+scored as the legacy model scores them, and none when the gateway stops."""
 import random
 import threading
 import time
@@ -40,6 +40,8 @@ def gateway_port(verbose_triton):
                   str(WINDOW)], "ready") as process:
         yield port
         assert process.poll() is None, "the gateway died"
+    # Stopped (SIGTERM) right after the callers: its calls to Triton still running were let finish, not cut.
+    assert cancellations(verbose_triton) == 0, "the gateway cancelled calls to Triton as it stopped"
 
 
 def cancellations(server) -> int:

@@ -5,7 +5,7 @@ import pytest
 
 from backends.batch_scoring import (retrying, retrying_async, score_isolating_bad_records,
                                     score_isolating_bad_records_async)
-from backends.errors import INTERNAL, INVALID, UNAVAILABLE, ServingError, of_kind
+from backends.errors import INTERNAL, INVALID, UNAVAILABLE, NotAnsweredInTime, ServingError, of_kind
 
 
 class FakeScorer:
@@ -119,3 +119,21 @@ def test_the_coroutine_form_retries_shed_requests_only(failures, kind, calls):
         with pytest.raises(ServingError):
             asyncio.run(score([b"x"]))
     assert len(attempts) == calls
+
+
+def test_neither_form_sends_again_a_request_not_answered_in_time():
+    """It may still be running where it was sent: a second copy would only add to the load that made it late."""
+    attempts = []
+
+    def late(payloads):
+        attempts.append(payloads)
+        raise NotAnsweredInTime("Triton did not answer within 30 s")
+
+    async def late_async(payloads):
+        return late(payloads)
+
+    with pytest.raises(NotAnsweredInTime):
+        retrying(late, backoff_s=(0.05, 0.2), sleep=lambda _: None)([b"x"])
+    with pytest.raises(NotAnsweredInTime):
+        asyncio.run(retrying_async(late_async, backoff_s=(0.001, 0.002))([b"x"]))
+    assert len(attempts) == 2

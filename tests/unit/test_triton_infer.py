@@ -11,9 +11,9 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from backends import bytes_tensor
-from backends.errors import UNAVAILABLE, ServingError
+from backends.errors import UNAVAILABLE, NotAnsweredInTime, ServingError
 from legacy import triton_infer
-from legacy.triton_infer import Abandoned, TritonInfer
+from legacy.triton_infer import Calls, TritonInfer
 
 
 class SlowTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -70,9 +70,9 @@ def test_a_caller_that_stops_waiting_leaves_the_call_to_finish():
         caller.cancel()
         with pytest.raises(asyncio.CancelledError):
             await caller
-        assert len(infer.abandoned) == 1
+        assert len(infer.calls) == 1
         slow.release.set()
-        await until(lambda: len(infer.abandoned) == 0)
+        await until(lambda: len(infer.calls) == 0)
         await infer.close()
         return slow.outcomes
     assert run(scenario) == ["answered"]
@@ -81,11 +81,11 @@ def test_a_caller_that_stops_waiting_leaves_the_call_to_finish():
 def test_a_window_past_its_timeout_is_unavailable_and_its_call_still_finishes():
     async def scenario(make, slow):
         infer = make(timeout_s=0.2)
-        with pytest.raises(ServingError) as late:
+        with pytest.raises(NotAnsweredInTime) as late:
             await infer([b"{}"])
         assert late.value.kind == UNAVAILABLE and "did not answer within 0.2 s" in str(late.value)
         slow.release.set()
-        await until(lambda: len(infer.abandoned) == 0)
+        await until(lambda: len(infer.calls) == 0)
         await infer.close()
         return slow.outcomes
     assert run(scenario) == ["answered"]
@@ -97,14 +97,14 @@ def test_an_answer_in_time_is_read_and_nothing_is_left_behind():
         slow.release.set()
         probabilities, decisions = await infer([b"{}", b"{}", b"{}"])
         assert probabilities.tolist() == [0.25] * 3 and decisions.tolist() == [b"APPROVE"] * 3
-        assert len(infer.abandoned) == 0
+        assert len(infer.calls) == 0
         await infer.close()
         return slow.outcomes
     assert run(scenario) == ["answered"]
 
 
-def test_past_the_cap_of_unread_calls_new_windows_are_refused_without_a_call(monkeypatch):
-    monkeypatch.setattr(triton_infer, "MAX_ABANDONED", 2)
+def test_past_the_cap_of_running_calls_new_windows_are_refused_without_a_call(monkeypatch):
+    monkeypatch.setattr(triton_infer, "MAX_CALLS", 2)
 
     async def scenario(make, slow):
         infer = make(timeout_s=0.1)
@@ -115,7 +115,7 @@ def test_past_the_cap_of_unread_calls_new_windows_are_refused_without_a_call(mon
             await infer([b"{}"])
         assert refused.value.kind == UNAVAILABLE and "not answered 2 earlier calls" in str(refused.value)
         slow.release.set()
-        await until(lambda: len(infer.abandoned) == 0)
+        await until(lambda: len(infer.calls) == 0)
         await infer.close()
         return slow.outcomes
     assert run(scenario) == ["answered", "answered"]
@@ -128,26 +128,72 @@ def test_close_lets_unread_calls_finish_within_its_grace():
             await infer([b"{}"])
         asyncio.get_running_loop().call_later(0.3, slow.release.set)
         await infer.close()
-        await until(lambda: slow.outcomes)
         return slow.outcomes
     assert run(scenario) == ["answered"]
 
 
-def test_abandoned_reads_each_outcome_and_lets_go_of_it():
+def test_close_lets_a_caller_still_waiting_get_its_answer():
+    async def scenario(make, slow):
+        infer = make()
+        caller = asyncio.ensure_future(infer([b"{}", b"{}"]))
+        await until(lambda: len(infer.calls) == 1)
+        asyncio.get_running_loop().call_later(0.3, slow.release.set)
+        await infer.close()
+        probabilities, _ = await caller
+        assert probabilities.tolist() == [0.25, 0.25]
+        return slow.outcomes
+    assert run(scenario) == ["answered"]
+
+
+def test_a_call_still_running_past_the_close_grace_is_cut(monkeypatch):
+    """The one cut close() makes: stated, so that it stays the only one."""
+    monkeypatch.setattr(triton_infer, "CLOSE_GRACE_S", 0.2)
+
+    async def scenario(make, slow):
+        infer = make(timeout_s=0.1)
+        with pytest.raises(ServingError):
+            await infer([b"{}"])
+        await infer.close()
+        await until(lambda: slow.outcomes)
+        return slow.outcomes
+    assert run(scenario) == ["cancelled"]
+
+
+def test_a_cancellation_arriving_as_the_call_completes_still_ends_the_caller():
+    """The gateway ends a call past its time by cancelling its task once: that must not be lost when Triton's
+    answer lands in the same turn (asyncio.wait_for on Python 3.11 returned the answer instead)."""
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        answer = loop.create_future()
+        infer = TritonInfer("127.0.0.1:1")
+        infer._stub = type("Stub", (), {"ModelInfer": lambda self, request, timeout: answer})()
+        caller = asyncio.ensure_future(infer([b"{}"]))
+        await until(lambda: len(infer.calls) == 1)
+        reply = service_pb2.ModelInferResponse()
+        answer.set_result(reply)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        await infer.close()
+    asyncio.run(scenario())
+
+
+def test_calls_read_each_outcome_and_let_go_of_it():
     async def scenario():
         loop = asyncio.get_running_loop()
         reported = []
         loop.set_exception_handler(lambda _, context: reported.append(context["message"]))
-        abandoned = Abandoned()
+        calls = Calls()
         failing, cancelled, done = (loop.create_future() for _ in range(3))
         done.set_result(1)
         for future in (failing, cancelled, done):
-            abandoned.add(future)
-        assert len(abandoned) == 2
+            calls.start(future)
+        await asyncio.sleep(0)
+        assert len(calls) == 2
         failing.set_exception(RuntimeError("unread"))
         cancelled.cancel()
         await asyncio.sleep(0)
-        assert len(abandoned) == 0
+        assert len(calls) == 0
         del failing, cancelled, done
         gc.collect()
         return reported
