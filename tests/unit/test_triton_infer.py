@@ -62,6 +62,14 @@ async def until(condition, timeout=5.0):
         await asyncio.sleep(0.01)
 
 
+async def released_then_closed(infer, slow) -> list[str]:
+    """Lets the stand-in answer, waits until no call runs, closes: how each call ended on the server's side."""
+    slow.release.set()
+    await until(lambda: len(infer.calls) == 0)
+    await infer.close()
+    return slow.outcomes
+
+
 def test_a_caller_that_stops_waiting_leaves_the_call_to_finish():
     async def scenario(make, slow):
         infer = make()
@@ -71,10 +79,7 @@ def test_a_caller_that_stops_waiting_leaves_the_call_to_finish():
         with pytest.raises(asyncio.CancelledError):
             await caller
         assert len(infer.calls) == 1
-        slow.release.set()
-        await until(lambda: len(infer.calls) == 0)
-        await infer.close()
-        return slow.outcomes
+        return await released_then_closed(infer, slow)
     assert run(scenario) == ["answered"]
 
 
@@ -84,10 +89,7 @@ def test_a_window_past_its_timeout_is_unavailable_and_its_call_still_finishes():
         with pytest.raises(NotAnsweredInTime) as late:
             await infer([b"{}"])
         assert late.value.kind == UNAVAILABLE and "did not answer within 0.2 s" in str(late.value)
-        slow.release.set()
-        await until(lambda: len(infer.calls) == 0)
-        await infer.close()
-        return slow.outcomes
+        return await released_then_closed(infer, slow)
     assert run(scenario) == ["answered"]
 
 
@@ -114,22 +116,27 @@ def test_past_the_cap_of_running_calls_new_windows_are_refused_without_a_call(mo
         with pytest.raises(ServingError) as refused:
             await infer([b"{}"])
         assert refused.value.kind == UNAVAILABLE and "not answered 2 earlier calls" in str(refused.value)
-        slow.release.set()
-        await until(lambda: len(infer.calls) == 0)
-        await infer.close()
-        return slow.outcomes
+        return await released_then_closed(infer, slow)
     assert run(scenario) == ["answered", "answered"]
 
 
-def test_close_lets_unread_calls_finish_within_its_grace():
+@pytest.mark.parametrize("grace_s, answer_after_s, outcome", [
+    (triton_infer.CLOSE_GRACE_S, 0.3, "answered"),  # an unread call answered within close's grace ends as answered
+    (0.2, None, "cancelled"),  # the one cut close() makes, stated so that it stays the only one
+])
+def test_close_gives_unread_calls_its_grace_and_no_more(monkeypatch, grace_s, answer_after_s, outcome):
+    monkeypatch.setattr(triton_infer, "CLOSE_GRACE_S", grace_s)
+
     async def scenario(make, slow):
         infer = make(timeout_s=0.1)
-        with pytest.raises(ServingError):
+        with pytest.raises(NotAnsweredInTime):
             await infer([b"{}"])
-        asyncio.get_running_loop().call_later(0.3, slow.release.set)
+        if answer_after_s is not None:
+            asyncio.get_running_loop().call_later(answer_after_s, slow.release.set)
         await infer.close()
+        await until(lambda: slow.outcomes)
         return slow.outcomes
-    assert run(scenario) == ["answered"]
+    assert run(scenario) == [outcome]
 
 
 def test_close_lets_a_caller_still_waiting_get_its_answer():
@@ -143,20 +150,6 @@ def test_close_lets_a_caller_still_waiting_get_its_answer():
         assert probabilities.tolist() == [0.25, 0.25]
         return slow.outcomes
     assert run(scenario) == ["answered"]
-
-
-def test_a_call_still_running_past_the_close_grace_is_cut(monkeypatch):
-    """The one cut close() makes: stated, so that it stays the only one."""
-    monkeypatch.setattr(triton_infer, "CLOSE_GRACE_S", 0.2)
-
-    async def scenario(make, slow):
-        infer = make(timeout_s=0.1)
-        with pytest.raises(ServingError):
-            await infer([b"{}"])
-        await infer.close()
-        await until(lambda: slow.outcomes)
-        return slow.outcomes
-    assert run(scenario) == ["cancelled"]
 
 
 def test_a_cancellation_arriving_as_the_call_completes_still_ends_the_caller():
