@@ -62,6 +62,8 @@ class TritonInfer:
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
 
     async def __call__(self, payloads: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        if len(self.calls) >= MAX_CALLS:
+            raise of_kind(UNAVAILABLE, f"Triton has not answered {len(self.calls)} earlier calls")
         request = service_pb2.ModelInferRequest(model_name=self.model)
         tensor = request.inputs.add()
         tensor.name, tensor.datatype = PAYLOAD, "BYTES"
@@ -69,8 +71,6 @@ class TritonInfer:
         request.raw_input_contents.append(bytes_tensor.encode(list(payloads)))
         for name in (PROBABILITY, DECISION):
             request.outputs.add().name = name
-        if len(self.calls) >= MAX_CALLS:
-            raise of_kind(UNAVAILABLE, f"Triton has not answered {len(self.calls)} earlier calls")
         call = self.calls.start(self._stub.ModelInfer(request, timeout=self.timeout_s + UNANSWERED_GRACE_S))
         # asyncio.wait neither cancels the call nor, unlike wait_for on Python 3.11, drops a cancellation of this
         # task that arrives as the call completes (the gateway ends a call past its time by cancelling it once).
@@ -119,7 +119,7 @@ class Calls:
     async def wait(self, timeout: float) -> None:
         """Until every call has ended, or `timeout` seconds."""
         if self._running:
-            await asyncio.wait(set(self._running), timeout=timeout)
+            await asyncio.wait(self._running, timeout=timeout)
 
 
 def answers(reply, rows: int) -> tuple[np.ndarray, np.ndarray]:

@@ -9,6 +9,7 @@ import random
 import threading
 import time
 from concurrent import futures
+from contextlib import contextmanager
 
 import grpc
 import pytest
@@ -48,11 +49,13 @@ def cancellations(server) -> int:
     return server.log_path.read_text(errors="replace").count(CANCELLED)
 
 
-def valid_callers(port, data, legacy_scores, stop: threading.Event) -> tuple[threading.Thread, list, list]:
-    """Two callers sending 2 windows a call until `stop`: (thread, calls answered, problems)."""
+@contextmanager
+def valid_callers_beside(port, data, legacy_scores):
+    """Two callers sending 2 windows a call for as long as the `with` lasts: yields (calls answered, problems)."""
     answered, problems = [], []
     rows = list(range(2 * WINDOW))
     records = skill_records(data, rows, prefix="valid")
+    stop = threading.Event()
 
     def call_until_stopped():
         with grpc.insecure_channel(f"localhost:{port}") as channel:
@@ -69,10 +72,15 @@ def valid_callers(port, data, legacy_scores, stop: threading.Event) -> tuple[thr
                     problems.append(f"wrong answer: {answer.results[:2]}")
                 answered.append(1)
 
-    pool = futures.ThreadPoolExecutor(2)
-    thread = threading.Thread(target=lambda: list(pool.map(lambda _: call_until_stopped(), range(2))))
-    thread.start()
-    return thread, answered, problems
+    callers = [threading.Thread(target=call_until_stopped) for _ in range(2)]
+    for caller in callers:
+        caller.start()
+    try:
+        yield answered, problems
+    finally:
+        stop.set()
+        for caller in callers:
+            caller.join()
 
 
 def assert_same_triton_ready(server, pid):
@@ -101,14 +109,9 @@ def test_calls_refused_for_a_record_that_is_no_skill_record_cancel_nothing_in_tr
                     outcomes.append(f"{err.code().name} {'is not a skill.SkillRecord' in (err.details() or '')}")
         return outcomes
 
-    stop = threading.Event()
-    valid, answered, problems = valid_callers(gateway_port, german_credit_data, legacy_scores, stop)
-    try:
-        with futures.ThreadPoolExecutor(HOSTILE_CALLERS) as pool:
-            outcomes = [o for each in pool.map(hostile, range(HOSTILE_CALLERS)) for o in each]
-    finally:
-        stop.set()
-        valid.join()
+    with valid_callers_beside(gateway_port, german_credit_data, legacy_scores) as (answered, problems), \
+            futures.ThreadPoolExecutor(HOSTILE_CALLERS) as pool:
+        outcomes = [o for each in pool.map(hostile, range(HOSTILE_CALLERS)) for o in each]
     assert outcomes == ["INVALID_ARGUMENT True"] * (HOSTILE_CALLERS * CALLS_EACH)
     assert answered and not problems, problems[:3]
     assert_same_triton_ready(verbose_triton, pid)
@@ -132,14 +135,9 @@ def test_callers_that_go_away_mid_window_cancel_nothing_in_triton(
                 left += call.cancel()
         return left
 
-    stop = threading.Event()
-    valid, answered, problems = valid_callers(gateway_port, german_credit_data, legacy_scores, stop)
-    try:
-        with futures.ThreadPoolExecutor(HOSTILE_CALLERS) as pool:
-            left = sum(pool.map(leaving, range(HOSTILE_CALLERS)))
-    finally:
-        stop.set()
-        valid.join()
+    with valid_callers_beside(gateway_port, german_credit_data, legacy_scores) as (answered, problems), \
+            futures.ThreadPoolExecutor(HOSTILE_CALLERS) as pool:
+        left = sum(pool.map(leaving, range(HOSTILE_CALLERS)))
     assert left > CALLS_EACH, f"only {left} calls went away before their answer: the test proves nothing"
     assert answered and not problems, problems[:3]
     assert_same_triton_ready(verbose_triton, pid)

@@ -349,7 +349,6 @@ def test_in_a_batch_of_one_record_requests_only_the_bad_record_fails_and_the_oth
     assert [r.output("y").tolist() for r in responses if not r.has_error()] == [[[2.0]], [[6.0]], [[10.0]]]
 
 
-
 def a_finished_stream(glue, *texts) -> weakref.ref:
     """A weak reference to the iterator of a stream the glue read to its end, handed out once by the BLS call and
     let go of by everyone but the glue."""
@@ -360,6 +359,7 @@ def a_finished_stream(glue, *texts) -> weakref.ref:
     list(glue.stream("talker", {"x": column(1)}, ["text"]))
     gc.collect()
     return watched
+
 
 def test_a_finished_bls_streams_iterator_is_kept_past_the_stubs_clean_up_then_dropped_by_a_later_stream(glue):
     # Dropped by Python before the stub's clean-up thread erased it, the stub destroyed the iterator and its

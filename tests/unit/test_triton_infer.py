@@ -162,8 +162,7 @@ def test_a_cancellation_arriving_as_the_call_completes_still_ends_the_caller():
         infer._stub = type("Stub", (), {"ModelInfer": lambda self, request, timeout: answer})()
         caller = asyncio.ensure_future(infer([b"{}"]))
         await until(lambda: len(infer.calls) == 1)
-        reply = service_pb2.ModelInferResponse()
-        answer.set_result(reply)
+        answer.set_result(service_pb2.ModelInferResponse())
         caller.cancel()
         with pytest.raises(asyncio.CancelledError):
             await caller
