@@ -141,14 +141,16 @@ def supervisor_lines(record: dict, now: float, events_shown: int = SUPERVISOR_EV
     restarts = record.get("server_restarts", 0)
     lines = [f"supervisor: server pid {record.get('server_pid') or 'unknown'}"
              + (f", supervising since {_when(started, now)}" if started else "")
-             + f", {restarts} server restart{'' if restarts == 1 else 's'}"]
+             + f", {restarts} server restart{'' if restarts == 1 else 's'}"
+             + (f" ({record['server_hangs']} after a hang)" if record.get("server_hangs") else "")]
     reloads = record.get("reloads", [])
     lines.append("  reloads: " + (", ".join(f"{r['model']} ({r['reason']}) x{r['count']}" for r in reloads)
                                   or "none"))
     if record.get("reload_failures"):
         lines.append("  failed reloads: " + ", ".join(f"{m} x{n}" for m, n in record["reload_failures"].items()))
     if record.get("given_up"):
-        lines.append("  given up: " + ", ".join(record["given_up"]))
+        lines.append("  given up (failing, not reloaded again; the other models keep serving): "
+                     + ", ".join(record["given_up"]))
     events = record.get("events", [])[-events_shown:] if events_shown else []
     for event in events:
         words = [event.get("event", ""), event.get("model", ""), event.get("reason", ""), event.get("detail", "")]

@@ -60,7 +60,7 @@ def serve(options: ServeOptions, environ: Mapping[str, str], log: Callable[[str]
     server = TritonServer(list(options.repositories), options.http_port, options.grpc_port, options.metrics_port,
                           options.model_control_mode, exit_timeout_seconds=options.exit_timeout_s, admin_key=key,
                           rate_limit_slots=options.rate_limit_slots, supervise=True, supervisor_state=state,
-                          on_give_up=lambda model: replace.set(),
+                          on_replace=lambda why: replace.set(),
                           extra_args=["--metrics-config=summary_latencies=true"])
     stop = stop_on_signals()
     server.start()  # a ServerError says why it could not

@@ -14,8 +14,14 @@ from pathlib import Path
 from backends.atomic_files import write_atomically
 from s2t.prometheus_text import Metrics, samples_named
 
-# Triton's failure reasons that say the model itself failed (REJECTED is a full queue, CANCELED the caller).
-MODEL_FAILURE_REASONS = frozenset({"BACKEND", "OTHER"})
+# Triton's failure reason that says the model itself failed. REJECTED is a full queue and CANCELED the caller; OTHER
+# is whatever failed outside the model (a request Triton could not take). A request answered with its own error
+# (an invalid record, an unknown route) is no failure at all: the python and in-process backends count it as
+# answered, so no caller can make a model look sick.
+MODEL_FAILURE_REASONS = frozenset({"BACKEND"})
+# The in-process backend's gauge (native/python_inprocess.cc): per instance, the wall-clock start (epoch seconds)
+# of the execute in progress, 0 when none runs.
+EXECUTE_STARTED = "s2t_execute_started_seconds"
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,29 @@ def request_counters(metrics: Metrics, models: set[str] | None = None) -> dict[s
                 continue
             counters.setdefault(model, [0.0, 0.0])[slot] += value
     return {model: (ok, bad) for model, (ok, bad) in counters.items()}
+
+
+@dataclass(frozen=True)
+class HangSettings:
+    # An execute that has not returned after this long is stuck for good: Triton never ends one, the in-process
+    # interpreter it holds is every in-process model's, and risk_pipeline's batches take milliseconds.
+    seconds: float = 10.0
+
+
+@dataclass(frozen=True)
+class StuckExecute:
+    model: str
+    instance: str
+    seconds: float
+
+
+def stuck_executes(metrics: Metrics, now: float, settings: HangSettings) -> list[StuckExecute]:
+    """Every execute in progress for longer than the bound, by Triton's metrics (the in-process backend's gauge)."""
+    stuck = []
+    for labels, started in samples_named(metrics, EXECUTE_STARTED):
+        if started > 0 and now - started > settings.seconds:
+            stuck.append(StuckExecute(labels.get("model", "?"), labels.get("instance", "?"), now - started))
+    return stuck
 
 
 def doubling_delay(retries_before: int, first_seconds: float, max_seconds: float) -> float:
@@ -168,6 +197,9 @@ class SupervisorState:
     reload_failures: dict[str, int] = field(default_factory=dict)
     given_up: set[str] = field(default_factory=set)
     server_restarts: int = 0
+    server_hangs: int = 0
+    # Every model seen in Triton's counters: the given-up gauge is exported for each, 0 or 1.
+    watched: set[str] = field(default_factory=set)
     server_pid: int | None = None
     events: list[dict] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
@@ -184,10 +216,16 @@ class SupervisorState:
                 self.given_up.add(model)
             elif kind == "server_restart":
                 self.server_restarts += 1
+            elif kind == "server_hung":
+                self.server_hangs += 1
             event = {"at": round(time.time(), 3), "event": kind}
             event.update({k: v for k, v in (("model", model), ("reason", reason), ("detail", detail)) if v})
             self.events = (self.events + [event])[-EVENTS_KEPT:]
         self.save()
+
+    def watch(self, models: set[str]) -> None:
+        with self._lock:
+            self.watched |= models
 
     def server_started(self, pid: int) -> None:
         with self._lock:
@@ -204,6 +242,7 @@ class SupervisorState:
                 "reloads": [{"model": m, "reason": r, "count": n} for (m, r), n in sorted(self.reloads.items())],
                 "reload_failures": dict(sorted(self.reload_failures.items())),
                 "given_up": sorted(self.given_up),
+                "server_hangs": self.server_hangs,
                 "events": list(self.events),
             }
 
@@ -230,7 +269,11 @@ class SupervisorState:
                       for m, n in sorted(self.reload_failures.items())]
             lines += ["# HELP s2t_supervisor_given_up Models the supervisor stopped reloading (1) after its cap.",
                       "# TYPE s2t_supervisor_given_up gauge"]
-            lines += [f's2t_supervisor_given_up{{model="{m}"}} 1' for m in sorted(self.given_up)]
+            lines += [f's2t_supervisor_given_up{{model="{m}"}} {int(m in self.given_up)}'
+                      for m in sorted(self.given_up | self.watched)]
+            lines += ["# HELP s2t_server_hangs_total tritonserver processes aborted because an execute did not return.",
+                      "# TYPE s2t_server_hangs_total counter",
+                      f"s2t_server_hangs_total {self.server_hangs}"]
             lines += ["# HELP s2t_server_restarts_total tritonserver processes started again after one died.",
                       "# TYPE s2t_server_restarts_total counter",
                       f"s2t_server_restarts_total {self.server_restarts}"]

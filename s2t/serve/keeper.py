@@ -5,11 +5,12 @@ reaped together, restarted with backoff; and the container entry point that does
 
 runs the command, supervises its models (s2t/serve/supervisor.py), serves the supervisor's counters on
 `--supervisor-port` (/metrics), forwards SIGTERM/SIGINT (Triton drains), and exits when tritonserver does, after
-reaping every stub: a stub never outlives its server. When a model cannot be healed it stops the server and exits
-non-zero, so that the orchestrator starts a fresh container. Standard library only (the NGC image's Python), except
-where a repository holds the language model: then, as `s2t serve --llm` does, it also serves the OpenAI-compatible
-API (s2t/serve/openai_server.py, aiohttp: the image's `llm` target) on `--openai-port` once the server is ready,
-and stops it after the server.
+reaping every stub: a stub never outlives its server. When the server must be replaced (a dead stub that no reload
+can bring back in it; a hung server, which the supervisor aborts) it exits non-zero, so that the orchestrator
+starts a fresh container. A model that keeps failing is reported, never a reason to replace the server. Standard
+library only (the NGC image's Python), except where a repository holds the language model: then, as `s2t serve
+--llm` does, it also serves the OpenAI-compatible API (s2t/serve/openai_server.py, aiohttp: the image's `llm`
+target) on `--openai-port` once the server is ready, and stops it after the server.
 """
 from __future__ import annotations
 
@@ -87,7 +88,8 @@ def reap_group(pid: int) -> None:
 
 @dataclass
 class RestartPolicy:
-    """At most `max_restarts` in `window_seconds`, each after a doubling delay."""
+    """At most `max_restarts` in `window_seconds`: the first at once (a crash costs only the new server's start),
+    the next ones after a doubling delay."""
 
     max_restarts: int = 5
     window_seconds: float = 600.0
@@ -100,7 +102,8 @@ class RestartPolicy:
         self._restarts = [t for t in self._restarts if now - t < self.window_seconds]
         if len(self._restarts) >= self.max_restarts:
             return None
-        delay = doubling_delay(len(self._restarts), self.first_delay_seconds, self.max_delay_seconds)
+        delay = doubling_delay(len(self._restarts) - 1, self.first_delay_seconds, self.max_delay_seconds) \
+            if self._restarts else 0.0
         self._restarts.append(now)
         return delay
 
@@ -188,14 +191,14 @@ def start_openai(http_url: str, port: int, log):
 
 def keep(server, stop: threading.Event, replace: threading.Event, policy: RestartPolicy, state: SupervisorState,
          log=lambda message: print(message, file=sys.stderr, flush=True)) -> int:
-    """`s2t serve`'s loop around a started TritonServer: start it again when it dies, or when `replace` is set (its
-    supervisor gave a model up), after the policy's delay, until `stop` is set or the policy gives up. The exit
-    code."""
-    while not stop.wait(0.5):
+    """`s2t serve`'s loop around a started TritonServer: start it again when it dies (a hung one is aborted by its
+    supervisor), or when `replace` is set (a dead stub its supervisor cannot reload in it), after the policy's
+    delay, until `stop` is set or the policy gives up. The exit code."""
+    while not stop.wait(0.1):
         returncode = server.process.poll()
         if returncode is None and not replace.is_set():
             continue
-        why = "replaced (a model could not be healed in it)" if returncode is None else \
+        why = "replaced (a dead stub cannot be reloaded in it)" if returncode is None else \
             f"exited with code {returncode}"
         if returncode is not None:
             server.reap()  # at once: its orphaned stubs must not wait for the supervisor to stop
@@ -248,8 +251,8 @@ def run(command: list[str], supervisor_port: int | None, state_dir: Path | None,
     supervisor = None
     gave_up = threading.Event()
 
-    def give_up(model: str) -> None:
-        log(f"s2t keeper: {model} cannot be healed in this server; stopping it so that a new one starts")
+    def replace(why: str) -> None:
+        log(f"s2t keeper: {why}; stopping the server so that a new one starts")
         gave_up.set()
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -259,8 +262,9 @@ def run(command: list[str], supervisor_port: int | None, state_dir: Path | None,
         supervisor = StubSupervisor(process.pid, http_url, option(command, "model-control-mode") == "explicit",
                                     restricted_headers(command),
                                     metrics_url=f"localhost:{option(command, 'metrics-port', '8002')}",
-                                    state=state, on_give_up=give_up,
-                                    control_lock=VersionStore(Path(repositories[0])).lock if repositories else None)
+                                    state=state, on_replace=replace,
+                                    control_lock=VersionStore(Path(repositories[0])).lock if repositories else None,
+                                    repositories=[Path(r) for r in repositories])
         supervisor.start()
     openai = None
     if openai_port and serves_openai_model(repositories) and process.poll() is None and not stopping.is_set():

@@ -1,17 +1,24 @@
-"""Model supervision: Triton 2.51 never restarts a python stub that died, nor a model that keeps failing, so this
-reloads them, with backoff and a cap, and records what it did.
+"""Model supervision: Triton 2.51 never restarts a python stub that died, nor a model that keeps failing, nor an
+execute that never returns, so this reloads the models, with backoff and a cap, aborts a hung server, and records
+what it did.
 
 Two signs of a sick model: its stub is gone while its version still reports READY (an intentional unload makes
 the version unready; a reload starts the replacement stub before the old one exits), or more than 10% of its
-requests failed in the model itself (Triton's failure counters, reasons BACKEND/OTHER) for 5 s in a row.
+requests failed in the model itself (Triton's failure counter with reason BACKEND) for 5 s in a row. A request
+answered with its own error (an invalid record, an unknown route, anything a caller got wrong) is not a failure of
+the model and never counts: no caller can make the supervisor reload or replace anything.
 A reload is, in explicit mode, the repository API's `load` with the live config plus a changed `s2t_reload`
 parameter (a `load` of unchanged files does nothing, and the repository may be read-only), fetched and posted
 under the control lock that every rollout step holds while it rewrites configs and waits for their loads: a
 config fetched before a promote and posted after it would undo the promote. In poll mode, touching
-the version's model file, which Triton's poller takes for a new model. A reload that fails is tried again after
-1, 2, 4 ... 30 s; after 5 heals of one model in a row, or at once when no reload can work (poll mode on a read-only
-repository), the model is given up and `on_give_up` is called (`s2t serve` starts a new tritonserver; the container
-entry point stops the server and exits, and the orchestrator starts a new container).
+the version's model file (a stub's, or for a model without a stub, such as the in-process backend's, the files of
+its ready versions in the repository), which Triton's poller takes for a new model. A reload that fails is tried
+again after 1, 2, 4 ... 30 s; after 5 heals of one model in a row the model is given up: reported (the
+`s2t_supervisor_given_up` gauge, supervisor.json, `s2t status`) while the other models keep serving. The server is
+replaced only when it is dead or hung: a dead stub that no reload can bring back (poll mode on a read-only
+repository) calls `on_replace`, and an execute stuck past the hang bound (the in-process backend's
+`s2t_execute_started_seconds` gauge) aborts the server with SIGABRT, so that faulthandler and Triton leave their
+stacks in the log, and whoever keeps it (`s2t serve`, the container's keeper) starts a new one.
 
 Standard library only: the NGC container runs it on its system Python.
 """
@@ -20,6 +27,7 @@ from __future__ import annotations
 import errno
 import os
 import py_compile
+import signal
 import sys
 import threading
 import time
@@ -30,8 +38,8 @@ from typing import Callable
 
 from s2t.prometheus_text import scrape
 from s2t.triton_admin import UNREACHABLE, TritonAdmin
-from s2t.serve.healing import (ErrorRateSettings, ErrorRateWatch, HealPolicy, HealSettings, SupervisorState,
-                           request_counters)
+from s2t.serve.healing import (ErrorRateSettings, ErrorRateWatch, HangSettings, HealPolicy, HealSettings,
+                               SupervisorState, request_counters, stuck_executes)
 
 STUB_BINARY = "triton_python_backend_stub"
 # A stub must be missing on this many consecutive checks before it counts as dead: a reload may briefly show
@@ -44,6 +52,8 @@ METRICS_INTERVAL_SECONDS = 1.0
 RELOAD_PARAMETER = "s2t_reload"
 # A rollout step holds the control lock for seconds (its loads); past this the reload is tried again later.
 CONTROL_LOCK_SECONDS = 60.0
+# A hung server gets this long after SIGABRT to write its stacks and die before it is killed outright.
+ABORT_GRACE_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -250,12 +260,18 @@ class Reloader:
 
 
 class StubSupervisor(threading.Thread):
+    """`on_give_up(model)`: told when a model is given up (it stays reported; nothing is replaced for it).
+    `on_replace(why)`: the server must be replaced (a dead stub no reload can bring back in it).
+    `repositories`: where the models' folders are, for a poll-mode reload of a model that has no stub."""
+
     def __init__(self, server_pid: int, http_url: str, explicit: bool, admin_headers: dict[str, str] | None = None,
                  metrics_url: str | None = None, state: SupervisorState | None = None,
                  heal_settings: HealSettings | None = None, error_settings: ErrorRateSettings | None = None,
                  on_give_up: Callable[[str], None] | None = None, interval: float = 0.2,
                  log: Callable[[str], None] | None = None,
-                 control_lock: Callable[[float], AbstractContextManager] | None = None):
+                 control_lock: Callable[[float], AbstractContextManager] | None = None,
+                 on_replace: Callable[[str], None] | None = None, hang_settings: HangSettings | None = None,
+                 repositories: list[Path] | tuple[Path, ...] = ()):
         super().__init__(name="s2t-stub-supervisor", daemon=True)
         self.server_pid, self.http_url, self.metrics_url = server_pid, http_url, metrics_url
         self.interval = interval
@@ -265,7 +281,11 @@ class StubSupervisor(threading.Thread):
         self._watch = DeathWatch()
         self._errors = ErrorRateWatch(error_settings or ErrorRateSettings())
         self._policy = HealPolicy(heal_settings or HealSettings())
+        self._hang = hang_settings or HangSettings()
         self._on_give_up = on_give_up
+        self._on_replace = on_replace
+        self._repositories = [Path(r) for r in repositories]
+        self._aborted = False
         self._stubs: dict[int, Stub] = {}
         self._finder = StubFinder(server_pid)
         self._last_metrics = 0.0
@@ -325,9 +345,15 @@ class StubSupervisor(threading.Thread):
             self._log(f"s2t supervisor: stub {stub.instance} of {stub.model} version {stub.version} "
                       f"(pid {stub.pid}) died")
             done += self._heal(stub.model, "stub_died", stub)
-        if self.metrics_url and now - self._last_metrics >= METRICS_INTERVAL_SECONDS:
+        if self.metrics_url and now - self._last_metrics >= METRICS_INTERVAL_SECONDS and not self._aborted:
             self._last_metrics = now
-            for model, rate in self._failing_models(now):
+            try:
+                metrics = scrape(f"http://{self.metrics_url}/metrics", timeout_s=2)
+            except UNREACHABLE:
+                metrics = None
+            if metrics is not None and self._abort_if_hung(metrics):
+                return done
+            for model, rate in self._failing_models(metrics, now) if metrics is not None else ():
                 self._log(f"s2t supervisor: {model} failed {rate:.0%} of its requests for "
                           f"{self._errors.settings.seconds:.0f} s")
                 done += self._heal(model, "error_rate", None)
@@ -352,10 +378,13 @@ class StubSupervisor(threading.Thread):
             self._give_up(model, reason, f"{self._policy.settings.max_attempts} reloads in a row did not heal it")
             return []
         try:
-            self.reloader.reload(model, sorted(self._model_files.get(model, ())))
+            self.reloader.reload(model, sorted(self._model_files.get(model, ())) or self._version_files(model))
         except CannotReload as err:
             self.state.record("reload_failed", model, reason, str(err))
             self._give_up(model, reason, f"it cannot be reloaded in this server ({err})")
+            if reason == "stub_died" and self._on_replace is not None:
+                # A dead process no reload can bring back: only a new server serves the model again.
+                self._on_replace(f"{model}'s stub died and cannot be reloaded in this server ({err})")
             return []
         except (OSError, ValueError) as err:
             self._policy.failed(model, reason, time.monotonic())
@@ -378,12 +407,50 @@ class StubSupervisor(threading.Thread):
         if self._on_give_up is not None:
             self._on_give_up(model)
 
-    def _failing_models(self, now: float) -> list[tuple[str, float]]:
+    def _abort_if_hung(self, metrics) -> bool:
+        """SIGABRT to a server whose execute is stuck past the bound (then SIGKILL after a grace); True if so."""
+        stuck = stuck_executes(metrics, time.time(), self._hang)
+        if not stuck:
+            return False
+        worst = max(stuck, key=lambda s: s.seconds)
+        self._aborted = True
+        why = f"{worst.instance}'s execute has not returned for {worst.seconds:.0f} s (bound {self._hang.seconds:.0f} s)"
+        self._log(f"s2t supervisor: tritonserver is hung: {why}; aborting it")
+        self.state.record("server_hung", worst.model, "hung", why)
         try:
-            metrics = scrape(f"http://{self.metrics_url}/metrics", timeout_s=2)
-        except UNREACHABLE:
-            return []
+            os.kill(self.server_pid, signal.SIGABRT)
+        except ProcessLookupError:
+            return True
+        threading.Thread(target=self._kill_after_grace, name="s2t-abort-grace", daemon=True).start()
+        return True
+
+    def _kill_after_grace(self) -> None:
+        deadline = time.monotonic() + ABORT_GRACE_SECONDS
+        while time.monotonic() < deadline:
+            if not _alive(self.server_pid):
+                return
+            time.sleep(0.1)
+        try:
+            os.kill(self.server_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def _version_files(self, model: str) -> list[Path]:
+        """The files of the model's ready versions in the repositories: what a poll-mode reload of a model without
+        a stub touches."""
+        files = []
+        for repository in self._repositories:
+            folder = repository / model
+            if not folder.is_dir():
+                continue
+            for version in sorted(v for v in folder.iterdir() if v.is_dir() and v.name.isdigit()):
+                if self._is_ready(model, version.name):
+                    files += sorted(f for f in version.iterdir() if f.is_file())
+        return files
+
+    def _failing_models(self, metrics, now: float) -> list[tuple[str, float]]:
         counters = request_counters(metrics)
+        self.state.watch(set(counters))
         # An ensemble only passes its members' failures on: reloading it heals nothing.
         return self._errors.observe({m: c for m, c in counters.items() if not self._is_ensemble(m)}, now)
 
@@ -397,3 +464,12 @@ class StubSupervisor(threading.Thread):
 
     def _is_ready(self, model: str, version: str) -> bool | None:
         return self.reloader.admin.is_version_ready(model, version)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

@@ -159,8 +159,11 @@ class TritonServer:
     supervise: bool = False
     # What the supervisor did; by default `supervisor.json` in the first repository's control area.
     supervisor_state: SupervisorState | None = None
-    # Called (from the supervisor's thread) with a model the supervisor gave up on.
+    # Called (from the supervisor's thread) with a model the supervisor gave up on (reported; the server keeps serving).
     on_give_up: object = None
+    # Called (from the supervisor's thread) with the reason when the server must be replaced: a dead stub that no
+    # reload can bring back in it.
+    on_replace: object = None
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
     process: subprocess.Popen | None = None
@@ -232,7 +235,8 @@ class TritonServer:
                                              admin_headers(self.admin_key or ""),
                                              metrics_url=f"localhost:{self.metrics_port}",
                                              state=self.supervisor_state, on_give_up=self.on_give_up,
-                                             control_lock=VersionStore(Path(self.repositories[0])).lock)
+                                             control_lock=VersionStore(Path(self.repositories[0])).lock,
+                                             on_replace=self.on_replace, repositories=self.repositories)
             self.supervisor.start()
         return self
 

@@ -332,7 +332,7 @@ def test_serve_replaces_the_server_when_a_model_cannot_be_reloaded_in_it(read_on
         finally:
             process.send_signal(signal.SIGTERM)
             process.wait(60)
-    assert "replaced (a model could not be healed in it)" in log_path.read_text()
+    assert "replaced (a dead stub cannot be reloaded in it)" in log_path.read_text()
 
 
 def test_explicit_mode_heals_a_killed_stub_on_a_read_only_repository(read_only_repository, tmp_path):

@@ -88,9 +88,9 @@ def adapter_queries() -> dict[str, str]:
     return queries
 
 
-def test_the_alerts_cover_queue_depth_failures_p99_latency_the_breaker_and_stream_gaps():
+def test_the_alerts_cover_queue_depth_failures_p99_latency_the_breaker_stream_gaps_and_healing():
     assert {"TritonQueueDepthHigh", "TritonFailureRatioHigh", "TritonP99LatencyHigh", "RouterBreakerOpen",
-            "StreamGapsHigh", "FeatureDrift"} <= set(alert_rules())
+            "StreamGapsHigh", "FeatureDrift", "ModelGivenUp", "TritonHung", "TritonRestarted"} <= set(alert_rules())
 
 
 def test_the_dashboard_shows_throughput_latency_queue_batches_canary_shadow_and_reordering():
@@ -171,18 +171,20 @@ def _ready(port: int) -> bool:
 
 @pytest.fixture(scope="module")
 def exported(built_artifacts, german_credit_data, tmp_path_factory) -> dict[str, list[dict[str, str]]]:
-    """Every series `s2t serve` exports after traffic on each entry model, with a shadow candidate (which the
-    session server does not have) on a copy of the repository."""
+    """Every series `s2t serve` exports (Triton's and its supervisor's) after traffic on each entry model, with a
+    shadow candidate (which the session server does not have) on a copy of the repository."""
     root = tmp_path_factory.mktemp("observed")
     repo = root / "model_repository"
     shutil.copytree(MODEL_REPOSITORY, repo, ignore=shutil.ignore_patterns("__pycache__"))
     lite = VersionStore(repo).served("risk_scorer_lite")[-1]
     canary(Rollout("risk_scorer_lite", repo), lite, 0.0, 100.0)
     ports = {"HTTP_PORT": free_port(), "GRPC_PORT": free_port(), "METRICS_PORT": free_port()}
+    supervisor_port = free_port()
     env = {**os.environ, **{name: str(port) for name, port in ports.items()}}
     log_path = root / "serve.log"
     with open(log_path, "wb") as log:
-        process = subprocess.Popen([str(S2T), "serve", "--exit-timeout", "5", "--supervisor-port", "0",
+        process = subprocess.Popen([str(S2T), "serve", "--exit-timeout", "5",
+                                    "--supervisor-port", str(supervisor_port),
                                     "--model-repository", str(repo), "--model-repository", str(ENSEMBLES)],
                                    cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -202,7 +204,15 @@ def exported(built_artifacts, german_credit_data, tmp_path_factory) -> dict[str,
         client.close()
         stream_client.replay(grpc_url, [{"features": f} for f in rows[:60]], 3, shuffle=0.3, window=4, seed=5)
         with urllib.request.urlopen(f"http://localhost:{ports['METRICS_PORT']}/metrics", timeout=10) as resp:
-            return parse_metrics(resp.read().decode())
+            exported = parse_metrics(resp.read().decode())
+        # The supervisor's own series (Prometheus' s2t-supervisor job), once it has read Triton's counters.
+        deadline = time.monotonic() + 10
+        while True:
+            with urllib.request.urlopen(f"http://localhost:{supervisor_port}/metrics", timeout=10) as resp:
+                supervisor = parse_metrics(resp.read().decode())
+            if "s2t_supervisor_given_up" in supervisor or time.monotonic() > deadline:
+                return {**exported, **supervisor}
+            time.sleep(0.5)
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(60)

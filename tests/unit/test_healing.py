@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from s2t.serve.healing import (ErrorRateSettings, ErrorRateWatch, HealPolicy, HealSettings, SupervisorState,
-                               doubling_delay, request_counters)
+from s2t.serve.healing import (ErrorRateSettings, ErrorRateWatch, HangSettings, HealPolicy, HealSettings,
+                               StuckExecute, SupervisorState, doubling_delay, request_counters, stuck_executes)
 from s2t.prometheus_text import parse_metrics
 from s2t.serve.keeper import RestartPolicy, restricted_headers
 
@@ -20,8 +20,26 @@ nv_inference_request_failure{model="risk_scorer",reason="BACKEND",version="2"} 1
 
 
 def test_request_counters_sum_versions_and_count_only_the_models_own_failures():
-    assert request_counters(parse_metrics(METRICS)) == {"skill_adapter": (90.0, 10.0), "risk_scorer": (15.0, 1.0)}
+    # OTHER (a request Triton could not take), REJECTED (a full queue), CANCELED (the caller): not the model's.
+    assert request_counters(parse_metrics(METRICS)) == {"skill_adapter": (90.0, 7.0), "risk_scorer": (15.0, 1.0)}
     assert request_counters(parse_metrics(METRICS), {"risk_scorer"}) == {"risk_scorer": (15.0, 1.0)}
+
+
+EXECUTES = """# TYPE s2t_execute_started_seconds gauge
+s2t_execute_started_seconds{instance="risk_pipeline_0_0",model="risk_pipeline",version="1"} %s
+s2t_execute_started_seconds{instance="other_0_0",model="other",version="1"} 0
+"""
+
+
+@pytest.mark.parametrize("started, now, stuck", [
+    (0, 1000.0, []),                                                  # idle
+    (995.0, 1000.0, []),                                              # running 5 s: within the bound
+    (990.0, 1000.0, []),                                              # exactly the bound: not past it
+    (989.0, 1000.0, [StuckExecute("risk_pipeline", "risk_pipeline_0_0", 11.0)]),
+    (1001.0, 1000.0, []),                                             # a clock step back: not stuck
+])
+def test_an_execute_running_past_the_bound_is_stuck_and_an_idle_instance_never_is(started, now, stuck):
+    assert stuck_executes(parse_metrics(EXECUTES % started), now, HangSettings(seconds=10)) == stuck
 
 
 def feed(watch, samples):
@@ -88,9 +106,10 @@ def test_the_delay_doubles_from_the_first_up_to_the_most(retries_before, first, 
 
 
 def test_server_restarts_back_off_and_stop_at_the_cap_within_the_window():
-    policy = RestartPolicy(max_restarts=3, window_seconds=100, first_delay_seconds=1, max_delay_seconds=3)
-    assert [policy.next_delay(t) for t in (0, 10, 20)] == [1, 2, 3]
-    assert policy.next_delay(30) is None
+    policy = RestartPolicy(max_restarts=4, window_seconds=100, first_delay_seconds=1, max_delay_seconds=3)
+    # The first at once: a crash costs only the start; a server that keeps dying waits longer each time.
+    assert [policy.next_delay(t) for t in (0, 10, 20, 30)] == [0, 1, 2, 3]
+    assert policy.next_delay(40) is None
     assert policy.next_delay(100.5) == 3, "the first restart left the window"
 
 
@@ -102,15 +121,24 @@ def test_the_state_file_and_the_metrics_say_what_was_done(tmp_path):
     state.record("reload", "risk_scorer", "error_rate")
     state.record("reload_failed", "risk_scorer", "error_rate", "read-only file system")
     state.record("server_restart", detail="exited with code -9")
+    state.record("server_hung", "risk_pipeline", "hung", "risk_pipeline_0_0's execute has not returned for 11 s")
     saved = json.loads(state.path.read_text())
     assert saved["server_pid"] == 42 and saved["server_restarts"] == 1
     assert {"model": "skill_adapter", "reason": "stub_died", "count": 2} in saved["reloads"]
     assert saved["reload_failures"] == {"risk_scorer": 1}
-    assert [e["event"] for e in saved["events"]] == ["reload", "reload", "reload", "reload_failed", "server_restart"]
+    assert saved["server_hangs"] == 1
+    assert [e["event"] for e in saved["events"]] == ["reload", "reload", "reload", "reload_failed", "server_restart",
+                                                      "server_hung"]
     assert list(state.path.parent.iterdir()) == [state.path], "no temporary file left"
     text = state.prometheus()
     assert 's2t_supervisor_reloads_total{model="skill_adapter",reason="stub_died"} 2' in text
     assert "s2t_server_restarts_total 1" in text
+    assert "s2t_server_hangs_total 1" in text
+    state.watch({"risk_pipeline", "skill_adapter"})
+    state.record("gave_up", "skill_adapter", "error_rate")
+    text = state.prometheus()
+    assert 's2t_supervisor_given_up{model="risk_pipeline"} 0' in text, "every watched model has the gauge"
+    assert 's2t_supervisor_given_up{model="skill_adapter"} 1' in text
 
 
 def test_the_admin_header_comes_from_the_restricted_api_option():

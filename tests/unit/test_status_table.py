@@ -8,7 +8,7 @@ from s2t.control.status import supervisor_lines, table
 
 NOW = calendar.timegm(time.strptime("2026-12-01T12:00:00", "%Y-%m-%dT%H:%M:%S"))
 RECORD = {
-    "server_pid": 4242, "started_at": NOW - 3 * 3600 - 125, "server_restarts": 1,
+    "server_pid": 4242, "started_at": NOW - 3 * 3600 - 125, "server_restarts": 1, "server_hangs": 1,
     "reloads": [{"model": "risk_router", "reason": "stub_died", "count": 2}],
     "reload_failures": {"risk_stream": 1}, "given_up": ["risk_stream"],
     "events": [{"at": NOW - 90, "event": "reload", "model": "risk_router", "reason": "stub_died"},
@@ -19,10 +19,11 @@ RECORD = {
 
 def test_the_supervisor_record_reads_as_times_ages_and_counts():
     assert supervisor_lines(RECORD, NOW) == [
-        "supervisor: server pid 4242, supervising since 2026-12-01T08:57:55Z (3 h 2 min ago), 1 server restart",
+        "supervisor: server pid 4242, supervising since 2026-12-01T08:57:55Z (3 h 2 min ago), 1 server restart "
+        "(1 after a hang)",
         "  reloads: risk_router (stub_died) x2",
         "  failed reloads: risk_stream x1",
-        "  given up: risk_stream",
+        "  given up (failing, not reloaded again; the other models keep serving): risk_stream",
         "  2026-12-01T11:58:30Z (1 min 30 s ago) reload risk_router stub_died",
         "  2026-12-01T11:59:55Z (5 s ago) gave_up risk_stream error_rate 5 reloads in a row did not heal it",
     ]
