@@ -10,9 +10,12 @@ import numpy as np
 from backends.atomic_files import write_atomically
 from backends.drift import DRIFT, NOT_ENOUGH_DATA, NO_DRIFT, TOP_BINS, Reference
 from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, RecordDecoder, encode_columns
+from s2t.errors import S2TError
 from s2t.prometheus_text import parse_metrics, scrape
 
 REFERENCE_FILE = "drift_reference.json"
+# Every series risk_router's drift watch publishes starts so.
+DRIFT_SERIES_PREFIX = "s2t_feature_"
 PER_FEATURE = {"s2t_feature_psi": "psi", "s2t_feature_psi_noise": "noise_psi", "s2t_feature_drift_sample": "sample",
                "s2t_feature_drift_min_sample": "min_sample", "s2t_feature_drifted": "drifted"}
 
@@ -65,17 +68,28 @@ def write_version_reference(model: str, version: int, model_file: Path, data_csv
     return out
 
 
+class NoDriftSeries(S2TError):
+    """The page read has no drift series: not Triton's metrics page, or no risk_router with a reference behind it."""
+
+
 def metrics_address(address: str) -> str:
-    """HOST:PORT (as every address in the CLI) or a URL: the URL of the metrics page."""
-    if "://" in address:
-        return address
-    return f"http://{address.rstrip('/')}" + ("" if "/" in address else "/metrics")
+    """HOST:PORT (as every address in the CLI) or a URL: the URL of the metrics page; an address or URL without a
+    path means Triton's metrics page, `/metrics`."""
+    url = address if "://" in address else f"http://{address}"
+    scheme, _, rest = url.partition("://")
+    host, slash, path = rest.partition("/")
+    return f"{scheme}://{host}/{path}" if slash and path else f"{scheme}://{host}/metrics"
 
 
 def live_report(metrics_text_or_url: str) -> dict:
-    """What risk_router publishes: the reference, the window, and each series' figure with its top moved bins."""
-    metrics = (parse_metrics(metrics_text_or_url) if "\n" in metrics_text_or_url
-               else scrape(metrics_address(metrics_text_or_url)))
+    """What risk_router publishes: the reference, the window, and each series' figure with its top moved bins.
+    A page read from a URL without any drift series is an error naming the URL (NoDriftSeries)."""
+    url = None if "\n" in metrics_text_or_url else metrics_address(metrics_text_or_url)
+    metrics = parse_metrics(metrics_text_or_url) if url is None else scrape(url)
+    if url is not None and not any(name.startswith(DRIFT_SERIES_PREFIX) for name, _ in metrics):
+        raise NoDriftSeries(f"{url} has no {DRIFT_SERIES_PREFIX}* series: it is not Triton's metrics page "
+                            "(--metrics-url HOST:PORT of Triton's metrics port), or risk_router is not loaded there "
+                            "or has no drift reference")
     report: dict = {"reference": None, "reference_version": None, "window_records": None, "sampled_records": 0,
                     "features": {}}
     shares: dict[str, dict[str, dict[str, float]]] = {}

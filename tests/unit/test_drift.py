@@ -368,8 +368,13 @@ def test_the_served_versions_own_reference_is_chosen_before_the_training_referen
 @pytest.mark.parametrize("address, url", [
     ("localhost:8002", "http://localhost:8002/metrics"),
     ("10.0.0.5:9102", "http://10.0.0.5:9102/metrics"),
+    ("localhost:8002/", "http://localhost:8002/metrics"),
     ("http://localhost:8002/metrics", "http://localhost:8002/metrics"),
     ("https://triton.example/metrics", "https://triton.example/metrics"),
+    # A URL without a path is Triton's metrics page, not its root.
+    ("http://localhost:8002", "http://localhost:8002/metrics"),
+    ("http://localhost:8002/", "http://localhost:8002/metrics"),
+    ("http://proxy.example/triton/metrics", "http://proxy.example/triton/metrics"),
 ])
 def test_the_metrics_address_is_host_port_or_a_url(address, url):
     assert metrics_address(address) == url
@@ -553,3 +558,56 @@ def test_a_publication_slower_than_the_interval_is_never_overtaken_by_the_next()
     slow.join(timeout=30)
     watch.tick()  # the timer: the second batch's figures, after the first publication ended
     assert order == [("start", 1.0), ("end", 1.0), ("start", 2.0), ("end", 2.0)]
+
+
+# --- `s2t drift --metrics-url` against a real HTTP page ------------------------------------------------------------
+
+@pytest.fixture
+def metrics_page():
+    """A metrics endpoint on a free port: /metrics serves what the test sets; any other path a page of no series."""
+    import http.server
+
+    served = {"/metrics": ""}
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # http.server's naming
+            body = served.get(self.path, "<html>not the metrics</html>").encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1], served
+    server.shutdown()
+    server.server_close()
+
+
+def drift_cli(*args):
+    from click.testing import CliRunner
+
+    from s2t.cli import main
+    return CliRunner().invoke(main, ["drift", *args])
+
+
+def test_a_metrics_url_without_a_path_reads_the_metrics_page(metrics_page):
+    port, served = metrics_page
+    served["/metrics"] = METRICS
+    result = drift_cli("--metrics-url", f"http://127.0.0.1:{port}", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["features"]["amount"]["state"] == DRIFT
+
+
+@pytest.mark.parametrize("address", ["http://127.0.0.1:{port}", "127.0.0.1:{port}", "http://127.0.0.1:{port}/other"])
+def test_a_page_without_drift_series_is_an_error_naming_its_url(metrics_page, address):
+    port, served = metrics_page
+    served["/metrics"] = 'nv_inference_count{model="risk_pipeline",version="1"} 5\n'
+    result = drift_cli("--metrics-url", address.format(port=port))
+    assert result.exit_code == 1, result.output
+    url = metrics_address(address.format(port=port))
+    assert f"{url} has no s2t_feature_* series" in result.output

