@@ -49,6 +49,16 @@ struct InputView {
   TRITONSERVER_DataType datatype;
   std::vector<int64_t> shape;
   std::vector<std::pair<const void*, uint64_t>> buffers;
+  std::string joined;  // the buffers in one piece, made only for a BYTES input that came in several
+
+  // The input's bytes in one piece (a BYTES element may straddle two buffers).
+  std::pair<const char*, size_t> Contiguous() {
+    if (buffers.size() == 1) return {static_cast<const char*>(buffers[0].first), buffers[0].second};
+    if (joined.empty()) {
+      for (const auto& buffer : buffers) joined.append(static_cast<const char*>(buffer.first), buffer.second);
+    }
+    return {joined.data(), joined.size()};
+  }
 };
 
 inline TRITONSERVER_Error* ReadInputs(TRITONBACKEND_Request* request, std::vector<InputView>* inputs) {
@@ -82,6 +92,52 @@ inline TRITONSERVER_Error* ReadInputs(TRITONBACKEND_Request* request, std::vecto
     }
   }
   return nullptr;
+}
+
+// Walks a BYTES tensor's raw encoding (per element a 4-byte length, then that many bytes), calling
+// each(data, length) per element; returns why it does not parse, or "" when it does. A caller that must not act on
+// a part of a buffer that fails walks it once with a no-op first.
+template <typename Each>
+std::string WalkBytes(const char* data, size_t size, Each&& each) {
+  size_t offset = 0;
+  for (uint64_t index = 0; offset < size; ++index) {
+    if (size - offset < 4) {
+      return "the " + std::to_string(size) + "-byte buffer ends inside element " + std::to_string(index) +
+             "'s 4-byte length";
+    }
+    uint32_t length = 0;
+    std::memcpy(&length, data + offset, 4);
+    offset += 4;
+    if (length > size - offset) {
+      return "element " + std::to_string(index) + "'s length " + std::to_string(length) +
+             " runs past the end of the " + std::to_string(size) + "-byte buffer";
+    }
+    each(data + offset, length);
+    offset += length;
+  }
+  return std::string();
+}
+
+inline std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t d = 0; d < shape.size(); ++d) text += (d == 0 ? "" : ", ") + std::to_string(shape[d]);
+  return text + "]";
+}
+
+// Why a request's BYTES input is not the elements its shape holds (its count in *elements when it is): a caller
+// can send any bytes with HTTP's binary-data extension, and Triton hands them over as they came.
+inline std::string BytesProblem(const char* data, size_t size, const std::vector<int64_t>& shape, size_t* elements) {
+  size_t count = 0;
+  std::string problem = WalkBytes(data, size, [&count](const char*, uint32_t) { ++count; });
+  if (!problem.empty()) return problem;
+  uint64_t expected = 1;
+  for (int64_t d : shape) expected = d < 0 ? 0 : expected * static_cast<uint64_t>(d);
+  if (count != expected) {
+    return std::to_string(count) + " elements where its shape " + ShapeText(shape) + " has " +
+           std::to_string(expected);
+  }
+  *elements = count;
+  return std::string();
 }
 
 

@@ -15,6 +15,9 @@ struct TRITONSERVER_InferenceRequest;
 struct TRITONSERVER_InferenceResponse;
 struct TRITONSERVER_ResponseAllocator;
 struct TRITONSERVER_InferenceTrace;
+struct TRITONSERVER_Parameter;
+struct TRITONSERVER_MetricFamily;
+struct TRITONSERVER_Metric;
 struct TRITONBACKEND_Backend;
 struct TRITONBACKEND_Model;
 struct TRITONBACKEND_ModelInstance;
@@ -65,6 +68,15 @@ enum TRITONSERVER_LogLevel : int {
   TRITONSERVER_LOG_VERBOSE = 3,
 };
 
+enum TRITONSERVER_ParameterType : int {
+  TRITONSERVER_PARAMETER_STRING = 0,
+};
+
+enum TRITONSERVER_MetricKind : int {
+  TRITONSERVER_METRIC_KIND_COUNTER = 0,
+  TRITONSERVER_METRIC_KIND_GAUGE = 1,
+};
+
 enum TRITONBACKEND_ArtifactType : int {
   TRITONBACKEND_ARTIFACT_FILESYSTEM = 0,
 };
@@ -82,6 +94,21 @@ TRITONSERVER_Error* TRITONSERVER_MessageSerializeToJson(TRITONSERVER_Message* me
 TRITONSERVER_Error* TRITONSERVER_MessageDelete(TRITONSERVER_Message* message);
 TRITONSERVER_Error* TRITONSERVER_LogMessage(TRITONSERVER_LogLevel level, const char* filename, const int line,
                                             const char* msg);
+
+// --- custom metrics (on Triton's /metrics page beside its own) -------------------------------------------------
+// A label is a string parameter, copied by MetricNew: the caller deletes it after.
+TRITONSERVER_Parameter* TRITONSERVER_ParameterNew(const char* name, const TRITONSERVER_ParameterType type,
+                                                  const void* value);
+void TRITONSERVER_ParameterDelete(TRITONSERVER_Parameter* parameter);
+TRITONSERVER_Error* TRITONSERVER_MetricFamilyNew(TRITONSERVER_MetricFamily** family,
+                                                 const TRITONSERVER_MetricKind kind, const char* name,
+                                                 const char* description);
+TRITONSERVER_Error* TRITONSERVER_MetricFamilyDelete(TRITONSERVER_MetricFamily* family);
+TRITONSERVER_Error* TRITONSERVER_MetricNew(TRITONSERVER_Metric** metric, TRITONSERVER_MetricFamily* family,
+                                           const TRITONSERVER_Parameter** labels, const uint64_t label_count);
+TRITONSERVER_Error* TRITONSERVER_MetricDelete(TRITONSERVER_Metric* metric);
+TRITONSERVER_Error* TRITONSERVER_MetricIncrement(TRITONSERVER_Metric* metric, double value);
+TRITONSERVER_Error* TRITONSERVER_MetricSet(TRITONSERVER_Metric* metric, double value);
 
 // --- in-process inference --------------------------------------------------------------------------------------
 typedef TRITONSERVER_Error* (*TRITONSERVER_ResponseAllocatorAllocFn_t)(
@@ -154,6 +181,9 @@ TRITONSERVER_Error* TRITONBACKEND_ModelState(TRITONBACKEND_Model* model, void** 
 TRITONSERVER_Error* TRITONBACKEND_ModelSetState(TRITONBACKEND_Model* model, void* state);
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceModel(TRITONBACKEND_ModelInstance* instance,
                                                      TRITONBACKEND_Model** model);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceName(TRITONBACKEND_ModelInstance* instance, const char** name);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceState(TRITONBACKEND_ModelInstance* instance, void** state);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceSetState(TRITONBACKEND_ModelInstance* instance, void* state);
 
 TRITONSERVER_Error* TRITONBACKEND_RequestId(TRITONBACKEND_Request* request, const char** id);
 TRITONSERVER_Error* TRITONBACKEND_RequestInputCount(TRITONBACKEND_Request* request, uint32_t* count);
