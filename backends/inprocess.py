@@ -4,13 +4,16 @@ The python backend runs each model in a stub process and moves every request and
 process boundary on its own: at one record per request that machinery, and the thread hand-offs around it, cost
 more than the decode, the score and the decision together. The in-process backend runs a model's Python in the
 server process instead: it hands this module the input tensors of a whole dynamic batch (BYTES as a list of
-`bytes`, other types raw) and the row count of each request, and takes back the raw output tensors and each request's error, building the responses itself.
+`bytes`, other types raw) and the row count of each request, and takes back the raw output tensors and each
+request's error, building the responses itself.
 
 A model for it is a `model.py` in its version folder with a class `InProcessModel(args: ModelArgs)`: `INPUTS` names
 the inputs it reads, `execute(*joined)` takes each one joined over the batch (BYTES as a list of `bytes`, others
 as arrays) and returns `Rows` (outputs by name, and each row's error or None), as the python backend's `Glue.batch`
 models do. A request with a bad row is answered INVALID_ARG naming it, its batch-mates normally; any exception is
-logged here and every request of the batch answered INTERNAL without the details; the server keeps serving.
+logged here and every request of the batch answered INTERNAL without the details; the server keeps serving. A
+request whose inputs the backend cannot read (one missing, a BYTES buffer that does not parse) never gets here: the
+backend answers it INVALID_ARG on its own and calls this with its batch-mates.
 
 Nothing here imports Triton: the backend calls `load` and `Handler.execute` with plain Python values.
 """
