@@ -13,9 +13,10 @@
 //
 // Each request's inputs are checked on their own before the batch's Python call: a BYTES buffer that does not
 // parse is that request's error, never its batch-mates'. What Triton counts follows the python backend: a request
-// answered with its own error (INVALID_ARG) counts as answered, only the model's failures as failed; the backend's
-// own metrics on Triton's /metrics page count both kinds and show an execution in progress (see Metrics below), so
-// that an outside watchdog can see one that never returns.
+// answered with its own error (INVALID_ARG) counts as answered, only the model's failures as failed. The backend's
+// own metrics on Triton's /metrics page count both kinds (s2t_request_errors_total) and show the execution in
+// progress on each instance (s2t_execute_started_seconds), so that an outside watchdog can see one that never
+// returns.
 //
 // The interpreter is the one `--backend-config=s2t_inprocess,python=PATH` names (a virtual environment's python,
 // whose packages it then imports); its library is linked in and made global, so that the extension modules it
