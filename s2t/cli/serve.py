@@ -29,21 +29,26 @@ from s2t.serve.shutdown import exit_after_shutdown, stop_on_signals, wait_for_st
               help="Triton's rate limiter: at most N model executions at once (off by default)")
 @click.option("--max-restarts", type=int, default=5, show_default=True,
               help="tritonserver is started again after it dies, at most this often within 10 minutes")
+@click.option("--hang-seconds", type=float, default=10.0, show_default=True,
+              help="an execute of the in-process backend running this long means a hung server: it is aborted "
+                   "(its Python stacks to the log) and started again")
 @click.option("--llm", "with_llm", is_flag=True,
               help=f"also serve {LLM_REPOSITORY}/ (llm, llm_router, risk_explainer)")
 @click.option("--openai-port", type=int, envvar="OPENAI_PORT", default=9000, show_default=True,
               help="with --llm: the OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models); 0: none")
 def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mode, repositories, exit_timeout,
-          rate_limit, max_restarts, with_llm, openai_port) -> None:
+          rate_limit, max_restarts, hang_seconds, with_llm, openai_port) -> None:
     """Run the embedded tritonserver until SIGINT/SIGTERM, then drain in-flight requests.
 
-    Supervised: a model whose stub died or that fails over 10% of its requests for 5 s is reloaded; a dead
-    tritonserver is started again (with backoff); its stubs never outlive it. What was done is in
-    supervisor.json in the repository's control area and on --supervisor-port."""
+    Supervised: a model whose stub died or that fails over 10% of its requests for 5 s (its own failures, never
+    a caller's errors) is reloaded, and reported when reloads do not heal it; a dead or hung tritonserver is
+    started again (with backoff); its stubs never outlive it. What was done is in supervisor.json in the
+    repository's control area and on --supervisor-port."""
     from s2t.serve.foreground import ServeOptions, serve as run_serve
     served = (*(repositories or DEFAULT_REPOSITORIES), *([LLM_REPOSITORY] if with_llm else []))
     options = ServeOptions(served, http_port, grpc_port, metrics_port, supervisor_port, model_control_mode,
-                           exit_timeout, rate_limit, max_restarts, openai_port if with_llm else 0)
+                           exit_timeout, rate_limit, max_restarts, openai_port if with_llm else 0,
+                           hang_seconds=hang_seconds)
     sys.exit(run_serve(options, os.environ, log_to_stderr))
 
 

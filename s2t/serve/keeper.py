@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from s2t.serve import hidden_args, leftovers, restricted_apis
-from s2t.serve.healing import STATE_FILE, SupervisorState, doubling_delay
+from s2t.serve.healing import STATE_FILE, HangSettings, SupervisorState, doubling_delay
 from s2t.serve.restricted_apis import restrict
 from s2t.control.version_store import VersionStore
 from s2t.triton_admin import TritonAdmin, wait_until_ready
@@ -228,7 +228,7 @@ def exit_code(returncode: int) -> int:
 
 def run(command: list[str], supervisor_port: int | None, state_dir: Path | None, startup_seconds: float,
         log=lambda message: print(message, file=sys.stderr, flush=True),
-        openai_port: int = DEFAULT_OPENAI_PORT) -> int:
+        openai_port: int = DEFAULT_OPENAI_PORT, hang_seconds: float = HangSettings.seconds) -> int:
     from s2t.serve.supervisor import StubSupervisor
 
     repositories = [arg.split("=", 1)[1] for arg in command if arg.startswith("--model-repository=")]
@@ -264,7 +264,8 @@ def run(command: list[str], supervisor_port: int | None, state_dir: Path | None,
                                     metrics_url=f"localhost:{option(command, 'metrics-port', '8002')}",
                                     state=state, on_replace=replace,
                                     control_lock=VersionStore(Path(repositories[0])).lock if repositories else None,
-                                    repositories=[Path(r) for r in repositories])
+                                    repositories=[Path(r) for r in repositories],
+                                    hang_settings=HangSettings(hang_seconds))
         supervisor.start()
     openai = None
     if openai_port and serves_openai_model(repositories) and process.poll() is None and not stopping.is_set():
@@ -300,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where supervisor.json goes (default: the first repository's control area)")
     parser.add_argument("--startup-seconds", type=float, default=600.0,
                         help="how long tritonserver may take to become ready before supervision starts anyway")
+    parser.add_argument("--hang-seconds", type=float, default=HangSettings.seconds,
+                        help="an execute running this long means a hung server: it is aborted and the keeper exits")
     parser.add_argument("--openai-port", type=int, default=DEFAULT_OPENAI_PORT,
                         help=f"where a repository holds `{OPENAI_MODEL}`: the OpenAI-compatible API's port (0: none)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- tritonserver ARGS...")
@@ -309,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the tritonserver command after --")
     # Shared memory, logging and trace restricted whatever the command says (s2t/serve/restricted_apis.py).
     command = restrict(with_admin_key(command, dict(os.environ)))
-    return run(command, args.supervisor_port, args.state_dir, args.startup_seconds, openai_port=args.openai_port)
+    return run(command, args.supervisor_port, args.state_dir, args.startup_seconds, openai_port=args.openai_port,
+               hang_seconds=args.hang_seconds)
 
 
 if __name__ == "__main__":

@@ -414,7 +414,7 @@ class StubSupervisor(threading.Thread):
             return False
         worst = max(stuck, key=lambda s: s.seconds)
         self._aborted = True
-        why = f"{worst.instance}'s execute has not returned for {worst.seconds:.0f} s (bound {self._hang.seconds:.0f} s)"
+        why = f"{worst.instance}'s execute has not returned for {worst.seconds:.1f} s (bound {self._hang.seconds:g} s)"
         self._log(f"s2t supervisor: tritonserver is hung: {why}; aborting it")
         self.state.record("server_hung", worst.model, "hung", why)
         try:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import backends
-from s2t.serve.healing import STATE_FILE, SupervisorState
+from s2t.serve.healing import STATE_FILE, HangSettings, SupervisorState
 from s2t.serve import leftovers
 from s2t.serve.hidden_args import HiddenArgumentError
 from s2t.serve.keeper import reap_group, spawn
@@ -164,6 +164,8 @@ class TritonServer:
     # Called (from the supervisor's thread) with the reason when the server must be replaced: a dead stub that no
     # reload can bring back in it.
     on_replace: object = None
+    # An execute that has not returned after this many seconds makes the supervisor abort the server as hung.
+    hang_seconds: float = HangSettings.seconds
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
     process: subprocess.Popen | None = None
@@ -236,7 +238,8 @@ class TritonServer:
                                              metrics_url=f"localhost:{self.metrics_port}",
                                              state=self.supervisor_state, on_give_up=self.on_give_up,
                                              control_lock=VersionStore(Path(self.repositories[0])).lock,
-                                             on_replace=self.on_replace, repositories=self.repositories)
+                                             on_replace=self.on_replace, repositories=self.repositories,
+                                             hang_settings=HangSettings(self.hang_seconds))
             self.supervisor.start()
         return self
 

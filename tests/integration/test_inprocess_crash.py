@@ -13,7 +13,6 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
-import pytest
 import tritonclient.http as httpclient
 
 from backends import fault_points
