@@ -148,3 +148,31 @@ def test_an_execute_that_never_returns_aborts_the_server_which_a_new_one_replace
     log = (tmp_path / "triton.log").read_text(errors="replace")
     aborted = log.index("Fatal Python error: Aborted")
     assert "in _hang" in log[aborted:], "the stuck call's Python stack is in the log"
+
+
+def test_on_the_python_backend_a_segfault_in_risk_pipeline_costs_its_stub_and_the_server_keeps_serving(
+        tmp_path, monkeypatch, german_credit_data):
+    """Where isolation matters more than speed: `backend: "python"` in risk_pipeline's config runs the same model.py
+    in a stub, and the same crash that ends the server in process ends only that stub."""
+    repo, _ = repository_copies(tmp_path)
+    config = repo / "risk_pipeline" / "config.pbtxt"
+    config.write_text(config.read_text().replace('backend: "s2t_inprocess"', 'backend: "python"'))
+    state = SupervisorState(path=tmp_path / "supervisor.json")
+    monkeypatch.setenv(fault_points.ENVIRONMENT_VARIABLE, "risk_pipeline.execute=segv")
+    server = triton_server([repo, ENSEMBLES], tmp_path / "triton.log", supervise=True, supervisor_state=state)
+    with server:
+        pid = server.process.pid
+        client = http.InferenceServerClient(server.http_url, network_timeout=30)
+        tensor = http.InferInput("payload", [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[record(german_credit_data)]], dtype=object))
+        with pytest.raises(InferenceServerException):
+            client.infer("risk_pipeline", [tensor])
+        assert eventually(lambda: state.to_dict()["reloads"], 15), state.to_dict()
+        assert state.to_dict()["reloads"][0] == {"model": "risk_pipeline", "reason": "stub_died", "count": 1}
+        # The other models and the server itself never noticed.
+        assert client.infer("skill_adapter", [tensor]).as_numpy("numeric").shape == (1, 7)
+        assert server.process.poll() is None and server.process.pid == pid
+        assert state.to_dict()["server_restarts"] == 0
+        client.close()
+    log = (tmp_path / "triton.log").read_text(errors="replace")
+    assert "Fatal Python error: Segmentation fault" in log and "in _segv" in log

@@ -119,3 +119,21 @@ def test_a_missing_model_file_is_refused_at_load(model_repository, tmp_path):
     (folder / "config.pbtxt").write_text((model_repository / "risk_pipeline" / "config.pbtxt").read_text())
     with pytest.raises(FileNotFoundError):
         inprocess.load(config_json(folder), "risk_pipeline", str(folder), 1)
+
+
+def test_the_same_model_py_on_the_python_backend_scores_as_in_process(pipeline, model_repository):
+    """`backend: "python"` in its config runs risk_pipeline in a stub of its own: the same answers, each request's
+    error its own."""
+    from tests.unit import python_backend as backend
+
+    pb_utils = backend.backend_utils()
+    folder = model_repository / "risk_pipeline"
+    stub_model = backend.initialize(backend.load_model(folder / "1" / "model.py", pb_utils), folder)
+    responses = stub_model.execute([backend.request(payload=backend.payloads(RECORD)),
+                                    backend.request(payload=backend.payloads(b"{not json")),
+                                    backend.request(payload=backend.payloads(RECORD, RECORD))])
+    in_process = outputs_of(pipeline.execute(*batch([RECORD], [RECORD, RECORD]))[0])
+    assert [r.has_error() for r in responses] == [False, True, False]
+    assert responses[1].error().message().startswith("payload: not valid JSON")
+    stub_probability = [*responses[0].output("probability").ravel(), *responses[2].output("probability").ravel()]
+    assert np.array_equal(stub_probability, in_process["probability"])
