@@ -96,7 +96,7 @@ def soak(minutes, rate, data_csv, report, hostile, floods, latency_targets, http
 
 
 def _latency_targets(items: tuple[str, ...]) -> dict[str, float]:
-    from s2t.bench.hostile_soak import LATENCY_TARGETS_MS
+    from s2t.bench.hostile.runner import LATENCY_TARGETS_MS
     targets = {}
     for item in items:
         path, _, ms = item.partition("=")
@@ -112,13 +112,14 @@ def _latency_targets(items: tuple[str, ...]) -> dict[str, float]:
 
 
 def _hostile_soak(minutes, rate, data_csv, report, floods, targets, urls) -> None:
-    from s2t.bench import hostile_soak, soak_report
+    from s2t.bench.hostile import runner
+    from s2t.bench.hostile.report import table
     from s2t.models import dataset
     with progress("soak", "s") as on_progress:
-        result = hostile_soak.run(hostile_soak.Options(minutes * 60, rate, floods, targets),
-                                  dataset.load(data_csv).records(), on_progress, urls, log_base=report)
+        result = runner.run(runner.Options(minutes * 60, rate, floods, targets),
+                            dataset.load(data_csv).records(), on_progress, urls, log_base=report)
     report.write_text(json.dumps(result, indent=2, default=str))
-    click.echo(soak_report.table(result))
+    click.echo(table(result))
     click.echo(f"report: {report}")
     if not urls:
         click.echo(f"services' output: {report.with_suffix('.serve.log')}, {report.with_suffix('.gateway.log')}")

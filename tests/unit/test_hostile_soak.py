@@ -4,8 +4,9 @@ import subprocess
 import sys
 import threading
 
-from s2t.bench import hostile_soak
-from s2t.bench.soak_report import ANSWERED, NOT_SENT, UNANSWERED
+from s2t.bench.hostile import runner
+from s2t.bench.hostile.report import ANSWERED, NOT_SENT, UNANSWERED
+from s2t.bench.hostile.runner import MAX_IN_FLIGHT, Clock, ValidPath
 
 
 def test_a_valid_path_counts_ticks_over_its_in_flight_cap_as_not_sent_and_waits_for_every_request():
@@ -16,7 +17,7 @@ def test_a_valid_path_counts_ticks_over_its_in_flight_cap_as_not_sent_and_waits_
         release.wait(10)
         return [(ANSWERED, 0.001, "")]
 
-    path = hostile_soak.ValidPath("held", held, rate=40, clock=hostile_soak.Clock(0.5))
+    path = ValidPath("held", held, rate=40, clock=Clock(0.5))
     path.start()
     # 20 ticks in 0.5 s: the first MAX_IN_FLIGHT are held, the rest find the cap reached.
     path.join(5)
@@ -24,8 +25,8 @@ def test_a_valid_path_counts_ticks_over_its_in_flight_cap_as_not_sent_and_waits_
     path.join(10)
     assert not path.is_alive()
     outcomes = [s.outcome for s in path.samples]
-    assert outcomes.count(ANSWERED) == hostile_soak.MAX_IN_FLIGHT == len(started)
-    assert outcomes.count(NOT_SENT) == 20 - hostile_soak.MAX_IN_FLIGHT
+    assert outcomes.count(ANSWERED) == MAX_IN_FLIGHT == len(started)
+    assert outcomes.count(NOT_SENT) == 20 - MAX_IN_FLIGHT
     assert {s.phase for s in path.samples} <= {"before", "during", "after"}
 
 
@@ -33,8 +34,8 @@ def test_a_valid_path_counts_ticks_over_its_in_flight_cap_as_not_sent_and_waits_
 
 def test_a_stopped_valid_path_makes_no_more_calls_and_ends_before_the_run_would():
     calls = []
-    path = hostile_soak.ValidPath("stopped", lambda k: calls.append(k) or [(ANSWERED, 0.001, "")], rate=20,
-                                  clock=hostile_soak.Clock(600.0))
+    path = ValidPath("stopped", lambda k: calls.append(k) or [(ANSWERED, 0.001, "")], rate=20,
+                                  clock=Clock(600.0))
     path.start()
     path.stop.set()
     path.join(30)  # a path that ignored the stop would run for the clock's 600 s
@@ -47,7 +48,7 @@ def test_a_client_that_raises_is_an_unanswered_request_and_the_path_goes_on():
             raise ConnectionResetError("peer went away")
         return [(ANSWERED, 0.001, "")]
 
-    path = hostile_soak.ValidPath("broken", broken, rate=20, clock=hostile_soak.Clock(0.5))
+    path = ValidPath("broken", broken, rate=20, clock=Clock(0.5))
     path.start()
     path.join(10)
     unanswered = [s for s in path.samples if s.outcome == UNANSWERED]
@@ -56,27 +57,27 @@ def test_a_client_that_raises_is_an_unanswered_request_and_the_path_goes_on():
 
 
 def test_leftovers_name_a_process_of_the_run_still_alive_and_a_stub_region_still_in_shm(tmp_path, monkeypatch):
-    monkeypatch.setattr(hostile_soak, "SHM_DIR", tmp_path)
+    monkeypatch.setattr(runner, "SHM_DIR", tmp_path)
     (tmp_path / "triton_python_backend_shm_region_soak").write_bytes(b"\0")
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        watch = hostile_soak.Watch(child.pid, child.pid, hostile_soak.Clock(1.0), every_s=1.0)
+        watch = runner.Watch(child.pid, child.pid, Clock(1.0), every_s=1.0)
         watch.look()
         watch.regions.add("triton_python_backend_shm_region_soak")
-        processes, regions = hostile_soak.leftovers(watch, grace_s=0)
+        processes, regions = runner.leftovers(watch, grace_s=0)
         assert processes == [f"{child.pid} {watch.seen[child.pid].name}"]
         assert regions == ["triton_python_backend_shm_region_soak"]
     finally:
         child.kill()
         child.wait()
     (tmp_path / "triton_python_backend_shm_region_soak").unlink()
-    assert hostile_soak.leftovers(watch, grace_s=0) == ([], [])
+    assert runner.leftovers(watch, grace_s=0) == ([], [])
 
 
 def test_the_rss_of_both_process_groups_is_sampled_per_phase():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        watch = hostile_soak.Watch(child.pid, child.pid, hostile_soak.Clock(10.0), every_s=1.0)
+        watch = runner.Watch(child.pid, child.pid, Clock(10.0), every_s=1.0)
         watch.sample()
         watch.sample()
     finally:
@@ -96,7 +97,7 @@ def test_services_pointed_at_are_found_by_the_port_they_listen_on_and_not_starte
     listener.listen()
     port = listener.getsockname()[1]
     try:
-        services = hostile_soak.running_services({"http": f"localhost:{port}", "grpc": "localhost:1",
+        services = runner.running_services({"http": f"localhost:{port}", "grpc": "localhost:1",
                                                   "metrics": "localhost:1", "gateway": "localhost:1"})
     finally:
         listener.close()

@@ -4,8 +4,8 @@ on free ports.
 
 Valid paths, each paced at its own rate with a cap of requests in flight: risk_pipeline over HTTP and gRPC,
 risk_stream (a short stream per request), the legacy gateway's Score, and llm's generate_stream (latency: time to
-the first token). The floods (s2t/bench/floods.py) all start when `during` starts and let go of what they hold
-when it ends. The report says, per guarantee, whether it held (see soak_report.py), from what was measured here:
+the first token). The floods (floods.py) all start when `during` starts and let go of what they hold
+when it ends. The report says, per guarantee, whether it held (see report.py), from what was measured here:
 nothing is assumed fixed.
 """
 from __future__ import annotations
@@ -29,9 +29,10 @@ import psutil
 from clients import stream_client
 from clients.legacy_record import to_protobuf
 from clients.llm_client import generate_stream
-from s2t.bench import floods, soak_report
+from s2t.bench.hostile import floods
+from s2t.bench.hostile import report as soak_report
 from s2t.bench.process_tree import rss_bytes
-from s2t.bench.soak_report import ANSWERED, FAILED, NOT_SENT, UNANSWERED, Sample
+from s2t.bench.hostile.report import ANSWERED, FAILED, NOT_SENT, UNANSWERED, Sample
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve import service_process
 from s2t.serve.supervisor import stubs_of
