@@ -96,7 +96,7 @@ def soak(minutes, rate, data_csv, report, hostile, floods, latency_targets, http
 
 
 def _latency_targets(items: tuple[str, ...]) -> dict[str, float]:
-    from s2t.bench.hostile.runner import LATENCY_TARGETS_MS
+    from s2t.bench.hostile.valid_paths import LATENCY_TARGETS_MS
     targets = {}
     for item in items:
         path, _, ms = item.partition("=")

@@ -4,9 +4,9 @@ import subprocess
 import sys
 import threading
 
-from s2t.bench.hostile import runner
+from s2t.bench.hostile import runner, watch as watching
 from s2t.bench.hostile.report import ANSWERED, NOT_SENT, UNANSWERED
-from s2t.bench.hostile.runner import MAX_IN_FLIGHT, Clock, ValidPath
+from s2t.bench.hostile.valid_paths import MAX_IN_FLIGHT, Clock, ValidPath
 
 
 def test_a_valid_path_counts_ticks_over_its_in_flight_cap_as_not_sent_and_waits_for_every_request():
@@ -57,27 +57,27 @@ def test_a_client_that_raises_is_an_unanswered_request_and_the_path_goes_on():
 
 
 def test_leftovers_name_a_process_of_the_run_still_alive_and_a_stub_region_still_in_shm(tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "SHM_DIR", tmp_path)
+    monkeypatch.setattr(watching, "SHM_DIR", tmp_path)
     (tmp_path / "triton_python_backend_shm_region_soak").write_bytes(b"\0")
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        watch = runner.Watch(child.pid, child.pid, Clock(1.0), every_s=1.0)
+        watch = watching.Watch(child.pid, child.pid, Clock(1.0), every_s=1.0)
         watch.look()
         watch.regions.add("triton_python_backend_shm_region_soak")
-        processes, regions = runner.leftovers(watch, grace_s=0)
+        processes, regions = watching.leftovers(watch, grace_s=0)
         assert processes == [f"{child.pid} {watch.seen[child.pid].name}"]
         assert regions == ["triton_python_backend_shm_region_soak"]
     finally:
         child.kill()
         child.wait()
     (tmp_path / "triton_python_backend_shm_region_soak").unlink()
-    assert runner.leftovers(watch, grace_s=0) == ([], [])
+    assert watching.leftovers(watch, grace_s=0) == ([], [])
 
 
 def test_the_rss_of_both_process_groups_is_sampled_per_phase():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        watch = runner.Watch(child.pid, child.pid, Clock(10.0), every_s=1.0)
+        watch = watching.Watch(child.pid, child.pid, Clock(10.0), every_s=1.0)
         watch.sample()
         watch.sample()
     finally:

@@ -1,1 +1,2 @@
-"""`s2t soak --hostile`: the run (runner), its hostile clients (floods) and its verdicts (report)."""
+"""`s2t soak --hostile`: valid paths (valid_paths), hostile patterns (floods, patterns), what is watched (watch), the
+run (runner) and the verdicts (report)."""

@@ -1,0 +1,81 @@
+"""The hostile patterns the soak lets loose in `during`, their sizes (`--floods full` / `light`), and the run of
+all of them at once, each in its own thread, each reported with what it got back."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from s2t.bench.hostile import floods
+from s2t.bench.hostile.valid_paths import Clock
+from s2t.bench.hostile.watch import metrics_page
+
+
+@dataclass(frozen=True)
+class FloodSizes:
+    idle_streams: int
+    idle_gateway_calls: int
+    big_record_callers: int
+    big_records_per_call: int
+    llm_disconnects: int
+    bogus_routes: int
+    oversized_bodies: int
+    oversized_body_bytes: int
+
+
+# full: the sizes that showed each weakness; light: enough of each to see it act, for a minute's run.
+FLOOD_SIZES = {
+    "full": FloodSizes(idle_streams=1100, idle_gateway_calls=8, big_record_callers=4, big_records_per_call=200,
+                       llm_disconnects=300, bogus_routes=6000, oversized_bodies=10, oversized_body_bytes=64 << 20),
+    "light": FloodSizes(idle_streams=150, idle_gateway_calls=4, big_record_callers=2, big_records_per_call=10,
+                        llm_disconnects=6, bogus_routes=100, oversized_bodies=2, oversized_body_bytes=16 << 20),
+}
+
+
+def run_floods(sizes: FloodSizes, urls: Mapping[str, str], records: Sequence[Mapping], clock: Clock) -> dict:
+    """Every flood in its own thread from the start of `during`; each lets go by its end."""
+    hold_until = clock.during_ends()
+    results: dict[str, dict] = {}
+    metrics_before = metrics_page(urls["metrics"])
+
+    def routes() -> dict:
+        result, sent = floods.bogus_routes(urls["grpc"], records, sizes.bogus_routes, hold_until)
+        page = metrics_page(urls["metrics"])
+        leaked = [r for r in sent if r in page]
+        return {**result, "metrics_bytes_before": len(metrics_before), "metrics_bytes_after": len(page),
+                "leaked_labels": len(leaked)}
+
+    jobs = {
+        "idle_streams": lambda: floods.idle_streams(urls["grpc"], records, sizes.idle_streams, hold_until),
+        "idle_gateway_calls": lambda: floods.idle_gateway_calls(urls["gateway"], records, sizes.idle_gateway_calls,
+                                                                hold_until),
+        "big_records": lambda: floods.big_records(urls["gateway"], records, sizes.big_record_callers,
+                                                  sizes.big_records_per_call, hold_until),
+        "llm_disconnects": lambda: floods.llm_disconnects(urls["http"], sizes.llm_disconnects, hold_until),
+        "bogus_routes": routes,
+        "oversized_bodies": lambda: floods.oversized_bodies(urls["http"], sizes.oversized_bodies,
+                                                            sizes.oversized_body_bytes, hold_until),
+    }
+
+    def run(name: str, job: Callable[[], dict]) -> None:
+        try:
+            results[name] = job()
+        except Exception as err:  # noqa: BLE001 - a flood client that broke is reported, the soak goes on
+            results[name] = {"sent": 0, "outcomes": {f"flood client failed: {type(err).__name__}: {err}"[:200]: 1},
+                             "unanswered": 0}
+
+    threads = [threading.Thread(target=run, args=item, name=f"flood-{item[0]}", daemon=True)
+               for item in jobs.items()]
+    for thread in threads:
+        thread.start()
+    probes = floods.api_probes(urls["http"], urls["grpc"])
+    results["api_probes"] = {"sent": len(probes), "outcomes": {
+        f"{p['probe']}: {'refused' if p['refused'] else 'reached'} ({p['status']})": 1 for p in probes},
+        "unanswered": sum(p["unanswered"] for p in probes), "probes": probes}
+    for thread in threads:
+        # Every flood is over by the end of `during`; a request of one may still be waited for, within its timeout.
+        thread.join(max(0.0, hold_until - time.monotonic()) + floods.REQUEST_TIMEOUT_S + 5)
+    for name in jobs:
+        results.setdefault(name, {"sent": 0, "outcomes": {"still running after its time": 1}, "unanswered": 1})
+    return {name: results[name] for name in (*jobs, "api_probes")}
