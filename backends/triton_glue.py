@@ -69,6 +69,101 @@ class FinishedStreams:
     def __len__(self) -> int:
         return len(self._held)
 
+    def release(self) -> None:
+        """Drops every held iterator now (a model's finalize: the stub's map of them was emptied just before)."""
+        with self._lock:
+            held, self._held = self._held, collections.deque()
+        held.clear()
+
+
+class Released(RuntimeError):
+    """A metric used after its model's finalize let it go."""
+
+
+class HeldMetric:
+    """One metric of a MetricFamily made through HeldMetrics: the stub's methods, until `release`."""
+
+    __slots__ = ("_metric",)
+
+    def __init__(self, metric):
+        self._metric = metric
+
+    def _live(self):
+        if self._metric is None:
+            raise Released("a metric was used after its model was finalized")
+        return self._metric
+
+    def increment(self, value) -> None:
+        self._live().increment(value)
+
+    def set(self, value) -> None:
+        self._live().set(value)
+
+    def observe(self, value) -> None:
+        self._live().observe(value)
+
+    def value(self) -> float:
+        return self._live().value()
+
+    def release(self) -> None:
+        self._metric = None
+
+
+class HeldFamily(HeldMetric):
+    """A MetricFamily made through HeldMetrics; its `Metric`s are held by the same owner."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, family, owner: "HeldMetrics"):
+        super().__init__(family)
+        self._owner = owner
+
+    def Metric(self, *args, **kwargs) -> HeldMetric:  # noqa: N802 - the stub's spelling
+        return self._owner.hold(HeldMetric(self._live().Metric(*args, **kwargs)))
+
+
+class HeldMetrics:
+    """`pb_utils.MetricFamily` as a model's metric classes take it (called to make a family; COUNTER, GAUGE,
+    HISTOGRAM), with every family and metric made through it let go of in `release()`.
+
+    Triton 2.51's stub destroys its own state before the interpreter ends, and a MetricFamily or Metric deleted after
+    that (by the garbage collection at the end, or with the model object) tells the parent through that destroyed
+    state: the stub dies of a SIGSEGV on its way out, at every unload of a model with metrics. Only the wrappers here
+    reach the stub's objects, so `release()` in the model's finalize deletes them while the stub still works."""
+
+    def __init__(self, pb_utils):
+        # Looked up when used: the stub sets pb_utils.MetricFamily only after model.py is imported.
+        self._pb = pb_utils
+        self._held: list[HeldMetric] = []
+        self._lock = threading.Lock()
+
+    @property
+    def COUNTER(self):  # noqa: N802 - MetricFamily's spelling
+        return self._pb.MetricFamily.COUNTER
+
+    @property
+    def GAUGE(self):  # noqa: N802
+        return self._pb.MetricFamily.GAUGE
+
+    @property
+    def HISTOGRAM(self):  # noqa: N802
+        return self._pb.MetricFamily.HISTOGRAM
+
+    def __call__(self, *args, **kwargs) -> HeldFamily:
+        return self.hold(HeldFamily(self._pb.MetricFamily(*args, **kwargs), self))
+
+    def hold(self, held: HeldMetric) -> HeldMetric:
+        with self._lock:
+            self._held.append(held)
+        return held
+
+    def release(self) -> None:
+        """Metrics before their families (a family deletes what is left of its own when it goes)."""
+        with self._lock:
+            held, self._held = self._held, []
+        for wrapper in reversed(held):
+            wrapper.release()
+
 
 @dataclass(frozen=True)
 class ModelArgs:
@@ -122,10 +217,19 @@ class Glue:
     def __init__(self, pb_utils, name: str, shown_as: str | None = None):
         self.pb, self.name, self.shown_as = pb_utils, name, shown_as or name
         self.finished_streams = FinishedStreams()
+        # What a model's metric classes get for pb_utils.MetricFamily (see HeldMetrics and finalize()).
+        self.metric_family = HeldMetrics(pb_utils)
         # A stub that dies of a signal (a crash in native code) otherwise leaves nothing in the server's log: this
         # writes every thread's Python stack to the stub's stderr, which is that log.
         faulthandler.enable(all_threads=True)
         _use_fast_bytes_codec(pb_utils)
+
+    def finalize(self) -> None:
+        """The end of a model's `finalize`, once its threads are stopped: the Triton objects the glue holds for it
+        (metrics, finished BLS streams) are deleted now, while the stub can still do so; after this, none is kept.
+        A model keeps no other Triton object past its finalize (see HeldMetrics for what that costs)."""
+        self.metric_family.release()
+        self.finished_streams.release()
 
     # --- configuration ---------------------------------------------------------------------------------------
     def settings(self, cls: type, args: ModelArgs, error: type[ValueError] = ParameterError, strict: bool = True,

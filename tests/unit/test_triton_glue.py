@@ -3,6 +3,7 @@ per-request errors, the catch-all, joining and splitting a dynamic batch, BLS er
 the decoupled take-in and each_stream, and the settings read with unknown keys reported and files resolved."""
 from __future__ import annotations
 
+import ast
 import gc
 import json
 import os
@@ -20,7 +21,7 @@ from backends import fault_points
 from backends.decoupled_sender import StreamSender
 from backends.errors import InternalError, InvalidInput, NotServing, Unavailable
 from backends.model_parameters import VERSION_FOLDER, ParameterError, parameter, path_parameter
-from backends.triton_glue import FinishedStreams, Glue, ModelArgs, Rows
+from backends.triton_glue import FinishedStreams, Glue, ModelArgs, Released, Rows
 from tests.conftest import ROOT
 from tests.unit import python_backend as backend
 from tests.unit.fake_clock import Clock
@@ -385,3 +386,86 @@ def test_a_stub_that_dies_of_a_signal_leaves_each_threads_python_stack_in_the_lo
                           timeout=60)
     assert done.returncode == -signal.SIGSEGV
     assert "Fatal Python error: Segmentation fault" in done.stderr and 'File "<string>", line 5' in done.stderr
+
+
+class DyingFamily:
+    """pb_utils.MetricFamily as far as its end goes: the stub deletes a family or metric (a message to the server)
+    when Python lets go of it; these record the order."""
+
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+    deleted: list[str] = []
+
+    def __init__(self, name, description, kind):
+        self.name = name
+
+    def Metric(self, labels=None, buckets=None):  # noqa: N802 - the stub's spelling
+        return DyingMetric(f"{self.name}{labels}")
+
+    def __del__(self):
+        DyingFamily.deleted.append(self.name)
+
+
+class DyingMetric(backend.Metric):
+    def __init__(self, name):
+        super().__init__({})
+        self.name = name
+
+    def __del__(self):
+        DyingFamily.deleted.append(self.name)
+
+
+class RequestMetrics:
+    """Like the metric classes of backends/: families and metrics kept in attributes for the model's life."""
+
+    def __init__(self, metric_family):
+        self.family = metric_family("requests_total", "requests", metric_family.COUNTER)
+        self.ok, self.failed = (self.family.Metric(labels={"outcome": o}) for o in ("ok", "failed"))
+
+
+def test_metrics_made_through_the_glue_are_deleted_at_finalize_metrics_before_their_family(glue):
+    # Triton 2.51's stub dies of a SIGSEGV when a family or metric is deleted after its own state is gone (the
+    # interpreter's last garbage collection, or the model object's end).
+    glue.pb.MetricFamily, DyingFamily.deleted = DyingFamily, []
+    kept = RequestMetrics(glue.metric_family)
+    kept.ok.increment(1)
+    glue.finalize()
+    assert DyingFamily.deleted == ["requests_total{'outcome': 'failed'}", "requests_total{'outcome': 'ok'}",
+                                   "requests_total"], "deleted in finalize though the model still holds the wrappers"
+    with pytest.raises(Released):
+        kept.ok.increment(1)
+
+
+def test_the_glues_metrics_pass_kinds_labels_buckets_and_values_through_to_tritons(glue):
+    family = glue.metric_family(name="latency", description="seconds", kind=glue.metric_family.HISTOGRAM)
+    metric = family.Metric(labels={"model": "toy"}, buckets=[0.1, 1.0])
+    metric.observe(0.5)
+    gauge = glue.metric_family("depth", "queued", glue.metric_family.GAUGE).Metric(labels={})
+    gauge.set(3.0)
+    gauge.increment(2.0)
+    made = backend.MetricFamily.families
+    assert (made["latency"].kind, made["latency"].metrics[0].labels, made["latency"].metrics[0].observed) == (
+        "histogram", {"model": "toy"}, [0.5])
+    assert made["depth"].kind == "gauge" and gauge.value() == made["depth"].metrics[0].value() == 5.0
+
+
+def test_finalize_drops_the_finished_bls_streams_the_glue_holds(glue):
+    # The stub empties its own map of them before finalize; one left to the interpreter's end is destroyed after
+    # the stub unmapped its shared memory, and the stub dies of a SIGSEGV.
+    held = a_finished_stream(glue, b"a")
+    assert held() is not None
+    glue.finalize()
+    assert held() is None and len(glue.finished_streams) == 0
+
+
+def model_files() -> list[Path]:
+    return sorted(ROOT.glob("model_repository*/*/[0-9]*/model.py")) + [ROOT / "backends" / "onnxruntime" / "model.py"]
+
+
+@pytest.mark.parametrize("model_py", model_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_model_that_holds_triton_objects_lets_them_go_at_the_end_of_its_finalize(model_py):
+    source = model_py.read_text()
+    assert "pb_utils.MetricFamily" not in source, "metrics go through glue.metric_family (deleted in finalize)"
+    if "glue.metric_family" in source or "glue.stream(" in source:
+        finalize = next(node for node in ast.walk(ast.parse(source))
+                        if isinstance(node, ast.FunctionDef) and node.name == "finalize")
+        assert ast.unparse(finalize.body[-1]) == "glue.finalize()", "after its threads stop, as the last thing"

@@ -30,7 +30,7 @@ class TritonPythonModel:
             RecordDecoder(spec, settings.max_record_bytes), self._router,
             lambda p: glue.infer(settings.decision_model, {PROBABILITY: p}, [DECISION])[0],
             settings.decision_model, self._drift_watch(model.version_dir, settings, spec))
-        self._metrics = RouterMetrics(pb_utils.MetricFamily)
+        self._metrics = RouterMetrics(glue.metric_family)
 
     def _drift_watch(self, version_dir, settings, spec):
         """Drift is watched only where a reference exists: the primary version's own (publish writes it from the
@@ -45,7 +45,7 @@ class TritonPythonModel:
             return None
         monitor = DriftMonitor(Reference.from_json(reference.read_text()), spec, settings.drift_window_records,
                                settings.drift_sample_rate, settings.drift_alert_psi)
-        metrics = DriftMetrics(pb_utils.MetricFamily, monitor.plans, settings.drift_window_records,
+        metrics = DriftMetrics(glue.metric_family, monitor.plans, settings.drift_window_records,
                                0 if reference == training else primary.version)
         self._drift = DriftWatch(monitor, metrics.publish, settings.drift_publish_seconds,
                                  lambda text: pb_utils.Logger.log_error(f"risk_router: {text}"),
@@ -56,6 +56,7 @@ class TritonPythonModel:
     def finalize(self):
         if getattr(self, "_drift", None) is not None:
             self._drift.stop()
+        glue.finalize()
 
     def _versions(self, model):
         # `model` is one of the configured targets (routing_policy refuses any other route): never client text.

@@ -23,7 +23,7 @@ class TritonPythonModel:
         self._scoring_model = settings.scoring_model
         self._session = StreamSession(settings.reorder, retrying(self._score), self._deliver,
                                       settings.max_record_bytes, log=pb_utils.Logger.log_error)
-        self._metrics = StreamMetrics(pb_utils.MetricFamily, {"model": model.name, "version": model.version})
+        self._metrics = StreamMetrics(glue.metric_family, {"model": model.name, "version": model.version})
         self._timer = ExpiryTimer(self._session, lambda: self._metrics.report(self._session),
                                   pb_utils.Logger.log_error)
 
@@ -40,6 +40,7 @@ class TritonPythonModel:
     def finalize(self):
         self._timer.stop()
         self._session.close()
+        glue.finalize()
 
     def _score(self, payloads):
         return glue.infer(self._scoring_model, {PAYLOAD: np.array(payloads, dtype=object).reshape(-1, 1)},

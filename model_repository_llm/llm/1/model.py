@@ -32,7 +32,7 @@ class TritonPythonModel:
                                                                                     model.version_dir)))
         self._limits = settings.limits
         self._engine = LlmEngine(settings.engine, settings.batching)
-        self._metrics = LlmMetrics(pb_utils.MetricFamily, {"model": model.name, "version": model.version})
+        self._metrics = LlmMetrics(glue.metric_family, {"model": model.name, "version": model.version})
         self._outbox = glue.outbox()
         self._live = LiveStreams()
         self._stopping = threading.Event()
@@ -58,6 +58,7 @@ class TritonPythonModel:
         self._stopping.set()
         self._engine.stop()
         self._outbox.close()
+        glue.finalize()
 
     def _report_loop(self):
         while not self._stopping.wait(METRICS_PERIOD_S):

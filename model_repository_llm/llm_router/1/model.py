@@ -58,6 +58,7 @@ class TritonPythonModel:
     def finalize(self):
         self._workers.shutdown(wait=True)
         self._outbox.close()
+        glue.finalize()
 
 
 def _pieces(responses):

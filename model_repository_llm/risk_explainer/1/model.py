@@ -26,7 +26,7 @@ class TritonPythonModel:
         if not settings.reason_model.is_file():
             raise ValueError(f"reason_model: no ONNX file at {settings.reason_model} (`make models` writes it)")
         self._outbox = glue.outbox()
-        metrics = ExplainerMetrics(pb_utils.MetricFamily, {"model": model.name, "version": model.version})
+        metrics = ExplainerMetrics(glue.metric_family, {"model": model.name, "version": model.version})
         self._explainer = Explainer(settings, LinearReasons(settings.reason_model, settings.top_reasons), self._score,
                                     self._llm_tokens, self._outbox, metrics, pb_utils.Tensor,
                                     pb_utils.Logger.log_warn, pb_utils.Logger.log_error)
@@ -42,6 +42,7 @@ class TritonPythonModel:
     def finalize(self):
         self._workers.shutdown(wait=True)
         self._outbox.close()
+        glue.finalize()
 
     def _score(self, payload: bytes):
         return glue.infer(self._settings.scoring_model, {PAYLOAD: np.array([[payload]], dtype=object)},
