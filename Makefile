@@ -191,9 +191,12 @@ $(EXPLAINER_REASONS): $(LITE_ONNX)
 
 # risk_pipeline's backend: its Python run inside the server process (native/python_inprocess.cc), built with g++
 # against this venv's Python and Triton's C API as the tritonserver binary exports it, into backends/native/;
-# `s2t serve` puts it on the backend directory. Always run: the script rebuilds only when a source is newer.
+# `s2t serve` puts it on the backend directory. And the gRPC front `s2t serve` listens with on the public gRPC port
+# (native/grpc_front.cc, against Debian's gRPC, installed with apt where missing). Always run: each script rebuilds
+# only when a source is newer.
 native: $(VENV)/.installed
 	native/build.sh $(BIN)/python
+	native/build_grpc_front.sh
 
 models: $(ADAPTER_SPEC) $(ROUTER_SPEC) $(DRIFT_REFERENCE) $(LITE_ONNX) $(EXPLAINER_REASONS) native
 	$(call publish_if_new,risk_scorer,$(SCORER_ONNX),$(SAVED_MODEL))

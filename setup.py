@@ -1,5 +1,6 @@
-"""The wheel carries the wire format's Python code, generated from wire/*.proto at build time (never committed), and
-the in-process Triton backend (native/), compiled for the Python that builds it: a platform wheel."""
+"""The wheel carries the wire format's Python code, generated from wire/*.proto at build time (never committed), the
+in-process Triton backend (native/), compiled for the Python that builds it, and the gRPC front of the embedded
+server (native/grpc_front.cc, gRPC linked in statically): a platform wheel."""
 import subprocess
 import sys
 import sysconfig
@@ -27,10 +28,13 @@ class BuildWithWireFormat(build_py):
                 raise RuntimeError(f"protoc failed on {proto}")
         native = Path(self.build_lib, "backends", "native", f"python{sysconfig.get_config_var('VERSION')}")
         subprocess.run(["bash", "native/build.sh", sys.executable, str(native.resolve())], check=True)
+        front = Path(self.build_lib, "backends", "native", "s2t_grpc_front")
+        subprocess.run(["bash", "native/build_grpc_front.sh", str(front.resolve())], check=True)
 
 
 class CompiledDistribution(Distribution):
-    """The in-process backend is native code for one Python and platform: the wheel says so in its tags."""
+    """The in-process backend and the gRPC front are native code for one Python and platform: the wheel says so in
+    its tags."""
 
     def has_ext_modules(self):
         return True
