@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from s2t.serve.request_limits import BYTES_LENGTH_PREFIX, http_max_input_bytes, largest_batch
+from s2t.serve.request_limits import (BYTES_LENGTH_PREFIX, GRPC_ENVELOPE_BYTES, grpc_max_message_bytes,
+                                      http_max_input_bytes, largest_batch)
 
 
 def _model(root: Path, name: str, config: str) -> None:
@@ -31,3 +32,21 @@ def test_the_limit_is_a_full_batch_of_records_at_the_size_cap(tmp_path):
     _model(tmp_path / "two", "large", "max_batch_size: 64\n")
     assert http_max_input_bytes([tmp_path / "one", tmp_path / "two"], max_record_bytes=1000) == \
         64 * (1000 + BYTES_LENGTH_PREFIX)
+
+
+@pytest.mark.parametrize("encoding", ["raw_input_contents", "bytes_contents"])
+def test_a_full_batch_of_records_at_the_size_cap_fits_the_grpc_limit_either_way_it_is_encoded(tmp_path, encoding):
+    from tritonclient.grpc import service_pb2
+
+    _model(tmp_path, "pipeline", "max_batch_size: 16\n")
+    records = [b"x" * 1000] * 16
+    request = service_pb2.ModelInferRequest(model_name="risk_pipeline_with_a_long_name", id="request-" + "9" * 64)
+    tensor = request.inputs.add(name="payload", datatype="BYTES", shape=[16, 1])
+    if encoding == "raw_input_contents":
+        request.raw_input_contents.append(b"".join(len(r).to_bytes(4, "little") + r for r in records))
+    else:
+        tensor.contents.bytes_contents.extend(records)
+    for name in ("probability", "decision"):
+        request.outputs.add(name=name)
+    limit = grpc_max_message_bytes([tmp_path], max_record_bytes=1000)
+    assert request.ByteSize() <= limit < request.ByteSize() + GRPC_ENVELOPE_BYTES + 1
