@@ -7,7 +7,8 @@ function's results become responses. From here it gets the per-request error (a 
 the catch-all around `execute` (traceback to the log, INTERNAL without details to each caller), the fault point
 `<name>.execute`, joining a dynamic batch and splitting the answers, BLS calls with their error mapping, the decoupled
 check and senders (each request of a decoupled model handled on its own, refused with its own error), the config
-JSON read once and the settings read with unknown keys reported and file parameters resolved in the model's folders.
+JSON read once and the settings read with unknown keys reported and file parameters resolved in the model's folders,
+and the metric families (`metric_family`) and BLS streams it holds for the model, let go of in `finalize()`.
 
 Nothing here imports Triton: the model passes its `triton_python_backend_utils` in, so backends/ stays importable
 without a server and the glue is unit-tested through the wheel's own module (tests/unit/python_backend.py).
@@ -226,8 +227,8 @@ class Glue:
 
     def finalize(self) -> None:
         """The end of a model's `finalize`, once its threads are stopped: the Triton objects the glue holds for it
-        (metrics, finished BLS streams) are deleted now, while the stub can still do so; after this, none is kept.
-        A model keeps no other Triton object past its finalize (see HeldMetrics for what that costs)."""
+        (metrics, finished BLS streams) are deleted now, while the stub can still do so. A Triton object a model
+        still holds after its finalize is deleted when the stub's state is gone, and kills the stub (HeldMetrics)."""
         self.metric_family.release()
         self.finished_streams.release()
 
