@@ -69,17 +69,24 @@ def drift(url, metrics_url, as_json, reference_out, data_csv, onnx_model) -> Non
 @click.option("--grpc-url", "grpc_url", metavar="HOST:PORT", help="with --http-url: its gRPC endpoint")
 @click.option("--metrics-url", "metrics_url", metavar="HOST:PORT", help="with --http-url: its metrics endpoint")
 @click.option("--gateway", "gateway_url", metavar="HOST:PORT", help="with --http-url: a running `s2t gateway`")
+@click.option("--supervisor", "supervisor_url", metavar="HOST:PORT",
+              help="with --http-url: its supervisor's metrics (`s2t serve --supervisor-port`), for the reload and "
+                   "restart counters; without it that verdict is not measured")
 def soak(minutes, rate, data_csv, report, hostile, floods, latency_targets, http_url, grpc_url, metrics_url,
-         gateway_url) -> None:
+         gateway_url, supervisor_url) -> None:
     """Serve (supervised, free ports) and send a fixed rate for MINUTES; RSS growth of every process, errors.
 
     With --hostile, valid traffic on risk_pipeline (HTTP and gRPC), risk_stream, the legacy gateway and llm beside
-    idle streams and calls, 1 MiB records, abandoned LLM requests, bogus routes, oversized bodies and admin-API
-    probes; exit 0 only when every guarantee held."""
+    idle streams and calls, 1 MiB records, abandoned LLM requests, bogus routes, oversized bodies, admin-API
+    probes, gRPC callers whose deadlines expire, streams cancelled mid-stream, invalid records and malformed BYTES
+    buffers; exit 0 only when every guarantee held."""
     urls = {"http": http_url, "grpc": grpc_url, "metrics": metrics_url, "gateway": gateway_url}
     given = {name for name, url in urls.items() if url}
-    if given and (not hostile or len(given) < len(urls)):
-        raise click.UsageError("--http-url, --grpc-url, --metrics-url and --gateway go together, with --hostile")
+    if (given or supervisor_url) and (not hostile or len(given) < len(urls)):
+        raise click.UsageError("--http-url, --grpc-url, --metrics-url and --gateway go together, with --hostile "
+                               "(--supervisor with them)")
+    if supervisor_url:
+        urls["supervisor"] = supervisor_url
     report.parent.mkdir(parents=True, exist_ok=True)
     if hostile:
         return _hostile_soak(minutes, 4.0 if rate is None else rate, data_csv, report, floods,

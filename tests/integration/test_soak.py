@@ -32,10 +32,13 @@ def test_short_soak_reports_rss_of_the_server_and_every_stub_and_no_errors(built
 
 # Asserted here, under light floods: the verdicts in ASSERTED hold, every valid request on RISK_PATHS is answered,
 # idle streams hold their slots while new streams are served, bogus routes are each refused INVALID_ARGUMENT, every
-# admin-API probe is answered, no tritonserver restart. The other verdicts (latency targets, RSS flat, admin APIs
-# restricted, valid requests succeeded) and the llm path beside abandoned requests are only checked to be reported,
-# True, False or None with their figures: the report must say what the server does, whatever it does.
-ASSERTED = ("no_process_restarts", "metric_labels_from_configuration", "no_shm_region_left", "no_process_left")
+# admin-API probe is answered, no tritonserver restart, and the callers' mistakes (invalid records of every kind over
+# HTTP and gRPC, malformed BYTES buffers, gRPC deadlines that expire while the server works, streams cancelled or
+# dropped mid-stream) cost no reload, no restart and no valid request. The other verdicts (latency targets, RSS flat,
+# admin APIs restricted, valid requests succeeded) and the llm path beside abandoned requests are only checked to be
+# reported, True, False or None with their figures: the report must say what the server does, whatever it does.
+ASSERTED = ("no_process_restarts", "metric_labels_from_configuration", "no_shm_region_left", "no_process_left",
+            "no_reload_or_restart_for_caller_errors", "caller_errors_answered_alone")
 RISK_PATHS = ("risk_pipeline_http", "risk_pipeline_grpc", "risk_stream", "gateway")
 
 
@@ -58,7 +61,8 @@ def test_hostile_soak_reports_every_path_phase_and_guarantee_and_leaves_nothing_
             # A path whose requests are all still in flight (llm behind abandoned requests) counts ticks not sent.
             assert row["answered"] + row["failed"] + row["unanswered"] + row["not_sent"] > 0, (path, phase, row)
     assert set(result["floods"]) == {"idle_streams", "idle_gateway_calls", "big_records", "llm_disconnects",
-                                     "bogus_routes", "oversized_bodies", "api_probes"}
+                                     "bogus_routes", "oversized_bodies", "grpc_deadlines", "cancelled_streams",
+                                     "invalid_records", "malformed_bytes", "api_probes"}
     assert all(result["floods"][name]["sent"] > 0 for name in result["floods"])
     assert {"serving", "gateway"} == set(result["rss"]) and all(set(r) == set(phases) for r in result["rss"].values())
     assert "tritonserver" in result["pids"]["before"] and any("@" in name for name in result["pids"]["before"])
@@ -82,6 +86,25 @@ def test_hostile_soak_reports_every_path_phase_and_guarantee_and_leaves_nothing_
     assert set(routes) <= {"StatusCode.INVALID_ARGUMENT", "not sent (flood time over)"}, routes
     # Asserted: every admin-API probe got an answer (refused or not, that is the admin_apis_restricted verdict).
     assert result["floods"]["api_probes"]["unanswered"] == 0
+    # Asserted: every invalid record, of each kind over both protocols, refused naming its field, and every malformed
+    # BYTES buffer naming `payload`; the valid requests sent beside them scored.
+    invalid = result["floods"]["invalid_records"]
+    assert invalid["invalid"]["sent"] == invalid["invalid"]["as_expected"] > 0, invalid["unexpected"]
+    assert invalid["valid"]["sent"] == invalid["valid"]["as_expected"] > 0, invalid["unexpected"]
+    named = {label.split(": ")[0] for label in invalid["outcomes"] if " naming " in label}
+    assert named == {f"{kind} ({protocol})" for kind in ("missing_feature", "wrong_type", "not_json", "over_64_kib",
+                                                           "long_request_id") for protocol in ("http", "grpc")}
+    malformed = result["floods"]["malformed_bytes"]
+    assert malformed["outcomes"].get("malformed_bytes: HTTP 400 naming payload") == malformed["invalid"]["sent"] > 0
+    assert malformed["valid"]["sent"] == malformed["valid"]["as_expected"] > 0, malformed["unexpected"]
+    # The callers that give up did give up while the server worked, and the streams went away mid-stream; what the
+    # server made of it is the verdicts' (no restart, no reload, valid requests answered).
+    assert result["floods"]["grpc_deadlines"]["outcomes"].get("gave up (its deadline expired)", 0) > 0
+    streams = result["floods"]["cancelled_streams"]["outcomes"]
+    assert set(streams) <= {"cancelled after its first answer", "cancelled with no answer yet",
+                            "dropped after its first answer", "dropped with no answer yet",
+                            "not sent (flood time over)"}, streams
+    assert result["services"]["grpc_port_served_by"], "the report names what serves the public gRPC port"
     # Asserted: same server and stubs throughout, and after shutdown no process of the run and no stub's
     # shared-memory region left.
     assert result["processes"]["before"] == [] and result["processes"]["after"] == []

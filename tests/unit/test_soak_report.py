@@ -99,14 +99,86 @@ def test_labels_and_leftovers_verdicts():
     assert left["holds"] is False and "123 risk_stream_0_0" in left["detail"]
 
 
+SUPERVISOR_PAGE = ['s2t_supervisor_reloads_total{model="risk_stream",reason="BACKEND"} 1',
+                   's2t_supervisor_reloads_total{model="llm",reason="stub"} 2', "s2t_models_given_up 0",
+                   "s2t_server_hangs_total 0", "s2t_server_restarts_total 0"]
+
+
+def test_supervisor_totals_sum_each_counter_over_its_labels_and_leave_out_what_the_page_lacks():
+    assert soak_report.supervisor_totals(SUPERVISOR_PAGE) == {"s2t_supervisor_reloads_total": 3.0,
+                                                              "s2t_server_hangs_total": 0.0,
+                                                              "s2t_server_restarts_total": 0.0}
+    assert soak_report.supervisor_totals(["s2t_server_restarts_total 2"]) == {"s2t_server_restarts_total": 2.0}
+    assert soak_report.supervisor_totals([]) == {}
+
+
+RESTARTS, RELOADS, HANGS = "s2t_server_restarts_total", "s2t_supervisor_reloads_total", "s2t_server_hangs_total"
+
+
+@pytest.mark.parametrize("before, after, holds, detail", [
+    ({RESTARTS: 0, HANGS: 0}, {RESTARTS: 0, HANGS: 0}, True, "no reload, restart or hang"),
+    # No reload yet has no sample on the page: absent counts as zero at either end.
+    ({RESTARTS: 0, HANGS: 0}, {RESTARTS: 0, HANGS: 0, RELOADS: 1}, False, f"{RELOADS} 0 -> 1"),
+    ({RESTARTS: 0, HANGS: 0, RELOADS: 2}, {RESTARTS: 0, HANGS: 0, RELOADS: 2}, True, "no reload, restart or hang"),
+    ({RESTARTS: 0, HANGS: 0}, {RESTARTS: 2, HANGS: 1}, False, f"{RESTARTS} 0 -> 2; {HANGS} 0 -> 1"),
+    ({RESTARTS: 1, HANGS: 0}, {RESTARTS: 1, HANGS: 0}, True, "no reload, restart or hang"),  # before the run: not ours
+    ({}, {RESTARTS: 0}, None, "the supervisor's metrics were not read at the start and the end"),
+    ({RESTARTS: 0}, {}, None, "the supervisor's metrics were not read at the start and the end"),
+])
+def test_no_reload_or_restart_compares_the_supervisors_counters_at_the_start_and_the_end(before, after, holds,
+                                                                                         detail):
+    assert soak_report.no_reload_or_restart(before, after) == {"holds": holds, "detail": detail}
+
+
+def _mixed(invalid=(50, 50), valid=(200, 200), unexpected=()):
+    return {"sent": invalid[0] + valid[0], "invalid": {"sent": invalid[0], "as_expected": invalid[1]},
+            "valid": {"sent": valid[0], "as_expected": valid[1]}, "unexpected": list(unexpected)}
+
+
+VALID_HOLD = {"holds": True, "detail": "none failed"}
+VALID_FAIL = {"holds": False, "detail": "risk_pipeline_grpc during: 3 failed"}
+
+
+@pytest.mark.parametrize("floods, valid, holds, in_detail", [
+    ({"invalid_records": _mixed(), "malformed_bytes": _mixed((20, 20), (80, 80))}, VALID_HOLD, True,
+     "70 invalid requests each refused naming its field; 280 valid beside them scored"),
+    ({"invalid_records": _mixed((50, 49), unexpected=["wrong_type (grpc): INTERNAL boom"]),
+      "malformed_bytes": _mixed()}, VALID_HOLD, False,
+     "invalid_records: 1 of 50 invalid requests not refused naming their field; "
+     "invalid_records: wrong_type (grpc): INTERNAL boom"),
+    ({"invalid_records": _mixed(valid=(200, 197)), "malformed_bytes": _mixed()}, VALID_HOLD, False,
+     "invalid_records: 3 of 200 valid requests not scored"),
+    # The caller errors all answered right, but the valid paths beside them failed: not answered alone.
+    ({"invalid_records": _mixed(), "malformed_bytes": _mixed()}, VALID_FAIL, False,
+     "valid paths: risk_pipeline_grpc during: 3 failed"),
+    ({"invalid_records": _mixed(), "malformed_bytes": {"sent": 0, "outcomes": {"still running after its time": 1}}},
+     VALID_HOLD, None, "no invalid request sent by malformed_bytes"),
+    ({"invalid_records": {}, "malformed_bytes": {}}, VALID_HOLD, None,
+     "no invalid request sent by invalid_records, malformed_bytes"),
+    # What was measured failed: that is reported even where another flood sent nothing.
+    ({"invalid_records": _mixed((50, 0)), "malformed_bytes": {}}, VALID_HOLD, False,
+     "50 of 50 invalid requests not refused"),
+])
+def test_caller_errors_are_answered_alone_only_when_each_is_refused_naming_its_field_and_valid_traffic_is_served(
+        floods, valid, holds, in_detail):
+    verdict = soak_report.caller_errors_answered_alone(floods, valid)
+    assert verdict["holds"] is holds
+    assert in_detail in verdict["detail"]
+
+
 def test_table_shows_every_path_phase_rss_flood_and_verdict():
     report = {"seconds": 60, "phases_s": {"before": 15, "during": 30, "after": 15},
               "latency_targets_ms": {"risk_pipeline_http": 1000.0}, "paths": _paths(),
               "rss": {"serving": {p: {"max": 300 * MIB, "last": 290 * MIB} for p in PHASES}},
               "floods": {"bogus_routes": {"sent": 100, "outcomes": {"StatusCode.INVALID_ARGUMENT": 100}}},
+              "services": {"grpc_port_served_by": "s2t_grpc_front (pid 42)"},
+              "supervisor_before": ["s2t_server_restarts_total 0"], "supervisor": ["s2t_server_restarts_total 1"],
               "verdicts": {"rss_flat": {"holds": True, "detail": "ok"}, "admin_apis_restricted":
                            {"holds": False, "detail": "open"}, "latency_targets_kept": {"holds": None, "detail": "-"}}}
     text = soak_report.table(report)
     assert sum(line.startswith("risk_pipeline_http") for line in text.splitlines()) == 3
     assert "300/290" in text and "bogus_routes" in text and "100 x StatusCode.INVALID_ARGUMENT" in text
-    assert "admin_apis_restricted             FAILS" in text and "not measured" in text
+    assert "admin_apis_restricted                   FAILS" in text and "not measured" in text
+    assert "public gRPC port served by: s2t_grpc_front (pid 42)" in text
+    assert "supervisor at the start: s2t_server_restarts_total 0" in text
+    assert "supervisor at the end: s2t_server_restarts_total 1" in text

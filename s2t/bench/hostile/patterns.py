@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from s2t.bench.hostile import floods
+from s2t.bench.hostile import careless_callers, floods
 from s2t.bench.hostile.valid_paths import Clock
 from s2t.bench.hostile.watch import metrics_page
 
@@ -22,15 +22,31 @@ class FloodSizes:
     bogus_routes: int
     oversized_bodies: int
     oversized_body_bytes: int
+    grpc_deadline_calls: int
+    cancelled_streams: int
+    invalid_record_requests: int
+    malformed_bytes_requests: int
 
 
-# full: the sizes that showed each weakness; light: enough of each to see it act, for a minute's run.
+# full: the sizes that showed each weakness (4 callers whose gRPC deadlines expired took Triton 2.51's own gRPC front
+# end down several times a minute); light: enough of each to see it act, for a minute's run.
 FLOOD_SIZES = {
     "full": FloodSizes(idle_streams=1100, idle_gateway_calls=8, big_record_callers=4, big_records_per_call=200,
-                       llm_disconnects=300, bogus_routes=6000, oversized_bodies=10, oversized_body_bytes=64 << 20),
+                       llm_disconnects=300, bogus_routes=6000, oversized_bodies=10, oversized_body_bytes=64 << 20,
+                       grpc_deadline_calls=100_000, cancelled_streams=300, invalid_record_requests=5000,
+                       malformed_bytes_requests=2000),
     "light": FloodSizes(idle_streams=150, idle_gateway_calls=4, big_record_callers=2, big_records_per_call=10,
-                        llm_disconnects=6, bogus_routes=100, oversized_bodies=2, oversized_body_bytes=16 << 20),
+                        llm_disconnects=6, bogus_routes=100, oversized_bodies=2, oversized_body_bytes=16 << 20,
+                        grpc_deadline_calls=2000, cancelled_streams=20, invalid_record_requests=250,
+                        malformed_bytes_requests=100),
 }
+# Threads of each caller flood: the deadline callers as many as took the server down; the others a few, enough to
+# share batches with the valid paths.
+GIVING_UP_CALLERS = 4
+STREAM_CANCELLERS = 2
+CARELESS_CALLERS = 4
+# The floods of requests that are the caller's mistake, each answered on its own (bad_requests.count).
+CALLER_ERROR_FLOODS = ("invalid_records", "malformed_bytes")
 
 
 def run_floods(sizes: FloodSizes, urls: Mapping[str, str], records: Sequence[Mapping], clock: Clock) -> dict:
@@ -56,6 +72,16 @@ def run_floods(sizes: FloodSizes, urls: Mapping[str, str], records: Sequence[Map
         "bogus_routes": routes,
         "oversized_bodies": lambda: floods.oversized_bodies(urls["http"], sizes.oversized_bodies,
                                                             sizes.oversized_body_bytes, hold_until),
+        "grpc_deadlines": lambda: careless_callers.grpc_deadlines(urls["grpc"], records, sizes.grpc_deadline_calls,
+                                                                  GIVING_UP_CALLERS, hold_until),
+        "cancelled_streams": lambda: careless_callers.cancelled_streams(urls["grpc"], records, sizes.cancelled_streams,
+                                                                        STREAM_CANCELLERS, hold_until),
+        "invalid_records": lambda: careless_callers.invalid_records(urls["http"], urls["grpc"], records,
+                                                                    sizes.invalid_record_requests, CARELESS_CALLERS,
+                                                                    hold_until),
+        "malformed_bytes": lambda: careless_callers.malformed_bytes(urls["http"], records,
+                                                                    sizes.malformed_bytes_requests, CARELESS_CALLERS,
+                                                                    hold_until),
     }
 
     def run(name: str, job: Callable[[], dict]) -> None:

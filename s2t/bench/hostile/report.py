@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from s2t.bench.llm import percentile
+from s2t.prometheus_text import parse_metrics, samples_named
 
 PHASES = ("before", "during", "after")
 # A valid request is answered (with a result), failed (answered with an error status) or unanswered (the client
@@ -22,6 +23,12 @@ NOT_SENT = "not_sent"
 # RSS at the end of the run may exceed RSS at the end of the quiet first phase by this fraction before it counts
 # as growth: allocator arenas and caches settle for a while.
 RSS_GROWTH_TOLERANCE = 0.25
+# What `s2t serve`'s supervisor counts when it steps in: reloads of a model (by model and reason), restarts of
+# tritonserver, hung servers aborted. A caller's mistake must move none of them.
+SUPERVISOR_COUNTERS = ("s2t_supervisor_reloads_total", "s2t_server_restarts_total", "s2t_server_hangs_total")
+# Always on the supervisor's page (a reload counter appears with its first reload): its absence means the page
+# was not read.
+SUPERVISOR_ALWAYS = "s2t_server_restarts_total"
 
 
 @dataclass(frozen=True)
@@ -144,6 +151,54 @@ def labels_from_configuration(leaked: int, probed: int) -> dict:
                     f"{leaked} of {probed} bogus routes became metric labels")
 
 
+def supervisor_totals(samples: Sequence[str]) -> dict[str, float]:
+    """Each of SUPERVISOR_COUNTERS summed over its labels, from the supervisor's metric samples (lines of its
+    page); a counter with no sample is absent."""
+    metrics = parse_metrics("\n".join(samples))
+    totals = {}
+    for name in SUPERVISOR_COUNTERS:
+        values = [value for _labels, value in samples_named(metrics, name)]
+        if values:
+            totals[name] = sum(values)
+    return totals
+
+
+def no_reload_or_restart(before: Mapping[str, float], after: Mapping[str, float]) -> dict:
+    """The supervisor's counters (supervisor_totals) the same at the end of the run as at its start."""
+    if SUPERVISOR_ALWAYS not in before or SUPERVISOR_ALWAYS not in after:
+        return _verdict(None, "the supervisor's metrics were not read at the start and the end")
+    changed = [f"{name} {before.get(name, 0):.0f} -> {after.get(name, 0):.0f}" for name in SUPERVISOR_COUNTERS
+               if before.get(name, 0) != after.get(name, 0)]
+    return _verdict(not changed, "no reload, restart or hang" if not changed else "; ".join(changed))
+
+
+def caller_errors_answered_alone(floods: Mapping[str, Mapping], valid_succeeded: Mapping) -> dict:
+    """In each caller-error flood (a result with "invalid" and "valid" counts, see bad_requests.count), every
+    invalid request refused with its own 4xx naming its field and every valid request beside it scored, while the
+    valid paths' requests succeeded (`valid_succeeded`, the valid_requests_succeeded verdict)."""
+    measured = {name: flood for name, flood in floods.items() if flood.get("invalid", {}).get("sent")}
+    unmeasured = sorted(set(floods) - set(measured))
+    wrong = []
+    for name, flood in sorted(measured.items()):
+        for side, must in (("invalid", "refused naming their field"), ("valid", "scored")):
+            sent, right = flood[side]["sent"], flood[side]["as_expected"]
+            if right != sent:
+                wrong.append(f"{name}: {sent - right} of {sent} {side} requests not {must}")
+        wrong += [f"{name}: {label}" for label in flood.get("unexpected", [])[:3]]
+    if valid_succeeded["holds"] is False:
+        wrong.append(f"valid paths: {valid_succeeded['detail']}")
+    if wrong:
+        return _verdict(False, "; ".join(wrong))
+    if unmeasured or not measured:
+        return _verdict(None, "no invalid request sent by " + ", ".join(unmeasured or sorted(floods)))
+    if valid_succeeded["holds"] is None:
+        return _verdict(None, f"valid paths: {valid_succeeded['detail']}")
+    invalid = sum(flood["invalid"]["sent"] for flood in measured.values())
+    valid = sum(flood["valid"]["sent"] for flood in measured.values())
+    return _verdict(True, f"{invalid} invalid requests each refused naming its field; {valid} valid beside them "
+                          "scored; the valid paths unharmed")
+
+
 def table(report: Mapping) -> str:
     """The printed form: latency and counts per path and phase, RSS per phase, then the verdicts."""
     phases_s = report["phases_s"]
@@ -165,8 +220,13 @@ def table(report: Mapping) -> str:
         lines.append(f"{group:<20} " + " ".join(
             f"{phases[p]['max'] / 2**20:>7.0f}/{phases[p]['last'] / 2**20:<7.0f}" if p in phases else f"{'-':>15}"
             for p in PHASES))
+    grpc_port = report.get("services", {}).get("grpc_port_served_by")
+    if grpc_port:
+        lines.append(f"public gRPC port served by: {grpc_port}")
+    if report.get("supervisor_before"):
+        lines.append("supervisor at the start: " + ", ".join(report["supervisor_before"]))
     if report.get("supervisor"):
-        lines.append("supervisor: " + ", ".join(report["supervisor"]))
+        lines.append("supervisor at the end: " + ", ".join(report["supervisor"]))
     lines.append("floods:")
     for name, flood in report["floods"].items():
         counts = ", ".join(f"{v} x {k}" for k, v in sorted(flood.get("outcomes", {}).items()))
@@ -174,5 +234,5 @@ def table(report: Mapping) -> str:
     lines.append("verdicts:")
     for name, verdict in report["verdicts"].items():
         mark = {True: "holds", False: "FAILS", None: "not measured"}[verdict["holds"]]
-        lines.append(f"  {name:<33} {mark:<13} {verdict['detail']}")
+        lines.append(f"  {name:<39} {mark:<13} {verdict['detail']}")
     return "\n".join(lines)

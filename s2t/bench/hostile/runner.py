@@ -21,11 +21,12 @@ from pathlib import Path
 import psutil
 
 from s2t.bench.hostile import report as soak_report
-from s2t.bench.hostile.patterns import FLOOD_SIZES, run_floods
+from s2t.bench.hostile.patterns import CALLER_ERROR_FLOODS, FLOOD_SIZES, run_floods
 from s2t.bench.hostile.report import ANSWERED
 from s2t.bench.hostile.valid_paths import LATENCY_TARGETS_MS, VALID_TIMEOUT_S, Calls, Clock, ValidPath, guarded, \
     host_port, path_calls
-from s2t.bench.hostile.watch import Watch, leftovers, run_processes, serving_pids, shm_entries, supervisor_counts
+from s2t.bench.hostile.watch import Watch, leftovers, listening_pids, port_owner, run_processes, serving_pids, \
+    shm_entries, supervisor_counts
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve import service_process
 from s2t.serve.triton_server import free_port
@@ -83,13 +84,7 @@ def started_services(on_progress: OnProgress, planned: int, log_base: Path | Non
 def running_services(urls: Mapping[str, str]) -> Services:
     """Services started by someone else: their processes found by the ports they listen on (when this user can
     see them), never stopped here."""
-    listening = {}
-    try:
-        for conn in psutil.net_connections(kind="tcp"):
-            if conn.status == psutil.CONN_LISTEN and conn.pid:
-                listening[conn.laddr.port] = conn.pid
-    except psutil.AccessDenied:
-        pass  # another user's processes: RSS, restarts and leftovers are then reported not measured
+    listening = listening_pids()
     server = listening.get(host_port(urls["http"])[1])
     if server is not None:
         parent = psutil.Process(server).parent()
@@ -101,8 +96,8 @@ def running_services(urls: Mapping[str, str]) -> Services:
 
 def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = no_progress,
         urls: Mapping[str, str] | None = None, log_base: Path | None = None) -> dict:
-    """Soak the services at `urls` ("http", "grpc", "metrics", "gateway"), or start them (and stop them) when
-    None (their output then next to `log_base`); the report as a dict (JSON-ready)."""
+    """Soak the services at `urls` ("http", "grpc", "metrics", "gateway", and optionally "supervisor"), or start
+    them (and stop them) when None (their output then next to `log_base`); the report as a dict (JSON-ready)."""
     planned = int(options.seconds)
     shm_before, processes_before = shm_entries(), run_processes()
     if urls is None:
@@ -111,22 +106,25 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
     else:
         services = running_services(urls)
         measured = _soak(options, records, services, on_progress)
-    watch, pids_before, pids_after, paths, flood_results, warm_up, supervisor = measured
+    watch, flood_results = measured.watch, measured.floods
     left, regions_left = leftovers(watch) if services.started else ([], [])
     shm_after = shm_entries()
     targets = {**LATENCY_TARGETS_MS, **(options.latency_targets_ms or {})}
-    paths_summary = {path.path: soak_report.path_summary(path.samples) for path in paths}
+    paths_summary = {path.path: soak_report.path_summary(path.samples) for path in measured.paths}
     bogus = flood_results.get("bogus_routes", {})
     report = {
         "seconds": options.seconds, "rate": options.rate, "floods_size": options.floods,
         "flood_sizes": asdict(FLOOD_SIZES[options.floods]), "phases_s": watch.clock.phases_s,
         "services": {"urls": dict(services.urls), "started_by_the_soak": services.started,
-                     "serving_pid": services.serving_pid, "gateway_pid": services.gateway_pid},
+                     "serving_pid": services.serving_pid, "gateway_pid": services.gateway_pid,
+                     "grpc_port_served_by": measured.grpc_port_served_by},
         "latency_targets_ms": targets, "paths": paths_summary, "floods": flood_results,
-        "warm_up_failures": {name: [f"{o[0]}: {o[2]}"[:200] for o in out] for name, out in warm_up.items() if out},
+        "warm_up_failures": {name: [f"{o[0]}: {o[2]}"[:200] for o in out]
+                             for name, out in measured.warm_up.items() if out},
         "rss": {group: {p: phases[p] for p in soak_report.PHASES if p in phases}
                 for group, phases in watch.rss.items()},
-        "pids": {"before": pids_before, "after": pids_after}, "supervisor": supervisor,
+        "pids": {"before": measured.pids_before, "after": measured.pids_after},
+        "supervisor_before": measured.supervisor_before, "supervisor": measured.supervisor_after,
         "exit_codes": services.exit_codes,
         "shm": {"before": len(shm_before), "after": len(shm_after),
                 "new": sorted(set(shm_after) - set(shm_before)), "gone": sorted(set(shm_before) - set(shm_after)),
@@ -135,11 +133,17 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
                       "seen": len(watch.seen), "left": left},
     }
     not_stopped = soak_report.not_measured("the services were not started, so not stopped, by this run")
+    valid_succeeded = soak_report.valid_requests_succeeded(paths_summary)
     report["verdicts"] = {
         "every_request_answered": soak_report.every_request_answered(paths_summary, flood_results),
-        "valid_requests_succeeded": soak_report.valid_requests_succeeded(paths_summary),
+        "valid_requests_succeeded": valid_succeeded,
         "latency_targets_kept": soak_report.latency_targets_kept(paths_summary, targets),
-        "no_process_restarts": soak_report.no_restarts(pids_before, pids_after),
+        "no_process_restarts": soak_report.no_restarts(measured.pids_before, measured.pids_after),
+        "no_reload_or_restart_for_caller_errors": soak_report.no_reload_or_restart(
+            soak_report.supervisor_totals(measured.supervisor_before),
+            soak_report.supervisor_totals(measured.supervisor_after)),
+        "caller_errors_answered_alone": soak_report.caller_errors_answered_alone(
+            {name: flood_results.get(name, {}) for name in CALLER_ERROR_FLOODS}, valid_succeeded),
         "rss_flat": soak_report.rss_flat(report["rss"]),
         "metric_labels_from_configuration": soak_report.labels_from_configuration(bogus.get("leaked_labels", 0),
                                                                                   bogus.get("sent", 0)),
@@ -152,18 +156,38 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
     return report
 
 
-def _soak(options: Options, records: Sequence[Mapping], services: Services, on_progress: OnProgress):
+@dataclass
+class Measured:
+    """What the soak saw of the services while it ran."""
+    watch: Watch
+    paths: list[ValidPath]
+    floods: dict
+    warm_up: dict[str, list]
+    pids_before: dict[str, int]
+    pids_after: dict[str, int]
+    supervisor_before: list[str]
+    supervisor_after: list[str]
+    grpc_port_served_by: str | None
+
+
+def _soak(options: Options, records: Sequence[Mapping], services: Services, on_progress: OnProgress) -> Measured:
     """Valid traffic through the three phases, floods in the middle one, the process trees watched throughout."""
     planned, urls = int(options.seconds), services.urls
+    grpc_port = host_port(urls["grpc"])[1]
     calls = Calls(urls["http"], urls["grpc"], urls["gateway"], records)
     watch, paths = None, []
+
+    def supervisor() -> list[str]:
+        return supervisor_counts(urls["supervisor"]) if urls.get("supervisor") else []
     try:
         # Every path warmed once: first-use costs are not the floods' doing. A path that cannot answer yet is not
         # a reason to stop; its phases' counts will show it.
         warm_up = {name: [o for o in guarded(call)(0) if o[0] != ANSWERED]
                    for name, (call, _rate) in path_calls(calls, options.rate).items()}
+        owner = port_owner(grpc_port)
+        supervisor_before = supervisor()
         clock = Clock(options.seconds)
-        pids_before = serving_pids(services.serving_pid)
+        pids_before = serving_pids(services.serving_pid, grpc_port)
         watch = Watch(services.serving_pid, services.gateway_pid, clock, options.sample_every_s)
         watch.look()
         watch.start()
@@ -178,8 +202,8 @@ def _soak(options: Options, records: Sequence[Mapping], services: Services, on_p
         flooding.shutdown()
         for path in paths:
             path.join(VALID_TIMEOUT_S + 30)
-        pids_after = serving_pids(services.serving_pid)
-        supervisor = supervisor_counts(urls["supervisor"]) if "supervisor" in urls else []
+        pids_after = serving_pids(services.serving_pid, grpc_port)
+        supervisor_after = supervisor()
         watch.stop.set()
         watch.join(10)
         watch.look()
@@ -190,7 +214,8 @@ def _soak(options: Options, records: Sequence[Mapping], services: Services, on_p
         if watch is not None:
             watch.stop.set()
         calls.close()
-    return watch, pids_before, pids_after, paths, flood_results, warm_up, supervisor
+    return Measured(watch, paths, flood_results, warm_up, pids_before, pids_after, supervisor_before,
+                    supervisor_after, f"{owner[1]} (pid {owner[0]})" if owner else None)
 
 
 def _wait_for_phase(clock: Clock, phase: str | None, on_progress: OnProgress, planned: int) -> None:

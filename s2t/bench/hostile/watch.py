@@ -109,12 +109,40 @@ def tritonserver_pid(serving_pid: int | None) -> int | None:
         return None
 
 
-def serving_pids(serve_pid: int | None) -> dict[str, int]:
-    """tritonserver's pid and each stub's, by model instance and version."""
+def serving_pids(serve_pid: int | None, grpc_port: int | None = None) -> dict[str, int]:
+    """tritonserver's pid and each stub's, by model instance and version, and the pid of whatever else serves the
+    public gRPC port (a front before Triton's own), by its name."""
     server = tritonserver_pid(serve_pid)
     if server is None:
         return {}
-    return {"tritonserver": server, **{f"{s.instance}@{s.version}": pid for pid, s in stubs_of(server).items()}}
+    pids = {"tritonserver": server, **{f"{s.instance}@{s.version}": pid for pid, s in stubs_of(server).items()}}
+    owner = port_owner(grpc_port) if grpc_port is not None else None
+    if owner is not None and owner[0] != server:
+        pids[f"gRPC port: {owner[1]}"] = owner[0]
+    return pids
+
+
+def listening_pids() -> dict[int, int]:
+    """Port -> pid of every TCP listener this user can see."""
+    listening = {}
+    try:
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.pid:
+                listening[conn.laddr.port] = conn.pid
+    except psutil.AccessDenied:
+        pass  # another user's processes: what depends on them is then reported not measured
+    return listening
+
+
+def port_owner(port: int) -> tuple[int, str] | None:
+    """(pid, process name) of the listener on `port`, None when not found."""
+    pid = listening_pids().get(port)
+    if pid is None:
+        return None
+    try:
+        return pid, psutil.Process(pid).name()
+    except psutil.NoSuchProcess:
+        return None
 
 
 def shm_entries() -> list[str]:
