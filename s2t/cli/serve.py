@@ -15,7 +15,7 @@ from s2t.serve.shutdown import exit_after_shutdown, stop_on_signals, wait_for_st
 @click.option("--http-port", type=int, envvar="HTTP_PORT", default=8000, show_default=True,
               help="Triton's HTTP port")
 @click.option("--grpc-port", type=int, envvar="GRPC_PORT", default=8001, show_default=True,
-              help="Triton's gRPC port")
+              help="the gRPC port: the gRPC front, with tritonserver's own endpoint on loopback behind it")
 @click.option("--metrics-port", type=int, envvar="METRICS_PORT", default=8002, show_default=True,
               help="Triton's Prometheus metrics port")
 @click.option("--supervisor-port", type=int, envvar="SUPERVISOR_PORT", default=8003, show_default=True,
@@ -32,12 +32,15 @@ from s2t.serve.shutdown import exit_after_shutdown, stop_on_signals, wait_for_st
 @click.option("--hang-seconds", type=float, default=10.0, show_default=True,
               help="an execute of the in-process backend running this long means a hung server: it is aborted "
                    "(its Python stacks to the log) and started again")
+@click.option("--grpc-max-calls", type=click.IntRange(min=1), envvar="S2T_GRPC_MAX_CALLS",
+              help="calls the gRPC front has in flight to tritonserver at most, answered or abandoned by their "
+                   "callers; past it a new call is refused UNAVAILABLE at once [default: 1024]")
 @click.option("--llm", "with_llm", is_flag=True,
               help=f"also serve {LLM_REPOSITORY}/ (llm, llm_router, risk_explainer)")
 @click.option("--openai-port", type=int, envvar="OPENAI_PORT", default=9000, show_default=True,
               help="with --llm: the OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models); 0: none")
 def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mode, repositories, exit_timeout,
-          rate_limit, max_restarts, hang_seconds, with_llm, openai_port) -> None:
+          rate_limit, max_restarts, hang_seconds, grpc_max_calls, with_llm, openai_port) -> None:
     """Run the embedded tritonserver until SIGINT/SIGTERM, then drain in-flight requests.
 
     Supervised: a model whose stub died or that fails over 10% of its requests for 5 s (its own failures, never
@@ -48,7 +51,7 @@ def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mod
     served = (*(repositories or DEFAULT_REPOSITORIES), *([LLM_REPOSITORY] if with_llm else []))
     options = ServeOptions(served, http_port, grpc_port, metrics_port, supervisor_port, model_control_mode,
                            exit_timeout, rate_limit, max_restarts, openai_port if with_llm else 0,
-                           hang_seconds=hang_seconds)
+                           hang_seconds=hang_seconds, grpc_max_calls=grpc_max_calls)
     sys.exit(run_serve(options, os.environ, log_to_stderr))
 
 

@@ -31,6 +31,7 @@ class ServeOptions:
     max_restarts: int = 5
     openai_port: int = 0  # 0: no OpenAI-compatible API
     hang_seconds: float = 10.0  # an execute running longer makes the supervisor abort the server as hung
+    grpc_max_calls: int | None = None  # None: the gRPC front's default
 
 
 def admin_key(model_control_mode: str, environ: Mapping[str, str]) -> str | None:
@@ -81,7 +82,7 @@ def serve(options: ServeOptions, environ: Mapping[str, str], log: Callable[[str]
     server = TritonServer(list(options.repositories), options.http_port, options.grpc_port, options.metrics_port,
                           options.model_control_mode, exit_timeout_seconds=options.exit_timeout_s, admin_key=key,
                           rate_limit_slots=options.rate_limit_slots, supervise=True, supervisor_state=state,
-                          hang_seconds=options.hang_seconds,
+                          hang_seconds=options.hang_seconds, grpc_max_calls=options.grpc_max_calls,
                           on_replace=lambda why: replace.set(),
                           extra_args=["--metrics-config=summary_latencies=true"])
     stop = stop_on_signals()

@@ -45,7 +45,7 @@ OPENAI_MODEL = "llm"
 DEFAULT_OPENAI_PORT = 9000
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child before exec: SIGTERM (a draining stop) when the process that started it dies."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -64,7 +64,7 @@ def spawn(command: list[str], env: dict[str, str], stdout=None) -> subprocess.Po
     """Its own process group (the stubs join it), dying with the process that started it, with the admin key
     neither on its command line nor in its stubs' environment. Call it from a thread that outlives the server:
     the kernel sends the death signal when the thread that forked it ends."""
-    return hidden_args.popen(command, secret_indices(command), server_environment(env), preexec_fn=_die_with_parent,
+    return hidden_args.popen(command, secret_indices(command), server_environment(env), preexec_fn=die_with_parent,
                              stdout=stdout, stderr=subprocess.STDOUT if stdout else None, start_new_session=True)
 
 
@@ -193,8 +193,16 @@ def keep(server, stop: threading.Event, replace: threading.Event, policy: Restar
          log=lambda message: print(message, file=sys.stderr, flush=True)) -> int:
     """`s2t serve`'s loop around a started TritonServer: start it again when it dies (a hung one is aborted by its
     supervisor), or when `replace` is set (a dead stub its supervisor cannot reload in it), after the policy's
-    delay, until `stop` is set or the policy gives up. The exit code."""
+    delay, until `stop` is set or the policy gives up. The server's gRPC front stays up across its starts (calls
+    meanwhile refused UNAVAILABLE), and is started again should it die. The exit code."""
     while not stop.wait(0.1):
+        try:
+            front_code = server.restart_dead_grpc_front()
+        except Exception as err:  # noqa: BLE001 - without its front the server has no gRPC port
+            log(f"s2t serve: the gRPC front died and could not start again: {err}")
+            return 1
+        if front_code is not None:
+            log(f"s2t serve: the gRPC front exited with code {front_code}; started again")
         returncode = server.process.poll()
         if returncode is None and not replace.is_set():
             continue
@@ -202,7 +210,7 @@ def keep(server, stop: threading.Event, replace: threading.Event, policy: Restar
             f"exited with code {returncode}"
         if returncode is not None:
             server.reap()  # at once: its orphaned stubs must not wait for the supervisor to stop
-        server.stop()
+        server.stop(keep_grpc_front=True)
         delay = policy.next_delay(time.monotonic())
         if delay is None:
             log(f"s2t serve: tritonserver {why}; {policy.max_restarts} restarts within "

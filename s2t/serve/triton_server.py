@@ -3,7 +3,8 @@
 The wheel ships the server binary, the python backend and one stub per Python version; the stub finds this
 virtual environment through `python3` on PATH and loads the interpreter's own libpython through
 LD_LIBRARY_PATH. The backend directory is assembled per server from the wheel plus `backends/`, the stub behind a
-wrapper that starts it without the server's descriptors (STUB_WRAPPER).
+wrapper that starts it without the server's descriptors (STUB_WRAPPER). The public gRPC port is the gRPC front's
+(s2t/serve/grpc_front.py); Triton's own gRPC endpoint listens on a loopback port behind it.
 """
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ from pathlib import Path
 import backends
 from s2t.serve.healing import STATE_FILE, HangSettings, SupervisorState
 from s2t.serve import leftovers
+from s2t.serve.grpc_front import DEFAULT_MAX_CALLS, GrpcFront, GrpcFrontError
 from s2t.serve.hidden_args import HiddenArgumentError
 from s2t.serve.keeper import reap_group, spawn
+from s2t.serve.request_limits import grpc_max_message_bytes
 from s2t.serve.restricted_apis import restrict
 from s2t.control.live_control import admin_headers
 from s2t.serve.supervisor import StubSupervisor
@@ -50,6 +53,8 @@ NATIVE_BACKENDS = {INPROCESS_BACKEND: PROJECT_BACKENDS / "native" / f"python{sys
 
 
 MODEL_LOAD_THREADS = 16
+# How long after HTTP says ready a call through the gRPC front may take to be answered.
+GRPC_FRONT_REACH_S = 10.0
 
 
 def _reap_when_dead(process: subprocess.Popen) -> None:
@@ -166,9 +171,19 @@ class TritonServer:
     on_replace: object = None
     # An execute that has not returned after this many seconds makes the supervisor abort the server as hung.
     hang_seconds: float = HangSettings.seconds
+    # The public gRPC port is the gRPC front's, Triton's own endpoint on `triton_grpc_port` on loopback behind it. The
+    # front lives from the first start() to stop(), across the starts of a server kept running (keep_grpc_front):
+    # while a new server starts, its port stays open and calls are refused UNAVAILABLE. Off only to measure the
+    # front against Triton's own endpoint: then Triton listens on `grpc_port` itself, and a cancelled call can
+    # crash it.
+    grpc_front: bool = True
+    # Upstream calls the front has in flight at most (None: grpc_front.DEFAULT_MAX_CALLS).
+    grpc_max_calls: int | None = None
+    triton_grpc_port: int | None = None
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
     process: subprocess.Popen | None = None
+    front: GrpcFront | None = None
     _workdir: tempfile.TemporaryDirectory | None = None
     _log_file: object = None
     supervisor: StubSupervisor | None = None
@@ -181,12 +196,17 @@ class TritonServer:
     def grpc_url(self) -> str:
         return f"localhost:{self.grpc_port}"
 
+    @property
+    def triton_grpc_url(self) -> str:
+        """Triton's own gRPC endpoint (behind the front, or the public one without it)."""
+        return f"localhost:{self.triton_grpc_port or self.grpc_port}"
+
     def command(self, backend_dir: Path) -> list[str]:
         cmd = [str(TRITON_DIR / "bin" / "tritonserver")]
         cmd += [f"--model-repository={Path(r).resolve()}" for r in self.repositories]
         cmd += [
             f"--backend-directory={backend_dir}",
-            f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
+            f"--http-port={self.http_port}", f"--metrics-port={self.metrics_port}",
             f"--model-control-mode={self.model_control_mode}",
             f"--exit-timeout-secs={self.exit_timeout_seconds}",
             "--strict-readiness=true",
@@ -200,6 +220,10 @@ class TritonServer:
             # The in-process backend's interpreter: this virtual environment's, as the stubs run.
             f"--backend-config={INPROCESS_BACKEND},python={sys.executable}",
         ]
+        if self.grpc_front:
+            cmd += ["--grpc-address=127.0.0.1", f"--grpc-port={self.triton_grpc_port}"]
+        else:
+            cmd.append(f"--grpc-port={self.grpc_port}")
         if self.model_control_mode == "poll":
             cmd.append(f"--repository-poll-secs={self.poll_seconds}")
         elif self.model_control_mode == "explicit":
@@ -209,25 +233,32 @@ class TritonServer:
         return restrict(cmd + self.extra_args, self.admin_key)
 
     def start(self, timeout: float = 120.0) -> "TritonServer":
-        precompile_models(self.repositories)
-        self._workdir = tempfile.TemporaryDirectory(prefix="s2t-triton-")
-        backend_dir = assemble_backend_dir(Path(self._workdir.name) / "backends")
+        front_was_running = self.front is not None and self.front.running()
         stdout = None
         if self.log_path is not None:
             self._log_file = open(self.log_path, "ab")
             stdout = self._log_file
-        # What a server that died before this one left (its stubs, its shared-memory regions) goes first.
-        leftovers.clean(self.repositories)
-        # Own process group: the stubs are reaped with the server, whatever happens to this process.
         try:
-            self.process = spawn(self.command(backend_dir), server_env(), stdout)
-        except HiddenArgumentError as err:
-            raise ServerError(str(err)) from None
-        threading.Thread(target=_reap_when_dead, args=(self.process,), name="s2t-server-reaper", daemon=True).start()
-        try:
+            if self.grpc_front and not front_was_running:
+                self._start_grpc_front(stdout)
+            precompile_models(self.repositories)
+            self._workdir = tempfile.TemporaryDirectory(prefix="s2t-triton-")
+            backend_dir = assemble_backend_dir(Path(self._workdir.name) / "backends")
+            # What a server that died before this one left (its stubs, its shared-memory regions) goes first.
+            leftovers.clean(self.repositories)
+            # Own process group: the stubs are reaped with the server, whatever happens to this process.
+            try:
+                self.process = spawn(self.command(backend_dir), server_env(), stdout)
+            except HiddenArgumentError as err:
+                raise ServerError(str(err)) from None
+            threading.Thread(target=_reap_when_dead, args=(self.process,), name="s2t-server-reaper",
+                             daemon=True).start()
             self.wait_ready(timeout)
+            if self.front is not None and not self.front.wait_reaches_triton(GRPC_FRONT_REACH_S):
+                raise ServerError(f"the gRPC front on port {self.grpc_port} did not reach tritonserver's gRPC "
+                                  f"endpoint on port {self.triton_grpc_port} within {GRPC_FRONT_REACH_S:.0f} s")
         except BaseException:
-            self.stop()
+            self.stop(keep_grpc_front=front_was_running)
             raise
         if self.supervise:
             if self.supervisor_state is None:
@@ -242,6 +273,27 @@ class TritonServer:
                                              hang_settings=HangSettings(self.hang_seconds))
             self.supervisor.start()
         return self
+
+    def _start_grpc_front(self, stdout) -> None:
+        """Started before Triton: a missing or broken front fails the start before anything else runs. Its port for
+        Triton is kept for the server's whole life, so that a front that stays up finds every new server."""
+        if self.triton_grpc_port is None:
+            self.triton_grpc_port = free_port()
+        self.front = GrpcFront(self.grpc_port, self.triton_grpc_port, grpc_max_message_bytes(self.repositories),
+                               self.grpc_max_calls or DEFAULT_MAX_CALLS, drain_seconds=self.exit_timeout_seconds + 5)
+        try:
+            self.front.start(stdout)
+        except GrpcFrontError as err:
+            self.front = None
+            raise ServerError(str(err) + (f"; see {self.log_path}" if self.log_path else "")) from None
+
+    def restart_dead_grpc_front(self) -> int | None:
+        """The exit code of a front that had died, after starting a new one; None while it runs (or without one)."""
+        if not self.grpc_front or self.front is None or self.front.running():
+            return None
+        code = self.front.process.returncode
+        self._start_grpc_front(self._log_file)
+        return code
 
     def reap(self) -> None:
         """After the server died: kill the stubs it left behind (they stay in its process group), then remove the
@@ -259,15 +311,14 @@ class TritonServer:
                               + (f"; see {self.log_path}" if self.log_path else ""))
         raise ServerError(f"tritonserver not ready after {timeout:.0f} s")
 
-    def stop(self, timeout: float | None = None) -> int | None:
-        """SIGTERM: Triton stops accepting, finishes in-flight requests, unloads models; then reap the group."""
-        if self.process is None:
-            return None
+    def stop(self, timeout: float | None = None, keep_grpc_front: bool = False) -> int | None:
+        """SIGTERM: Triton stops accepting, finishes in-flight requests, unloads models; then reap the group. Then the
+        gRPC front, which relayed the answers Triton gave while it drained, unless kept for the next start."""
         if self.supervisor is not None:
             self.supervisor.stop()
             self.supervisor = None
         timeout = self.exit_timeout_seconds + 15 if timeout is None else timeout
-        if self.process.poll() is None:
+        if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout)
@@ -275,13 +326,20 @@ class TritonServer:
                 self.process.kill()
                 self.process.wait()
         self.reap()
+        if not keep_grpc_front:
+            self._stop_grpc_front()
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
         if self._workdir is not None:
             self._workdir.cleanup()
             self._workdir = None
-        return self.process.returncode
+        return self.process.returncode if self.process is not None else None
+
+    def _stop_grpc_front(self) -> None:
+        if self.front is not None:
+            self.front.stop()
+            self.front = None
 
     def __enter__(self) -> "TritonServer":
         return self.start()

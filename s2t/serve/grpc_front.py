@@ -1,0 +1,137 @@
+"""The gRPC front of the embedded tritonserver: the public gRPC port, in front of Triton's own gRPC endpoint on a
+loopback port (native/grpc_front.cc, built by `make native` into backends/native/s2t_grpc_front).
+
+Triton 2.51's gRPC front end can crash the whole server (Signal 11) when a client cancels a ModelInfer in flight or
+its deadline expires while Triton works on it; later releases (the NGC image the containers run) fixed it. The front
+forwards every method as raw bytes and never lets Triton see a cancellation: an upstream call carries no deadline
+and is never cancelled, a client that goes away leaves its call to finish unread, and a stream whose client goes
+away is half-closed and read to its end. At most `max_calls` upstream calls run at once, abandoned ones included;
+past that a new call is refused UNAVAILABLE at once. A message over `max_message_bytes` is refused by the front.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import backends
+from s2t.errors import S2TError
+from s2t.serve.keeper import die_with_parent
+
+BINARY = Path(backends.__file__).resolve().parent / "native" / "s2t_grpc_front"
+BUILD_HINT = "`make native` builds it (native/build_grpc_front.sh alone)"
+# Calls to Triton in flight through the front at most. Each holds at most one message each way in the front.
+DEFAULT_MAX_CALLS = 1024
+# How long the front may take to listen once started (it binds in milliseconds).
+READY_TIMEOUT_S = 10.0
+SERVER_READY = "/inference.GRPCInferenceService/ServerReady"
+# ServerReadyResponse{ready: true} as protobuf bytes (field 1, varint 1); the request is the empty message.
+READY_ANSWER = b"\x08\x01"
+
+
+class GrpcFrontError(S2TError, RuntimeError):
+    pass
+
+
+def command(binary: Path, public_port: int, upstream_port: int, max_message_bytes: int, max_calls: int,
+            drain_seconds: int, ready_fd: int | None = None) -> list[str]:
+    """The front listening on every address (as Triton's own gRPC endpoint does by default), Triton on loopback."""
+    cmd = [str(binary), "--listen", f"0.0.0.0:{public_port}", "--upstream", f"127.0.0.1:{upstream_port}",
+           "--max-message-bytes", str(max_message_bytes), "--max-calls", str(max_calls),
+           "--drain-seconds", str(drain_seconds)]
+    return cmd + (["--ready-fd", str(ready_fd)] if ready_fd is not None else [])
+
+
+@dataclass
+class GrpcFront:
+    """One front process: `start()` returns once it listens; `stop()` lets its calls in flight end first."""
+
+    public_port: int
+    upstream_port: int
+    max_message_bytes: int
+    max_calls: int = DEFAULT_MAX_CALLS
+    # After SIGTERM: how long calls in flight may take to be answered before the process ends.
+    drain_seconds: int = 30
+    # Looked up when the front is made, not when this module is read.
+    binary: Path = field(default_factory=lambda: BINARY)
+    process: subprocess.Popen | None = None
+
+    def start(self, stdout=None) -> "GrpcFront":
+        """In its own process group, ending (after its drain) when the process that started it dies: call it from a
+        thread that outlives the front, as keeper.spawn says."""
+        if not os.access(self.binary, os.X_OK):
+            raise GrpcFrontError(f"the gRPC front {self.binary} is not built: {BUILD_HINT}")
+        read_end, write_end = os.pipe()
+        try:
+            self.process = subprocess.Popen(
+                command(self.binary, self.public_port, self.upstream_port, self.max_message_bytes, self.max_calls,
+                        self.drain_seconds, write_end),
+                stdout=stdout, stderr=subprocess.STDOUT if stdout else None, pass_fds=(write_end,),
+                preexec_fn=die_with_parent, start_new_session=True)
+            os.close(write_end)
+            write_end = -1
+            said = _read_line(read_end, READY_TIMEOUT_S)
+        finally:
+            os.close(read_end)
+            if write_end >= 0:
+                os.close(write_end)
+        if said != b"ready\n":
+            code = self.stop(timeout=5)
+            raise GrpcFrontError(f"the gRPC front did not start on port {self.public_port} (exit code {code}; its "
+                                 f"reason is in the server's log); {BUILD_HINT} if the binary is stale")
+        return self
+
+    def wait_reaches_triton(self, timeout_s: float) -> bool:
+        """Whether a ServerReady call through the front is answered ready within `timeout_s`. Triton opens its gRPC
+        port moments after HTTP says ready, and the front's connection to it may be waiting to try again: once this
+        call is answered, the next ones are too."""
+        import grpc
+        deadline = time.monotonic() + timeout_s
+        with grpc.insecure_channel(f"localhost:{self.public_port}") as channel:
+            ready = channel.unary_unary(SERVER_READY)
+            while time.monotonic() < deadline:
+                try:
+                    if ready(b"", timeout=max(0.1, deadline - time.monotonic())) == READY_ANSWER:
+                        return True
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.05)
+        return False
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def stop(self, timeout: float | None = None) -> int | None:
+        """SIGTERM (its calls in flight get `drain_seconds`), then SIGKILL past `timeout`; the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(self.drain_seconds + 5 if timeout is None else timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def _read_line(fd: int, timeout_s: float) -> bytes:
+    """What the front writes on its ready pipe: `ready` and a newline, or nothing (EOF) when it exits first."""
+    deadline, said = time.monotonic() + timeout_s, b""
+    while not said.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 64)
+        if not chunk:
+            break
+        said += chunk
+    return said
