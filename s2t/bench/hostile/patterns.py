@@ -28,16 +28,17 @@ class FloodSizes:
     malformed_bytes_requests: int
 
 
-# full: the sizes that showed each weakness (4 callers whose gRPC deadlines expired took Triton 2.51's own gRPC front
-# end down several times a minute); light: enough of each to see it act, for a minute's run.
+# full: the sizes that showed each weakness; light: enough of each to see it act, for a minute's run. gRPC deadlines:
+# 4 callers took Triton 2.51's own gRPC front end down within a few thousand calls (about 1,000 a second here), so
+# both sizes keep them calling through most of `during`.
 FLOOD_SIZES = {
     "full": FloodSizes(idle_streams=1100, idle_gateway_calls=8, big_record_callers=4, big_records_per_call=200,
                        llm_disconnects=300, bogus_routes=6000, oversized_bodies=10, oversized_body_bytes=64 << 20,
-                       grpc_deadline_calls=100_000, cancelled_streams=300, invalid_record_requests=5000,
+                       grpc_deadline_calls=300_000, cancelled_streams=300, invalid_record_requests=5000,
                        malformed_bytes_requests=2000),
     "light": FloodSizes(idle_streams=150, idle_gateway_calls=4, big_record_callers=2, big_records_per_call=10,
                         llm_disconnects=6, bogus_routes=100, oversized_bodies=2, oversized_body_bytes=16 << 20,
-                        grpc_deadline_calls=2000, cancelled_streams=20, invalid_record_requests=250,
+                        grpc_deadline_calls=20_000, cancelled_streams=20, invalid_record_requests=250,
                         malformed_bytes_requests=100),
 }
 # Threads of each caller flood: the deadline callers as many as took the server down; the others a few, enough to
