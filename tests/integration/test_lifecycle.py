@@ -98,9 +98,16 @@ def serve(built_artifacts, tmp_path):
 
 
 def server_pid(serve_pid: int) -> int | None:
-    """The tritonserver `s2t serve` runs now (None between two)."""
-    return next((int(k) for task in Path(f"/proc/{serve_pid}/task").glob("*")
-                 for k in (task / "children").read_text().split()), None)
+    """The tritonserver `s2t serve` runs now (None between two); its other child is the gRPC front."""
+    return next((pid for task in Path(f"/proc/{serve_pid}/task").glob("*")
+                 for pid in map(int, (task / "children").read_text().split()) if comm(pid) == "tritonserver"), None)
+
+
+def comm(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
 
 
 def supervisor_metrics(port: int) -> str:
