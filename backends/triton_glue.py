@@ -8,7 +8,7 @@ the catch-all around `execute` (traceback to the log, INTERNAL without details t
 `<name>.execute`, joining a dynamic batch and splitting the answers, BLS calls with their error mapping, the decoupled
 check and senders (each request of a decoupled model handled on its own, refused with its own error), the config
 JSON read once and the settings read with unknown keys reported and file parameters resolved in the model's folders,
-and the metric families (`metric_family`) and BLS streams it holds for the model, let go of in `finalize()`.
+the metric families (`metric_family`: kept, never deleted) and the finished BLS streams, let go of in `finalize()`.
 
 Nothing here imports Triton: the model passes its `triton_python_backend_utils` in, so backends/ stays importable
 without a server and the glue is unit-tested through the wheel's own module (tests/unit/python_backend.py).
@@ -16,6 +16,7 @@ without a server and the glue is unit-tested through the wheel's own module (tes
 from __future__ import annotations
 
 import collections
+import ctypes
 import dataclasses
 import faulthandler
 import functools
@@ -77,66 +78,24 @@ class FinishedStreams:
         held.clear()
 
 
-class Released(RuntimeError):
-    """A metric used after its model's finalize let it go."""
-
-
-class HeldMetric:
-    """One metric of a MetricFamily made through HeldMetrics: the stub's methods, until `release`."""
-
-    __slots__ = ("_metric",)
-
-    def __init__(self, metric):
-        self._metric = metric
-
-    def _live(self):
-        if self._metric is None:
-            raise Released("a metric was used after its model was finalized")
-        return self._metric
-
-    def increment(self, value) -> None:
-        self._live().increment(value)
-
-    def set(self, value) -> None:
-        self._live().set(value)
-
-    def observe(self, value) -> None:
-        self._live().observe(value)
-
-    def value(self) -> float:
-        return self._live().value()
-
-    def release(self) -> None:
-        self._metric = None
-
-
-class HeldFamily(HeldMetric):
-    """A MetricFamily made through HeldMetrics; its `Metric`s are held by the same owner."""
-
-    __slots__ = ("_owner",)
-
-    def __init__(self, family, owner: "HeldMetrics"):
-        super().__init__(family)
-        self._owner = owner
-
-    def Metric(self, *args, **kwargs) -> HeldMetric:  # noqa: N802 - the stub's spelling
-        return self._owner.hold(HeldMetric(self._live().Metric(*args, **kwargs)))
-
-
-class HeldMetrics:
+class KeptMetrics:
     """`pb_utils.MetricFamily` as a model's metric classes take it (called to make a family; COUNTER, GAUGE,
-    HISTOGRAM), with every family and metric made through it let go of in `release()`.
+    HISTOGRAM): every family and metric made through it is kept for the life of the process and never deleted.
 
-    Triton 2.51's stub destroys its own state before the interpreter ends, and a MetricFamily or Metric deleted after
-    that (by the garbage collection at the end, or with the model object) tells the parent through that destroyed
-    state: the stub dies of a SIGSEGV on its way out, at every unload of a model with metrics. Only the wrappers here
-    reach the stub's objects, so `release()` in the model's finalize deletes them while the stub still works."""
+    Triton 2.51 cannot delete them safely either way. From the stub's teardown (the interpreter's last garbage
+    collection, or the model object's end) the delete goes through the stub's state, already destroyed: the stub dies
+    of a SIGSEGV at every unload. From a model's finalize it reaches the server, which shares one Prometheus metric
+    among all families of a name and labels (the old and the new instance of a reloaded model) but counts references
+    per family: the old instance's delete frees the metric the new one updates, and the server aborts on a corrupted
+    heap. Kept, a replaced instance's series stay in the server's metrics with their last values (a new instance with
+    the same labels counts on from them), and the server keeps its small objects for them until it exits."""
 
     def __init__(self, pb_utils):
         # Looked up when used: the stub sets pb_utils.MetricFamily only after model.py is imported.
         self._pb = pb_utils
-        self._held: list[HeldMetric] = []
-        self._lock = threading.Lock()
+        # One reference Python never gives back, so no teardown reaches the count of zero that deletes them.
+        self._kept: list = []
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._kept))
 
     @property
     def COUNTER(self):  # noqa: N802 - MetricFamily's spelling
@@ -150,20 +109,24 @@ class HeldMetrics:
     def HISTOGRAM(self):  # noqa: N802
         return self._pb.MetricFamily.HISTOGRAM
 
-    def __call__(self, *args, **kwargs) -> HeldFamily:
-        return self.hold(HeldFamily(self._pb.MetricFamily(*args, **kwargs), self))
+    def __call__(self, *args, **kwargs) -> "KeptFamily":
+        return KeptFamily(self.keep(self._pb.MetricFamily(*args, **kwargs)), self.keep)
 
-    def hold(self, held: HeldMetric) -> HeldMetric:
-        with self._lock:
-            self._held.append(held)
-        return held
+    def keep(self, made):
+        self._kept.append(made)
+        return made
 
-    def release(self) -> None:
-        """Metrics before their families (a family deletes what is left of its own when it goes)."""
-        with self._lock:
-            held, self._held = self._held, []
-        for wrapper in reversed(held):
-            wrapper.release()
+
+class KeptFamily:
+    """A MetricFamily made through KeptMetrics; the metrics it makes (Triton's own objects) are kept too."""
+
+    __slots__ = ("_family", "_keep")
+
+    def __init__(self, family, keep: Callable):
+        self._family, self._keep = family, keep
+
+    def Metric(self, *args, **kwargs):  # noqa: N802 - the stub's spelling
+        return self._keep(self._family.Metric(*args, **kwargs))
 
 
 @dataclass(frozen=True)
@@ -218,18 +181,17 @@ class Glue:
     def __init__(self, pb_utils, name: str, shown_as: str | None = None):
         self.pb, self.name, self.shown_as = pb_utils, name, shown_as or name
         self.finished_streams = FinishedStreams()
-        # What a model's metric classes get for pb_utils.MetricFamily (see HeldMetrics and finalize()).
-        self.metric_family = HeldMetrics(pb_utils)
+        # What a model's metric classes get for pb_utils.MetricFamily (see KeptMetrics).
+        self.metric_family = KeptMetrics(pb_utils)
         # A stub that dies of a signal (a crash in native code) otherwise leaves nothing in the server's log: this
         # writes every thread's Python stack to the stub's stderr, which is that log.
         faulthandler.enable(all_threads=True)
         _use_fast_bytes_codec(pb_utils)
 
     def finalize(self) -> None:
-        """The end of a model's `finalize`, once its threads are stopped: the Triton objects the glue holds for it
-        (metrics, finished BLS streams) are deleted now, while the stub can still do so. A Triton object a model
-        still holds after its finalize is deleted when the stub's state is gone, and kills the stub (HeldMetrics)."""
-        self.metric_family.release()
+        """The end of a model's `finalize`, once its threads are stopped: the finished BLS streams the glue holds
+        for it are deleted now, while the stub can still do so (one left to the interpreter's end is deleted after
+        the stub unmapped its shared memory, and the stub dies of a SIGSEGV)."""
         self.finished_streams.release()
 
     # --- configuration ---------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ Python error` to the server's log, and an operator could not tell a crash from a
 import json
 import re
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -10,12 +11,14 @@ import tritonclient.http as http
 
 from clients import stream_client
 from s2t.control.live_control import admin_headers
+from s2t.prometheus_text import parse_metrics
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
 from tests.integration.servers import serving, triton_server
 
 KEY = "clean-stop-key"
-CRASH = re.compile(r"Fatal Python error|Segmentation fault|Signal \(11\)|Aborted|core dumped")
-# The python models of the repository (risk_scorer runs on backends/onnxruntime/model.py here), each reloaded once.
+# A stub's faulthandler, the server's signal handler, glibc's heap checks.
+CRASH = re.compile(r"Fatal Python error|Segmentation fault|Signal \((6|11)\)|malloc\(\)|free\(\)|Aborted")
+# The python models of the repository (risk_scorer runs on backends/onnxruntime/model.py here).
 PYTHON_MODELS = ("skill_adapter", "risk_scorer", "risk_decision", "risk_router", "risk_stream")
 
 
@@ -50,18 +53,48 @@ def serve_each_python_model(server, records: list[dict]) -> None:
     assert streamed.complete and [a.status for a in streamed.answers] == ["OK"] * len(records)
 
 
+def router_rows(server) -> float:
+    with urllib.request.urlopen(f"http://localhost:{server.metrics_port}/metrics", timeout=10) as resp:
+        metrics = parse_metrics(resp.read().decode())
+    return sum(value for (name, _), value in metrics.items() if name == "s2t_router_rows_total")
+
+
 def crash_lines(log: str) -> list[str]:
     return [line for line in log.splitlines() if CRASH.search(line)]
 
 
-def wait_for_line(log_path, pattern: str, timeout_s: float = 30.0) -> None:
+def unloads(log_path, model: str) -> int:
+    return log_path.read_text(errors="replace").count(f"successfully unloaded '{model}'")
+
+
+def wait_for_unload(log_path, model: str, before: int, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while pattern not in log_path.read_text(errors="replace"):
-        assert time.monotonic() < deadline, f"no {pattern!r} in the log within {timeout_s:.0f} s"
+    while unloads(log_path, model) == before:
+        assert time.monotonic() < deadline, f"{model}: not unloaded within {timeout_s:.0f} s"
         time.sleep(0.1)
 
 
-@pytest.mark.timeout(240)
+def reload_each_python_model(server, log_path) -> None:
+    """Each model twice: unloaded then loaded (a new stub after the old one is gone), and loaded with a changed
+    config (Triton starts the new instance, then unloads the old one: both live for a moment)."""
+    admin = http.InferenceServerClient(server.http_url, network_timeout=120)
+    try:
+        for model in PYTHON_MODELS:
+            # Explicit mode loads an unchanged model only once: unloading it first brings a new stub.
+            before = unloads(log_path, model)
+            admin.unload_model(model, headers=admin_headers(KEY))
+            wait_for_unload(log_path, model, before)
+            admin.load_model(model, headers=admin_headers(KEY))
+            config = admin.get_model_config(model)
+            # A CUDA stream priority: nothing changes on CPU, but a changed config is a new model to Triton.
+            config.setdefault("optimization", {})["priority"] = "PRIORITY_MAX"
+            admin.load_model(model, config=json.dumps(config), headers=admin_headers(KEY))
+            wait_for_unload(log_path, model, before + 1)
+    finally:
+        admin.close()
+
+
+@pytest.mark.timeout(300)
 def test_python_models_unload_without_a_crash_on_reload_and_on_sigterm(built_artifacts, german_credit_data,
                                                                       tmp_path):
     records = [{"features": f} for f in german_credit_data.records()[:8]]
@@ -70,17 +103,14 @@ def test_python_models_unload_without_a_crash_on_reload_and_on_sigterm(built_art
                            admin_key=KEY)
     with serving(server):
         serve_each_python_model(server, records)
-        admin = http.InferenceServerClient(server.http_url)
-        try:
-            for model in PYTHON_MODELS:
-                # Explicit mode loads an unchanged model only once: unloading it first brings a new stub.
-                admin.unload_model(model, headers=admin_headers(KEY))
-                wait_for_line(log_path, f"successfully unloaded '{model}'")
-                admin.load_model(model, headers=admin_headers(KEY))
-        finally:
-            admin.close()
-        assert crash_lines(log_path.read_text(errors="replace")) == [], "a stub crashed when its model was reloaded"
+        reload_each_python_model(server, log_path)
+        # The new instances serve, and count in the metrics they share with the instances they replaced.
+        counted = router_rows(server)
         serve_each_python_model(server, records)
+        assert router_rows(server) == counted + len(records)
+        serve_each_python_model(server, records)
+        assert server.process.poll() is None, "tritonserver died"
+        assert crash_lines(log_path.read_text(errors="replace")) == [], "a model's reload crashed a process"
     log = log_path.read_text(errors="replace")
     assert "successfully unloaded 'risk_stream'" in log.split("Signal (15) received")[-1], "the server did not stop"
     assert crash_lines(log) == [], "a stub crashed when the server stopped"

@@ -40,7 +40,6 @@ class TritonPythonModel:
     def finalize(self):
         self._timer.stop()
         self._session.close()
-        glue.finalize()
 
     def _score(self, payloads):
         return glue.infer(self._scoring_model, {PAYLOAD: np.array(payloads, dtype=object).reshape(-1, 1)},

@@ -58,7 +58,6 @@ class TritonPythonModel:
         self._stopping.set()
         self._engine.stop()
         self._outbox.close()
-        glue.finalize()
 
     def _report_loop(self):
         while not self._stopping.wait(METRICS_PERIOD_S):
