@@ -14,6 +14,10 @@ round records the mean batch as well: compare sides at equal mean batch.
     python -m s2t.bench.cpu_cost --side base --side two:instances=2 --side grpc:client=perf_analyzer,protocol=grpc
     python -m s2t.bench.cpu_cost --side before:rev=HEAD~1 --side after      # this tree's code against a revision
     s2t bench --mode cpu-cost --side base --side grpc:client=h2load          # the same, as a mode of `s2t bench`
+    s2t bench --mode grpc-front                                             # gRPC through the front vs Triton's own
+
+The server tree's CPU includes the gRPC front's process (a sibling of tritonserver, not its child), also shown on its
+own.
 """
 from __future__ import annotations
 
@@ -43,8 +47,10 @@ from wire.names import PAYLOAD, PIPELINE, SCORER
 CLIENTS = ("wrk", "perf_analyzer", "h2load")
 # Two sides when none are named: the served config, and a second instance (the knob most often asked about).
 DEFAULT_SIDES = ("base", "two:instances=2")
-# The knobs a side may set: server knobs make a server of their own, client knobs only change the load.
-SERVER_KNOBS = ("instances", "queue_delay_us", "preferred", "intra_op_threads", "http_threads", "rev")
+# The knobs a side may set: server knobs make a server of their own, client knobs only change the load. `front=off`:
+# gRPC goes to Triton's own endpoint rather than through the gRPC front (s2t/serve/grpc_front.py).
+SERVER_KNOBS = ("instances", "queue_delay_us", "preferred", "intra_op_threads", "http_threads", "rev", "front")
+FRONT_VALUES = ("on", "off")
 CLIENT_KNOBS = ("client", "protocol")
 
 
@@ -91,6 +97,8 @@ def parse_side(text: str) -> Side:
         key, eq, value = item.partition("=")
         if not eq or not value:
             raise ValueError(f"side {name}: {item!r} is not knob=value")
+        if key == "front" and value not in FRONT_VALUES:
+            raise ValueError(f"side {name}: front is on or off, got {value!r}")
         if key in SERVER_KNOBS:
             server[key] = value
         elif key in CLIENT_KNOBS:
@@ -134,11 +142,13 @@ def with_source_root(model_py: str, root: Path) -> str:
 
 
 def per_request(delta: dict, requests: int) -> dict:
-    """CPU microseconds per request: the whole server tree, tritonserver's own process (front ends, batcher, the
-    models on the in-process backend) and the stubs; and the load generator's."""
+    """CPU microseconds per request: the whole server (tritonserver's tree and the gRPC front), tritonserver's own
+    process (front ends, batcher, the models on the in-process backend), the gRPC front and the stubs; and the load
+    generator's."""
     n = max(requests, 1)
-    return {"server_cpu_us_per_request": round(1e6 * delta["tree"] / n, 1),
+    return {"server_cpu_us_per_request": round(1e6 * (delta["tree"] + delta["grpc_front"]) / n, 1),
             "front_end_cpu_us_per_request": round(1e6 * delta["own"] / n, 1),
+            "grpc_front_cpu_us_per_request": round(1e6 * delta["grpc_front"] / n, 1),
             "stubs_cpu_us_per_request": round(1e6 * (delta["tree"] - delta["own"]) / n, 1),
             "client_cpu_us_per_request": round(1e6 * delta["client"] / n, 1)}
 
@@ -229,13 +239,15 @@ def measure_round(side: Side, server: TritonServer, drive: Callable[[], dict]) -
     """One round of one side: CPU of the server tree, its own process and the load generator, per answered request,
     with the mean dynamic batch Triton formed."""
     pid = server.process.pid
+    front = (lambda: process_tree.own_cpu_seconds(server.front.pid)) if server.front is not None else (lambda: 0.0)
     stats = stub_profile.snapshot(server.http_url, PIPELINE)
-    tree, own = process_tree.cpu_seconds(pid), process_tree.own_cpu_seconds(pid)
+    tree, own, grpc_front = process_tree.cpu_seconds(pid), process_tree.own_cpu_seconds(pid), front()
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     load1 = psutil.getloadavg()[0]
     figures = drive()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     delta = {"tree": process_tree.cpu_seconds(pid) - tree, "own": process_tree.own_cpu_seconds(pid) - own,
+             "grpc_front": front() - grpc_front,
              "client": (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)}
     breakdown = stub_profile.breakdown(stats, stub_profile.snapshot(server.http_url, PIPELINE))
     return {**figures, "requests": breakdown["requests"], "mean_batch": round(breakdown["mean_batch"], 2),
@@ -267,6 +279,7 @@ def run(sides: list[Side], repository: Path, data_csv: Path, rounds: int, concur
             for number, entry in enumerate(servers.values()):
                 entry.server = TritonServer([entry.repository], free_port(), free_port(), free_port(),
                                             log_path=tmp / f"server{number}.log", exit_timeout_seconds=10,
+                                            grpc_front=entry.knobs.get("front") != "off",
                                             extra_args=server_args(entry.knobs)).start()
             for side in sides:  # warm-up: connections, lazy imports, the first batches
                 server = servers[side.server_key].server
@@ -280,7 +293,8 @@ def run(sides: list[Side], repository: Path, data_csv: Path, rounds: int, concur
                                                                             requests, script, inputs))
                     measured[side.name].append(entry)
                     log(f"{label}: {entry['server_cpu_us_per_request']:.0f} us CPU/request (tritonserver "
-                        f"{entry['front_end_cpu_us_per_request']:.0f}, stubs {entry['stubs_cpu_us_per_request']:.0f}),"
+                        f"{entry['front_end_cpu_us_per_request']:.0f}, gRPC front "
+                        f"{entry['grpc_front_cpu_us_per_request']:.0f}, stubs {entry['stubs_cpu_us_per_request']:.0f}),"
                         f" batch {entry['mean_batch']:.1f}, {entry['requests_per_s']:.0f} req/s, "
                         f"load {entry['load_average_1m']:.1f}")
         finally:
@@ -301,12 +315,13 @@ def markdown(results: dict) -> str:
              "relative: the median of each round's ratio to the first side)", ""]
     if not results["load"]["publishable"]:
         lines += ["Taken on a busy machine: read the CPU per request and the relative figures only.", ""]
-    lines += ["| side | server CPU us/req | tritonserver | stubs | client | mean batch | req/s (relative) | p99 ms "
-              "| load avg |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| side | server CPU us/req | tritonserver | gRPC front | stubs | client | mean batch | req/s (relative) "
+              "| p99 ms | load avg |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, m in results["median"].items():
         lines.append(f"| {name} | {m['server_cpu_us_per_request']:.0f} "
                      f"({results['relative_server_cpu_per_request'][name]:.2f}x) | "
-                     f"{m['front_end_cpu_us_per_request']:.0f} | {m['stubs_cpu_us_per_request']:.0f} "
+                     f"{m['front_end_cpu_us_per_request']:.0f} | {m['grpc_front_cpu_us_per_request']:.0f} | "
+                     f"{m['stubs_cpu_us_per_request']:.0f} "
                      f"({results['relative_stubs_cpu_per_request'][name]:.2f}x) | "
                      f"{m['client_cpu_us_per_request']:.0f} | {m['mean_batch']:.1f} | "
                      f"{results['relative_requests_per_s'][name]:.2f}x | {m['p99_ms']:.2f} | "

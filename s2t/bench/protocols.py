@@ -5,8 +5,8 @@ One point per protocol, measured one after the other, compares two moments of a 
 protocols: on the 2-core machine the gRPC/HTTP ratio of a single pair of rounds ranged from 0.66x to 1.44x within
 minutes. Rounds that alternate the protocols, each figure the median round, put the machine's changes on both sides.
 Each round also splits the CPU a request costs between the load generator, tritonserver's own process (its HTTP or
-gRPC front end, the batcher, the models it runs in process) and the python stubs, which is where a protocol's cost
-shows when throughput does not. perf_analyzer spends several times wrk's CPU per request, taken from the server on a
+gRPC front end, the batcher, the models it runs in process), the gRPC front in front of it (s2t/serve/grpc_front.py)
+and the python stubs, which is where a protocol's cost shows when throughput does not. perf_analyzer spends several times wrk's CPU per request, taken from the server on a
 small machine; the low-CPU pair leaves the cores to the server (each side's generator is in the results).
 """
 from __future__ import annotations
@@ -57,19 +57,25 @@ def _drive(generator: str, url: str, protocol: str, model: str, load: Load, conc
 
 
 def _round(pid: int, url: str, protocol: str, model: str, load: Load, generator: str, concurrency: int,
-           count_requests: Callable[[], int]) -> dict:
-    before, tree, own = count_requests(), process_tree.cpu_seconds(pid), process_tree.own_cpu_seconds(pid)
+           count_requests: Callable[[], int], front_pid: int | None = None) -> dict:
+    def front() -> float:
+        return process_tree.own_cpu_seconds(front_pid) if front_pid else 0.0
+
+    before, tree, own, grpc_front = (count_requests(), process_tree.cpu_seconds(pid),
+                                     process_tree.own_cpu_seconds(pid), front())
     point = _drive(generator, url, protocol, model, load, concurrency)
     requests = max(count_requests() - before, 1)
     tree, own = process_tree.cpu_seconds(pid) - tree, process_tree.own_cpu_seconds(pid) - own
+    grpc_front = front() - grpc_front
 
     def per_request_us(seconds: float) -> float:
         return round(1e6 * seconds / requests, 1)
 
     return {"requests_per_s": point["requests_per_s"], "p50_ms": point["p50_ms"], "p99_ms": point["p99_ms"],
             "requests": requests, "client_cpu_us_per_request": per_request_us(point["client_cpu_s"]),
-            "server_cpu_us_per_request": per_request_us(tree),
-            "front_end_cpu_us_per_request": per_request_us(own), "stubs_cpu_us_per_request": per_request_us(tree - own)}
+            "server_cpu_us_per_request": per_request_us(tree + grpc_front),
+            "front_end_cpu_us_per_request": per_request_us(own), "grpc_front_cpu_us_per_request": per_request_us(grpc_front),
+            "stubs_cpu_us_per_request": per_request_us(tree - own)}
 
 
 def median_of_rounds(entries: list[dict]) -> dict:
@@ -80,10 +86,11 @@ def compare(pid: int, urls: dict[str, str], model: str, load: Load, concurrency:
             count_requests: Callable[[], int], log: Callable[[str], None] = print,
             on_progress: OnProgress = no_progress,
             watch: Callable[[str], ContextManager] = lambda label: nullcontext(),
-            clients: str = "perf_analyzer") -> dict:
+            clients: str = "perf_analyzer", front_pid: int | None = None) -> dict:
     """`rounds` rounds of HTTP then gRPC at `concurrency`, each driven by its generator of GENERATORS[clients]; each
     protocol's median round (every key on its own) and the ratio of the median req/s. `on_progress` hears the
-    rounds done, naming the one that runs; each round runs inside `watch(label)` (the run's machine-load record)."""
+    rounds done, naming the one that runs; each round runs inside `watch(label)` (the run's machine-load record).
+    `front_pid`: the gRPC front's process, whose CPU counts as the server's."""
     generators = GENERATORS[clients]
     measured: dict[str, list[dict]] = {protocol: [] for protocol in PROTOCOLS}
     total = rounds * len(PROTOCOLS)
@@ -93,11 +100,12 @@ def compare(pid: int, urls: dict[str, str], model: str, load: Load, concurrency:
             on_progress(sum(map(len, measured.values())), total, label)
             with watch(label):
                 entry = _round(pid, urls[protocol], protocol, model, load, generators[protocol], concurrency,
-                               count_requests)
+                               count_requests, front_pid)
             measured[protocol].append(entry)
             log(f"{model} {protocol} c={concurrency} round {number + 1}: {entry['requests_per_s']:.0f} req/s, "
                 f"CPU us/request client {entry['client_cpu_us_per_request']:.0f}, tritonserver "
-                f"{entry['front_end_cpu_us_per_request']:.0f}, stubs {entry['stubs_cpu_us_per_request']:.0f}")
+                f"{entry['front_end_cpu_us_per_request']:.0f}, gRPC front {entry['grpc_front_cpu_us_per_request']:.0f}, "
+                f"stubs {entry['stubs_cpu_us_per_request']:.0f}")
     medians = {protocol: median_of_rounds(entries) for protocol, entries in measured.items()}
     return {"model": model, "concurrency": concurrency, "generators": dict(generators), "rounds": measured,
             "median": medians,

@@ -123,14 +123,20 @@ def _llm(options: BenchOptions) -> BenchResult:
     return _written_with_verdict(options.out_dir / "llm")
 
 
-def _cpu_cost(plan: str) -> Callable[[BenchOptions], BenchResult]:
+# `grpc-front`'s sides: risk_pipeline over gRPC with perf_analyzer, on Triton's own endpoint and through the gRPC front.
+GRPC_FRONT_SIDES = ("direct:front=off,client=perf_analyzer,protocol=grpc", "front:client=perf_analyzer,protocol=grpc")
+
+
+def _cpu_cost(plan: str, folder_name: str | None = None,
+              default_sides: tuple[str, ...] = ()) -> Callable[[BenchOptions], BenchResult]:
+    """cpu_cost's `plan` on the --side sides, or `default_sides` when none is named (none: cpu_cost's own)."""
     def run(options: BenchOptions) -> BenchResult:
         from s2t.bench import cpu_cost
         try:
-            sides = cpu_cost.parse_sides(options.sides)
+            sides = cpu_cost.parse_sides(options.sides or default_sides)
         except ValueError as err:
             raise S2TError(f"--side: {err}") from None
-        folder = options.out_dir / plan.replace("-", "_")
+        folder = options.out_dir / (folder_name or plan.replace("-", "_"))
         _, text = cpu_cost.measure(sides, options.pipeline_repository, options.data_csv, cpu_cost.PLANS[plan],
                                    folder, log=options.log)
         document = _written(folder)
@@ -153,4 +159,7 @@ BENCH_MODES = {
     "cpu-cost": BenchMode("risk_pipeline's CPU per request, server variants (--side) in alternating rounds",
                           _cpu_cost("cpu-cost")),
     "cpu-cost-smoke": BenchMode("cpu-cost on a short plan", _cpu_cost("cpu-cost-smoke")),
+    "grpc-front": BenchMode("risk_pipeline over gRPC with perf_analyzer at c=16: Triton's own endpoint vs through the "
+                            "gRPC front, in alternating rounds (cpu-cost's plan)",
+                            _cpu_cost("cpu-cost", "grpc_front", GRPC_FRONT_SIDES)),
 }

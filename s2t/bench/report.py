@@ -199,14 +199,15 @@ def _protocols(found: dict | None) -> list[str]:
         return []
     rows = [[protocol, m["requests_per_s"], " / ".join(f"{e['requests_per_s']:.0f}" for e in found["rounds"][protocol]),
              m["p50_ms"], m["p99_ms"], m["client_cpu_us_per_request"], m["front_end_cpu_us_per_request"],
-             m["stubs_cpu_us_per_request"]] for protocol, m in found["median"].items()]
+             m.get("grpc_front_cpu_us_per_request", float("nan")), m["stubs_cpu_us_per_request"]]
+            for protocol, m in found["median"].items()]
     return [f"### HTTP and gRPC, {found['model']}, {protocol_clients(found)} c={found['concurrency']}, "
             "alternating rounds", "",
             f"gRPC / HTTP req/s (median rounds): {found['grpc_vs_http']:.2f}x. CPU per request in microseconds: the "
             "load generator, tritonserver's own process (front end, batcher, and the models it runs in process, "
-            "risk_pipeline among them) and the python stubs.", "",
-            _table(["protocol", "req/s", "rounds req/s", "p50 ms", "p99 ms", "client us", "tritonserver us", "stubs us"],
-                   rows), ""]
+            "risk_pipeline among them), the gRPC front in front of its gRPC endpoint and the python stubs.", "",
+            _table(["protocol", "req/s", "rounds req/s", "p50 ms", "p99 ms", "client us", "tritonserver us",
+                    "gRPC front us", "stubs us"], rows), ""]
 
 
 def _where_time_goes(found: dict | None) -> list[str]:

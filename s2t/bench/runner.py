@@ -209,7 +209,8 @@ class Bench:
             self.results["protocols"] = protocols.compare(
                 pid, {"http": server.http_url, "grpc": server.grpc_url}, PIPELINE, load,
                 self.mode.http_connections, self.mode.protocol_rounds, lambda: _stats(server.http_url, PIPELINE)[0],
-                self.log, self._steps_of(self.steps_done), self.load.round, clients=self.protocol_clients)
+                self.log, self._steps_of(self.steps_done), self.load.round, clients=self.protocol_clients,
+                front_pid=server.front.pid if server.front is not None else None)
             self.steps_done += len(protocols.PROTOCOLS) * self.mode.protocol_rounds
             self._side_by_side(server)
             self.results["memory"]["triton_peak_bytes"] = peak.stop()

@@ -19,6 +19,8 @@ PIPELINE_CONFIG = (ROOT / "model_repository" / "risk_pipeline" / "config.pbtxt")
     ("g:client=perf_analyzer,protocol=grpc", cpu_cost.Side("g", (), "perf_analyzer", "grpc")),
     ("h:client=h2load", cpu_cost.Side("h", (), "h2load", "grpc")),
     ("old:rev=HEAD~1,queue_delay_us=0", cpu_cost.Side("old", (("queue_delay_us", "0"), ("rev", "HEAD~1")))),
+    ("direct:front=off,client=perf_analyzer,protocol=grpc",
+     cpu_cost.Side("direct", (("front", "off"),), "perf_analyzer", "grpc")),
 ])
 def test_a_side_is_a_name_with_server_and_client_knobs(text, side):
     assert cpu_cost.parse_side(text) == side
@@ -32,6 +34,7 @@ def test_a_side_is_a_name_with_server_and_client_knobs(text, side):
     ("a:protocol=grpc", "wrk speaks http here, not 'grpc'"),
     ("a:client=perf_analyzer,protocol=udp", "perf_analyzer speaks http or grpc here, not 'udp'"),
     ("a:client=h2load,protocol=http", "h2load speaks grpc here"),
+    ("a:front=no", "front is on or off, got 'no'"),
 ])
 def test_a_side_that_cannot_be_measured_is_refused_naming_the_knob(text, message):
     with pytest.raises(ValueError, match=message):
@@ -103,14 +106,16 @@ def test_another_revisions_code_comes_first_on_the_stubs_path(tmp_path):
     assert namespace["WHERE"] == "revision"
 
 
-def test_cpu_per_request_splits_the_server_tree_into_front_end_and_stubs():
-    figures = cpu_cost.per_request({"tree": 0.3, "own": 0.1, "client": 0.05}, 2000)
-    assert figures == {"server_cpu_us_per_request": 150.0, "front_end_cpu_us_per_request": 50.0,
-                       "stubs_cpu_us_per_request": 100.0, "client_cpu_us_per_request": 25.0}
+def test_cpu_per_request_splits_the_server_into_tritonserver_the_grpc_front_and_stubs():
+    figures = cpu_cost.per_request({"tree": 0.3, "own": 0.1, "grpc_front": 0.04, "client": 0.05}, 2000)
+    assert figures == {"server_cpu_us_per_request": 170.0, "front_end_cpu_us_per_request": 50.0,
+                       "grpc_front_cpu_us_per_request": 20.0, "stubs_cpu_us_per_request": 100.0,
+                       "client_cpu_us_per_request": 25.0}
 
 
 def test_a_round_that_answered_nothing_divides_by_one_not_zero():
-    assert cpu_cost.per_request({"tree": 0.001, "own": 0.0, "client": 0.0}, 0)["server_cpu_us_per_request"] == 1000.0
+    figures = cpu_cost.per_request({"tree": 0.001, "own": 0.0, "grpc_front": 0.0, "client": 0.0}, 0)
+    assert figures["server_cpu_us_per_request"] == 1000.0
 
 
 def test_relative_figures_are_the_median_of_each_rounds_ratio():
