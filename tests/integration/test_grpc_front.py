@@ -15,6 +15,8 @@ import json
 import os
 import random
 import signal
+import socket
+import subprocess
 import threading
 import time
 import urllib.request
@@ -519,6 +521,32 @@ def _stand_in_answers(channel) -> bool:
         return channel.unary_unary(INFER)(b"0", timeout=5) == b"answer:0"
     except grpc.RpcError:
         return False
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "--listen needs HOST:PORT"),
+    (["--listen", "127.0.0.1:1", "--upstream", "127.0.0.1"], "--upstream needs HOST:PORT, got '127.0.0.1'"),
+    (["--listen", "127.0.0.1:1", "--upstream", "127.0.0.1:2"], "--max-message-bytes is required"),
+    (["--max-calls", "0"], "--max-calls needs a whole number from 1"),
+    (["--threads", "two"], "--threads needs a whole number"),
+    (["--listen"], "--listen needs a value"),
+    (["--port", "1"], "unknown option --port"),
+], ids=["nothing", "no-port", "no-limit", "no-calls", "words", "no-value", "unknown"])
+def test_the_front_refuses_bad_arguments_saying_which(args, message):
+    from s2t.serve.grpc_front import BINARY
+    done = subprocess.run([str(BINARY), *args], capture_output=True, text=True, timeout=10)
+    assert done.returncode == 2 and message in done.stderr and "usage:" in done.stderr, done.stderr
+
+
+def test_the_front_says_when_its_port_is_taken():
+    from s2t.serve.grpc_front import BINARY
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([str(BINARY), "--listen", f"0.0.0.0:{port}", "--upstream", "127.0.0.1:1",
+                               "--max-message-bytes", "10"], capture_output=True, text=True, timeout=10)
+    assert done.returncode == 1 and f"cannot listen on 0.0.0.0:{port}" in done.stderr, done.stderr
 
 
 # ---- the front's process under `s2t serve`
