@@ -364,18 +364,20 @@ class Upstream(grpc.GenericRpcHandler):
         self.release = threading.Event()
 
     def service(self, details):
-        if details.method == STREAM_INFER:
-            return grpc.stream_stream_rpc_method_handler(self.stream)
-        return grpc.unary_unary_rpc_method_handler(self.unary)
+        method = details.method
+        if method == STREAM_INFER:
+            return grpc.stream_stream_rpc_method_handler(lambda requests, context: self.stream(method, requests,
+                                                                                               context))
+        return grpc.unary_unary_rpc_method_handler(lambda request, context: self.unary(method, request, context))
 
-    def _record(self, context) -> dict:
-        call = {"metadata": dict(context.invocation_metadata()), "time_remaining": context.time_remaining(),
-                "ended": None}
+    def _record(self, method: str, context) -> dict:
+        call = {"method": method, "metadata": dict(context.invocation_metadata()),
+                "time_remaining": context.time_remaining(), "ended": None}
         self.calls.append(call)
         return call
 
-    def unary(self, request: bytes, context) -> bytes:
-        call = self._record(context)
+    def unary(self, method: str, request: bytes, context) -> bytes:
+        call = self._record(method, context)
         if request == b"hold":
             self.release.wait(30)
         else:
@@ -387,8 +389,8 @@ class Upstream(grpc.GenericRpcHandler):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "upstream says no")
         return b"answer:" + request
 
-    def stream(self, requests, context):
-        call = self._record(context)
+    def stream(self, method: str, requests, context):
+        call = self._record(method, context)
         for request in requests:
             yield b"echo:" + request
         time.sleep(0.3)
@@ -440,6 +442,10 @@ def test_metadata_reaches_upstream_and_its_answer_comes_back_but_never_the_clien
     assert received["metadata"]["x-custom"] == "v" and received["metadata"][GRPC_KEY_HEADER] == "k"
     assert received["metadata"]["x-blob-bin"] == b"\x01\x02"
     assert no_deadline(received)
+    # A method the front does not know goes upstream all the same.
+    with grpc.insecure_channel(url) as channel:
+        assert channel.unary_unary("/no.such.Service/Call")(b"0", timeout=20) == b"answer:0"
+    assert upstream.calls[-1]["method"] == "/no.such.Service/Call"
 
 
 def test_a_unary_call_whose_client_leaves_is_answered_upstream_and_holds_its_slot_until_then(stand_in):
