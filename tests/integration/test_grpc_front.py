@@ -587,8 +587,8 @@ def grpc_answers(url: str, records) -> bool:
         client.close()
 
 
-def test_the_port_stays_open_across_a_new_tritonserver_and_the_front_ends_with_s2t_serve(built_artifacts, tmp_path,
-                                                                                         records):
+def test_the_port_stays_open_across_a_new_tritonserver_a_dead_front_is_replaced_and_it_ends_with_s2t_serve(
+        built_artifacts, tmp_path, records):
     process, front, triton, grpc_url, _ = serve(tmp_path)
     try:
         assert grpc_answers(grpc_url, records)
@@ -599,6 +599,11 @@ def test_the_port_stays_open_across_a_new_tritonserver_and_the_front_ends_with_s
         client.close()
         wait_until(lambda: grpc_answers(grpc_url, records), 120)
         assert front.is_running() and front in psutil.Process(process.pid).children()
+        # A front that dies is started again.
+        front.kill()
+        wait_until(lambda: grpc_answers(grpc_url, records), 30)
+        front = next(c for c in psutil.Process(process.pid).children() if c.name() == "s2t_grpc_front")
+        assert "the gRPC front exited with code -9; started again" in (tmp_path / "serve.log").read_text()
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(60) == 0, (tmp_path / "serve.log").read_text()[-3000:]
