@@ -8,7 +8,8 @@ the catch-all around `execute` (traceback to the log, INTERNAL without details t
 `<name>.execute`, joining a dynamic batch and splitting the answers, BLS calls with their error mapping, the decoupled
 check and senders (each request of a decoupled model handled on its own, refused with its own error), the config
 JSON read once and the settings read with unknown keys reported and file parameters resolved in the model's folders,
-the metric families (`metric_family`: kept, never deleted) and the finished BLS streams, let go of in `finalize()`.
+the metric families (`metric_family`: kept, never deleted), and `finalize(model)`, which rids the stub of every other
+Triton object before it ends.
 
 Nothing here imports Triton: the model passes its `triton_python_backend_utils` in, so backends/ stays importable
 without a server and the glue is unit-tested through the wheel's own module (tests/unit/python_backend.py).
@@ -20,6 +21,7 @@ import ctypes
 import dataclasses
 import faulthandler
 import functools
+import gc
 import json
 import threading
 import time
@@ -188,11 +190,15 @@ class Glue:
         faulthandler.enable(all_threads=True)
         _use_fast_bytes_codec(pb_utils)
 
-    def finalize(self) -> None:
-        """The end of a model's `finalize`, once its threads are stopped: the finished BLS streams the glue holds
-        for it are deleted now, while the stub can still do so (one left to the interpreter's end is deleted after
-        the stub unmapped its shared memory, and the stub dies of a SIGSEGV)."""
+    def finalize(self, model) -> None:
+        """The end of every model's `finalize`, once its threads are stopped: the Triton objects (requests, tensors,
+        responses, BLS streams) that `model`, the glue or any reference cycle still holds are deleted now, while the
+        stub can. After finalize the stub destroys its shared memory and then ends the interpreter, whose last garbage
+        collection deleted what was left through that memory: a SIGSEGV. Cycles are common: an error kept in a local
+        (`last_error = err`) holds its traceback, whose frames hold the request being served."""
         self.finished_streams.release()
+        vars(model).clear()
+        gc.collect()
 
     # --- configuration ---------------------------------------------------------------------------------------
     def settings(self, cls: type, args: ModelArgs, error: type[ValueError] = ParameterError, strict: bool = True,

@@ -27,6 +27,9 @@ class TritonPythonModel:
         self._runner = OrtRunner(path, glue.settings(SETTINGS, model, ModelConfigError, strict=False),
                                  specs("input"), specs("output"), batched=model.config.get("max_batch_size", 0) > 0)
 
+    def finalize(self):
+        glue.finalize(self)
+
     @glue.execute
     def execute(self, requests):
         results = self._runner.run([{s.name: glue.input(r, s.name) for s in self._runner.inputs} for r in requests])

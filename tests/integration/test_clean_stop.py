@@ -53,6 +53,17 @@ def serve_each_python_model(server, records: list[dict]) -> None:
     assert streamed.complete and [a.status for a in streamed.answers] == ["OK"] * len(records)
 
 
+def route_while_the_primary_is_away(server, records: list[dict]) -> None:
+    """risk_router's calls to its primary fail (the breaker and the fallback answer): the errors and their
+    tracebacks are objects the stub has to be rid of before it ends."""
+    client = http.InferenceServerClient(server.http_url, network_timeout=60)
+    try:
+        for _ in range(3):
+            client.infer("risk_router", [bytes_input("payload", [json.dumps(r).encode() for r in records])])
+    finally:
+        client.close()
+
+
 def router_rows(server) -> float:
     with urllib.request.urlopen(f"http://localhost:{server.metrics_port}/metrics", timeout=10) as resp:
         metrics = parse_metrics(resp.read().decode())
@@ -74,7 +85,7 @@ def wait_for_unload(log_path, model: str, before: int, timeout_s: float = 30.0) 
         time.sleep(0.1)
 
 
-def reload_each_python_model(server, log_path) -> None:
+def reload_each_python_model(server, log_path, records: list[dict]) -> None:
     """Each model twice: unloaded then loaded (a new stub after the old one is gone), and loaded with a changed
     config (Triton starts the new instance, then unloads the old one: both live for a moment)."""
     admin = http.InferenceServerClient(server.http_url, network_timeout=120)
@@ -84,6 +95,8 @@ def reload_each_python_model(server, log_path) -> None:
             before = unloads(log_path, model)
             admin.unload_model(model, headers=admin_headers(KEY))
             wait_for_unload(log_path, model, before)
+            if model == "risk_scorer":
+                route_while_the_primary_is_away(server, records)
             admin.load_model(model, headers=admin_headers(KEY))
             config = admin.get_model_config(model)
             # A CUDA stream priority: nothing changes on CPU, but a changed config is a new model to Triton.
@@ -103,7 +116,7 @@ def test_python_models_unload_without_a_crash_on_reload_and_on_sigterm(built_art
                            admin_key=KEY)
     with serving(server):
         serve_each_python_model(server, records)
-        reload_each_python_model(server, log_path)
+        reload_each_python_model(server, log_path, records)
         # The new instances serve, and count in the metrics they share with the instances they replaced.
         counted = router_rows(server)
         serve_each_python_model(server, records)

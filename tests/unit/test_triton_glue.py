@@ -7,6 +7,7 @@ import ast
 import gc
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -426,8 +427,10 @@ def test_metrics_made_through_the_glue_are_never_deleted_not_even_after_finalize
     # Triton 2.51 deletes them unsafely both ways: from the stub's teardown (the stub dies of a SIGSEGV) and from a
     # finalize (the server frees the metric a reloaded model's new instance shares, and aborts).
     glue.pb.MetricFamily, DyingFamily.deleted = DyingFamily, []
-    RequestMetrics(glue.metric_family).ok.increment(1)
-    glue.finalize()
+    model = Model()
+    model.metrics = RequestMetrics(glue.metric_family)
+    model.metrics.ok.increment(1)
+    glue.finalize(model)
     gc.collect()
     assert DyingFamily.deleted == []
 
@@ -445,25 +448,46 @@ def test_the_glues_metrics_pass_kinds_labels_buckets_and_values_through_to_trito
     assert made["depth"].kind == "gauge" and gauge.value() == made["depth"].metrics[0].value() == 5.0
 
 
-def test_finalize_drops_the_finished_bls_streams_the_glue_holds(glue):
-    # The stub empties its own map of them before finalize; one left to the interpreter's end is destroyed after
-    # the stub unmapped its shared memory, and the stub dies of a SIGSEGV.
-    held = a_finished_stream(glue, b"a")
-    assert held() is not None
-    glue.finalize()
-    assert held() is None and len(glue.finished_streams) == 0
+class Model:
+    """A model instance as the stub holds it until it ends."""
+
+
+class Served:
+    """Stands in for a Triton object (a request, tensor or response) whose deletion needs the stub."""
+
+
+def test_finalize_deletes_the_triton_objects_the_model_the_glue_and_reference_cycles_hold(glue):
+    # What is left after finalize is deleted by the interpreter's last garbage collection, after the stub unmapped
+    # its shared memory: the stub dies of a SIGSEGV.
+    model, request_in_a_cycle, held_by_the_model = Model(), Served(), Served()
+    model.request, model.cycle = held_by_the_model, model
+    failure = RuntimeError("the scorer failed")
+    failure.request, failure.itself = request_in_a_cycle, failure  # an error kept in a frame its traceback holds
+    streamed = a_finished_stream(glue, b"a")
+    watched = [weakref.ref(o) for o in (request_in_a_cycle, held_by_the_model)] + [streamed]
+    del failure, request_in_a_cycle, held_by_the_model
+    gc.disable()  # the collection must be finalize's own
+    try:
+        assert all(w() is not None for w in watched)
+        glue.finalize(model)
+        assert [w() for w in watched] == [None, None, None] and vars(model) == {}
+    finally:
+        gc.enable()
 
 
 def model_files() -> list[Path]:
-    return sorted(ROOT.glob("model_repository*/*/[0-9]*/model.py")) + [ROOT / "backends" / "onnxruntime" / "model.py"]
+    """The models the python backend's stub runs (risk_pipeline runs in the server, backends/inprocess.py)."""
+    return [p for p in sorted(ROOT.glob("model_repository*/*/[0-9]*/model.py"))
+            + [ROOT / "backends" / "onnxruntime" / "model.py"] if "class TritonPythonModel" in p.read_text()]
 
 
 @pytest.mark.parametrize("model_py", model_files(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_a_model_keeps_its_metrics_through_the_glue_and_lets_its_bls_streams_go_at_the_end_of_finalize(
-        model_py):
+def test_every_python_model_keeps_its_metrics_through_the_glue_and_ends_its_finalize_with_the_glues(model_py):
     source = model_py.read_text()
     assert "pb_utils.MetricFamily" not in source, "metrics go through glue.metric_family (kept, never deleted)"
-    if "glue.stream(" in source:
-        finalize = next(node for node in ast.walk(ast.parse(source))
-                        if isinstance(node, ast.FunctionDef) and node.name == "finalize")
-        assert ast.unparse(finalize.body[-1]) == "glue.finalize()", "after its threads stop, as the last thing"
+    model = next(node for node in ast.walk(ast.parse(source))
+                 if isinstance(node, ast.ClassDef) and node.name == "TritonPythonModel")
+    finalize = next(node for node in model.body if isinstance(node, ast.FunctionDef) and node.name == "finalize")
+    last = finalize.body[-1]
+    assert isinstance(last, ast.Expr) and re.fullmatch(r"\w*glue\.finalize\(self\)", ast.unparse(last)), \
+        "after its threads stop, as the last thing"

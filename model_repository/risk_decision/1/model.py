@@ -13,6 +13,9 @@ class TritonPythonModel:
     def initialize(self, args):
         self._thresholds = glue.settings(SETTINGS, ModelArgs.of(args))
 
+    def finalize(self):
+        glue.finalize(self)
+
     @glue.batch(PROBABILITY)
     def execute(self, probability):
         return Rows({DECISION: decide(probability, self._thresholds)})

@@ -55,6 +55,9 @@ if pb_utils is not None:
             self._pipeline = Pipeline(model, stub_glue.settings(SETTINGS, model, ModelConfigError),
                                       pb_utils.Logger.log_info)
 
+        def finalize(self):
+            stub_glue.finalize(self)
+
         @stub_glue.batch(PAYLOAD, ravel=True)
         def execute(self, payloads):
             return self._pipeline.score(payloads)

@@ -56,6 +56,7 @@ class TritonPythonModel:
     def finalize(self):
         if getattr(self, "_drift", None) is not None:
             self._drift.stop()
+        glue.finalize(self)
 
     def _versions(self, model):
         # `model` is one of the configured targets (routing_policy refuses any other route): never client text.

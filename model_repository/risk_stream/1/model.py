@@ -40,6 +40,7 @@ class TritonPythonModel:
     def finalize(self):
         self._timer.stop()
         self._session.close()
+        glue.finalize(self)
 
     def _score(self, payloads):
         return glue.infer(self._scoring_model, {PAYLOAD: np.array(payloads, dtype=object).reshape(-1, 1)},

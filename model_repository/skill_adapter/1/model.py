@@ -23,6 +23,9 @@ class TritonPythonModel:
                 raise ValueError(f"output {name} must have dims {dims} to match {settings.feature_spec}, "
                                  f"config says {outputs.get(name)}")
 
+    def finalize(self):
+        glue.finalize(self)
+
     @glue.batch(PAYLOAD, ravel=True)
     def execute(self, payloads):
         decoded = self._decoder.decode(payloads)

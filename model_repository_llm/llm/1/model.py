@@ -58,6 +58,7 @@ class TritonPythonModel:
         self._stopping.set()
         self._engine.stop()
         self._outbox.close()
+        glue.finalize(self)
 
     def _report_loop(self):
         while not self._stopping.wait(METRICS_PERIOD_S):

@@ -58,7 +58,7 @@ class TritonPythonModel:
     def finalize(self):
         self._workers.shutdown(wait=True)
         self._outbox.close()
-        glue.finalize()
+        glue.finalize(self)
 
 
 def _pieces(responses):

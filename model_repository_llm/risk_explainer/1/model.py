@@ -42,7 +42,7 @@ class TritonPythonModel:
     def finalize(self):
         self._workers.shutdown(wait=True)
         self._outbox.close()
-        glue.finalize()
+        glue.finalize(self)
 
     def _score(self, payload: bytes):
         return glue.infer(self._settings.scoring_model, {PAYLOAD: np.array([[payload]], dtype=object)},
