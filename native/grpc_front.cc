@@ -7,7 +7,7 @@
 // away is half-closed upstream and read to its end. Every upstream call holds one of --max-calls slots until Triton
 // answers it, abandoned or not; past that, new calls are refused at once.
 //
-//   s2t_grpc_front --listen 0.0.0.0:8001 --upstream 127.0.0.1:PORT [--max-calls N] [--max-message-bytes N]
+//   s2t_grpc_front --listen 0.0.0.0:8001 --upstream 127.0.0.1:PORT --max-message-bytes N [--max-calls N]
 //                  [--threads N] [--drain-seconds S] [--ready-fd FD]
 //
 // Each thread owns one completion queue; a call and its upstream call live on the same queue, so a call's state is
