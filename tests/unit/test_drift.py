@@ -451,8 +451,9 @@ def test_risk_router_counts_the_primarys_scored_records_and_says_not_enough_data
         own = (model_repository / "risk_scorer" / "1" / "drift_reference.json").is_file()
         assert value("s2t_feature_drift_reference_version") == (1 if own else 0)
     finally:
+        drift = router._drift  # finalize lets go of everything the model held
         router.finalize()
-    assert not router._drift._timer.is_alive()
+    assert not drift._timer.is_alive()
 
 
 def test_a_tf_example_models_reference_is_built_from_its_gate_data_as_parity_reads_it(tmp_path):
