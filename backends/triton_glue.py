@@ -194,7 +194,7 @@ class Glue:
         """The end of every model's `finalize`, once its threads are stopped: the Triton objects (requests, tensors,
         responses, BLS streams) that `model`, the glue or any reference cycle still holds are deleted now, while the
         stub can. After finalize the stub destroys its shared memory and then ends the interpreter, whose last garbage
-        collection deleted what was left through that memory: a SIGSEGV. Cycles are common: an error kept in a local
+        collection deletes what is left through that memory: a SIGSEGV. Cycles are common: an error kept in a local
         (`last_error = err`) holds its traceback, whose frames hold the request being served."""
         self.finished_streams.release()
         vars(model).clear()
