@@ -191,12 +191,17 @@ class Router:
                           if self._not_serving.get(Target(target.model, v), -1.0) < now]
             if not candidates:
                 raise NotServing(f"{target.model}: no version is serving")
+        # The last failure's kind and message, not the exception: one kept in a local holds its traceback, the
+        # traceback this frame, and the frame the exception, a cycle that keeps the batch's requests until a
+        # garbage collection.
+        failure: tuple[type[ServingError], str] | None = None
         for concrete in candidates:
             try:
                 return self._score(concrete, categorical, numeric), str(concrete)
             except ServingError as err:
-                last_error = err
+                failure = (type(err), err.message)
                 if target.version is not None or not isinstance(err, NotServing):
                     break
                 self._not_serving[concrete] = self._clock() + NOT_SERVING_MEMORY_SECONDS
-        raise type(last_error)(f"{target}: {last_error.message}")
+        kind, message = failure
+        raise kind(f"{target}: {message}")

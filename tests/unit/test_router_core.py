@@ -197,3 +197,25 @@ def test_forcing_the_configured_candidate_whose_folder_is_gone_is_not_the_caller
     assert [e.kind for e in answer.errors] == [UNAVAILABLE, UNAVAILABLE, INVALID]
     assert "not found" in answer.errors[0].message
     assert answer.errors[2].message == "route: risk_scorer has no version 4 (versions: 1, 2)"
+
+
+def test_a_failed_primary_leaves_no_reference_cycle_holding_the_batch():
+    """A python model's leftover cycles are collected at its stub's teardown, after Triton 2.51's stub freed the
+    shared memory its request objects point into: nothing of a batch may wait for the garbage collector."""
+    import gc
+    import weakref
+
+    class Batch(np.ndarray):
+        """An array that can be watched (plain ndarrays take no weak references)."""
+
+    categorical, numeric = rows(4)
+    batch = numeric.view(Batch)
+    watched = weakref.ref(batch)
+    gc.disable()
+    try:
+        with pytest.raises(InternalError):
+            router(FakeScorers(down={"risk_scorer:2"}))._call(PRIMARY, categorical, batch)
+        del batch
+        assert watched() is None, "the failed call's frames keep the batch alive until a collection"
+    finally:
+        gc.enable()
