@@ -37,7 +37,7 @@ ROUTER_SPEC := model_repository/risk_router/1/feature_spec.json
 # risk_explainer's reason codes come from the linear fallback scorer's weights: its own copy of them.
 EXPLAINER_REASONS := model_repository_llm/risk_explainer/1/reason_model.onnx
 DRIFT_REFERENCE := model_repository/risk_router/1/drift_reference.json
-PROTO_PY := wire/skill_pb2.py wire/skill_pb2_grpc.py wire/tf_example_pb2.py
+PROTO_PY := s2t/wire/skill_pb2.py s2t/wire/skill_pb2_grpc.py s2t/wire/tf_example_pb2.py
 
 .PHONY: serve test lint unit integration system venv models native clean gpu-venv gpu-models test-gpu test-python genai-venv
 
@@ -159,11 +159,11 @@ $(ADAPTER_SPEC) $(ROUTER_SPEC): $(SCORER_ONNX)
 $(DRIFT_REFERENCE): $(SCORER_ONNX) $(DATA)
 	$(S2T) drift --build-reference $@ --data $(DATA) --onnx $(SCORER_ONNX)
 
-# The legacy wire format's Python code, generated from wire/skill.proto (gitignored, never hand-written);
+# The legacy wire format's Python code, generated from s2t/wire/skill.proto (gitignored, never hand-written);
 # -I. keeps the package in the generated imports (`from wire import skill_pb2`).
-$(PROTO_PY) &: wire/skill.proto wire/tf_example.proto | $(VENV)/.installed
-	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. wire/skill.proto
-	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. wire/tf_example.proto
+$(PROTO_PY) &: s2t/wire/skill.proto s2t/wire/tf_example.proto | $(VENV)/.installed
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. s2t/wire/skill.proto
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. s2t/wire/tf_example.proto
 
 .PHONY: proto
 proto: $(PROTO_PY)
@@ -190,7 +190,7 @@ $(EXPLAINER_REASONS): $(LITE_ONNX)
 	cp $(LITE_ONNX) $@.tmp && mv $@.tmp $@
 
 # risk_pipeline's backend: its Python run inside the server process (native/python_inprocess.cc), built with g++
-# against this venv's Python and Triton's C API as the tritonserver binary exports it, into backends/native/;
+# against this venv's Python and Triton's C API as the tritonserver binary exports it, into s2t/serve/native/;
 # `s2t serve` puts it on the backend directory. And the gRPC front `s2t serve` listens with on the public gRPC port
 # (native/grpc_front.cc, against Debian's gRPC, installed with apt where missing). Always run: each script rebuilds
 # only when a source is newer.

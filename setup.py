@@ -1,4 +1,4 @@
-"""The wheel carries the wire format's Python code, generated from wire/*.proto at build time (never committed), the
+"""The wheel carries the wire format's Python code, generated from s2t/wire/*.proto at build time (never committed), the
 in-process Triton backend (native/), compiled for the Python that builds it, and the gRPC front of the embedded
 server (native/grpc_front.cc, gRPC linked in statically): a platform wheel."""
 import subprocess
@@ -11,7 +11,7 @@ from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
 # proto -> whether it has a gRPC service.
-PROTOS = {"wire/skill.proto": True, "wire/tf_example.proto": False}
+PROTOS = {"s2t/wire/skill.proto": True, "s2t/wire/tf_example.proto": False}
 
 
 class BuildWithWireFormat(build_py):
@@ -26,9 +26,9 @@ class BuildWithWireFormat(build_py):
                 args.append(f"--grpc_python_out={self.build_lib}")
             if protoc.main(args + [proto]) != 0:
                 raise RuntimeError(f"protoc failed on {proto}")
-        native = Path(self.build_lib, "backends", "native", f"python{sysconfig.get_config_var('VERSION')}")
+        native = Path(self.build_lib, "s2t", "serve", "native", f"python{sysconfig.get_config_var('VERSION')}")
         subprocess.run(["bash", "native/build.sh", sys.executable, str(native.resolve())], check=True)
-        front = Path(self.build_lib, "backends", "native", "s2t_grpc_front")
+        front = Path(self.build_lib, "s2t", "serve", "native", "s2t_grpc_front")
         subprocess.run(["bash", "native/build_grpc_front.sh", str(front.resolve())], check=True)
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the in-process backend (libtriton_s2t_inprocess.so) for one Python: `native/build.sh PYTHON [DIR]`, into DIR
-# (by default backends/native/pythonX.Y/, where `s2t serve` finds it: one build per Python version, as it links that
+# (by default s2t/serve/native/pythonX.Y/, where `s2t serve` finds it: one build per Python version, as it links that
 # version's libpython), when a source is newer. Needs g++ and the Python's headers and shared library (installed with
 # apt where missing, for Debian's Pythons).
 set -euo pipefail
@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 python=${1:?usage: native/build.sh PYTHON [DIR]}
 read -r version include libdir soname shared < <("$python" -c 'import sysconfig as s; print(s.get_config_var("VERSION"),
   s.get_paths()["include"], s.get_config_var("LIBDIR"), s.get_config_var("INSTSONAME"), s.get_config_var("Py_ENABLE_SHARED"))')
-out=${2:-backends/native/python$version}/libtriton_s2t_inprocess.so
+out=${2:-s2t/serve/native/python$version}/libtriton_s2t_inprocess.so
 sources=(native/python_inprocess.cc native/backend_common.h native/triton_c_api.h native/build.sh)
 stale=$([ -f "$out" ] || echo missing)
 for source in "${sources[@]}"; do [ "$source" -nt "$out" ] && stale=newer; done

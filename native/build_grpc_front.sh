@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Builds the gRPC front of the embedded tritonserver (s2t_grpc_front, native/grpc_front.cc): `native/build_grpc_front.sh
-# [OUT]`, by default backends/native/s2t_grpc_front, where `s2t serve` finds it, when a source or Debian's gRPC library
+# [OUT]`, by default s2t/serve/native/s2t_grpc_front, where `s2t serve` finds it, when a source or Debian's gRPC library
 # is newer. Needs g++, pkg-config and Debian's gRPC (libgrpc++-dev, 1.51 on Debian 12), installed with apt where
 # missing. gRPC and its dependencies are linked statically: the binary needs only the C and C++ runtimes, so the
 # wheel's copy runs where no gRPC package is installed; an upgraded libgrpc++-dev makes the next build relink.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-backends/native/s2t_grpc_front}
+out=${1:-s2t/serve/native/s2t_grpc_front}
 sudo=$([ "$(id -u)" = 0 ] || echo sudo)
 missing=()
 command -v g++ >/dev/null || missing+=(g++)

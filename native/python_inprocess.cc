@@ -4,7 +4,7 @@
 // on its own (shared-memory messages, semaphores, a request and a response object on each side), with thread
 // hand-offs on both sides of the boundary. At one record per request that costs more CPU than the decode, the
 // score and the decision together. Here a dynamic batch's raw inputs go to the model's Python in one call on the
-// instance's own thread (backends/inprocess.py), and its raw outputs come back to be split per request.
+// instance's own thread (s2t/backends/runtime/inprocess.py), and its raw outputs come back to be split per request.
 //
 // The trade: the model's code shares the server's process. A Python exception answers the batch's requests with an
 // error and the server keeps serving (as in a stub); a crash in native code it calls ends the server, which
@@ -119,7 +119,7 @@ Outcome OutcomeOf(TRITONSERVER_Error_Code code) {
 struct Model {
   std::string name;
   std::string version;
-  PyObject* handler = nullptr;      // backends.inprocess.Handler
+  PyObject* handler = nullptr;      // s2t.backends.runtime.inprocess.Handler
   std::vector<std::string> inputs;  // the inputs it reads, in its order (Handler.inputs)
   TRITONSERVER_Metric* caller_errors = nullptr;
   TRITONSERVER_Metric* model_errors = nullptr;
@@ -456,7 +456,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* triton_mo
   if (err != nullptr) return err;
   {
     Gil gil;
-    PyObject* module = PyImport_ImportModule("backends.inprocess");
+    PyObject* module = PyImport_ImportModule("s2t.backends.runtime.inprocess");
     if (module != nullptr) {
       model->handler = PyObject_CallMethod(module, "load", "s#ssK", config.data(), static_cast<Py_ssize_t>(config.size()),
                                            model->name.c_str(), location, static_cast<unsigned long long>(version));

@@ -9,7 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PROJECT_PACKAGES = ("backends", "clients", "legacy", "s2t", "wire")
+# The one top-level package the project installs.
+PROJECT_PACKAGES = ("s2t",)
 
 
 class MissingModuleError(RuntimeError):

@@ -12,8 +12,8 @@ from typing import Iterable
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from backends.decision_policy import Thresholds
-from backends.model_parameters import read_parameters
+from s2t.backends.scoring.decision_policy import Thresholds
+from s2t.backends.runtime.model_parameters import read_parameters
 
 
 # Backends whose models are a model.py of ours: the python backend's (a stub process per instance) and the

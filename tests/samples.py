@@ -6,7 +6,7 @@ from pathlib import Path
 import onnx
 from onnx import helper
 
-from backends.feature_spec import CategoricalFeature, FeatureSpec
+from s2t.backends.records.feature_spec import CategoricalFeature, FeatureSpec
 
 SPEC = FeatureSpec(
     categorical=(CategoricalFeature("housing", {"own": 1, "rent": 2, "for free": 3}, 0),

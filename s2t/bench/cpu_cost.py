@@ -42,7 +42,7 @@ from s2t import triton_config
 from s2t.bench import h2load, perf_analyzer, process_tree, report, stub_profile, workload, wrk
 from s2t.bench.machine_load import LoadWatch
 from s2t.serve.triton_server import TritonServer, free_port
-from wire.names import PAYLOAD, PIPELINE, SCORER
+from s2t.wire.names import PAYLOAD, PIPELINE, SCORER
 
 CLIENTS = ("wrk", "perf_analyzer", "h2load")
 # Two sides when none are named: the served config, and a second instance (the knob most often asked about).
@@ -136,7 +136,7 @@ def server_args(knobs: dict[str, str]) -> list[str]:
 
 
 def with_source_root(model_py: str, root: Path) -> str:
-    """A model.py that imports `backends` and `wire` from `root` (another revision's code) before this checkout's:
+    """A model.py that imports the models' code from `root` (another revision's) before this checkout's:
     the interpreter has the installed checkout on its path, and the first entry wins."""
     return f"import sys; sys.path.insert(0, {str(root)!r})\n" + model_py
 
@@ -180,10 +180,14 @@ class _Server:
 
 
 def _revision_tree(rev: str, dest: Path) -> Path:
-    """`backends/` and `wire/` of git revision `rev` of this checkout, in `dest`."""
+    """The models' code of git revision `rev` of this checkout, in `dest`: `s2t/backends/` and `s2t/wire/`, or, in a
+    revision from before the one package, the top-level `backends/` and `wire/`."""
     root = Path(__file__).resolve().parents[2]
     dest.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(root), "archive", rev, "backends", "wire"], capture_output=True,
+    top = subprocess.run(["git", "-C", str(root), "ls-tree", "--name-only", rev], capture_output=True, text=True,
+                         check=True).stdout.split()
+    paths = ["backends", "wire"] if "backends" in top else ["s2t/__init__.py", "s2t/backends", "s2t/wire"]
+    archive = subprocess.run(["git", "-C", str(root), "archive", rev, *paths], capture_output=True,
                              check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     return dest

@@ -1,4 +1,5 @@
-"""`s2t bench --mode crossover`: the same pipeline with heavier scorers, Triton's dynamic batching vs per-request FastAPI.
+"""`s2t bench --mode crossover`: the same pipeline with heavier scorers, Triton's dynamic batching vs per-request
+FastAPI.
 
 A heavier scorer is the converted German Credit graph plus a dense branch of `width` units and `depth` layers on the
 numeric inputs, whose output is squashed (Tanh) and scaled by 1e-12 before it is added to the probability: the
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.feature_spec import NUMERIC_INPUT, PROBABILITY_OUTPUT
+from s2t.backends.records.feature_spec import NUMERIC_INPUT, PROBABILITY_OUTPUT
 from s2t.bench import report, wrk, workload
 from s2t.bench.machine_load import LoadWatch
 from s2t.bench.runner import machine

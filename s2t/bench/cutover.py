@@ -35,8 +35,8 @@ import grpc
 import numpy as np
 import psutil
 
-from clients.legacy_record import to_protobuf
-from wire import skill_pb2, skill_pb2_grpc
+from s2t.clients.legacy_record import to_protobuf
+from s2t.wire import skill_pb2, skill_pb2_grpc
 from s2t.models import dataset
 from s2t.serve import service_process
 from s2t.bench import cutover_acceptance, machine_load, process_tree, report
@@ -44,7 +44,7 @@ from s2t.bench.latency import LatencySummary
 from s2t.bench.machine_load import LoadWatch
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.triton_server import free_port
-from wire.names import PAYLOAD
+from s2t.wire.names import PAYLOAD
 
 MB = 2**20
 SIDES = ("legacy service", "gateway -> Triton", "Triton directly")

@@ -32,9 +32,9 @@ APPS = {"baseline": "s2t.bench.fastapi_baseline:create_app",
 
 
 def _pipeline():
-    from backends.fused_pipeline import FusedPipeline, PipelineSettings
-    from backends.model_parameters import read_parameters
-    from backends.ort_runner import ModelConfigError
+    from s2t.backends.scoring.fused_pipeline import FusedPipeline, PipelineSettings
+    from s2t.backends.runtime.model_parameters import read_parameters
+    from s2t.backends.scoring.ort_runner import ModelConfigError
     from s2t.triton_config import backend_parameters, load
 
     settings = read_parameters(PipelineSettings, backend_parameters(load(Path(os.environ[PIPELINE_ENV]))),
@@ -72,7 +72,7 @@ def create_docs_app():
     from fastapi import FastAPI, HTTPException
     from pydantic import BaseModel, StrictFloat, StrictInt, StrictStr
 
-    from backends.decision_policy import decide
+    from s2t.backends.scoring.decision_policy import decide
 
     pipeline = _pipeline()
     spec, session, thresholds = pipeline.spec, pipeline.session, pipeline.thresholds

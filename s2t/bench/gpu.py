@@ -18,7 +18,7 @@ import numpy as np
 
 from s2t.models import tensorrt_engine
 from s2t.bench import machine_load, report
-from s2t.bench.inprocess import time_calls
+from s2t.bench.limit_baseline import time_calls
 from s2t.bench.machine_load import LoadWatch
 
 BATCHES = (1, 8, 64, 256)
@@ -181,7 +181,7 @@ def _onnxruntime_graphed(ort, onnx_path: Path, categorical: np.ndarray, numeric:
 
 def onnxruntime_cpu_points(onnx_path: Path, categorical: np.ndarray, numeric: np.ndarray,
                            batches: tuple[int, ...], seconds: float) -> list[GpuPoint]:
-    from s2t.bench.inprocess import session
+    from s2t.bench.limit_baseline import session
     sess = session(onnx_path)
     points = []
     for batch in batches:

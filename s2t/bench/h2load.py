@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends import bytes_tensor
+from s2t.backends.runtime import bytes_tensor
 
 SERVICE_PATH = "/inference.GRPCInferenceService/ModelInfer"
 

@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from clients.llm_client import StreamResult, generate_stream
-from backends.llm_engine import packaged_model_path
+from s2t.clients.llm_client import StreamResult, generate_stream
+from s2t.backends.llm.engine import packaged_model_path
 from s2t.bench import genai_perf, machine_load, report, workload, wrk
 from s2t.bench.machine_load import LoadWatch
 from s2t.bench.runner import machine

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import gevent
 from locust import FastHttpUser, User, events, task
-from wire.names import DECISION, PAYLOAD
+from s2t.wire.names import DECISION, PAYLOAD
 
 MODEL = "risk_pipeline"
 DATA = Path(os.environ.get("S2T_DATA", "artifacts/data/germancredit.csv"))
@@ -33,7 +33,7 @@ PAYLOADS = _payloads()
 
 
 class HttpRecordUser(FastHttpUser):
-    """One record per request, as curl sends it (clients/examples/risk_pipeline_request.json)."""
+    """One record per request, as curl sends it (s2t/clients/examples/risk_pipeline_request.json)."""
 
     def on_start(self):
         from s2t.bench.workload import triton_json_body

@@ -20,10 +20,11 @@ from typing import Callable
 import numpy as np
 import psutil
 
-from backends.feature_spec import FeatureSpec
-from backends.record_decoder import RecordDecoder
+from s2t.backends.records.feature_spec import FeatureSpec
+from s2t.backends.records.record_decoder import RecordDecoder
 from s2t import triton_config
-from s2t.bench import h2load, inprocess, perf_analyzer, process_tree, protocols, report, stub_profile, workload, wrk
+from s2t.bench import (h2load, limit_baseline as inprocess, perf_analyzer, process_tree, protocols, report,
+                       stub_profile, workload, wrk)
 from s2t.bench.fastapi_baseline import APPS as BASELINE_APPS, ROUTE as BASELINE_ROUTE, BaselineServer
 from s2t.bench.machine_load import LoadWatch
 from s2t.bench.modes import Mode
@@ -32,7 +33,7 @@ from s2t.serve import service_process
 from s2t.serve.triton_server import TritonServer, free_port
 from s2t.triton_admin import TritonAdmin
 from s2t.control.version_store import version_numbers
-from wire.names import ADAPTER, DECISION, DECISION_MODEL, PAYLOAD, PIPELINE, PROBABILITY, SCORER
+from s2t.wire.names import ADAPTER, DECISION, DECISION_MODEL, PAYLOAD, PIPELINE, PROBABILITY, SCORER
 
 TRITON_ROUTE = f"/v2/models/{PIPELINE}/infer"
 CHECKED_RECORDS = 50
@@ -357,7 +358,7 @@ class Bench:
         return {**result.as_dict(), "swaps": swaps}
 
     def _streaming(self, server: TritonServer) -> dict:
-        from clients import stream_client
+        from s2t.clients import stream_client
         records = [{"features": r["features"]} for r in self.workload.records]
         replayed = [records[i % len(records)] for i in range(self.mode.stream_records)]
         results, _, seconds = stream_client.replay(server.grpc_url, replayed, self.mode.stream_streams,

@@ -22,7 +22,7 @@ from s2t.models import dataset
 from s2t.bench.process_tree import process_rss
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.supervisor import stubs_of
-from wire.names import PAYLOAD
+from s2t.wire.names import PAYLOAD
 
 
 def serving_rss(server_pid: int) -> dict[str, int]:

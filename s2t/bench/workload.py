@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.record_decoder import RecordDecoder
+from s2t.backends.records.record_decoder import RecordDecoder
 from s2t.models import dataset
 
 

@@ -54,7 +54,7 @@ def legacy_build(out: Path, data_csv: Path, lite: bool) -> None:
 def legacy_serve(port: int, saved_model: Path, window_size: int, decision_config: Path, call_timeout_s: float,
                  max_calls: int, max_message_bytes: int) -> None:
     """Serve skill.Skill/Score with TensorFlow, as the legacy service did, until SIGINT/SIGTERM."""
-    from legacy.service import LEGACY_THREADS, LegacyLimits, serve as serve_legacy
+    from s2t.legacy.service import LEGACY_THREADS, LegacyLimits, serve as serve_legacy
     from s2t.triton_config import decision_thresholds
     stop = stop_on_signals()
     limits = LegacyLimits(call_timeout_s=call_timeout_s, max_calls=max_calls, max_message_bytes=max_message_bytes)

@@ -48,7 +48,7 @@ def spec(onnx_model: Path, out: Path) -> None:
     """Write the feature spec (feature order, vocabularies) of ONNX_MODEL, a converted model, for the adapter."""
     import onnx
 
-    from backends.atomic_files import write_atomically
+    from s2t.atomic_files import write_atomically
     from s2t.models.convert import read_spec
     feature_spec = read_spec(onnx.load(str(onnx_model), load_external_data=False))
     write_atomically(out, feature_spec.to_json() + "\n")

@@ -28,7 +28,7 @@ def score(record, url, grpc_url, protocol, model, timeout_s) -> None:
     The record goes to the server as it is, so an invalid one gets the server's own error, naming the field."""
     from tritonclient.utils import InferenceServerException
 
-    from clients.risk_client import score_payload
+    from s2t.clients.risk_client import score_payload
     payload = record.read().strip()
     try:
         request_id = json.loads(payload).get("request_id")
@@ -70,7 +70,7 @@ def score(record, url, grpc_url, protocol, model, timeout_s) -> None:
               help="German Credit CSV replayed")
 def stream(url, streams, records, shuffle, window, duplicate, loss, form, rate, seed, data_csv) -> None:
     """Replay German Credit on N streams through risk_stream; print in-order rate, latency and throughput."""
-    from clients import stream_client
+    from s2t.clients import stream_client
     from s2t.models import dataset
     require_reachable(url, "grpc")
     rows = [{"features": f} for f in dataset.load(dataset.fetch_german_credit(data_csv)).records()]

@@ -95,8 +95,8 @@ def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mod
 def gateway(port, triton_url, model, window_size, workers, max_calls_per_caller, call_timeout_s, idle_timeout_s,
             max_records, max_message_bytes, mirror, answer_from, diff_report, diff_report_interval_s, mirror_timeout_s,
             tolerance, metrics_port) -> None:
-    """Serve the legacy Skill gRPC service (wire/skill.proto), forwarding to Triton, until SIGINT/SIGTERM."""
-    from s2t.serve.gateway import GatewayOptions, RunningGateway
+    """Serve the legacy Skill gRPC service (s2t/wire/skill.proto), forwarding to Triton, until SIGINT/SIGTERM."""
+    from s2t.serve.gateway_process import GatewayOptions, RunningGateway
     if (answer_from != "triton" or diff_report) and not mirror:
         raise click.UsageError("--answer-from and --diff-report need --mirror HOST:PORT")
     if workers < 1 or max_calls_per_caller is not None and not 1 <= max_calls_per_caller <= workers:

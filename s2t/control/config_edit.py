@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from s2t import triton_config
-from backends.atomic_files import write_atomically
+from s2t.atomic_files import write_atomically
 from s2t.control.version_store import VersionStore
 from s2t.errors import S2TError
 

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from backends.routing_policy import Target
+from s2t.backends.routing.routing_policy import Target
 from s2t import triton_config
 from s2t.control.config_edit import replace_config, set_pinned_versions, set_step_version, set_string_parameter
 from s2t.control.version_store import VersionStore
-from backends.atomic_files import write_atomically
-from backends.repository_layout import live_switch_file
+from s2t.atomic_files import write_atomically
+from s2t.backends.runtime.repository_layout import live_switch_file
 
 ROUTER_KIND, PIPELINE_KIND, ENSEMBLE_KIND, PINNED_KIND = "router", "pipeline", "ensemble", "pinned"
 # What risk_router's split looks like with no candidate.

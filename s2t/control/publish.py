@@ -2,7 +2,7 @@
 
 An ONNX file (or TensorRT engine) is checked against the config and gated on parity with the legacy model; a GGUF
 file for the language model is checked in a child process (s2t/control/llm_check.py) and lands beside a copy of
-the serving version's model.py, with its own settings file when one is given (backends/llm_version.py).
+the serving version's model.py, with its own settings file when one is given (s2t/backends/llm/version_settings.py).
 
 The version folder is built in the staging area beside the repository (same filesystem, see version_store.py)
 and moved into the model folder with one rename, so Triton's poller sees either no new version or a complete one.
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import onnx
 
-from backends import llm_version
-from backends.feature_spec import FeatureSpec
+from s2t.backends.llm import version_settings as llm_version
+from s2t.backends.records.feature_spec import FeatureSpec
 from s2t.control import live_control
 from s2t import triton_config
 from s2t.gate import model_config, parity

@@ -14,7 +14,7 @@ import re
 import shutil
 from pathlib import Path
 
-from backends.atomic_files import durable_rename
+from s2t.atomic_files import durable_rename
 from s2t.project_imports import MissingModuleError, module_file, project_files
 from s2t.errors import S2TError
 

@@ -27,7 +27,8 @@ Every step holds the control lock and goes through `Rollout.begin` before it cha
 is written (or the step is refused, nothing changed), then the state file is saved with the step as `pending` (a
 write-ahead intent). The state without `pending` is written last. A command killed in between leaves `pending`
 behind; the next command first undoes what that step got done (`Rollout.recover`): the consumers serve the
-primary from before it again, and every version a consumer named drains, so nothing they may serve is retired. With `url` every step waits until the live server
+primary from before it again, and every version a consumer named drains, so nothing they may serve is retired. With
+`url` every step waits until the live server
 runs the change (explicit mode: it asks for the loads through the restricted API).
 """
 from __future__ import annotations
@@ -39,10 +40,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from backends import fault_points
-from backends.atomic_files import write_atomically
-from backends.routing_policy import Target
-from s2t.control import canary as canary_config
+from s2t.backends.runtime import fault_points
+from s2t.atomic_files import write_atomically
+from s2t.backends.routing.routing_policy import Target
+from s2t.control import split_config as canary_config
 from s2t.control import live_control, primary
 from s2t.control.version_store import VersionStore
 from s2t import triton_config

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from backends.model_parameters import read_parameters
-from backends.routing_policy import RoutingSettings
+from s2t.backends.runtime.model_parameters import read_parameters
+from s2t.backends.routing.routing_policy import RoutingSettings
 from s2t import triton_config
 from s2t.control import primary
 from s2t.control.live_control import admin_headers

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from backends.atomic_files import durable_rename
-from backends.repository_layout import control_folder
-from backends.repository_layout import version_numbers  # part of this module's interface
+from s2t.atomic_files import durable_rename
+from s2t.backends.runtime.repository_layout import control_folder
+from s2t.backends.runtime.repository_layout import version_numbers  # part of this module's interface
 from s2t.errors import S2TError
 
 LOCK_TIMEOUT_SECONDS = 300.0

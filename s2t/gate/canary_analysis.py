@@ -18,8 +18,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from backends.drift import psi
-from backends.router_metrics import SCORE_BUCKETS, target_labels
+from s2t.backends.routing.drift_watch import psi
+from s2t.backends.routing.router_metrics import SCORE_BUCKETS, target_labels
 from s2t.prometheus_text import Metrics
 
 

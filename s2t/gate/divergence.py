@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.record_decoder import encode_columns
+from s2t.backends.records.record_decoder import encode_columns
 from s2t.models.dataset import Dataset
 
 # Rows on each side of the worst row: a small batch catches batch-dependent bugs a single row would hide.

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.atomic_files import write_atomically
-from backends.drift import DRIFT, NOT_ENOUGH_DATA, NO_DRIFT, TOP_BINS, Reference
-from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, RecordDecoder, encode_columns
+from s2t.atomic_files import write_atomically
+from s2t.backends.routing.drift_watch import DRIFT, NOT_ENOUGH_DATA, NO_DRIFT, TOP_BINS, Reference
+from s2t.backends.records.record_decoder import DEFAULT_MAX_RECORD_BYTES, RecordDecoder, encode_columns
 from s2t.errors import S2TError
 from s2t.prometheus_text import parse_metrics, scrape
 

@@ -18,12 +18,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from backends.decision_policy import Thresholds
-from backends.feature_spec import INTEGER, FeatureSpec, sparse_columns, value_column
-from backends.record_decoder import RecordDecoder
+from s2t.backends.scoring.decision_policy import Thresholds
+from s2t.backends.records.feature_spec import INTEGER, FeatureSpec, sparse_columns, value_column
+from s2t.backends.records.record_decoder import RecordDecoder
 from s2t.gate.parity_report import LIVE_BATCH, Comparison, ParityReport, compare
 from s2t.on_progress import OnProgress, no_progress
-from wire.names import PAYLOAD, PROBABILITY
+from s2t.wire.names import PAYLOAD, PROBABILITY
 
 # A score, or the reason the side refused the row.
 Outcome = float | str
@@ -100,7 +100,7 @@ def _number_cell(column: str, cell: str) -> float:
 def serialize_example(features: Mapping[str, object]) -> bytes:
     """A tf.Example of the features, as TensorFlow serializes it: text as bytes_list, a Python int as int64_list,
     a float as float_list; a list as all its values."""
-    from wire.tf_example_pb2 import Example
+    from s2t.wire.tf_example_pb2 import Example
     example = Example()
     for name, value in features.items():
         feature = example.features.feature[name]

@@ -12,9 +12,9 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, MAX_FEATURES, MAX_ID_CHARS, SEQUENCE_ID_MAX
-from backends.routing_policy import MAX_ROUTE_CHARS
-from clients.legacy_record import encode
+from s2t.backends.records.record_decoder import DEFAULT_MAX_RECORD_BYTES, MAX_FEATURES, MAX_ID_CHARS, SEQUENCE_ID_MAX
+from s2t.backends.routing.routing_policy import MAX_ROUTE_CHARS
+from s2t.clients.legacy_record import encode
 
 
 @dataclass(frozen=True)

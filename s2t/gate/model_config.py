@@ -15,11 +15,11 @@ from typing import Iterable
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from backends.decision_policy import Thresholds
-from backends.model_parameters import read_parameters, unknown_parameters
-from backends.ort_runner import OrtSettings
-from backends.repository_layout import version_numbers
-from backends.stream_session import StreamModelSettings, check_sequence_batching
+from s2t.backends.scoring.decision_policy import Thresholds
+from s2t.backends.runtime.model_parameters import read_parameters, unknown_parameters
+from s2t.backends.scoring.ort_runner import OrtSettings
+from s2t.backends.runtime.repository_layout import version_numbers
+from s2t.backends.streaming.session import StreamModelSettings, check_sequence_batching
 from s2t.models.serving_image import SERVING_IMAGE, release_of, same_release
 from s2t.triton_config import (MODEL_PY_BACKENDS, Tensor, backend_parameters, engine_report_path, is_engine, is_onnx, load,
                                model_filename, tensors)
@@ -192,7 +192,7 @@ def _model_file_check(config: mc.ModelConfig):
 
 def declared_settings(model_dir: Path) -> tuple[type, ...]:
     """The settings classes a python model reads its `parameters` into, as its newest model.py declares them
-    (`SETTINGS = X` or a tuple, read by backends/triton_glue.py), found without importing the file (it needs
+    (`SETTINGS = X` or a tuple, read by s2t/backends/runtime/triton_glue.py), found without importing the file (it needs
     Triton's stub). A model.py that declares none is not checked."""
     files = [Path(model_dir) / str(v) / "model.py" for v in sorted(version_numbers(Path(model_dir)), reverse=True)]
     model_py = next((f for f in files if f.is_file()), None)

@@ -8,14 +8,14 @@ from typing import Mapping
 
 import numpy as np
 
-from backends.decision_policy import Thresholds
-from backends.record_decoder import encode_columns
+from s2t.backends.scoring.decision_policy import Thresholds
+from s2t.backends.records.record_decoder import encode_columns
 from s2t.models import dataset
 from s2t.on_progress import OnProgress, no_progress
 from s2t.gate import reference_cache
 from s2t.gate.parity_report import (FP16_ATOL, LIVE_BATCH, REL_FLOOR, Comparison, ParityReport,  # noqa: F401 - also this module's interface
-                                 compare)
-from wire.names import PROBABILITY
+                                    compare)
+from s2t.wire.names import PROBABILITY
 
 DECISION_CONFIG = Path("model_repository/risk_pipeline/config.pbtxt")
 

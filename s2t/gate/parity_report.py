@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from backends.decision_policy import Thresholds, decide
+from s2t.backends.scoring.decision_policy import Thresholds, decide
 
 # Relative error is reported against max(|reference|, this floor) so that probabilities near 0 do not blow it up.
 REL_FLOOR = 1e-6

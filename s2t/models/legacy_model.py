@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.atomic_files import durable_rename
+from s2t.atomic_files import durable_rename
 from s2t.models import dataset
 
 SEED = 20261129

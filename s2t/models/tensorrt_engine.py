@@ -21,7 +21,7 @@ from pathlib import Path
 
 import onnx
 
-from backends.atomic_files import write_atomically
+from s2t.atomic_files import write_atomically
 from s2t import triton_config
 from s2t.triton_config import engine_report_path as report_path  # part of this module's interface
 from s2t.models.serving_image import SERVING_IMAGE, release_of, same_release

@@ -1,5 +1,5 @@
 """The gRPC front of the embedded tritonserver: the public gRPC port, in front of Triton's own gRPC endpoint on a
-loopback port (native/grpc_front.cc, built by `make native` into backends/native/s2t_grpc_front).
+loopback port (native/grpc_front.cc, built by `make native` into s2t/serve/native/s2t_grpc_front).
 
 Triton 2.51's gRPC front end can crash the whole server (Signal 11) when a client cancels a ModelInfer in flight or
 its deadline expires while Triton works on it; later releases (the NGC image the containers run) fixed it. The front
@@ -18,11 +18,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import backends
 from s2t.errors import S2TError
 from s2t.serve.keeper import die_with_parent
 
-BINARY = Path(backends.__file__).resolve().parent / "native" / "s2t_grpc_front"
+BINARY = Path(__file__).resolve().parent / "native" / "s2t_grpc_front"
 BUILD_HINT = "`make native` builds it (native/build_grpc_front.sh alone)"
 # Calls to Triton in flight through the front at most. Each holds at most one message each way in the front.
 DEFAULT_MAX_CALLS = 1024

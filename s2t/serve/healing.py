@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backends.atomic_files import write_atomically
+from s2t.atomic_files import write_atomically
 from s2t.prometheus_text import Metrics, samples_named
 
 # Triton's failure reason that says the model itself failed. REJECTED is a full queue and CANCELED the caller; OTHER

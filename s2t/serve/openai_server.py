@@ -1,6 +1,6 @@
 """An OpenAI-compatible API in front of Triton's `llm`: `/v1/models`, `/v1/chat/completions`, `/v1/completions`,
 streamed (server-sent events) or not. A small aiohttp server: each request becomes one generate_stream call to
-Triton's HTTP endpoint (backends/openai_protocol.py translates both ways). A client that disconnects cancels its
+Triton's HTTP endpoint (s2t/backends/llm/openai_protocol.py translates both ways). A client that disconnects cancels its
 handler, which closes the call to Triton, and `llm` stops the generation (docs/llm.md).
 
 Which version generates follows `llm_router`'s split when the server has one (docs/llm.md, Versions): the API
@@ -22,11 +22,11 @@ import time
 import aiohttp
 from aiohttp import web
 
-from backends.llm_routing import Splitter
-from backends.openai_protocol import (OpenAIError, OpenAIRequest, finish_reason, parse_request, triton_error_text,
-                                      upstream_error, usage)
-from backends.model_parameters import read_parameters
-from backends.routing_policy import RoutingSettings
+from s2t.backends.llm.version_routing import Splitter
+from s2t.backends.llm.openai_protocol import (OpenAIError, OpenAIRequest, finish_reason, parse_request, triton_error_text,
+                                              upstream_error, usage)
+from s2t.backends.runtime.model_parameters import read_parameters
+from s2t.backends.routing.routing_policy import RoutingSettings
 
 MODELS = ("llm",)
 # The model whose split the API follows, and how long a split read from it is used before it is read again.

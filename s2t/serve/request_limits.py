@@ -1,6 +1,7 @@
 """How large a request Triton's own endpoints should take, from what the served models can use.
 
-A record is at most 64 KiB (backends/record_decoder.py) and a request holds at most `max_batch_size` of them, each
+A record is at most 64 KiB (s2t/backends/records/record_decoder.py) and a request holds at most `max_batch_size` of
+them, each
 serialized as a BYTES element (a 4-byte length, then the bytes): nothing larger can be a valid request, so nothing
 larger needs to be read. Triton 2.59 and later take this as `--http-max-input-size`; the embedded 2.51 has no such
 option, and no Triton release limits the size of a gRPC message (see docs/reliability.md): on the embedded server the
@@ -11,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES
+from s2t.backends.records.record_decoder import DEFAULT_MAX_RECORD_BYTES
 
 BYTES_LENGTH_PREFIX = 4
 # What a gRPC inference request holds besides its tensors' bytes (model name, tensor names, shapes, parameters).

@@ -9,7 +9,7 @@ import threading
 from typing import Callable
 
 GRPC_STOP_GRACE_S = 10.0
-# Past the grace: the gateway then gives its own calls to Triton up to 5 s to end (legacy.triton_infer).
+# Past the grace: the gateway then gives its own calls to Triton up to 5 s to end (s2t.gateway.triton_infer).
 GRPC_STOP_MARGIN_S = 10.0
 
 

@@ -2,7 +2,7 @@
 
 The wheel ships the server binary, the python backend and one stub per Python version; the stub finds this
 virtual environment through `python3` on PATH and loads the interpreter's own libpython through
-LD_LIBRARY_PATH. The backend directory is assembled per server from the wheel plus `backends/`, the stub behind a
+LD_LIBRARY_PATH. The backend directory is assembled per server from the wheel plus `s2t/backends/`, the stub behind a
 wrapper that starts it without the server's descriptors (STUB_WRAPPER). The public gRPC port is the gRPC front's
 (s2t/serve/grpc_front.py); Triton's own gRPC endpoint listens on a loopback port behind it.
 """
@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import backends
+import s2t.backends.runtime
 from s2t.serve.healing import STATE_FILE, HangSettings, SupervisorState
 from s2t.serve import leftovers
 from s2t.serve.grpc_front import DEFAULT_MAX_CALLS, GrpcFront, GrpcFrontError
@@ -42,13 +42,15 @@ from s2t.triton_config import INPROCESS_BACKEND
 PYTRITON_DIR = Path(importlib.util.find_spec("pytriton").origin).resolve().parent
 TRITON_DIR = PYTRITON_DIR / "tritonserver"
 TRITON_LIBS = PYTRITON_DIR.parent / "nvidia_pytriton.libs"
-# A checkout's backends/ or the installed package's: both hold the Python-based backends' model.py.
-PROJECT_BACKENDS = Path(backends.__file__).resolve().parent
-# Python-based backends: folders of backends/ holding a model.py that Triton runs as `runtime: model.py`.
+# A checkout's s2t/backends/runtime/ or the installed package's: both hold the Python-based backends' model.py.
+PROJECT_BACKENDS = Path(s2t.backends.runtime.__file__).resolve().parent
+# Built native code (native/*.sh): the in-process backend per Python version and the gRPC front.
+NATIVE_BUILD = Path(__file__).resolve().parent / "native"
+# Python-based backends: folders of s2t/backends/runtime/ holding a model.py that Triton runs as `runtime: model.py`.
 PYTHON_BASED_BACKENDS = ("onnxruntime",)
 # Native backends (native/): Triton's backend name -> the library, built by `make native` in a checkout and by the
 # wheel's build in an installed package. The in-process one links this Python's library: one build per version.
-NATIVE_BACKENDS = {INPROCESS_BACKEND: PROJECT_BACKENDS / "native" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+NATIVE_BACKENDS = {INPROCESS_BACKEND: NATIVE_BUILD / f"python{sys.version_info.major}.{sys.version_info.minor}"
                    / f"libtriton_{INPROCESS_BACKEND}.so"}
 
 
@@ -134,7 +136,7 @@ def precompile_models(repositories: list[Path]) -> None:
 
 
 def server_env() -> dict[str, str]:
-    """The stubs run this venv's Python, where the project's packages (`backends`, `wire`) are installed.
+    """The stubs run this venv's Python, where the project's package (`s2t`) is installed.
     (keeper.spawn leaves the admin key out.)"""
     env = dict(os.environ)
     venv_bin = str(Path(sys.executable).parent)

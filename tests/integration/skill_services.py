@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from clients.legacy_record import to_protobuf
+from s2t.clients.legacy_record import to_protobuf
 from s2t.serve import service_process
 
 

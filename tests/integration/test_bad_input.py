@@ -6,7 +6,7 @@ import pytest
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
-from backends.record_decoder import encode_columns
+from s2t.backends.records.record_decoder import encode_columns
 
 
 def payload_input(payload: bytes):

@@ -57,7 +57,7 @@ def test_the_protocol_comparison_can_use_the_low_cpu_generators_and_names_them(t
         pytest.skip("wrk and h2load (Debian wrk, nghttp2-client) are installed by `make test`")
     from s2t.bench import h2load, perf_analyzer, protocols, report, workload, wrk
     from s2t.bench.runner import TRITON_ROUTE, _stats
-    from wire.names import PAYLOAD, PIPELINE
+    from s2t.wire.names import PAYLOAD, PIPELINE
 
     payloads = workload.Workload.load(DATA_CSV).payloads()[:50]
     body = tmp_path / "grpc_body.bin"

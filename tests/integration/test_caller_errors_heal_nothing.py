@@ -60,8 +60,8 @@ def supervised(built_artifacts, tmp_path):
 
 def test_a_fifth_of_invalid_records_and_forced_unknown_routes_for_30_s_reload_and_replace_nothing(
         supervised, german_credit_data):
-    from backends.fused_pipeline import PipelineSettings, warm_pipeline
-    from backends.model_parameters import read_parameters
+    from s2t.backends.scoring.fused_pipeline import PipelineSettings, warm_pipeline
+    from s2t.backends.runtime.model_parameters import read_parameters
     from s2t.triton_config import backend_parameters, load
 
     server, state, replaced, repo = supervised

@@ -5,10 +5,10 @@ import sys
 
 import numpy as np
 
-from clients.risk_client import score
+from s2t.clients.risk_client import score
 from tests.conftest import ROOT
 
-EXAMPLES = ROOT / "clients" / "examples"
+EXAMPLES = ROOT / "s2t" / "clients" / "examples"
 
 
 def test_curl_example_body_scores_the_example_record(triton):
@@ -34,7 +34,7 @@ def test_risk_client_gives_the_legacy_scores_and_the_same_answers_over_http_and_
 
 
 def test_risk_client_command_prints_one_line_per_record(triton):
-    done = subprocess.run([sys.executable, "-m", "clients.risk_client", str(EXAMPLES / "record.json"), "--url",
+    done = subprocess.run([sys.executable, "-m", "s2t.clients.risk_client", str(EXAMPLES / "record.json"), "--url",
                            triton.http_url], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 0, done.stderr
     request_id, probability, decision = done.stdout.strip().split("\t")

@@ -82,8 +82,8 @@ def test_hash_buckets_are_tensorflows_bit_for_bit_on_thousands_of_strings(corpus
     TensorFlow's own ops on random text: empty, ASCII, accents, CJK, emoji, control characters, long strings."""
     import tensorflow as tf
 
-    from backends.feature_spec import HASH
-    from backends.string_hash import STRONG
+    from s2t.backends.records.feature_spec import HASH
+    from s2t.backends.records.string_hash import STRONG
 
     root, _ = corpus
     hashed = [f for name in ("keras_hashing", "keras_hashing_salted", MAIN)

@@ -2,7 +2,7 @@
 version exists and is loaded, and nothing a consumer served when the command died is retired under it.
 
 The killed command runs in a subprocess with `S2T_FAULT_POINTS=control.<boundary>=kill`, which stops it with
-SIGKILL at that boundary (backends/fault_points.py), as the OOM killer or a lost host would."""
+SIGKILL at that boundary (s2t/backends/runtime/fault_points.py), as the OOM killer or a lost host would."""
 import json
 import os
 import shutil
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as grpc
 
-from backends.fault_points import ENVIRONMENT_VARIABLE
+from s2t.backends.runtime.fault_points import ENVIRONMENT_VARIABLE
 from s2t.control import primary
 from s2t.control.live_control import ADMIN_KEY_ENV, admin_headers, live_configs
 from s2t.control.publish import publish

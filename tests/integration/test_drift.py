@@ -16,8 +16,8 @@ import tritonclient.grpc as grpc
 import tritonclient.http as http
 from onnx import numpy_helper
 
-from backends.drift import DriftMonitor, Reference
-from backends.feature_spec import FeatureSpec
+from s2t.backends.routing.drift_watch import DriftMonitor, Reference
+from s2t.backends.records.feature_spec import FeatureSpec
 from s2t.control.config_edit import set_string_parameter
 from s2t.control.publish import ParityGate, publish
 from tests.conftest import S2T

@@ -17,9 +17,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from backends.fault_points import ENVIRONMENT_VARIABLE
-from clients import stream_client
-from clients.llm_client import generate_stream
+from s2t.backends.runtime.fault_points import ENVIRONMENT_VARIABLE
+from s2t.clients import stream_client
+from s2t.clients.llm_client import generate_stream
 from tests.conftest import ENSEMBLES, LLM_REPOSITORY, MODEL_REPOSITORY
 from tests.integration.servers import triton_server
 

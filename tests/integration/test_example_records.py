@@ -6,7 +6,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from clients.legacy_record import to_protobuf
+from s2t.clients.legacy_record import to_protobuf
 from tests.samples import tf_example
 
 TOLERANCE = 1e-5

@@ -47,7 +47,7 @@ def score(client, payloads):
 def reference(onnx_path, feature_spec, data):
     import onnxruntime as ort
 
-    from backends.record_decoder import encode_columns
+    from s2t.backends.records.record_decoder import encode_columns
     categorical, numeric = encode_columns(feature_spec, data.columns)
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     return session.run(None, {"categorical": categorical, "numeric": numeric})[0].ravel()

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import free_port
 from tests.integration.skill_services import running, skill_records
-from wire import skill_pb2, skill_pb2_grpc
+from s2t.wire import skill_pb2, skill_pb2_grpc
 
 WORKERS = 8
 MIB = 2**20

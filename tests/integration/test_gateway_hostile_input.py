@@ -8,7 +8,7 @@ import grpc
 import numpy as np
 import pytest
 
-from wire import skill_pb2, skill_pb2_grpc
+from s2t.wire import skill_pb2, skill_pb2_grpc
 from tests.conftest import free_port
 from tests.integration.skill_services import running, skill_records
 

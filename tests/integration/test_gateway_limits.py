@@ -7,7 +7,7 @@ import time
 import grpc
 import pytest
 
-from wire import skill_pb2, skill_pb2_grpc
+from s2t.wire import skill_pb2, skill_pb2_grpc
 from tests.conftest import S2T, free_port
 from tests.integration.skill_services import running, skill_records
 

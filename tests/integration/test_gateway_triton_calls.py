@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
 from tests.integration.servers import serving, triton_server
 from tests.integration.skill_services import running, skill_records
-from wire import skill_pb2, skill_pb2_grpc
+from s2t.wire import skill_pb2, skill_pb2_grpc
 
 TOLERANCE = 1e-5
 WINDOW = 32

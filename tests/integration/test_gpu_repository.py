@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DATA_CSV, GPU_REPOSITORY, MODEL_REPOSITORY, ROOT, S2T, SAVED_MODEL, SCORER_ONNX, has_gpu
-from backends.repository_layout import version_numbers
+from s2t.backends.runtime.repository_layout import version_numbers
 from s2t import triton_config
 from s2t.gate import model_config
 from s2t.models import tensorrt_engine
-from s2t.control.canary import CanaryError
+from s2t.control.split_config import CanaryError
 from s2t.control.rollout import Rollout, canary
 from tritonclient.grpc import model_config_pb2 as mc
 from s2t.control.publish import ParityGate, PublishError, publish

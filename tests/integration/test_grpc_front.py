@@ -65,8 +65,8 @@ def records(german_credit_data) -> list[bytes]:
 @pytest.fixture(scope="module")
 def direct(records):
     """Each record's probability and decision from the fused pipeline run in this process, as risk_pipeline runs it."""
-    from backends.fused_pipeline import PipelineSettings, warm_pipeline
-    from backends.model_parameters import read_parameters
+    from s2t.backends.scoring.fused_pipeline import PipelineSettings, warm_pipeline
+    from s2t.backends.runtime.model_parameters import read_parameters
     from s2t.triton_config import backend_parameters, load
 
     settings = read_parameters(PipelineSettings, backend_parameters(load(MODEL_REPOSITORY / "risk_pipeline")))
@@ -203,7 +203,7 @@ def test_callers_that_cancel_time_out_or_leave_mid_stream_beside_valid_ones_leav
             left_streams[0] += 1
 
     def valid_streams() -> None:
-        from clients import stream_client
+        from s2t.clients import stream_client
         features = [{"features": json.loads(r)["features"]} for r in records[:8]]
         while time.monotonic() < deadline:
             try:

@@ -12,10 +12,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from backends.decision_policy import decide
-from clients import stream_client
+from s2t.backends.scoring.decision_policy import decide
+from s2t.clients import stream_client
 from s2t.gate.hostile_records import (HOSTILE_ROUTES, HOSTILE_SEQUENCE_IDS, KINDS, ODD_BUT_VALID, hostile_records,
-                                   names_field)
+                                      names_field)
 
 VALID, HOSTILE, ODD = 600, 2400, 150
 CONCURRENCY = 16

@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from backends import fault_points
+from s2t.backends.runtime import fault_points
 from s2t.prometheus_text import samples_named, scrape
 from s2t.serve.supervisor import stubs_of
 from s2t.triton_admin import TritonAdmin
@@ -51,8 +51,8 @@ def http_infer(url: str, payloads: list[bytes], outputs=None, binary: bool = Tru
 
 def fused_scores(payloads: list[bytes]):
     """The fused pipeline run directly on `payloads`, as risk_pipeline's config sets it up."""
-    from backends.fused_pipeline import PipelineSettings, warm_pipeline
-    from backends.model_parameters import read_parameters
+    from s2t.backends.scoring.fused_pipeline import PipelineSettings, warm_pipeline
+    from s2t.backends.runtime.model_parameters import read_parameters
     from s2t.triton_config import backend_parameters, load
 
     settings = read_parameters(PipelineSettings, backend_parameters(load(MODEL_REPOSITORY / "risk_pipeline")))
@@ -163,8 +163,8 @@ def test_the_model_runs_in_the_server_process_with_no_stub(server):
 
 
 def test_scores_equal_the_fused_pipeline_run_directly_over_http_and_grpc(server, german_credit_data):
-    from backends.fused_pipeline import PipelineSettings, warm_pipeline
-    from backends.model_parameters import read_parameters
+    from s2t.backends.scoring.fused_pipeline import PipelineSettings, warm_pipeline
+    from s2t.backends.runtime.model_parameters import read_parameters
     from s2t.triton_config import backend_parameters, load
 
     settings = read_parameters(PipelineSettings, backend_parameters(load(MODEL_REPOSITORY / "risk_pipeline")))

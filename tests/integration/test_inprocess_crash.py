@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.http as httpclient
 
-from backends import fault_points
+from s2t.backends.runtime import fault_points
 from s2t.prometheus_text import samples_named, scrape
 from tests.conftest import MODEL_REPOSITORY
 from tests.integration.servers import triton_server

@@ -7,10 +7,10 @@ import grpc
 import numpy as np
 import pytest
 
-from backends.decision_policy import decide
-from clients.legacy_record import to_protobuf
-from legacy.gateway import serve
-from wire import skill_pb2, skill_pb2_grpc
+from s2t.backends.scoring.decision_policy import decide
+from s2t.clients.legacy_record import to_protobuf
+from s2t.gateway.skill_gateway import serve
+from s2t.wire import skill_pb2, skill_pb2_grpc
 from tests.conftest import S2T, free_port
 from s2t.gate import parity
 

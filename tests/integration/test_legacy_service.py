@@ -7,8 +7,8 @@ import grpc
 import numpy as np
 import pytest
 
-from backends.decision_policy import decide
-from wire import skill_pb2, skill_pb2_grpc
+from s2t.backends.scoring.decision_policy import decide
+from s2t.wire import skill_pb2, skill_pb2_grpc
 from tests.conftest import SAVED_MODEL, free_port
 from tests.integration.skill_services import skill_records, start, stop
 from s2t.gate import parity

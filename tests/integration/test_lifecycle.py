@@ -58,7 +58,7 @@ def copy_repository(tmp_path: Path) -> Path:
 
 def stream_load(grpc_url: str, stop: threading.Event) -> threading.Thread:
     """risk_stream streams in flight (its stub is the one that outlived a killed server)."""
-    from clients import stream_client
+    from s2t.clients import stream_client
     from s2t.models import dataset
     rows = [{"features": f} for f in dataset.load(DATA_CSV).records()]
 

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
-from clients.llm_client import generate_stream
+from s2t.clients.llm_client import generate_stream
 from tests.conftest import ROOT, free_port
 
 

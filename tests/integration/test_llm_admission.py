@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from clients.llm_client import generate_stream
+from s2t.clients.llm_client import generate_stream
 from tests.conftest import LLM_REPOSITORY
 from tests.integration.servers import serving, triton_server
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from backends.llm_engine import packaged_model_path
-from clients.llm_client import generate_stream
+from s2t.backends.llm.engine import packaged_model_path
+from s2t.clients.llm_client import generate_stream
 from s2t.control.live_control import ADMIN_KEY_ENV
 from s2t.control.version_store import VersionStore
 from tests.conftest import LLM_REPOSITORY, S2T

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from clients.llm_client import generate_stream
+from s2t.clients.llm_client import generate_stream
 from s2t.serve.triton_server import precompile_models
 
 HELD_TOKENS = 200

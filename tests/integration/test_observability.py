@@ -23,7 +23,7 @@ import pytest
 import tritonclient.http as http
 import yaml
 
-from clients import stream_client
+from s2t.clients import stream_client
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT, S2T, free_port
 from s2t.control.rollout import Rollout, canary
 from s2t.control.version_store import VersionStore

@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT, free_port
 
-RECORD = ROOT / "clients" / "examples" / "record.json"
+RECORD = ROOT / "s2t" / "clients" / "examples" / "record.json"
 # Modules of the extras: none may be importable after the core install.
 EXTRA_MODULES = ("tensorflow", "tf2onnx", "keras", "sklearn", "fastapi", "locust", "matplotlib", "xllamacpp",
                  "pytest")
@@ -85,11 +85,11 @@ def install_offline(venv: Path, source: Path, dist: Path) -> subprocess.Complete
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """A fresh venv (this interpreter's base Python, no pip) with a non-editable install of the tracked files and the core
-    dependencies, run from outside any checkout."""
+    """A fresh venv (this interpreter's base Python, no pip) with a non-editable install of the tracked files and the
+    core dependencies, run from outside any checkout."""
     root = tmp_path_factory.mktemp("package")
     source = tracked_tree(root / "source")
-    assert not list((source / "wire").glob("*_pb2*.py")), "the copy holds generated code"
+    assert not list((source / "s2t" / "wire").glob("*_pb2*.py")), "the copy holds generated code"
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     install = install_offline(venv, source, root / "dist")
@@ -117,11 +117,11 @@ def test_core_install_leaves_out_tensorflow_and_every_other_extra(installed):
 
 def test_installed_package_is_this_project_with_its_generated_wire_format(installed):
     root, venv = installed
-    probe = in_venv(venv, "import s2t.cli, wire.skill_pb2, wire.skill_pb2_grpc, wire.tf_example_pb2, wire.skill_call, "
-                          "backends, legacy.service, legacy.gateway, legacy.dual_run, legacy.triton_infer; "
+    probe = in_venv(venv, "import s2t.cli, s2t.wire.skill_pb2, s2t.wire.skill_pb2_grpc, s2t.wire.tf_example_pb2, s2t.wire.skill_call, "
+                          "s2t.backends, s2t.legacy.service, s2t.gateway.skill_gateway, s2t.gateway.dual_run, s2t.gateway.triton_infer; "
                           "from pathlib import Path; "
                           "print(Path(s2t.cli.__file__).parent.parent); "
-                          "print((Path(backends.__file__).parent / 'onnxruntime' / 'model.py').is_file())", root)
+                          "print((Path(s2t.backends.__file__).parent / 'onnxruntime' / 'model.py').is_file())", root)
     assert probe.returncode == 0, probe.stderr
     location, backend = probe.stdout.split()
     assert "site-packages" in location and backend == "True"
@@ -168,7 +168,7 @@ def test_installed_s2t_serves_the_built_repository_without_tensorflow(installed)
         # The protobuf form: the adapter inside the server decodes it with the wheel's generated wire code.
         protobuf = in_venv(venv, (
             "import json, sys, numpy as np, tritonclient.http as http; "
-            "from clients.legacy_record import encode; "
+            "from s2t.clients.legacy_record import encode; "
             f"record = json.load(open({str(RECORD)!r})); "
             f"client = http.InferenceServerClient('localhost:{http_port}'); "
             "payload = http.InferInput('payload', [1, 1], 'BYTES'); "

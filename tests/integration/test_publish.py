@@ -11,7 +11,7 @@ import pytest
 from onnx import numpy_helper
 
 from tests.conftest import MODEL_REPOSITORY, S2T
-from backends.repository_layout import version_numbers
+from s2t.backends.runtime.repository_layout import version_numbers
 from s2t.gate import model_config
 from s2t.gate.reference_cache import CACHE_ENV
 from s2t.control.publish import ParityGate, PublishError, publish

@@ -15,17 +15,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.explanation_text import template_explanation
-from backends.reason_codes import LinearReasons
-from backends.record_decoder import RecordDecoder, parse_record
-from clients.llm_client import generate_stream
+from s2t.backends.llm.explanation_text import template_explanation
+from s2t.backends.scoring.reason_codes import LinearReasons
+from s2t.backends.records.record_decoder import RecordDecoder, parse_record
+from s2t.clients.llm_client import generate_stream
 from s2t.serve.supervisor import stubs_of
 from tests.conftest import MODEL_REPOSITORY, ROOT
 from tests.integration.conftest import _llm_repository_for_tests
 from tests.integration.servers import repository_copies, serving, triton_server
 
 
-RECORD = json.loads((ROOT / "clients" / "examples" / "record.json").read_text())
+RECORD = json.loads((ROOT / "s2t" / "clients" / "examples" / "record.json").read_text())
 
 
 def body(record) -> dict:
@@ -250,7 +250,7 @@ def generations_since(url: str, before: dict[str, int], timeout_s: float = 10) -
 
 
 def test_explanations_follow_a_canary_of_the_language_model_to_both_versions(triton_llm):
-    from backends.llm_engine import packaged_model_path
+    from s2t.backends.llm.engine import packaged_model_path
     from tests.integration.test_llm_rollout import s2t
 
     repo = triton_llm.repositories[-1]

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from backends.decision_policy import decide
+from s2t.backends.scoring.decision_policy import decide
 from s2t.gate import parity
 
 TOLERANCE = 1e-5

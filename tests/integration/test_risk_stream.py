@@ -9,9 +9,9 @@ import urllib.request
 import numpy as np
 import pytest
 
-from backends.decision_policy import decide
-from clients import stream_client
-from clients.legacy_record import encode
+from s2t.backends.scoring.decision_policy import decide
+from s2t.clients import stream_client
+from s2t.clients.legacy_record import encode
 from tests.conftest import MODEL_REPOSITORY, S2T
 
 TOLERANCE = 1e-5

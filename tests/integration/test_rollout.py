@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpc
 
-from backends.record_decoder import encode_columns
+from s2t.backends.records.record_decoder import encode_columns
 from tests.conftest import S2T
 from s2t.control.live_control import ADMIN_KEY_ENV
 from s2t.control.publish import ParityGate

@@ -16,7 +16,7 @@ import pytest
 import tritonclient.http as http
 from tritonclient.utils import InferenceServerException
 
-from backends import fault_points
+from s2t.backends.runtime import fault_points
 from s2t.serve.healing import SupervisorState
 from s2t.serve.keeper import MetricsServer, RestartPolicy, keep
 from tests.conftest import ENSEMBLES, free_port

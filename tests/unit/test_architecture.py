@@ -5,31 +5,66 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from s2t.project_imports import PROJECT_PACKAGES, imported_project_modules, project_files
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# layer -> the layers it may import from (its own included).
+# The project is one package, s2t. Its layers, lowest first: the wire format; the pure logic the models run
+# (s2t/backends/); the callers' clients; the legacy service; the gateway in front of Triton; and the rest of s2t (the
+# command line and the libraries under it, layered below). layer -> the layers it may import from (its own included).
 ALLOWED = {
     "wire": {"wire"},
     "backends": {"backends", "wire"},
     "models": {"backends", "wire"},
     "clients": {"clients", "wire"},
     "legacy": {"legacy", "clients", "backends", "wire"},
-    "s2t": {"s2t", "legacy", "clients", "backends", "wire"},
+    "gateway": {"gateway", "clients", "backends", "wire", "shared"},
+    "s2t": {"s2t", "gateway", "legacy", "clients", "backends", "wire", "shared"},
+    # What the gateway and the rest of s2t share that no model runs: files written whole or not at all.
+    "shared": {"shared"},
+}
+LOWER = ("wire", "backends", "clients", "legacy", "gateway")
+SHARED = {"s2t.atomic_files"}
+# Inside s2t/backends/, by role: subpackage -> the subpackages it may import from (its own included). The runtime
+# (the glue to Triton's backends and what every model shares) knows no domain; records know no scorer.
+BACKENDS_ALLOWED = {
+    "runtime": {"runtime"},
+    "records": {"records", "runtime"},
+    "scoring": {"scoring", "records", "runtime"},
+    "routing": {"routing", "scoring", "records", "runtime"},
+    "streaming": {"streaming", "scoring", "records", "runtime"},
+    "llm": {"llm", "routing", "scoring", "records", "runtime"},
 }
 
 
+def module_layer(module: str) -> str | None:
+    """The layer of a module (or of a name imported from it) of the project; None outside it."""
+    parts = module.split(".")
+    if parts[0] != "s2t":
+        return None
+    if ".".join(parts[:2]) in SHARED:
+        return "shared"
+    return parts[1] if len(parts) > 1 and parts[1] in LOWER else "s2t"
+
+
 def layer(path: Path) -> str | None:
-    top = path.relative_to(ROOT).parts[0]
-    if top.startswith("model_repository") or top == "ensembles":
-        return "models"
-    return top if top in PROJECT_PACKAGES else None
+    parts = path.relative_to(ROOT).parts
+    if parts[0].startswith("model_repository") or parts[0] == "ensembles" or path.name == "model.py":
+        return "models"  # the Python-based ONNX Runtime backend's model.py is a model like the repositories' ones
+    return module_layer(module_name(path)) if parts[0] in PROJECT_PACKAGES else None
+
+
+def backends_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["s2t", "backends"] and len(parts) > 2 else None
 
 
 def project_sources() -> list[Path]:
     return sorted(p for p in ROOT.rglob("*.py")
-                  if layer(p) is not None and "__pycache__" not in p.parts and not p.name.endswith("_pb2.py")
+                  if not p.relative_to(ROOT).parts[0].startswith(".") and layer(p) is not None
+                  and "__pycache__" not in p.parts and not p.name.endswith("_pb2.py")
                   and not p.name.endswith("_pb2_grpc.py"))
 
 
@@ -40,7 +75,7 @@ def imported_modules(path: Path) -> set[str]:
 
 # Inside s2t/, lowest first: a module may import from its own layer and those before it, never from one after it.
 # The leaves (readers every layer shares) import no other s2t module; the command line, the package s2t/cli/ and
-# nothing else, sits on top of everything.
+# nothing else, sits on top of everything. The lower layers (LOWER) are below all of these.
 S2T_LAYERS = ("leaf", "models", "gate", "control", "serve", "bench", "cli")
 S2T_LEAVES = {"s2t", "s2t.errors", "s2t.on_progress", "s2t.project_imports", "s2t.prometheus_text",
               "s2t.triton_admin", "s2t.triton_config"}
@@ -64,7 +99,7 @@ def upward_imports(edges: dict[str, set[str]]) -> list[str]:
         if here is None:
             found.append(f"{source} is in no s2t layer (add it to S2T_LEAVES or a layer's folder)")
             continue
-        for target in sorted(t for t in targets if t.split(".")[0] == "s2t" and t != "s2t"):
+        for target in sorted(t for t in targets if module_layer(t) == "s2t" and t != "s2t"):
             there = s2t_layer(target)
             if there is None:
                 found.append(f"{source} imports {target}, which is in no s2t layer")
@@ -78,14 +113,47 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def test_every_import_follows_an_allowed_edge():
+def crossing_edges(sources: dict[str, tuple[str, set[str]]]) -> list[str]:
+    """Every import of `sources` (name -> (its layer, the modules it imports)) against ALLOWED and, inside
+    s2t/backends/, against BACKENDS_ALLOWED."""
     crossings = []
+    for name, (here, modules) in sorted(sources.items()):
+        for module in sorted(modules):
+            there = module_layer(module)
+            if there not in ALLOWED[here]:
+                crossings.append(f"{name} ({here}) imports {module} ({there})")
+            elif here == there == "backends" and (part := backends_part(name)) is not None:
+                target = backends_part(module)
+                if target is not None and target not in BACKENDS_ALLOWED.get(part, set()):
+                    crossings.append(f"{name} (backends.{part}) imports {module} (backends.{target})")
+    return crossings
+
+
+def test_every_import_follows_an_allowed_edge():
+    sources = {str(p.relative_to(ROOT)): (layer(p), imported_modules(p)) for p in project_sources()}
+    sources = {name: (here, {m for m in modules if module_layer(m)}) for name, (here, modules) in sources.items()}
+    renamed = {}
     for path in project_sources():
-        for module in imported_modules(path):
-            target = module.split(".")[0]
-            if target not in ALLOWED[layer(path)]:
-                crossings.append(f"{path.relative_to(ROOT)} ({layer(path)}) imports {module} ({target})")
-    assert crossings == []
+        here, modules = sources[str(path.relative_to(ROOT))]
+        renamed[module_name(path) if here != "models" else str(path.relative_to(ROOT))] = (here, modules)
+    assert crossing_edges(renamed) == []
+
+
+@pytest.mark.parametrize("name, here, module, found", [
+    ("s2t.backends.records.record_decoder", "backends", "s2t.backends.scoring.ort_runner",
+     "(backends.records) imports s2t.backends.scoring.ort_runner (backends.scoring)"),
+    ("s2t.backends.runtime.triton_glue", "backends", "s2t.backends.records.record_decoder",
+     "(backends.runtime) imports s2t.backends.records.record_decoder (backends.records)"),
+    ("s2t.backends.scoring.ort_runner", "backends", "s2t.gate.parity", "(backends) imports s2t.gate.parity (s2t)"),
+    ("s2t.legacy.service", "legacy", "s2t.gateway.triton_infer",
+     "(legacy) imports s2t.gateway.triton_infer (gateway)"),
+    ("s2t.clients.risk_client", "clients", "s2t.backends.runtime.bytes_tensor", "(clients) imports"),
+    ("s2t.backends.llm.explainer", "backends", "s2t.backends.scoring.reason_codes", None),
+    ("s2t.gate.parity", "s2t", "s2t.gateway.dual_run", None),
+])
+def test_the_edge_check_refuses_an_import_against_the_table(name, here, module, found):
+    crossings = crossing_edges({name: (here, {module})})
+    assert (crossings == []) if found is None else (len(crossings) == 1 and found in crossings[0]), crossings
 
 
 def test_s2t_imports_point_only_down_its_layers():
@@ -94,9 +162,10 @@ def test_s2t_imports_point_only_down_its_layers():
 
 
 # The legacy service is the "before" a cutover is measured against: it must run as it did, whatever happens to its
-# replacement. Nothing it reaches by import may belong to the gateway's side or to Triton's serving.
-LEGACY_SERVICE = ROOT / "legacy" / "service.py"
-REPLACEMENT_MODULES = ("legacy.gateway", "legacy.triton_infer", "legacy.dual_run", "s2t.serve")
+# replacement. Nothing it reaches by import may belong to the gateway or to Triton's serving (the layers say the
+# first; this follows every import through the modules it reaches).
+LEGACY_SERVICE = ROOT / "s2t" / "legacy" / "service.py"
+REPLACEMENT_MODULES = ("s2t.gateway", "s2t.serve")
 TRITON_PACKAGES = {"tritonclient", "tritonserver", "pytriton", "triton_python_backend_utils"}
 
 
@@ -115,7 +184,15 @@ def test_the_legacy_service_imports_nothing_of_its_replacement_nor_of_tritons_se
 
 
 def test_the_replacement_check_sees_what_the_gateway_reaches():
-    assert "legacy.triton_infer" in replacement_reached(ROOT / "legacy" / "gateway.py")
+    assert "s2t.gateway.triton_infer" in replacement_reached(ROOT / "s2t" / "gateway" / "skill_gateway.py")
+
+
+def test_the_pure_logic_imports_nothing_of_triton():
+    """s2t/backends/ runs where no server does (the unit tests, the keeper's image): Triton's modules come in as
+    arguments (the python backend's pb_utils) or not at all."""
+    found = [f"{p.relative_to(ROOT)} imports {package}" for p in project_sources() if layer(p) == "backends"
+             for package in sorted(imported_third_party(p) & TRITON_PACKAGES)]
+    assert [p for p in project_sources() if layer(p) == "backends"] and found == []
 
 
 def test_the_s2t_layer_check_finds_an_upward_import():
@@ -206,17 +283,19 @@ def test_the_checks_see_every_layer():
 
 
 def test_files_for_other_readers_are_written_one_way_only():
-    """backends/atomic_files.py is the one place that stages and renames; a second copy would drift from it."""
+    """s2t/atomic_files.py is the one place that stages and renames; a second copy would drift from it."""
     staged_write = re.compile(r"os\.replace\(|os\.rename\(|\.rename\(|\.replace\((?:out|dest|path|target|output|cached)\)")
     found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
-             for path in project_sources() if path != ROOT / "backends" / "atomic_files.py"
+             for path in project_sources() if path != ROOT / "s2t" / "atomic_files.py"
              for number, line in enumerate(path.read_text().splitlines(), 1) if staged_write.search(line)]
     assert found == []
 
 
-# A model.py declares what it serves (settings, inputs/outputs, the pure function); the glue is backends/triton_glue.py.
+# A model.py declares what it serves (settings, inputs/outputs, the pure function); the glue is
+# s2t/backends/runtime/triton_glue.py.
 MODEL_PY_MAX_LINES = 80
-GLUED_MODELS = sorted([*ROOT.glob("model_repository*/*/[0-9]*/model.py"), ROOT / "backends" / "onnxruntime" / "model.py"])
+GLUED_MODELS = sorted([*ROOT.glob("model_repository*/*/[0-9]*/model.py"),
+                       ROOT / "s2t" / "backends" / "runtime" / "onnxruntime" / "model.py"])
 OWN_GLUE = {
     "an _error helper": re.compile(r"^def _error\b", re.M),
     "a catch-all": re.compile(r"except Exception"),
@@ -252,8 +331,8 @@ def test_every_model_py_declares_the_settings_check_config_reads():
 
 
 def test_config_parameters_are_read_one_way():
-    """backends/model_parameters.py `read_parameters` is the one reader; a settings type's own reader beside it
-    would be a second way (and a second place to forget a folder or an error)."""
+    """s2t/backends/runtime/model_parameters.py `read_parameters` is the one reader; a settings type's own reader
+    beside it would be a second way (and a second place to forget a folder or an error)."""
     own_reader = re.compile(r"def from_parameters\(|def from_config\(")
     found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
              for path in project_sources()

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from backends.atomic_files import write_atomically
+from s2t.atomic_files import write_atomically
 
 
 def test_the_file_holds_the_new_content_readable_by_others_and_no_staged_file_stays(tmp_path):

@@ -3,9 +3,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from backends.batch_scoring import (retrying, retrying_async, score_isolating_bad_records,
-                                    score_isolating_bad_records_async)
-from backends.errors import INTERNAL, INVALID, UNAVAILABLE, NotAnsweredInTime, ServingError, of_kind
+from s2t.backends.scoring.batch_scoring import (retrying, retrying_async, score_isolating_bad_records,
+                                                score_isolating_bad_records_async)
+from s2t.backends.runtime.serving_errors import INTERNAL, INVALID, UNAVAILABLE, NotAnsweredInTime, ServingError, of_kind
 
 
 class FakeScorer:

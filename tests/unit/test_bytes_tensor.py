@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from backends import bytes_tensor
+from s2t.backends.runtime import bytes_tensor
 from tests.unit.python_backend import WHEEL_UTILS
 
 

@@ -1,7 +1,7 @@
 import pytest
 
-from backends.call_admission import (DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, UNAVAILABLE, AdmissionLimits,
-                                     CallAdmission)
+from s2t.gateway.call_admission import (DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, UNAVAILABLE, AdmissionLimits,
+                                        CallAdmission)
 from tests.unit.fake_clock import Clock
 
 

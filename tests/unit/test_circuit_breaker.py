@@ -1,7 +1,7 @@
 import pytest
 
-from backends.model_parameters import read_parameters
-from backends.circuit_breaker import CLOSED, HALF_OPEN, OPEN, BreakerSettings, CircuitBreaker
+from s2t.backends.runtime.model_parameters import read_parameters
+from s2t.backends.routing.circuit_breaker import CLOSED, HALF_OPEN, OPEN, BreakerSettings, CircuitBreaker
 from tests.unit.fake_clock import Clock
 
 SETTINGS = BreakerSettings(window_seconds=5, max_error_rate=0.1, max_p99_seconds=0.25, min_requests=20,

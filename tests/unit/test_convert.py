@@ -3,7 +3,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from backends.record_decoder import encode_columns
+from s2t.backends.records.record_decoder import encode_columns
 from s2t.models.convert import _UNSUPPORTED_OP, ConversionError, read_spec, refusal_in_log, shape_for_serving
 
 

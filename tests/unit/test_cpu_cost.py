@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from s2t import triton_config
-from backends import bytes_tensor
+from s2t.backends.runtime import bytes_tensor
 from s2t.bench import cpu_cost, h2load
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,7 +1,7 @@
 import numpy as np
 import onnxruntime as ort
 
-from backends.record_decoder import encode_columns
+from s2t.backends.records.record_decoder import encode_columns
 from s2t.bench.crossover import heavier
 
 

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from backends.model_parameters import read_parameters
-from backends.decision_policy import APPROVE, DECLINE, REVIEW, Thresholds, decide
+from s2t.backends.runtime.model_parameters import read_parameters
+from s2t.backends.scoring.decision_policy import APPROVE, DECLINE, REVIEW, Thresholds, decide
 
 POLICY = Thresholds(review=0.3, decline=0.6)
 

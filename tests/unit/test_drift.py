@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.drift import (DRIFT, NO_DRIFT, NOT_ENOUGH_DATA, SCORE_FEATURE, BinPlan, DriftMonitor, DriftWatch,
-                            Reference, chi_square_quantile, choose_reference, noise_psi, psi, range_labels)
-from backends.feature_spec import HASH, INTEGER, CategoricalFeature, FeatureSpec
-from backends.string_hash import FAST
+from s2t.backends.routing.drift_watch import (DRIFT, NO_DRIFT, NOT_ENOUGH_DATA, SCORE_FEATURE, BinPlan, DriftMonitor, DriftWatch,
+                                              Reference, chi_square_quantile, choose_reference, noise_psi, psi, range_labels)
+from s2t.backends.records.feature_spec import HASH, INTEGER, CategoricalFeature, FeatureSpec
+from s2t.backends.records.string_hash import FAST
 from s2t.gate.drift import live_report, metrics_address, table
 from tests.conftest import MODEL_REPOSITORY
 from tests.unit import python_backend as backend
@@ -424,7 +424,7 @@ def test_the_report_says_reference_window_sample_state_and_the_top_moved_bins():
 # --- risk_router's glue, through the wheel's triton_python_backend_utils (no server) ------------------------------
 
 def test_risk_router_counts_the_primarys_scored_records_and_says_not_enough_data_below_the_minimum(model_repository):
-    record = json.loads((MODEL_REPOSITORY.parent / "clients" / "examples" / "record.json").read_text())
+    record = json.loads((MODEL_REPOSITORY.parent / "s2t" / "clients" / "examples" / "record.json").read_text())
     bad = {**record, "features": {**record["features"], "credit_amount": "lots"}}
     pb_utils = backend.backend_utils()
     pb_utils.InferenceRequest.bls.update({
@@ -518,7 +518,7 @@ def test_the_sampled_count_is_published_after_every_figure_it_stands_for():
     """A reader that sees a publication's sampled count sees all of that publication's figures: Triton's metrics page
     can be scraped between two of the gauges a publication sets, and `s2t drift` (and tests) take the count as the
     sign that the figures cover every record sent."""
-    from backends.router_metrics import DriftMetrics
+    from s2t.backends.routing.router_metrics import DriftMetrics
 
     monitor = DriftMonitor(REFERENCE, SPEC, window_records=500)
     monitor.observe(*(part[:300] for part in TRAINING))

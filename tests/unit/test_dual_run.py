@@ -5,9 +5,9 @@ import threading
 import grpc
 import pytest
 
-from legacy.dual_run import MAX_IDS_KEPT, DiffTally, DualRun, write_json_atomically
-from wire import skill_pb2
-from wire.skill_call import CallRefused
+from s2t.gateway.dual_run import MAX_IDS_KEPT, DiffTally, DualRun, write_json_atomically
+from s2t.wire import skill_pb2
+from s2t.wire.skill_call import CallRefused
 
 OK, BAD = skill_pb2.OK, skill_pb2.INVALID_RECORD
 
@@ -94,7 +94,7 @@ class ClosingWindows:
 
 
 def test_closing_the_dual_run_closes_every_mirror_threads_scorer_and_loop():
-    from legacy.gateway import BlockingWindows
+    from s2t.gateway.skill_gateway import BlockingWindows
     made = []
     lock = threading.Lock()
 

@@ -1,9 +1,9 @@
 """One error vocabulary: kinds map to Triton codes, upstream codes map back to kinds, never by message text."""
 import pytest
 
-from backends import fault_points
-from backends.errors import (INTERNAL, INVALID, TRITON_CODE, UNAVAILABLE, InternalError, InvalidInput, NotServing,
-                             Unavailable, from_triton_code, of_kind, triton_error)
+from s2t.backends.runtime import fault_points
+from s2t.backends.runtime.serving_errors import (INTERNAL, INVALID, TRITON_CODE, UNAVAILABLE, InternalError, InvalidInput, NotServing,
+                                                 Unavailable, from_triton_code, of_kind, triton_error)
 
 
 class TritonError:

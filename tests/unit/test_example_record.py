@@ -4,13 +4,13 @@ import json
 import numpy as np
 import pytest
 
-from backends.example_record import as_example
-from backends.feature_spec import INTEGER, CategoricalFeature, FeatureSpec
-from backends.record_decoder import RecordDecoder, RecordError, parse_record
-from clients.legacy_record import to_protobuf
+from s2t.backends.records.example_record import as_example
+from s2t.backends.records.feature_spec import INTEGER, CategoricalFeature, FeatureSpec
+from s2t.backends.records.record_decoder import RecordDecoder, RecordError, parse_record
+from s2t.clients.legacy_record import to_protobuf
 from s2t.gate import example_parity
 from tests.samples import tf_example
-from wire import skill_pb2
+from s2t.wire import skill_pb2
 
 
 def test_german_credit_as_tf_examples_decodes_exactly_as_the_json_records(feature_spec, german_credit_data):

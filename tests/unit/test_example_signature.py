@@ -9,13 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from backends.example_record import as_example
-from backends.feature_spec import INTEGER, CategoricalFeature, FeatureSpec
-from backends.record_decoder import RecordDecoder
+from s2t.backends.records.example_record import as_example
+from s2t.backends.records.feature_spec import INTEGER, CategoricalFeature, FeatureSpec
+from s2t.backends.records.record_decoder import RecordDecoder
 from s2t.gate import example_parity
 from s2t.models.convert import shape_for_serving
 from s2t.models.example_signature import (DenseFeature, SignatureError, dense_features, lift_parse_example,
-                                     lift_from_saved_model)
+                                          lift_from_saved_model)
 
 EMPTY_TEXT = np.array([], dtype=object)
 

@@ -1,8 +1,8 @@
 import pytest
 
-from backends.degrade_policy import EXPECTED_TTFT, LLM, DegradePolicy
-from backends.explanation_text import explanation_prompt, template_explanation
-from backends.reason_codes import Reason
+from s2t.backends.llm.degrade_policy import EXPECTED_TTFT, LLM, DegradePolicy
+from s2t.backends.llm.explanation_text import explanation_prompt, template_explanation
+from s2t.backends.scoring.reason_codes import Reason
 
 REASONS = (Reason("duration_in_month", 0.6954), Reason("status_of_existing_checking_account", 0.812))
 FEATURES = {"duration_in_month": 48.0, "status_of_existing_checking_account": "... < 0 DM"}

@@ -1,4 +1,5 @@
-"""Fault points that do something other than raise (backends/fault_points.py): read from S2T_FAULT_POINTS with an
+"""Fault points that do something other than raise (s2t/backends/runtime/fault_points.py): read from S2T_FAULT_POINTS
+with an
 optional share, and each doing to a real process what its name says."""
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import time
 
 import pytest
 
-from backends import fault_points
-from backends.fault_points import Action
+from s2t.backends.runtime import fault_points
+from s2t.backends.runtime.fault_points import Action
 from tests.conftest import ROOT
 
 

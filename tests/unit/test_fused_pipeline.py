@@ -4,12 +4,12 @@ import shutil
 import numpy as np
 import pytest
 
-from backends.model_parameters import read_parameters
-from backends.decision_policy import Thresholds, decide
-from backends.fused_pipeline import FusedPipeline, PipelineSettings, scorer_path, warm_pipeline
-from backends.repository_layout import live_switch_file
-from backends.ort_runner import ModelConfigError
-from backends.record_decoder import RecordDecoder
+from s2t.backends.runtime.model_parameters import read_parameters
+from s2t.backends.scoring.decision_policy import Thresholds, decide
+from s2t.backends.scoring.fused_pipeline import FusedPipeline, PipelineSettings, scorer_path, warm_pipeline
+from s2t.backends.runtime.repository_layout import live_switch_file
+from s2t.backends.scoring.ort_runner import ModelConfigError
+from s2t.backends.records.record_decoder import RecordDecoder
 
 PARAMETERS = {"scorer_model": {"string_value": "risk_scorer"}, "scorer_version": {"string_value": ""},
               "review_threshold": {"string_value": "0.3"}, "decline_threshold": {"string_value": "0.6"},
@@ -121,7 +121,7 @@ def two_versions(tmp_path, built_artifacts):
 
 
 def _switch(repo, text):
-    from backends.atomic_files import write_atomically
+    from s2t.atomic_files import write_atomically
     write_atomically(live_switch_file(repo, "risk_pipeline"), text)
 
 

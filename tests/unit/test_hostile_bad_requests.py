@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from backends import bytes_tensor
-from backends.record_decoder import RecordDecoder, RecordError, parse_record
+from s2t.backends.runtime import bytes_tensor
+from s2t.backends.records.record_decoder import RecordDecoder, RecordError, parse_record
 from s2t.bench.hostile import bad_requests
 from s2t.bench.hostile.bad_requests import INVALID_KINDS, Answer
 

@@ -1,4 +1,5 @@
-"""The in-process backend's Python side (backends/inprocess.py) and risk_pipeline's model.py through it, without a
+"""The in-process backend's Python side (s2t/backends/runtime/inprocess.py) and risk_pipeline's model.py through it,
+without a
 server: raw tensors of a whole batch in, raw outputs and one answer per request out, as native/python_inprocess.cc
 hands them over. A bad record fails its own request only (INVALID_ARG naming the field), an internal failure answers
 every request INTERNAL without the details, and nothing raises."""
@@ -10,11 +11,11 @@ import numpy as np
 import pytest
 from google.protobuf import json_format
 
-from backends import bytes_tensor, fault_points, inprocess
+from s2t.backends.runtime import bytes_tensor, fault_points, inprocess
 from s2t import triton_config
 from tests.conftest import ROOT
 
-RECORD = json.loads((ROOT / "clients" / "examples" / "record.json").read_text())
+RECORD = json.loads((ROOT / "s2t" / "clients" / "examples" / "record.json").read_text())
 FP32 = 11
 
 
@@ -69,8 +70,8 @@ def test_a_lone_bad_record_gets_the_decoders_message_as_the_python_backend_gave_
 
 
 def test_the_scores_are_the_fused_pipelines_own(pipeline, model_repository):
-    from backends.fused_pipeline import PipelineSettings, warm_pipeline
-    from backends.model_parameters import read_parameters
+    from s2t.backends.scoring.fused_pipeline import PipelineSettings, warm_pipeline
+    from s2t.backends.runtime.model_parameters import read_parameters
     from s2t.triton_config import backend_parameters, load
 
     settings = read_parameters(PipelineSettings, backend_parameters(load(model_repository / "risk_pipeline")))
@@ -88,7 +89,7 @@ def test_an_internal_failure_answers_every_request_internal_without_its_details(
 
 
 def test_a_model_that_raises_a_serving_error_answers_each_request_with_its_kind():
-    from backends.errors import Unavailable
+    from s2t.backends.runtime.serving_errors import Unavailable
 
     class Refusing:
         INPUTS = ("x",)

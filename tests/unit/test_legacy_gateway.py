@@ -4,13 +4,13 @@ import grpc
 import numpy as np
 import pytest
 
-from backends.call_admission import AdmissionLimits, CallAdmission
-from backends.errors import INTERNAL, INVALID, UNAVAILABLE, of_kind
-from clients.legacy_record import to_protobuf
-from legacy.gateway import CallLimits, SkillGateway, TritonWindows, check_window_size
-from legacy.triton_infer import error_kind
-from wire import skill_pb2
-from wire.skill_call import CallRefused
+from s2t.gateway.call_admission import AdmissionLimits, CallAdmission
+from s2t.backends.runtime.serving_errors import INTERNAL, INVALID, UNAVAILABLE, of_kind
+from s2t.clients.legacy_record import to_protobuf
+from s2t.gateway.skill_gateway import CallLimits, SkillGateway, TritonWindows, check_window_size
+from s2t.gateway.triton_infer import error_kind
+from s2t.wire import skill_pb2
+from s2t.wire.skill_call import CallRefused
 
 
 class Aborted(Exception):
@@ -203,7 +203,7 @@ def test_nothing_on_the_gateways_path_imports_tensorflow():
     """The gateway must accept calls within a second of its launch: TensorFlow alone takes longer to import."""
     import subprocess
     import sys
-    code = ("import sys, s2t.cli, legacy.gateway, legacy.triton_infer, legacy.dual_run; "
+    code = ("import sys, s2t.cli, s2t.gateway.skill_gateway, s2t.gateway.triton_infer, s2t.gateway.dual_run; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'tf2onnx')))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert run.stdout.strip() == "[]"

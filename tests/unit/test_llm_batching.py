@@ -2,8 +2,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.model_parameters import ParameterError, read_parameters
-from backends.llm_batching import FIFO, BatchingSettings, LengthAwareQueue
+from s2t.backends.runtime.model_parameters import ParameterError, read_parameters
+from s2t.backends.llm.batching import FIFO, BatchingSettings, LengthAwareQueue
 
 AWARE = BatchingSettings()
 

@@ -1,6 +1,6 @@
 import pytest
 
-from clients.llm_client import StreamResult
+from s2t.clients.llm_client import StreamResult
 from s2t.bench.llm import _llm_repository, _summary, percentile
 from tests.conftest import LLM_REPOSITORY
 

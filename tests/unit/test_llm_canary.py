@@ -7,7 +7,7 @@ import pytest
 
 from s2t import triton_config
 from s2t.control import primary
-from s2t.control.canary import CanaryError
+from s2t.control.split_config import CanaryError
 from s2t.control.rollout import Rollout, RolloutError, canary, promote, rollback, rollback_plan
 from s2t.control.status import collect, table
 from tests.conftest import LLM_REPOSITORY

@@ -13,7 +13,7 @@ from tests.conftest import LLM_REPOSITORY, MODEL_REPOSITORY
 from tests.unit import python_backend as backend
 from tests.unit.python_backend import TritonError, payloads, request
 
-RECORD = json.loads((MODEL_REPOSITORY.parent / "clients" / "examples" / "record.json").read_text())
+RECORD = json.loads((MODEL_REPOSITORY.parent / "s2t" / "clients" / "examples" / "record.json").read_text())
 FINAL = backend.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
@@ -149,7 +149,7 @@ def test_risk_explainer_ends_a_stream_whose_language_model_stops_mid_answer_and_
 
 def test_risk_explainer_stops_asking_a_model_that_left_too_many_streams_unanswered(pb_utils, repositories,
                                                                                   hanging_llm):
-    from backends.explainer import ABANDONED_PER_WORKER
+    from s2t.backends.llm.explainer import ABANDONED_PER_WORKER
     glue = impatient_explainer(pb_utils, repositories, workers=1)
     try:
         bound = 1 + ABANDONED_PER_WORKER

@@ -1,6 +1,6 @@
 import pytest
 
-from backends.llm_metrics import StreamTiming, TokenRate, TtftEstimate
+from s2t.backends.llm.stream_timing import StreamTiming, TokenRate, TtftEstimate
 
 
 def test_stream_timing_gives_ttft_once_then_gaps():

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from backends.llm_request import (GenerationError, GenerationLimits, GenerationRequest, check_prompt_tokens,
-                                  parse_generation)
+from s2t.backends.llm.generation_request import (GenerationError, GenerationLimits, GenerationRequest, check_prompt_tokens,
+                                                 parse_generation)
 
 LIMITS = GenerationLimits(max_tokens_limit=512, default_max_tokens=64, max_prompt_tokens=1024, max_prompt_bytes=100)
 

@@ -3,10 +3,10 @@ candidate, the fallback when a named version is not loaded, the bounded relay sl
 import numpy as np
 import pytest
 
-from backends.errors import InvalidInput, NotServing, Unavailable
-from backends.llm_routing import LlmRouterSettings, RelaySlots, Splitter, StreamRefused, relay
-from backends.model_parameters import ParameterError, read_parameters
-from backends.routing_policy import RoutingSettings, Target
+from s2t.backends.runtime.serving_errors import InvalidInput, NotServing, Unavailable
+from s2t.backends.llm.version_routing import LlmRouterSettings, RelaySlots, Splitter, StreamRefused, relay
+from s2t.backends.runtime.model_parameters import ParameterError, read_parameters
+from s2t.backends.routing.routing_policy import RoutingSettings, Target
 from s2t import triton_config
 from tests.conftest import LLM_REPOSITORY
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backends.decoupled_sender import StreamSender
-from backends.llm_metrics import LlmMetrics
-from backends.llm_request import GenerationRequest
-from backends.llm_stream import PROBE_AFTER_S, GenerationStream, LiveStreams
+from s2t.backends.runtime.decoupled_sender import StreamSender
+from s2t.backends.llm.stream_timing import LlmMetrics
+from s2t.backends.llm.generation_request import GenerationRequest
+from s2t.backends.llm.token_stream import PROBE_AFTER_S, GenerationStream, LiveStreams
 from tests.unit import python_backend as backend
 from tests.unit.fake_clock import Clock
 
@@ -80,7 +80,7 @@ def test_the_sweep_checks_every_live_stream_and_forgets_finished_ones(clock):
 
 
 def test_a_submitted_stream_is_live_until_it_finishes_and_one_the_engine_refuses_is_not_kept(clock):
-    from backends.llm_engine import QueueFull
+    from s2t.backends.llm.engine import QueueFull
 
     live, jobs = LiveStreams(), []
     accepted, refused = (stream_of(clock, [False], live=live)[0] for _ in range(2))

@@ -5,8 +5,9 @@ import shutil
 
 import pytest
 
-from backends.llm_engine import packaged_model_path
-from backends.llm_version import MODEL_FILE, SETTINGS_FILE, VersionSettingsError, parse_settings, version_parameters
+from s2t.backends.llm.engine import packaged_model_path
+from s2t.backends.llm.version_settings import (MODEL_FILE, SETTINGS_FILE, VersionSettingsError, parse_settings,
+                                               version_parameters)
 from s2t.control import primary
 from s2t.control.config_edit import ConfigEditError, set_pinned_versions
 from s2t.control.publish import ArtifactRefused, publish

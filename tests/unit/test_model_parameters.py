@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from backends.model_parameters import (MODEL_FOLDER, VERSION_FOLDER, ParameterError, declared_parameters, parameter,
-                                       path_parameter, positive_integer, read_parameters, seconds_from_ms, settings_of,
-                                       unknown_parameters)
+from s2t.backends.runtime.model_parameters import (MODEL_FOLDER, VERSION_FOLDER, ParameterError, declared_parameters, parameter,
+                                                   path_parameter, positive_integer, read_parameters, seconds_from_ms, settings_of,
+                                                   unknown_parameters)
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from backends.openai_protocol import (OpenAIError, chat_prompt, finish_reason, parse_request, triton_error_text,
-                                      upstream_error, usage)
+from s2t.backends.llm.openai_protocol import (OpenAIError, chat_prompt, finish_reason, parse_request, triton_error_text,
+                                              upstream_error, usage)
 
 MODELS = ("llm",)
 

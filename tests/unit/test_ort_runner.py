@@ -3,8 +3,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from backends.model_parameters import read_parameters
-from backends.ort_runner import CONFIG_DTYPES, ModelConfigError, OrtRunner, OrtSettings, TensorSpec
+from s2t.backends.runtime.model_parameters import read_parameters
+from s2t.backends.scoring.ort_runner import CONFIG_DTYPES, ModelConfigError, OrtRunner, OrtSettings, TensorSpec
 
 TABLE = np.array([[10.0], [20.0], [30.0]], dtype=np.float32)
 

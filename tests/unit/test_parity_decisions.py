@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from backends.decision_policy import Thresholds
+from s2t.backends.scoring.decision_policy import Thresholds
 from s2t.gate.parity import FP16_ATOL, compare, near_threshold
 
 THRESHOLDS = Thresholds(review=0.3, decline=0.6)

@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.samples import SPEC, VALID
-from backends.record_decoder import (MAX_FEATURES, MAX_ID_CHARS, RecordDecoder, RecordError, encode_columns, parse_record,
-                                     request_error, stream_position)
+from s2t.backends.records.record_decoder import (MAX_FEATURES, MAX_ID_CHARS, RecordDecoder, RecordError,
+                                                 encode_columns, parse_record, stream_position)
+from s2t.backends.runtime.serving_errors import request_error
 
 
 

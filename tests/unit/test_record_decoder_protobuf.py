@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.record_decoder import RecordDecoder, RecordError
-from clients.legacy_record import encode, feature_value, to_protobuf
-from wire import skill_pb2
+from s2t.backends.records.record_decoder import RecordDecoder, RecordError
+from s2t.clients.legacy_record import encode, feature_value, to_protobuf
+from s2t.wire import skill_pb2
 from tests.samples import SPEC, VALID
 
 

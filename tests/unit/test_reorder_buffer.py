@@ -2,9 +2,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.model_parameters import read_parameters
-from backends.reorder_buffer import (GAP, IN_ORDER, LATE, MAX_SKIPPED_RANGES, BufferFull, ReorderSettings,
-                                     StreamReorder, StreamTable)
+from s2t.backends.runtime.model_parameters import read_parameters
+from s2t.backends.streaming.reorder_buffer import (GAP, IN_ORDER, LATE, MAX_SKIPPED_RANGES, BufferFull, ReorderSettings,
+                                                   StreamReorder, StreamTable)
 
 SETTINGS = ReorderSettings(max_gap=10, reorder_timeout_ms=200, max_buffered=64)
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from backends.request_rows import RequestRows
+from s2t.backends.runtime.request_rows import RequestRows
 
 
 @given(st.lists(st.integers(min_value=0, max_value=5), min_size=1, max_size=8))

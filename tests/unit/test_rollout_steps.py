@@ -195,7 +195,7 @@ def _pipeline_parameters(repo: Path) -> dict[str, str]:
 
 
 def test_the_pipeline_keeps_the_previous_primary_warm_and_the_live_switch_names_the_primary(repos):
-    from backends.repository_layout import live_switch_file
+    from s2t.backends.runtime.repository_layout import live_switch_file
     repo, onnx = repos
     switch = live_switch_file(repo, "risk_pipeline")
     publish("risk_scorer", onnx, repo, None)

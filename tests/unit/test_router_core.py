@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from backends.circuit_breaker import OPEN, BreakerSettings, CircuitBreaker
-from backends.errors import INVALID, UNAVAILABLE, InternalError, NotServing
-from backends.router_core import VERSION_LISTING_SECONDS, Router
-from backends.routing_policy import RoutingSettings, Target
+from s2t.backends.routing.circuit_breaker import OPEN, BreakerSettings, CircuitBreaker
+from s2t.backends.runtime.serving_errors import INVALID, UNAVAILABLE, InternalError, NotServing
+from s2t.backends.routing.router_core import VERSION_LISTING_SECONDS, Router
+from s2t.backends.routing.routing_policy import RoutingSettings, Target
 
 PRIMARY, CANDIDATE, LITE = Target("risk_scorer"), Target("risk_scorer", 2), Target("risk_scorer_lite")
 OFFSET = {"risk_scorer:1": 0.0, "risk_scorer:2": 0.001, "risk_scorer:3": 0.002, "risk_scorer_lite:1": 0.5}

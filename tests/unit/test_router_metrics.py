@@ -1,6 +1,6 @@
 import pytest
 
-from backends.router_metrics import target_labels
+from s2t.backends.routing.router_metrics import target_labels
 
 
 @pytest.mark.parametrize("target, labels", [
@@ -19,8 +19,8 @@ def _samples(family):
 def test_forced_rows_count_as_answered_and_forced_but_never_in_the_score_histogram():
     import numpy as np
 
-    from backends.router_core import BatchAnswer
-    from backends.router_metrics import RouterMetrics
+    from s2t.backends.routing.router_core import BatchAnswer
+    from s2t.backends.routing.router_metrics import RouterMetrics
     from tests.unit.python_backend import MetricFamily
 
     MetricFamily.families = {}

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backends.model_parameters import read_parameters
-from backends.errors import INVALID, InvalidInput
-from backends.routing_policy import (BUCKETS, MAX_ROUTE_CHARS, RoutingSettings, Target, bucket, route,
-                                     route_parameter)
+from s2t.backends.runtime.model_parameters import read_parameters
+from s2t.backends.runtime.serving_errors import INVALID, InvalidInput
+from s2t.backends.routing.routing_policy import (BUCKETS, MAX_ROUTE_CHARS, RoutingSettings, Target, bucket, route,
+                                                 route_parameter)
 from tests.conftest import ROOT
 
 PRIMARY, CANDIDATE = Target("risk_scorer", 1), Target("risk_scorer", 2)
@@ -127,7 +127,7 @@ def test_buckets_are_stable_and_in_range():
 def test_buckets_are_the_same_in_another_process_with_another_hash_seed():
     """Sticky across router instances and restarts: nothing may depend on Python's per-process hash()."""
     keys = [f"r-{i}" for i in range(50)]
-    code = f"from backends.routing_policy import bucket; print([bucket(k) for k in {keys!r}])"
+    code = f"from s2t.backends.routing.routing_policy import bucket; print([bucket(k) for k in {keys!r}])"
     for seed in ("1", "2"):
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT,
                               env={**os.environ, "PYTHONHASHSEED": seed})

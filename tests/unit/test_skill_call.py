@@ -1,10 +1,10 @@
-"""wire/skill_call.py: one Score call's records as they arrive, within the call's limits, and its windows."""
+"""s2t/wire/skill_call.py: one Score call's records as they arrive, within the call's limits, and its windows."""
 import threading
 
 import grpc
 import pytest
 
-from wire.skill_call import CallRefused, records_within, windows
+from s2t.wire.skill_call import CallRefused, records_within, windows
 
 
 @pytest.mark.parametrize("n, size, lengths", [(0, 3, []), (2, 3, [2]), (3, 3, [3]), (7, 3, [3, 3, 1]), (4, 1, [1] * 4)])

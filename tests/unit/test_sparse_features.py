@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from backends.feature_spec import INTEGER, CategoricalFeature, FeatureSpec, count_column, sparse_columns
-from backends.record_decoder import RecordDecoder, sparse_padding, spread_sparse
+from s2t.backends.records.feature_spec import INTEGER, CategoricalFeature, FeatureSpec, count_column, sparse_columns
+from s2t.backends.records.record_decoder import RecordDecoder, sparse_padding, spread_sparse
 from s2t.gate import example_parity
 from s2t.models.convert import ConversionError, parse_max_values
 from s2t.models.example_signature import SignatureError, SparseFeature, lift_parse_example, sparse_features

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clients.stream_client import Answer, StreamResult, parse_status, plan, summarize
+from s2t.clients.stream_client import Answer, StreamResult, parse_status, plan, summarize
 
 
 @settings(max_examples=300, deadline=None)

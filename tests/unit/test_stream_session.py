@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.errors import INTERNAL, INVALID, UNAVAILABLE, InvalidInput, of_kind
-from backends.record_decoder import SEQUENCE_ID_MAX, parse_record
-from backends.reorder_buffer import ReorderSettings
-from backends.stream_session import DUPLICATE, LATE, OK, Arrival, StreamModelSettings, StreamSession
+from s2t.backends.runtime.serving_errors import INTERNAL, INVALID, UNAVAILABLE, InvalidInput, of_kind
+from s2t.backends.records.record_decoder import SEQUENCE_ID_MAX, parse_record
+from s2t.backends.streaming.reorder_buffer import ReorderSettings
+from s2t.backends.streaming.session import DUPLICATE, LATE, OK, Arrival, StreamModelSettings, StreamSession
 from tests.unit.fake_clock import Clock
 
 SETTINGS = ReorderSettings(max_gap=10, reorder_timeout_ms=200, max_buffered=4)
@@ -121,7 +121,7 @@ def test_a_duplicate_is_answered_duplicate_never_closed_silently(ids, duplicates
 
 
 def test_a_protobuf_record_without_sequence_id_reads_zero_and_is_answered():
-    from clients.legacy_record import encode
+    from s2t.clients.legacy_record import encode
     s = Session()
     first, second = s.send(encode({"stream_id": "s", "features": {"p": 0.5}}, "protobuf"),
                            encode({"stream_id": "s", "features": {"p": 0.5}}, "protobuf"), start=True)
@@ -202,7 +202,7 @@ def test_every_request_gets_exactly_one_final_answer_whatever_the_ids(sends, pau
     ({}, False),
 ])
 def test_a_batcher_with_more_slots_than_the_model_keeps_streams_is_refused(batching, refused):
-    from backends.stream_session import check_sequence_batching
+    from s2t.backends.streaming.session import check_sequence_batching
     settings = StreamModelSettings(reorder=ReorderSettings())
     if refused:
         with pytest.raises(ValueError, match=r"max_streams \(4096\) must be at least .* \(4097\)"):
@@ -212,8 +212,8 @@ def test_a_batcher_with_more_slots_than_the_model_keeps_streams_is_refused(batch
 
 
 def test_the_shipped_config_keeps_state_for_every_slot_and_forgets_streams_when_triton_does():
-    from backends.model_parameters import read_parameters
-    from backends.stream_session import check_sequence_batching
+    from s2t.backends.runtime.model_parameters import read_parameters
+    from s2t.backends.streaming.session import check_sequence_batching
     from tests.conftest import MODEL_REPOSITORY
     text = (MODEL_REPOSITORY / "risk_stream" / "config.pbtxt").read_text()
     parameters = {m.group(1): {"string_value": m.group(2)} for m in re.finditer(

@@ -1,4 +1,4 @@
-"""TensorFlow's string hash buckets without TensorFlow (backends/string_hash.py), and hashed features in the
+"""TensorFlow's string hash buckets without TensorFlow (s2t/backends/records/string_hash.py), and hashed features in the
 spec, the decoder and the converter."""
 import json
 
@@ -7,9 +7,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from backends.feature_spec import HASH, CategoricalFeature, FeatureSpec
-from backends.record_decoder import RecordDecoder, encode_columns
-from backends.string_hash import FAST, STRONG, fingerprint64, hash_bucket, siphash24
+from s2t.backends.records.feature_spec import HASH, CategoricalFeature, FeatureSpec
+from s2t.backends.records.record_decoder import RecordDecoder, encode_columns
+from s2t.backends.records.string_hash import FAST, STRONG, fingerprint64, hash_bucket, siphash24
 from s2t.models.convert import ConversionError, shape_for_serving
 
 # SipHash-2-4's reference vectors (Aumasson and Bernstein, appendix A): key 00..0f, message 00..len-1.

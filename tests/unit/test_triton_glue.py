@@ -1,4 +1,5 @@
-"""backends/triton_glue.py through the wheel's triton_python_backend_utils (tests/unit/python_backend.py): the
+"""s2t/backends/runtime/triton_glue.py through the wheel's triton_python_backend_utils (tests/unit/python_backend.py):
+the
 per-request errors, the catch-all, joining and splitting a dynamic batch, BLS error mapping (decoupled streams too),
 the decoupled take-in and each_stream, and the settings read with unknown keys reported and files resolved."""
 from __future__ import annotations
@@ -18,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends import fault_points
-from backends.decoupled_sender import StreamSender
-from backends.errors import InternalError, InvalidInput, NotServing, Unavailable
-from backends.model_parameters import VERSION_FOLDER, ParameterError, parameter, path_parameter
-from backends.triton_glue import FinishedStreams, Glue, ModelArgs, Rows
+from s2t.backends.runtime import fault_points
+from s2t.backends.runtime.decoupled_sender import StreamSender
+from s2t.backends.runtime.serving_errors import InternalError, InvalidInput, NotServing, Unavailable
+from s2t.backends.runtime.model_parameters import VERSION_FOLDER, ParameterError, parameter, path_parameter
+from s2t.backends.runtime.triton_glue import FinishedStreams, Glue, ModelArgs, Rows
 from tests.conftest import ROOT
 from tests.unit import python_backend as backend
 from tests.unit.fake_clock import Clock
@@ -380,7 +381,7 @@ def test_a_finished_bls_streams_iterator_is_kept_past_the_stubs_clean_up_then_dr
 
 
 def test_a_stub_that_dies_of_a_signal_leaves_each_threads_python_stack_in_the_log():
-    crash = ("import ctypes\nfrom tests.unit import python_backend as backend\nfrom backends.triton_glue import Glue\n"
+    crash = ("import ctypes\nfrom tests.unit import python_backend as backend\nfrom s2t.backends.runtime.triton_glue import Glue\n"
              "glue = Glue(backend.backend_utils(), 'toy')\nctypes.string_at(0)\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}
     done = subprocess.run([sys.executable, "-c", crash], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -416,7 +417,7 @@ class DyingMetric(backend.Metric):
 
 
 class RequestMetrics:
-    """Like the metric classes of backends/: families and metrics kept in attributes for the model's life."""
+    """Like the metric classes of s2t/backends/: families and metrics kept in attributes for the model's life."""
 
     def __init__(self, metric_family):
         self.family = metric_family("requests_total", "requests", metric_family.COUNTER)
@@ -476,9 +477,9 @@ def test_finalize_deletes_the_triton_objects_the_model_the_glue_and_reference_cy
 
 
 def model_files() -> list[Path]:
-    """The models the python backend's stub runs (risk_pipeline runs in the server, backends/inprocess.py)."""
+    """The models the python backend's stub runs (risk_pipeline runs in the server, s2t/backends/runtime/inprocess.py)."""
     return [p for p in sorted(ROOT.glob("model_repository*/*/[0-9]*/model.py"))
-            + [ROOT / "backends" / "onnxruntime" / "model.py"] if "class TritonPythonModel" in p.read_text()]
+            + [ROOT / "s2t" / "backends" / "runtime" / "onnxruntime" / "model.py"] if "class TritonPythonModel" in p.read_text()]
 
 
 @pytest.mark.parametrize("model_py", model_files(), ids=lambda p: str(p.relative_to(ROOT)))

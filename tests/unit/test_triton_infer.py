@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from backends import bytes_tensor
-from backends.errors import UNAVAILABLE, NotAnsweredInTime, ServingError
-from legacy import triton_infer
-from legacy.triton_infer import Calls, TritonInfer
+from s2t.backends.runtime import bytes_tensor
+from s2t.backends.runtime.serving_errors import UNAVAILABLE, NotAnsweredInTime, ServingError
+from s2t.gateway import triton_infer
+from s2t.gateway.triton_infer import Calls, TritonInfer
 
 
 class SlowTriton(service_pb2_grpc.GRPCInferenceServiceServicer):

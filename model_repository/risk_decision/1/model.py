@@ -1,9 +1,9 @@
 """risk_decision: probability -> APPROVE / REVIEW / DECLINE with the thresholds from config parameters."""
 import triton_python_backend_utils as pb_utils
 
-from backends.decision_policy import Thresholds, decide
-from backends.triton_glue import Glue, ModelArgs, Rows
-from wire.names import DECISION, PROBABILITY
+from s2t.backends.scoring.decision_policy import Thresholds, decide
+from s2t.backends.runtime.triton_glue import Glue, ModelArgs, Rows
+from s2t.wire.names import DECISION, PROBABILITY
 
 SETTINGS = Thresholds
 glue = Glue(pb_utils, "risk_decision")

@@ -1,15 +1,16 @@
 """risk_pipeline: legacy records -> probability and decision (decode, ONNX Runtime, thresholds).
 
 Two ways to run it, chosen by one line of its config: `backend: "s2t_inprocess"` runs `InProcessModel` inside the
-server process (backends/inprocess.py), the fast path; `backend: "python"` runs `TritonPythonModel` in a stub
+server process (s2t/backends/runtime/inprocess.py), the fast path; `backend: "python"` runs `TritonPythonModel` in a
+stub
 process of its own, so that a crash or a hang of the model's code costs this model, not the server, for a share
 of the throughput (docs/reliability.md, "The in-process trade").
 """
-from backends.fused_pipeline import PipelineSettings, warm_pipeline
-from backends.inprocess import InProcessGlue
-from backends.ort_runner import ModelConfigError
-from backends.triton_glue import ModelArgs, Rows
-from wire.names import PAYLOAD
+from s2t.backends.scoring.fused_pipeline import PipelineSettings, warm_pipeline
+from s2t.backends.runtime.inprocess import InProcessGlue
+from s2t.backends.scoring.ort_runner import ModelConfigError
+from s2t.backends.runtime.triton_glue import ModelArgs, Rows
+from s2t.wire.names import PAYLOAD
 
 try:
     import triton_python_backend_utils as pb_utils
@@ -45,7 +46,7 @@ class InProcessModel:
 
 
 if pb_utils is not None:
-    from backends.triton_glue import Glue
+    from s2t.backends.runtime.triton_glue import Glue
 
     stub_glue = Glue(pb_utils, "risk_pipeline")
 

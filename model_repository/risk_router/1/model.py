@@ -2,17 +2,17 @@
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from backends.circuit_breaker import CircuitBreaker
-from backends.drift import DriftMonitor, DriftWatch, Reference, choose_reference
-from backends.feature_spec import FeatureSpec
-from backends.record_decoder import RecordDecoder
-from backends.record_router import RecordRouter
-from backends.repository_layout import version_numbers
-from backends.router_core import Router, RouterModelSettings
-from backends.router_metrics import DriftMetrics, RouterMetrics
-from backends.routing_policy import route_parameter
-from backends.triton_glue import Glue, ModelArgs
-from wire.names import CATEGORICAL, DECISION, NUMERIC, PAYLOAD, PROBABILITY, SERVED_BY
+from s2t.backends.routing.circuit_breaker import CircuitBreaker
+from s2t.backends.routing.drift_watch import DriftMonitor, DriftWatch, Reference, choose_reference
+from s2t.backends.records.feature_spec import FeatureSpec
+from s2t.backends.records.record_decoder import RecordDecoder
+from s2t.backends.routing.record_router import RecordRouter
+from s2t.backends.runtime.repository_layout import version_numbers
+from s2t.backends.routing.router_core import Router, RouterModelSettings
+from s2t.backends.routing.router_metrics import DriftMetrics, RouterMetrics
+from s2t.backends.routing.routing_policy import route_parameter
+from s2t.backends.runtime.triton_glue import Glue, ModelArgs
+from s2t.wire.names import CATEGORICAL, DECISION, NUMERIC, PAYLOAD, PROBABILITY, SERVED_BY
 
 SETTINGS = RouterModelSettings
 BLS_MAX_ROWS = 256

@@ -1,14 +1,14 @@
 """risk_stream: records of many streams in, each stream's answers out strictly in sequence_id order, once each.
 Decoupled, sequence batcher (correlation id = stream). Triton requests -> arrivals, answers -> responses; the rest is
-backends/stream_session.py (reordering, scoring by BLS) and backends/stream_upkeep.py (timer, metrics)."""
+s2t/backends/streaming/session.py (reordering, scoring by BLS) and s2t/backends/streaming/upkeep.py (timer, metrics)."""
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from backends.batch_scoring import retrying
-from backends.stream_session import Arrival, StreamModelSettings, StreamSession, check_sequence_batching
-from backends.stream_upkeep import ExpiryTimer, StreamMetrics
-from backends.triton_glue import Glue, ModelArgs
-from wire.names import DECISION, PAYLOAD, PROBABILITY
+from s2t.backends.scoring.batch_scoring import retrying
+from s2t.backends.streaming.session import Arrival, StreamModelSettings, StreamSession, check_sequence_batching
+from s2t.backends.streaming.upkeep import ExpiryTimer, StreamMetrics
+from s2t.backends.runtime.triton_glue import Glue, ModelArgs
+from s2t.wire.names import DECISION, PAYLOAD, PROBABILITY
 
 SETTINGS = StreamModelSettings
 glue = Glue(pb_utils, "risk_stream")

@@ -1,10 +1,10 @@
 """skill_adapter: legacy JSON records -> the scorer's packed inputs; a bad record fails its request alone."""
 import triton_python_backend_utils as pb_utils
 
-from backends.feature_spec import FeatureSpec
-from backends.record_decoder import AdapterSettings, RecordDecoder
-from backends.triton_glue import Glue, ModelArgs, Rows
-from wire.names import CATEGORICAL, NUMERIC, PAYLOAD
+from s2t.backends.records.feature_spec import FeatureSpec
+from s2t.backends.records.record_decoder import AdapterSettings, RecordDecoder
+from s2t.backends.runtime.triton_glue import Glue, ModelArgs, Rows
+from s2t.wire.names import CATEGORICAL, NUMERIC, PAYLOAD
 
 SETTINGS = AdapterSettings
 glue = Glue(pb_utils, "skill_adapter")

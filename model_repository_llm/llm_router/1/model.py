@@ -1,14 +1,15 @@
 """llm_router: each new generation to the primary version of `llm` or, for the canary share, to the candidate.
 
-The split and the relay are backends/llm_routing.py; each stream is a streaming BLS call to the chosen version,
+The split and the relay are s2t/backends/llm/version_routing.py; each stream is a streaming BLS call to the chosen
+version,
 relayed on a worker thread of its own and sent to Triton from one outbox thread (as in `llm`).
 """
 from concurrent.futures import ThreadPoolExecutor
 
 import triton_python_backend_utils as pb_utils
 
-from backends.llm_routing import LlmRouterSettings, RelaySlots, Splitter, relay
-from backends.triton_glue import Glue, ModelArgs
+from s2t.backends.llm.version_routing import LlmRouterSettings, RelaySlots, Splitter, relay
+from s2t.backends.runtime.triton_glue import Glue, ModelArgs
 
 SETTINGS = LlmRouterSettings
 # llm's outputs, passed on; served_by (model:version) is added to each response.

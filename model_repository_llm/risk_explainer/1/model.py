@@ -1,18 +1,19 @@
 """risk_explainer: score a legacy record, give its reason codes, stream an explanation (or the template).
 
-Each request is handled on a worker thread by backends/explainer.py; this file gives it the two BLS calls (the
+Each request is handled on a worker thread by s2t/backends/llm/explainer.py; this file gives it the two BLS calls (the
 scoring model, and the language model as a decoupled stream) and Triton's tensors. Responses and metric updates go
-to Triton from one outbox thread, as in `llm`. Errors, the catch-all and the senders: backends/triton_glue.py.
+to Triton from one outbox thread, as in `llm`. Errors, the catch-all and the senders:
+s2t/backends/runtime/triton_glue.py.
 """
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from backends.explainer import Explainer, ExplainerMetrics, ExplainerSettings
-from backends.reason_codes import LinearReasons
-from backends.triton_glue import Glue, ModelArgs
-from wire.names import DECISION, PAYLOAD, PROBABILITY
+from s2t.backends.llm.explainer import Explainer, ExplainerMetrics, ExplainerSettings
+from s2t.backends.scoring.reason_codes import LinearReasons
+from s2t.backends.runtime.triton_glue import Glue, ModelArgs
+from s2t.wire.names import DECISION, PAYLOAD, PROBABILITY
 
 SETTINGS = ExplainerSettings
 glue = Glue(pb_utils, "risk_explainer")

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from backends.record_decoder import DEFAULT_MAX_RECORD_BYTES, MAX_ID_CHARS
+from s2t.backends.records.record_decoder import DEFAULT_MAX_RECORD_BYTES, MAX_ID_CHARS
 
 # Every way of getting a record wrong that the soak sends, in the order they take turns.
 INVALID_KINDS = ("missing_feature", "wrong_type", "not_json", "over_64_kib", "long_request_id")
@@ -77,7 +77,8 @@ def protocol_of(k: int) -> str:
 
 
 def overrunning_element(data: bytes, past_end: int = 100) -> bytes:
-    """A BYTES element (backends/bytes_tensor.py) whose length says `past_end` bytes more than the buffer holds."""
+    """A BYTES element (s2t/backends/runtime/bytes_tensor.py) whose length says `past_end` bytes more than the buffer
+    holds."""
     return struct.pack("<I", len(data) + past_end) + data
 
 

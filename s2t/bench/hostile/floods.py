@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from clients.legacy_record import to_protobuf
-from wire.names import PAYLOAD
+from s2t.clients.legacy_record import to_protobuf
+from s2t.wire.names import PAYLOAD
 
 # Longest any single flood request is waited for: past it the request counts as unanswered.
 REQUEST_TIMEOUT_S = 60.0
@@ -72,7 +72,7 @@ def idle_streams(grpc_url: str, records: Sequence[Mapping], count: int, hold_unt
 def _skill_stub(url: str):
     import grpc
 
-    from wire import skill_pb2_grpc
+    from s2t.wire import skill_pb2_grpc
     channel = grpc.insecure_channel(url, options=[("grpc.max_send_message_length", 8 << 20)])
     return channel, skill_pb2_grpc.SkillStub(channel)
 
@@ -85,7 +85,7 @@ def _call_outcome(call) -> str:
         # The client's own deadline reads "Deadline Exceeded"; a server ending the call says why.
         own = err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and err.details() == "Deadline Exceeded"
         return CLIENT_GAVE_UP if own else err.code().name
-    from wire import skill_pb2
+    from s2t.wire import skill_pb2
     statuses = Counter(skill_pb2.SkillStatus.Name(r.status) for r in result.results)
     return "call OK (records: " + ", ".join(f"{n} {status}" for status, n in sorted(statuses.items())) + ")"
 
@@ -117,7 +117,7 @@ def idle_gateway_calls(gateway_url: str, records: Sequence[Mapping], count: int,
 def big_records(gateway_url: str, records: Sequence[Mapping], callers: int, per_call: int, deadline: float) -> dict:
     """`callers` Score calls at once, each streaming `per_call` records that carry a 1 MiB string in one feature:
     each record should come back INVALID_RECORD (or the call be refused), and memory should not follow."""
-    from wire import skill_pb2
+    from s2t.wire import skill_pb2
     channel, stub = _skill_stub(gateway_url)
     # A categorical attribute: the record is well-formed but for its size.
     name = next(key for key, value in records[0].items() if isinstance(value, str))

@@ -13,12 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from clients import stream_client
-from clients.legacy_record import to_protobuf
-from clients.llm_client import generate_stream
+from s2t.clients import stream_client
+from s2t.clients.legacy_record import to_protobuf
+from s2t.clients.llm_client import generate_stream
 from s2t.bench.hostile import report
 from s2t.bench.hostile.report import ANSWERED, FAILED, NOT_SENT, UNANSWERED, Sample
-from wire.names import PAYLOAD
+from s2t.wire.names import PAYLOAD
 
 # Longest a valid request is waited for before it counts as unanswered.
 VALID_TIMEOUT_S = 30.0
@@ -123,7 +123,7 @@ class Calls:
         import grpc
         import tritonclient.grpc as grpcclient
 
-        from wire import skill_pb2_grpc
+        from s2t.wire import skill_pb2_grpc
         self.http_url, self.grpc_url, self.records = http_url, grpc_url, records
         self._grpcclient, self._local, self._clients = grpcclient, threading.local(), []
         self._channel = grpc.insecure_channel(gateway_url)
@@ -180,7 +180,7 @@ class Calls:
     def gateway(self, k: int) -> list[Outcome]:
         import grpc
 
-        from wire import skill_pb2
+        from s2t.wire import skill_pb2
         records = [to_protobuf({"request_id": f"soak-{k}-{i}", "features": self.records[(k + i) % len(self.records)]})
                    for i in range(RECORDS_PER_CALL)]
         started = time.perf_counter()

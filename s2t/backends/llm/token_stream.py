@@ -1,0 +1,130 @@
+"""One generation request answered as Triton's LLM backends answer it: each token as a partial response (or all of
+them at the end when `stream` is false), then a final response with the whole text, the token counts and the finish
+reason, or a final error. The engine calls back from its own thread; every send goes through the outbox, the only
+thread that talks to Triton. `tensor` is pb_utils.Tensor (handed in: nothing here imports Triton)."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+from s2t.backends.runtime.decoupled_sender import Outbox, StreamSender
+from s2t.backends.runtime.serving_errors import InternalError
+from s2t.backends.llm.engine import Completion, Job
+from s2t.backends.llm.stream_timing import LlmMetrics, StreamTiming
+from s2t.backends.llm.generation_request import GenerationRequest
+
+
+class LiveStreams:
+    """The streams not answered yet. A request waiting for a slot, or whose prompt is being evaluated, sends
+    nothing, so nothing would notice that its client has gone: `sweep` (run by the outbox, the one thread that
+    talks to Triton, every CANCEL_POLL_S) checks each. Bounded by the engine's queue and slots."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._streams: set[GenerationStream] = set()
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def add(self, stream: "GenerationStream") -> None:
+        with self._lock:
+            self._streams.add(stream)
+
+    def discard(self, stream: "GenerationStream") -> None:
+        with self._lock:
+            self._streams.discard(stream)
+
+    def submit(self, stream: "GenerationStream", submit: Callable[[Job], None]) -> None:
+        """`stream` kept live and its job handed to `submit` (the engine): added first, since the engine may finish
+        it at once; a stream whose job was refused is not kept."""
+        self.add(stream)
+        try:
+            submit(stream.job())
+        except Exception:
+            self.discard(stream)
+            raise
+
+    def sweep(self) -> None:
+        with self._lock:
+            streams = list(self._streams)
+        for stream in streams:
+            stream.check_client()
+
+
+# Seconds between two sweeps: with the engine's own check, a cancelled request leaves the queue well within 1 s.
+CANCEL_POLL_S = 0.25
+# A stream without a token for this long is probed (an empty text_output) and again after as long.
+PROBE_AFTER_S = 0.5
+
+
+class GenerationStream:
+    def __init__(self, generation: GenerationRequest, prompt_tokens: int, sender: StreamSender, outbox: Outbox,
+                 metrics: LlmMetrics, client_cancelled: Callable[[], bool], tensor: Callable,
+                 clock: Callable[[], float] = time.monotonic, live: LiveStreams | None = None):
+        self.generation, self.prompt_tokens, self.sender, self.outbox = generation, prompt_tokens, sender, outbox
+        self.metrics, self.client_cancelled, self.tensor = metrics, client_cancelled, tensor
+        self.clock, self.timing, self.pieces = clock, StreamTiming(clock()), []
+        # Read by the engine on every token and while queued; set from the outbox, which alone asks Triton about
+        # the client.
+        self.cancelled = threading.Event()
+        self.live = live
+        self.last_probe = 0.0
+
+    def check_client(self) -> None:
+        """Marks the stream cancelled when its client has gone. Triton 2.51 reports a gRPC client's cancellation
+        at once, but an HTTP (generate_stream) client's disconnection only once a response fails to reach it: a
+        stream still waiting for its first token is sent an empty text_output as a probe (clients skip empty
+        text, as they do with Triton's LLM backends)."""
+        if self.cancelled.is_set():
+            return
+        if self.client_cancelled():
+            self.cancelled.set()
+            return
+        now = self.clock()
+        if (self.generation.stream and self.timing.first_token is None
+                and now - max(self.timing.started, self.last_probe) >= PROBE_AFTER_S):
+            self.last_probe = now
+            self.sender.send([self._text("")])
+
+    def job(self) -> Job:
+        return Job(self.generation, self.prompt_tokens, self._on_token, self._on_finish, self.cancelled.is_set)
+
+    def _on_token(self, text: str) -> None:
+        now = self.clock()
+        self.outbox.put(lambda: self._deliver_token(text, now))
+
+    def _on_finish(self, completion: Completion) -> None:
+        self.outbox.put(lambda: self._deliver_finish(completion))
+
+    def _text(self, text: str):
+        return self.tensor("text_output", np.array([text.encode()], dtype=object))
+
+    def _deliver_token(self, text: str, now: float) -> None:
+        if self.client_cancelled():
+            self.cancelled.set()
+        self.metrics.token(self.timing, now)
+        if self.generation.stream:
+            self.sender.send([self._text(text)])
+        else:
+            self.pieces.append(text)
+
+    def _deliver_finish(self, completion: Completion) -> None:
+        if self.live is not None:
+            self.live.discard(self)
+        if completion.error is not None:
+            self.sender.refuse(InternalError(f"llm: {completion.error}"))
+            self.metrics.request("failed")
+            return
+        text = "".join(self.pieces)
+        if self.generation.include_input and not self.generation.stream:
+            text = self.generation.prompt + text
+        self.sender.finish([
+            self._text(text),
+            self.tensor("input_tokens", np.array([completion.prompt_tokens], dtype=np.int32)),
+            self.tensor("output_tokens", np.array([completion.completion_tokens], dtype=np.int32)),
+            self.tensor("finish_reason", np.array([completion.finish_reason.encode()], dtype=object)),
+        ])
+        self.metrics.request("cancelled" if completion.finish_reason == "cancelled" else "completed")

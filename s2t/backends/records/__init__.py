@@ -1,0 +1,2 @@
+"""Legacy records: their types, the decoder (JSON, protobuf, tf.Example), the feature spec and TensorFlow's string
+hashes."""

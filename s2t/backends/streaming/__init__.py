@@ -1,0 +1,1 @@
+"""risk_stream: the reorder buffer, the session and its upkeep."""
