@@ -1,5 +1,4 @@
-"""s2t/backends/runtime/triton_glue.py through the wheel's triton_python_backend_utils (tests/unit/python_backend.py):
-the
+"""s2t/backends/runtime/triton_glue.py through the wheel's triton_python_backend_utils (tests/unit/python_backend.py): the
 per-request errors, the catch-all, joining and splitting a dynamic batch, BLS error mapping (decoupled streams too),
 the decoupled take-in and each_stream, and the settings read with unknown keys reported and files resolved."""
 from __future__ import annotations
@@ -12,6 +11,8 @@ import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from s2t.backends.runtime import fault_points
 from s2t.backends.runtime.decoupled_sender import StreamSender
 from s2t.backends.runtime.serving_errors import InternalError, InvalidInput, NotServing, Unavailable
 from s2t.backends.runtime.model_parameters import VERSION_FOLDER, ParameterError, parameter, path_parameter
-from s2t.backends.runtime.triton_glue import FinishedStreams, Glue, ModelArgs, Rows
+from s2t.backends.runtime.triton_glue import FinishedStreams, Glue, MetricRefused, ModelArgs, Rows
 from tests.conftest import ROOT
 from tests.unit import python_backend as backend
 from tests.unit.fake_clock import Clock
@@ -449,6 +450,63 @@ def test_the_glues_metrics_pass_kinds_labels_buckets_and_values_through_to_trito
     assert made["depth"].kind == "gauge" and gauge.value() == made["depth"].metrics[0].value() == 5.0
 
 
+@pytest.mark.parametrize("kind, operation, value", [
+    ("COUNTER", "increment", -1.0), ("COUNTER", "increment", float("nan")), ("COUNTER", "set", 1.0),
+    ("COUNTER", "observe", 1.0), ("GAUGE", "observe", 1.0), ("HISTOGRAM", "increment", 1.0),
+    ("HISTOGRAM", "set", 1.0), ("HISTOGRAM", "value", None)])
+def test_a_metric_update_triton_would_refuse_is_refused_before_it_reaches_triton(glue, kind, operation, value):
+    # Triton 2.51's stub frees the server's refusal twice: its shared memory is corrupted and it dies soon after.
+    metric = glue.metric_family("m", "m", getattr(glue.metric_family, kind)).Metric(labels={})
+    with pytest.raises(MetricRefused):
+        getattr(metric, operation)(*([] if value is None else [value]))
+    made = backend.MetricFamily.families["m"].metrics[0]
+    assert (made.value(), made.observed) == (0.0, [])
+
+
+@pytest.mark.parametrize("kind, operation, value", [
+    ("COUNTER", "increment", 0), ("COUNTER", "increment", np.int64(3)), ("COUNTER", "value", None),
+    ("GAUGE", "increment", -2.0), ("GAUGE", "set", float("nan")), ("GAUGE", "value", None),
+    ("HISTOGRAM", "observe", -0.5)])
+def test_a_metric_update_triton_takes_goes_through(glue, kind, operation, value):
+    metric = glue.metric_family("m", "m", kind=getattr(glue.metric_family, kind)).Metric(labels={})
+    getattr(metric, operation)(*([] if value is None else [value]))
+
+
+class OverlapMetric(backend.Metric):
+    """Records whether two threads were ever inside one of its updates at once."""
+
+    def __init__(self, labels):
+        super().__init__(labels)
+        self.inside, self.overlapped = 0, False
+
+    def increment(self, amount):
+        self.inside += 1
+        self.overlapped |= self.inside > 1
+        time.sleep(0.001)
+        super().increment(amount)
+        self.inside -= 1
+
+
+class OverlapFamily(backend.MetricFamily):
+    def Metric(self, labels=None, buckets=None):  # noqa: N802 - the stub's spelling
+        metric = OverlapMetric(labels or {})
+        self.metrics.append(metric)
+        return metric
+
+
+def test_one_metric_is_updated_by_one_thread_at_a_time(glue):
+    # The stub's increment lets go of the GIL while it rewrites the metric's shared-memory copy.
+    glue.pb.MetricFamily = OverlapFamily
+    metric = glue.metric_family("m", "m", OverlapFamily.COUNTER).Metric(labels={})
+    threads = [threading.Thread(target=lambda: [metric.increment(1) for _ in range(20)]) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    made = OverlapFamily.families["m"].metrics[0]
+    assert (made.overlapped, made.value()) == (False, 80)
+
+
 class Model:
     """A model instance as the stub holds it until it ends."""
 
@@ -479,7 +537,7 @@ def test_finalize_deletes_the_triton_objects_the_model_the_glue_and_reference_cy
 def model_files() -> list[Path]:
     """The models the python backend's stub runs (risk_pipeline runs in the server, s2t/backends/runtime/inprocess.py)."""
     return [p for p in sorted(ROOT.glob("model_repository*/*/[0-9]*/model.py"))
-            + [ROOT / "s2t" / "backends" / "runtime" / "onnxruntime" / "model.py"] if "class TritonPythonModel" in p.read_text()]
+            + [ROOT / "backends" / "onnxruntime" / "model.py"] if "class TritonPythonModel" in p.read_text()]
 
 
 @pytest.mark.parametrize("model_py", model_files(), ids=lambda p: str(p.relative_to(ROOT)))

@@ -8,8 +8,8 @@ the catch-all around `execute` (traceback to the log, INTERNAL without details t
 `<name>.execute`, joining a dynamic batch and splitting the answers, BLS calls with their error mapping, the decoupled
 check and senders (each request of a decoupled model handled on its own, refused with its own error), the config
 JSON read once and the settings read with unknown keys reported and file parameters resolved in the model's folders,
-the metric families (`metric_family`: kept, never deleted), and `finalize(model)`, which rids the stub of every other
-Triton object before it ends.
+the metric families (`metric_family`: kept, never deleted, and refusing before it is sent an update Triton would
+refuse), and `finalize(model)`, which rids the stub of every other Triton object before it ends.
 
 Nothing here imports Triton: the model passes its `triton_python_backend_utils` in, so s2t/backends/ stays importable
 without a server and the glue is unit-tested through the wheel's own module (tests/unit/python_backend.py).
@@ -80,6 +80,15 @@ class FinishedStreams:
         held.clear()
 
 
+COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+# What Triton 2.51's server accepts of each kind of metric (core's metric_family.cc).
+_ACCEPTS = {COUNTER: {"increment", "value"}, GAUGE: {"increment", "set", "value"}, HISTOGRAM: {"observe"}}
+
+
+class MetricRefused(ValueError):
+    """A metric update Triton would refuse, refused before it is sent."""
+
+
 class KeptMetrics:
     """`pb_utils.MetricFamily` as a model's metric classes take it (called to make a family; COUNTER, GAUGE,
     HISTOGRAM): every family and metric made through it is kept for the life of the process and never deleted.
@@ -112,23 +121,74 @@ class KeptMetrics:
         return self._pb.MetricFamily.HISTOGRAM
 
     def __call__(self, *args, **kwargs) -> "KeptFamily":
-        return KeptFamily(self.keep(self._pb.MetricFamily(*args, **kwargs)), self.keep)
+        kind = kwargs["kind"] if "kind" in kwargs else args[2]
+        return KeptFamily(self.keep(self._pb.MetricFamily(*args, **kwargs)), self._kind_of(kind), self.keep)
 
     def keep(self, made):
         self._kept.append(made)
         return made
 
+    def _kind_of(self, kind) -> str:
+        family = self._pb.MetricFamily
+        return {family.COUNTER: COUNTER, family.GAUGE: GAUGE, family.HISTOGRAM: HISTOGRAM}[kind]
+
 
 class KeptFamily:
-    """A MetricFamily made through KeptMetrics; the metrics it makes (Triton's own objects) are kept too."""
+    """A MetricFamily made through KeptMetrics; the metrics it makes (Triton's own objects) are kept too, and
+    handed out as CheckedMetrics."""
 
-    __slots__ = ("_family", "_keep")
+    __slots__ = ("_family", "_kind", "_keep")
 
-    def __init__(self, family, keep: Callable):
-        self._family, self._keep = family, keep
+    def __init__(self, family, kind: str, keep: Callable):
+        self._family, self._kind, self._keep = family, kind, keep
 
-    def Metric(self, *args, **kwargs):  # noqa: N802 - the stub's spelling
-        return self._keep(self._family.Metric(*args, **kwargs))
+    def Metric(self, *args, **kwargs) -> "CheckedMetric":  # noqa: N802 - the stub's spelling
+        return CheckedMetric(self._keep(self._family.Metric(*args, **kwargs)), self._kind)
+
+
+class CheckedMetric:
+    """A Triton metric that refuses here, with MetricRefused, any update the server would refuse: an increment of
+    a counter below zero (or NaN, which would stay in the counter), a set or observe the kind does not take.
+
+    In Triton 2.51's python backend a refused update kills the stub: the server frees the error message it
+    answers with as soon as the stub has woken, while the stub reads and frees it too. The double free corrupts the
+    shared-memory pool, and one of the stub's next allocations dies of a SIGSEGV holding the pool's lock, on which
+    the server then aborts (boost::interprocess::lock_exception).
+
+    One thread at a time per metric: the stub's increment and observe let go of the GIL while they rewrite the
+    metric's own copy in shared memory, so two threads updating one metric at once could free that copy twice."""
+
+    __slots__ = ("_metric", "_kind", "_lock")
+
+    def __init__(self, metric, kind: str):
+        self._metric, self._kind = metric, kind
+        self._lock = threading.Lock()
+
+    def _check(self, operation: str) -> None:
+        if operation not in _ACCEPTS[self._kind]:
+            raise MetricRefused(f"a {self._kind} does not take {operation}")
+
+    def increment(self, value) -> None:
+        self._check("increment")
+        if self._kind == COUNTER and not value >= 0:
+            raise MetricRefused(f"a counter is incremented by a value of 0 or more, not {value}")
+        with self._lock:
+            self._metric.increment(value)
+
+    def set(self, value) -> None:
+        self._check("set")
+        with self._lock:
+            self._metric.set(value)
+
+    def observe(self, value) -> None:
+        self._check("observe")
+        with self._lock:
+            self._metric.observe(value)
+
+    def value(self) -> float:
+        self._check("value")
+        with self._lock:
+            return self._metric.value()
 
 
 @dataclass(frozen=True)
