@@ -23,7 +23,8 @@ class TritonPythonModel:
         self._scoring_model = settings.scoring_model
         self._session = StreamSession(settings.reorder, retrying(self._score), self._deliver,
                                       settings.max_record_bytes, log=pb_utils.Logger.log_error)
-        self._metrics = StreamMetrics(glue.metric_family, {"model": model.name, "version": model.version})
+        self._metrics = StreamMetrics(glue.metric_family, {"model": model.name, "version": model.version},
+                                      pb_utils.Logger.log_error)
         self._timer = ExpiryTimer(self._session, lambda: self._metrics.report(self._session),
                                   pb_utils.Logger.log_error)
 

@@ -26,9 +26,15 @@ COUNTERS = {
 
 
 class StreamMetrics:
-    """`s2t_stream_*`: the session's counts as counters (increments since the last report), buffers as gauges."""
+    """`s2t_stream_*`: the session's counts as counters (increments since the last report), buffers as gauges.
 
-    def __init__(self, metric_family, labels: dict[str, str]):
+    execute and the timer both report. Each report reads the session and updates Triton under one lock, so reports
+    reach Triton in the order their counts were read: a count read before another report's, applied after it, would
+    be an increment below zero, which Triton 2.51 refuses, and a refused metric update corrupts the stub's shared
+    memory (its next allocation dies of a SIGSEGV holding the lock the server then aborts on). A report that fails
+    anyway is logged: it must not fail the execute that made it, whose requests are already answered or waiting."""
+
+    def __init__(self, metric_family, labels: dict[str, str], log: Callable[[str], None] = lambda text: None):
         counter, gauge = metric_family.COUNTER, metric_family.GAUGE
         # The families must outlive their metrics (Triton refuses updates once a family is collected).
         self._families = {name: metric_family(f"s2t_stream_{name}_total", text, counter)
@@ -39,19 +45,22 @@ class StreamMetrics:
             "s2t_stream_delivery_failures_total", "answers that could not be sent (an error was sent instead)", counter)
         self._metrics = {name: family.Metric(labels=labels) for name, family in self._families.items()}
         self._reported = {name: 0 for name in (*COUNTERS, "undelivered")}
-        # execute and the timer both report; the increments must not be counted twice.
+        self._log = log
         self._lock = threading.Lock()
 
     def report(self, session: StreamSession) -> None:
-        counts, buffered, streams = session.snapshot()
-        counts["undelivered"] = session.delivery_failures
         with self._lock:
-            for name, reported in self._reported.items():
-                if counts[name] != reported:
-                    self._metrics[name].increment(counts[name] - reported)
-                    self._reported[name] = counts[name]
-            self._metrics["buffered"].set(buffered)
-            self._metrics["streams"].set(streams)
+            try:
+                counts, buffered, streams = session.snapshot()
+                counts["undelivered"] = session.delivery_failures
+                for name, reported in self._reported.items():
+                    if counts[name] > reported:
+                        self._metrics[name].increment(counts[name] - reported)
+                        self._reported[name] = counts[name]
+                self._metrics["buffered"].set(buffered)
+                self._metrics["streams"].set(streams)
+            except Exception:  # noqa: BLE001 - the next report counts what this one missed
+                self._log(traceback.format_exc())
 
 
 class ExpiryTimer:
