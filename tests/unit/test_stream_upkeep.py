@@ -93,3 +93,44 @@ def test_a_report_that_fails_is_logged_not_raised_and_the_next_one_counts_what_i
     stream_metrics.report(session)
     stream_metrics.report(session)
     assert values()["s2t_stream_gap_total"] == 2 and values()["s2t_stream_buffered"] == 2
+
+
+class SetCountingMetric(backend.Metric):
+    def __init__(self, labels):
+        super().__init__(labels)
+        self.sets = 0
+
+    def set(self, value):
+        self.sets += 1
+        super().set(value)
+
+
+class SetCountingFamily(backend.MetricFamily):
+    def Metric(self, labels=None, buckets=None):  # noqa: N802 - the stub's spelling
+        metric = SetCountingMetric(labels or {})
+        self.metrics.append(metric)
+        return metric
+
+
+class SteadySession:
+    delivery_failures = 0
+
+    def __init__(self):
+        self.buffered = 3
+
+    def snapshot(self):
+        return {name: 0 for name in COUNTERS}, self.buffered, 5
+
+
+def test_a_gauge_that_has_not_moved_is_not_sent_again():
+    # Every update is a round trip from the stub to the server, made by the execute that reports.
+    glue = Glue(backend.backend_utils(), "risk_stream")
+    glue.pb.MetricFamily = SetCountingFamily
+    stream_metrics, session = StreamMetrics(glue.metric_family, {}), SteadySession()
+    for buffered in (3, 3, 4, 4):
+        session.buffered = buffered
+        stream_metrics.report(session)
+    gauges = {name: family.metrics[0] for name, family in SetCountingFamily.families.items()
+              if name in ("s2t_stream_buffered", "s2t_stream_streams")}
+    assert {name: (m.value(), m.sets) for name, m in gauges.items()} == {"s2t_stream_buffered": (4, 2),
+                                                                         "s2t_stream_streams": (5, 1)}

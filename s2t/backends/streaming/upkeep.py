@@ -45,6 +45,7 @@ class StreamMetrics:
             "s2t_stream_delivery_failures_total", "answers that could not be sent (an error was sent instead)", counter)
         self._metrics = {name: family.Metric(labels=labels) for name, family in self._families.items()}
         self._reported = {name: 0 for name in (*COUNTERS, "undelivered")}
+        self._gauges: dict[str, int] = {}
         self._log = log
         self._lock = threading.Lock()
 
@@ -57,8 +58,11 @@ class StreamMetrics:
                     if counts[name] > reported:
                         self._metrics[name].increment(counts[name] - reported)
                         self._reported[name] = counts[name]
-                self._metrics["buffered"].set(buffered)
-                self._metrics["streams"].set(streams)
+                # Each update is a round trip to the server: a gauge that has not moved is left as it is.
+                for name, value in (("buffered", buffered), ("streams", streams)):
+                    if self._gauges.get(name) != value:
+                        self._metrics[name].set(value)
+                        self._gauges[name] = value
             except Exception:  # noqa: BLE001 - the next report counts what this one missed
                 self._log(traceback.format_exc())
 
