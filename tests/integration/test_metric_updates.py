@@ -1,5 +1,5 @@
 """Metric updates from python models on the real server: one that Triton would refuse is refused in the model
-(backends/triton_glue.py CheckedMetric) and the server stays up, beside valid traffic. In Triton 2.51's python
+(s2t/backends/runtime/triton_glue.py CheckedMetric) and the server stays up, beside valid traffic. In Triton 2.51's python
 backend a refused update reaches the server, which frees its error message while the stub reads and frees it too:
 the stub dies of a SIGSEGV holding its shared memory's lock and the server aborts on it, a request or two later."""
 from __future__ import annotations
@@ -29,7 +29,7 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 # -1 when the update was refused.
 MODEL = """import numpy as np
 import triton_python_backend_utils as pb_utils
-from backends.triton_glue import Glue
+from s2t.backends.runtime.triton_glue import Glue
 
 glue = Glue(pb_utils, "metric_updates")
 

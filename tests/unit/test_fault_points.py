@@ -39,7 +39,7 @@ def test_a_kind_at_a_share_of_0_never_fires(monkeypatch):
 def at_the_point(kind: str, before: str = "") -> subprocess.Popen:
     """A Python process with faulthandler on (as every model's interpreter runs) that passes point `p` set to
     `kind`, after running `before`."""
-    code = f"{before}\nfrom backends import fault_points\nprint('at the point', flush=True)\nfault_points.check('p')"
+    code = f"{before}\nfrom s2t.backends.runtime import fault_points\nprint('at the point', flush=True)\nfault_points.check('p')"
     return subprocess.Popen([sys.executable, "-X", "faulthandler", "-c", code], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, fault_points.ENVIRONMENT_VARIABLE: f"p={kind}"})

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from backends.stream_upkeep import COUNTERS, StreamMetrics
-from backends.triton_glue import Glue
+from s2t.backends.streaming.upkeep import COUNTERS, StreamMetrics
+from s2t.backends.runtime.triton_glue import Glue
 from tests.unit import python_backend as backend
 
 
