@@ -537,7 +537,7 @@ def test_finalize_deletes_the_triton_objects_the_model_the_glue_and_reference_cy
 def model_files() -> list[Path]:
     """The models the python backend's stub runs (risk_pipeline runs in the server, s2t/backends/runtime/inprocess.py)."""
     return [p for p in sorted(ROOT.glob("model_repository*/*/[0-9]*/model.py"))
-            + [ROOT / "backends" / "onnxruntime" / "model.py"] if "class TritonPythonModel" in p.read_text()]
+            + [ROOT / "s2t" / "backends" / "runtime" / "onnxruntime" / "model.py"] if "class TritonPythonModel" in p.read_text()]
 
 
 @pytest.mark.parametrize("model_py", model_files(), ids=lambda p: str(p.relative_to(ROOT)))
