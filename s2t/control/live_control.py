@@ -109,19 +109,6 @@ def apply(url: str, model: str, version: int, timeout: float = 30.0, key: str | 
                           f"serve version {version}", timeout, key)
 
 
-def reload_config(url: str, model: str, parameters: dict[str, str], timeout: float = 30.0,
-                  key: str | None = None) -> float:
-    """Seconds until the live `model` runs with these config parameters and is ready."""
-    def done(client) -> bool:
-        try:
-            live = client.get_model_config(model).get("parameters", {})
-            return (all(live.get(k, {}).get("string_value") == v for k, v in parameters.items())
-                    and client.is_model_ready(model))
-        except InferenceServerException:
-            return False
-    return _load_and_wait(url, model, done, "run the new parameters", timeout, key)
-
-
 def wait_serving(url: str, model: str, version: int, timeout: float = 60.0) -> float:
     """Seconds until requests without a version get `version`, asking for no load (the config is in force)."""
     import tritonclient.http as http

@@ -46,3 +46,9 @@ def test_every_relative_link_resolves_to_a_file_and_heading(document):
         assert ROOT in linked.parents or linked == ROOT, f"{document.name}: {target} leaves the repository"
         if anchor:
             assert linked.suffix == ".md" and anchor in anchors(linked), f"{document.name}: no heading for {target}"
+
+
+def test_the_readme_is_what_a_newcomer_reads_in_one_sitting():
+    """The two commands, scoring a record, migrating a model, a short tour, one table of figures, the layout and the
+    docs index: the rest belongs in docs/."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 250

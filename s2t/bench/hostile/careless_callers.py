@@ -148,12 +148,16 @@ def malformed_bytes(http_url: str, records: Sequence[Mapping], count: int, calle
     return _flood(count, callers, deadline, one)
 
 
-def grpc_deadlines(grpc_url: str, records: Sequence[Mapping], count: int, callers: int, deadline: float) -> dict:
+def grpc_deadlines(grpc_url: str, records: Sequence[Mapping], count: int, callers: int, deadline: float,
+                   rate_per_s: float = 0.0) -> dict:
     """`count` valid risk_pipeline requests over gRPC from `callers` threads, each with a deadline in GIVE_UP_S,
-    so that most expire while the server works on them."""
+    so that most expire while the server works on them; at most `rate_per_s` a second (0: as fast as they go)."""
     clients = _GrpcClients(grpc_url)
+    started = time.monotonic()
 
     def one(k: int) -> str:
+        if rate_per_s > 0:
+            time.sleep(max(0.0, started + k / rate_per_s - time.monotonic()))
         if time.monotonic() > deadline:
             return NOT_SENT
         low, high = GIVE_UP_S

@@ -23,22 +23,25 @@ class FloodSizes:
     oversized_bodies: int
     oversized_body_bytes: int
     grpc_deadline_calls: int
+    # Calls a second the deadline callers make at most (0: as fast as they can).
+    grpc_deadline_rate: float
     cancelled_streams: int
     invalid_record_requests: int
     malformed_bytes_requests: int
 
 
 # full: the sizes that showed each weakness; light: enough of each to see it act, for a minute's run. gRPC deadlines:
-# 4 callers took Triton 2.51's own gRPC front end down within a few thousand calls (about 1,000 a second here), so
-# both sizes keep them calling through most of `during`.
+# 4 callers took Triton 2.51's own gRPC front end down within a few thousand calls, so both sizes keep them calling
+# through most of `during`; the full run at 300 calls a second, so that the other paths' latency shows the callers'
+# effect rather than two cores given over to them (unpaced, about 1,000 a second here).
 FLOOD_SIZES = {
     "full": FloodSizes(idle_streams=1100, idle_gateway_calls=8, big_record_callers=4, big_records_per_call=200,
                        llm_disconnects=300, bogus_routes=6000, oversized_bodies=10, oversized_body_bytes=64 << 20,
-                       grpc_deadline_calls=300_000, cancelled_streams=300, invalid_record_requests=5000,
+                       grpc_deadline_calls=90_000, grpc_deadline_rate=300.0, cancelled_streams=300, invalid_record_requests=5000,
                        malformed_bytes_requests=2000),
     "light": FloodSizes(idle_streams=150, idle_gateway_calls=4, big_record_callers=2, big_records_per_call=10,
                         llm_disconnects=6, bogus_routes=100, oversized_bodies=2, oversized_body_bytes=16 << 20,
-                        grpc_deadline_calls=20_000, cancelled_streams=20, invalid_record_requests=250,
+                        grpc_deadline_calls=20_000, grpc_deadline_rate=0.0, cancelled_streams=20, invalid_record_requests=250,
                         malformed_bytes_requests=100),
 }
 # Threads of each caller flood: the deadline callers as many as took the server down; the others a few, enough to
@@ -74,7 +77,8 @@ def run_floods(sizes: FloodSizes, urls: Mapping[str, str], records: Sequence[Map
         "oversized_bodies": lambda: floods.oversized_bodies(urls["http"], sizes.oversized_bodies,
                                                             sizes.oversized_body_bytes, hold_until),
         "grpc_deadlines": lambda: careless_callers.grpc_deadlines(urls["grpc"], records, sizes.grpc_deadline_calls,
-                                                                  GIVING_UP_CALLERS, hold_until),
+                                                                  GIVING_UP_CALLERS, hold_until,
+                                                                  sizes.grpc_deadline_rate),
         "cancelled_streams": lambda: careless_callers.cancelled_streams(urls["grpc"], records, sizes.cancelled_streams,
                                                                         STREAM_CANCELLERS, hold_until),
         "invalid_records": lambda: careless_callers.invalid_records(urls["http"], urls["grpc"], records,
