@@ -2,10 +2,10 @@
 //
 // Triton 2.51's gRPC front end can crash the whole server when a unary call is cancelled while Triton works on it
 // (a client that cancels, a deadline that expires, a connection that drops). This proxy forwards every method as raw
-// bytes and never lets Triton see a cancellation: a call it sent upstream carries no deadline and is never cancelled.
-// When its client goes away the upstream call is left to finish and its answer dropped; a stream whose client goes
-// away is half-closed upstream and read to its end. Every upstream call holds one of --max-calls slots until Triton
-// answers it, abandoned or not; past that, new calls are refused at once.
+// bytes and never lets Triton see a unary call's cancellation: such a call carries no deadline upstream and is never
+// cancelled: when its client goes away it is left to finish and its answer dropped. A stream's cancellation is
+// passed on (Triton's stream handler takes it safely). Every upstream call holds one of --max-calls slots until
+// Triton answers it, abandoned or not; past that, new calls are refused at once.
 //
 //   s2t_grpc_front --listen 0.0.0.0:8001 --upstream 127.0.0.1:PORT --max-message-bytes N [--max-calls N]
 //                  [--threads N] [--drain-seconds S] [--ready-fd FD]
@@ -166,7 +166,9 @@ std::string Str(grpc::string_ref s) { return std::string(s.data(), s.size()); }
 
 class Worker;
 
-enum Op { kAccept, kDownRead, kDownWrite, kDownFinish, kUpStart, kUpRead, kUpWrite, kUpWritesDone, kUpFinish, kOps };
+enum Op {
+  kAccept, kDownRead, kDownWrite, kDownFinish, kDownDone, kUpStart, kUpRead, kUpWrite, kUpWritesDone, kUpFinish, kOps
+};
 
 class Relay;
 
@@ -192,6 +194,8 @@ class Relay {
  public:
   explicit Relay(Worker* worker) : worker_(worker), down_(&server_context_) {
     for (int op = 0; op < kOps; ++op) tags_[op] = Tag{this, static_cast<Op>(op)};
+    // Told when the client's call ends, finished or cancelled: a stream's cancellation goes upstream (below).
+    server_context_.AsyncNotifyWhenDone(Start(kDownDone));
     Start(kAccept);
     g_service.RequestCall(&server_context_, &down_, worker_->cq(), worker_->cq(), &tags_[kAccept]);
   }
@@ -203,6 +207,7 @@ class Relay {
       case kDownRead: unary_ ? UnaryRequestRead(ok) : StreamClientRead(ok); break;
       case kDownWrite: StreamClientWritten(ok); break;
       case kDownFinish: down_finished_ = true; break;
+      case kDownDone: ClientCallDone(); break;
       case kUpStart: StreamUpstreamStarted(ok); break;
       case kUpRead: StreamUpstreamRead(ok); break;
       case kUpWrite: StreamUpstreamWritten(ok); break;
@@ -210,6 +215,7 @@ class Relay {
       case kUpFinish: UpstreamFinished(); break;
       case kOps: break;
     }
+    // A call never accepted (the server shutting down) keeps its done tag: it goes with the process.
     if (pending_ == 0 && down_finished_) delete this;
   }
 
@@ -286,7 +292,13 @@ class Relay {
     up_unary_->Finish(&out_, &status_, Start(kUpFinish));
   }
 
-  // ---- streams: one message in flight each way; the client's end half-closes the upstream call, never cancels it.
+  // ---- streams: one message in flight each way. A client's half-close half-closes the upstream call; a client that
+  // cancels or goes away cancels it: Triton 2.51 takes a stream's cancellation on the stream handler's one thread,
+  // where nothing races (the crash is the unary handler's), and a decoupled model (llm) stops generating for it.
+
+  void ClientCallDone() {
+    if (!unary_ && up_stream_ != nullptr && !up_finished_ && server_context_.IsCancelled()) client_context_.TryCancel();
+  }
 
   void PumpClientToUpstream() {
     if (!down_read_pending_ && !in_ready_ && !up_write_pending_ && !client_done_ && !up_dead_ &&
@@ -318,7 +330,7 @@ class Relay {
     if (ok)
       in_ready_ = true;
     else
-      client_done_ = true;  // half-closed, cancelled, gone, or over the size limit: upstream is half-closed
+      client_done_ = true;  // half-closed or over the size limit: upstream is half-closed (a cancel: ClientCallDone)
     PumpClientToUpstream();
   }
 

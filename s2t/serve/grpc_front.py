@@ -3,9 +3,10 @@ loopback port (native/grpc_front.cc, built by `make native` into s2t/serve/nativ
 
 Triton 2.51's gRPC front end can crash the whole server (Signal 11) when a client cancels a ModelInfer in flight or
 its deadline expires while Triton works on it; later releases (the NGC image the containers run) fixed it. The front
-forwards every method as raw bytes and never lets Triton see a cancellation: an upstream call carries no deadline
-and is never cancelled, a client that goes away leaves its call to finish unread, and a stream whose client goes
-away is half-closed and read to its end. At most `max_calls` upstream calls run at once, abandoned ones included;
+forwards every method as raw bytes and never lets Triton see a unary call's cancellation: such a call carries no
+deadline upstream and is never cancelled, and a client that goes away leaves it to finish unread. A stream is
+half-closed upstream when its client half-closes and cancelled when its client cancels or goes away (safe in 2.51;
+a decoupled model stops generating for it). At most `max_calls` upstream calls run at once, abandoned ones included;
 past that a new call is refused UNAVAILABLE at once. A message over `max_message_bytes` is refused by the front.
 """
 from __future__ import annotations

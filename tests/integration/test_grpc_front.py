@@ -391,8 +391,12 @@ class Upstream(grpc.GenericRpcHandler):
 
     def stream(self, method: str, requests, context):
         call = self._record(method, context)
-        for request in requests:
-            yield b"echo:" + request
+        try:
+            for request in requests:
+                yield b"echo:" + request
+        except grpc.RpcError:  # gRPC Python's request iterator says so when the call is cancelled
+            call["ended"] = "cancelled"
+            return
         time.sleep(0.3)
         yield b"after half-close 1"
         yield b"after half-close 2"
@@ -471,7 +475,7 @@ def test_a_unary_call_whose_client_leaves_is_answered_upstream_and_holds_its_slo
     assert [c["ended"] for c in upstream.calls] == ["answered"] * 4
 
 
-def test_a_stream_is_half_closed_upstream_when_its_client_half_closes_or_leaves_never_cancelled(stand_in):
+def test_a_stream_is_half_closed_upstream_when_its_client_half_closes_and_cancelled_when_it_leaves(stand_in):
     upstream, url, _ = stand_in
     with grpc.insecure_channel(url) as channel:
         stream = channel.stream_stream(STREAM_INFER)
@@ -488,7 +492,9 @@ def test_a_stream_is_half_closed_upstream_when_its_client_half_closes_or_leaves_
         leaving.cancel()
         outgoing.set()
         wait_until(lambda: upstream.calls[1]["ended"] is not None, 5)
-    assert [c["ended"] for c in upstream.calls] == ["answered", "answered"]
+    # A stream's cancellation is safe in Triton 2.51 (only a unary call's crashes it), and it stops a decoupled
+    # model generating for nobody.
+    assert [c["ended"] for c in upstream.calls] == ["answered", "cancelled"]
     assert all(map(no_deadline, upstream.calls))
 
 
