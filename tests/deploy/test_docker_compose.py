@@ -415,7 +415,8 @@ def test_the_tls_flags_make_triton_serve_grpc_over_tls_only(tls_config, self_sig
     for secret, path in self_signed.items():
         flags = [arg.replace(secret, str(path)) for arg in flags]
     (tmp_path / "empty").mkdir()
-    server = triton_server([tmp_path / "empty"], extra_args=flags,
+    # Triton's own endpoint, as in the container (which has no gRPC front).
+    server = triton_server([tmp_path / "empty"], extra_args=flags, grpc_front=False,
                            log_path=tmp_path / "triton.log", exit_timeout_seconds=2)
     with server:
         secure = grpcclient.InferenceServerClient(server.grpc_url, ssl=True,

@@ -121,7 +121,7 @@ def test_installed_package_is_this_project_with_its_generated_wire_format(instal
                           "s2t.backends, s2t.legacy.service, s2t.gateway.skill_gateway, s2t.gateway.dual_run, s2t.gateway.triton_infer; "
                           "from pathlib import Path; "
                           "print(Path(s2t.cli.__file__).parent.parent); "
-                          "print((Path(s2t.backends.__file__).parent / 'onnxruntime' / 'model.py').is_file())", root)
+                          "print((Path(s2t.backends.__file__).parent / 'runtime' / 'onnxruntime' / 'model.py').is_file())", root)
     assert probe.returncode == 0, probe.stderr
     location, backend = probe.stdout.split()
     assert "site-packages" in location and backend == "True"
