@@ -54,13 +54,16 @@ test:
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 
-# No built artifacts: tests/unit/conftest.py writes a tiny scorer, its spec and data in their places.
+# No built artifacts: tests/unit/conftest.py writes a tiny scorer, its spec and data in their places. Each level
+# prints its slowest tests, so that one that grows shows at once.
 unit: $(VENV)/.installed-dev proto
-	$(call pytest,unit,tests/unit)
+	$(call pytest,unit,tests/unit --durations=10)
 
 # Everything else: the real tritonserver, the built models, the deployment files, the GPU tests (skipped without one).
+# Two workers, a file's tests on one of them (its module's server with them): most of a test's time is waiting on
+# servers starting, reloads and timers, which the other worker's test fills.
 integration: models $(VENV)/.installed-test $(GENAI_VENV)/.installed
-	$(call pytest,integration,--ignore=tests/unit)
+	$(call pytest,integration,--ignore=tests/unit -n 2 --dist loadfile --durations=25)
 
 # $(call pytest,LEVEL,ARGS): one level of the suite. pytest's exit status stays the target's, and is named: 5 (no
 # test collected) fails the level too, since a level that runs nothing proves nothing.
