@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-SHM_DIR = Path("/dev/shm")
-PROC = Path("/proc")
+from s2t.serve import stub_command
+from s2t.serve.stub_command import PROC, SHM_DIR, StubCommand
+
 REGION_GLOB = "triton_*_backend_shm_region_*"
-STUB_BINARY = "triton_python_backend_stub"
 # `tritonserver` and `triton_python_backend_stub` as /proc/PID/comm shows them (15 characters at most).
 TRITON_COMM_PREFIX = "triton"
 # Between the two looks at a region nobody held.
@@ -63,42 +63,19 @@ def orphaned(region: Region, holders: Holders) -> bool:
     return True
 
 
-def stub_server_pid(argv: list[str]) -> int | None:
-    """The server pid a stub was started with: `stub MODEL_FILE SHM_REGION SIZE GROWTH PARENT_PID ...`."""
-    if len(argv) < 6 or not argv[0].endswith(STUB_BINARY):
-        return None
-    try:
-        return int(argv[5])
-    except ValueError:
-        return None
-
-
-def stub_region(argv: list[str]) -> str | None:
-    """The shared-memory region a python backend stub was started with (its 2nd argument)."""
-    return argv[2] if len(argv) > 2 and argv[0].endswith(STUB_BINARY) else None
-
-
 def regions_of(pids) -> set[str]:
     """The regions of these stub processes (those still running)."""
-    found = set()
-    for pid in pids:
-        try:
-            region = stub_region((PROC / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0"))
-        except OSError:
-            continue
-        if region:
-            found.add(region)
-    return found
+    commands = (stub_command.read(pid, PROC) for pid in pids)
+    return {command.region for command in commands if command is not None}
 
 
-def stub_is_orphaned(argv: list[str], parent_pid: int) -> bool:
-    server = stub_server_pid(argv)
-    return server is not None and server != parent_pid
+def stub_is_orphaned(command: StubCommand, parent_pid: int) -> bool:
+    return command.server_pid is not None and command.server_pid != parent_pid
 
 
-def serves_from(argv: list[str], repositories: list[Path]) -> bool:
-    """Whether the stub's model file (its 1st argument) lies in one of `repositories` (resolved paths)."""
-    return len(argv) > 1 and any(Path(argv[1]).is_relative_to(repository) for repository in repositories)
+def serves_from(command: StubCommand, repositories: list[Path]) -> bool:
+    """Whether the stub's model file lies in one of `repositories` (resolved paths)."""
+    return any(command.model_file.is_relative_to(repository) for repository in repositories)
 
 
 def _process_dirs(proc: Path):
@@ -165,11 +142,11 @@ def kill_orphaned_stubs(repositories, proc: Path = PROC) -> list[int]:
     killed = []
     for pid_dir in _process_dirs(proc):
         try:
-            argv = (pid_dir / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            if not argv[0].endswith(STUB_BINARY):
+            command = stub_command.read(int(pid_dir.name), proc)
+            if command is None:
                 continue
             parent = _parent_pid((pid_dir / "stat").read_text())
-            if serves_from(argv, repositories) and stub_is_orphaned(argv, parent):
+            if serves_from(command, repositories) and stub_is_orphaned(command, parent):
                 os.kill(int(pid_dir.name), signal.SIGKILL)
                 killed.append(int(pid_dir.name))
         except (OSError, ValueError, IndexError):

@@ -38,10 +38,10 @@ from typing import Callable
 
 from s2t.prometheus_text import scrape
 from s2t.triton_admin import UNREACHABLE, TritonAdmin
+from s2t.serve import stub_command
 from s2t.serve.healing import (ErrorRateSettings, ErrorRateWatch, HangSettings, HealPolicy, HealSettings,
                                SupervisorState, request_counters, stuck_executes)
 
-STUB_BINARY = "triton_python_backend_stub"
 # A stub must be missing on this many consecutive checks before it counts as dead: a reload may briefly show
 # neither the old stub nor its replacement.
 MISSING_CHECKS = 2
@@ -79,15 +79,11 @@ class Heal:
 
 
 def parse_stub(pid: int, argv: list[str]) -> Stub | None:
-    """The python backend starts `stub MODEL_FILE SHM_REGION SIZE GROWTH PARENT_PID BACKEND_DIR IPC INSTANCE ...`."""
-    if len(argv) < 9 or not argv[0].endswith(STUB_BINARY):
+    """The model instance whose stub `pid` is; None for other processes and for the stub that completes a config."""
+    command = stub_command.parse(argv)
+    if command is None or command.instance is None or command.completes_config:
         return None
-    model_file = Path(argv[1])
-    model, instance = model_file.parent.parent.name, argv[8]
-    if instance == model:
-        # A short-lived stub the python backend starts to auto-complete the config while loading, not an instance.
-        return None
-    return Stub(pid, model, model_file.parent.name, instance, model_file)
+    return Stub(pid, command.model, command.version, command.instance, command.model_file)
 
 
 def stubs_of(server_pid: int) -> dict[int, Stub]:
@@ -120,8 +116,7 @@ def _stubs(children_by_thread: dict[str, list[int]]) -> dict[int, Stub]:
     for children in children_by_thread.values():
         for child in children:
             try:
-                with open(f"/proc/{child}/cmdline", "rb") as cmdline:
-                    argv = cmdline.read().decode(errors="replace").split("\0")
+                argv = stub_command.command_line(child)
             except OSError:
                 continue
             stub = parse_stub(child, argv)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from s2t.serve.leftovers import (Holders, Region, orphaned, remove_orphaned_regions, serves_from,
-                                 stub_is_orphaned, stub_region)
+from s2t.serve.leftovers import Holders, Region, orphaned, remove_orphaned_regions, serves_from, stub_is_orphaned
+from s2t.serve.stub_command import parse
 
 ME = os.getuid()
 NAME = "triton_python_backend_shm_region_1"
@@ -38,12 +38,12 @@ STUB = ["/b/python/triton_python_backend_stub", "/m/risk_stream/1/model.py", NAM
     # Its server died: the kernel gave it to init, or to a subreaper.
     (STUB, 1, True),
     (STUB, 77, True),
-    (["/usr/bin/python3", "x", "y", "z", "w", "4242"], 1, False),
+    # A command line that stops before the server's pid, or whose pid is not one: never ended.
     (STUB[:4], 1, False),
     ([*STUB[:5], "not-a-pid", *STUB[6:]], 1, False),
 ])
 def test_a_stub_is_orphaned_when_its_server_is_no_longer_its_parent(argv, parent, expected):
-    assert stub_is_orphaned(argv, parent) is expected
+    assert stub_is_orphaned(parse(argv), parent) is expected
 
 
 @pytest.mark.parametrize("repositories, expected", [
@@ -54,12 +54,7 @@ def test_a_stub_is_orphaned_when_its_server_is_no_longer_its_parent(argv, parent
     ([], False),
 ])
 def test_only_stubs_of_the_repositories_being_served_are_ours(repositories, expected):
-    assert serves_from(STUB, repositories) is expected
-
-
-def test_a_stub_names_its_region_second():
-    assert stub_region(STUB) == NAME
-    assert stub_region(["/usr/bin/python3", "a", "b"]) is None
+    assert serves_from(parse(STUB), repositories) is expected
 
 
 def test_regions_mapped_or_open_in_a_live_process_stay_and_the_others_go(tmp_path: Path):

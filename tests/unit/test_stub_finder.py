@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from s2t.serve import supervisor
-from s2t.serve.supervisor import STUB_BINARY, StubFinder, StubSupervisor, stubs_of
+from s2t.serve.stub_command import STUB_BINARY
+from s2t.serve.supervisor import StubFinder, StubSupervisor, stubs_of
 from tests.unit.fake_clock import Clock
 
 

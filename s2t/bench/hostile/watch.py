@@ -8,15 +8,15 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import psutil
 
 from s2t.bench.hostile.valid_paths import Clock, host_port
 from s2t.bench.process_tree import rss_bytes
+from s2t.serve.leftovers import regions_of
+from s2t.serve.stub_command import SHM_DIR
 from s2t.serve.supervisor import stubs_of
 
-SHM_DIR = Path("/dev/shm")
 # After shutdown, processes and regions get this long to go before they count as left over.
 SHUTDOWN_GRACE_S = 10.0
 
@@ -64,12 +64,7 @@ class Watch(threading.Thread):
                     continue
         server = tritonserver_pid(self.serve_pid)
         if server is not None:
-            for stub in stubs_of(server):
-                try:
-                    # The stub's second argument is its shared-memory region, created as /dev/shm/<name>.
-                    self.regions.add(psutil.Process(stub).cmdline()[2].lstrip("/"))
-                except (psutil.NoSuchProcess, IndexError):
-                    continue
+            self.regions |= regions_of(stubs_of(server))
 
     def sample(self) -> None:
         phase = self.clock.phase()
