@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from s2t.gateway.gateway_options import GatewayOptions
+
 # Status names as gRPC spells them, without importing gRPC into pure logic.
 RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
 UNAVAILABLE = "UNAVAILABLE"
@@ -25,13 +27,15 @@ DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
 
 @dataclass(frozen=True)
 class AdmissionLimits:
-    slots: int = 16
-    per_caller: int = 8
-    call_timeout_s: float = 60.0
-    idle_timeout_s: float = 5.0
+    slots: int = GatewayOptions.workers
+    per_caller: int | None = GatewayOptions.max_calls_per_caller  # None: all of `slots`
+    call_timeout_s: float = GatewayOptions.call_timeout_s
+    idle_timeout_s: float = GatewayOptions.idle_timeout_s
     reclaim_after_s: float = 0.5
 
     def __post_init__(self):
+        if self.per_caller is None:
+            object.__setattr__(self, "per_caller", self.slots)
         if self.slots < 1 or not 1 <= self.per_caller <= self.slots:
             raise ValueError(f"need slots >= 1 and 1 <= per_caller <= slots, got {self}")
         if min(self.call_timeout_s, self.idle_timeout_s, self.reclaim_after_s) <= 0:

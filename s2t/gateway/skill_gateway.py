@@ -28,16 +28,15 @@ from google.protobuf.message import DecodeError
 
 from s2t.backends.scoring.batch_scoring import retrying_async, score_isolating_bad_records_async
 from s2t.gateway.call_admission import AdmissionLimits, CallAdmission, Ending, Ticket
+from s2t.gateway.gateway_options import GatewayOptions
 from s2t.backends.runtime.serving_errors import INTERNAL, INVALID, UNAVAILABLE
 from s2t.backends.records.record_decoder import DEFAULT_MAX_RECORD_BYTES
 from s2t.wire import skill_pb2
 from s2t.wire.skill_call import CallRefused, too_many_records
 
-DEFAULT_WINDOW_SIZE = 32
-DEFAULT_CONCURRENT_CALLS = 16
-# Records over the per-record cap (64 KiB) but within this are answered INVALID_RECORD one by one; a message over
-# it is refused by gRPC itself as it arrives (RESOURCE_EXHAUSTED), before it is buffered whole.
-DEFAULT_MAX_MESSAGE_BYTES = 4 * DEFAULT_MAX_RECORD_BYTES
+DEFAULT_WINDOW_SIZE = GatewayOptions.window_size
+DEFAULT_CONCURRENT_CALLS = GatewayOptions.workers
+DEFAULT_MAX_MESSAGE_BYTES = GatewayOptions.max_message_bytes
 # Windows of one call scored at once: enough to keep Triton busy while the caller sends, few enough that a fast
 # caller is held back by gRPC's flow control instead of being buffered here.
 WINDOWS_IN_FLIGHT = 4
@@ -53,8 +52,8 @@ _LOG = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CallLimits:
-    timeout_s: float = 60.0
-    max_records: int = 10_000
+    timeout_s: float = GatewayOptions.call_timeout_s
+    max_records: int = GatewayOptions.max_records
     # gRPC clients refuse a message over 4 MiB unless told otherwise: a longer reply would be scored, then lost.
     max_reply_bytes: int = 4 * 1024 * 1024
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
@@ -344,7 +343,7 @@ class GatewayServer:
         return self._stopped
 
 
-def serve(port: int, triton_url: str, model: str = "risk_pipeline", window_size: int = DEFAULT_WINDOW_SIZE,
+def serve(port: int, triton_url: str, model: str = GatewayOptions.model, window_size: int = DEFAULT_WINDOW_SIZE,
           workers: int = DEFAULT_CONCURRENT_CALLS, host: str = "[::]", limits: CallLimits = CallLimits(),
           answer: WindowScorer | None = None, mirror=None, calls_per_caller: int | None = None,
           idle_timeout_s: float = AdmissionLimits.idle_timeout_s) -> GatewayServer:

@@ -6,32 +6,16 @@ their models) and the wiring of the supervisor, its metrics and the OpenAI-compa
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
 from s2t.control.live_control import ADMIN_KEY_ENV
 from s2t.errors import FAILED, S2TError
+from s2t.serve.serve_options import ServeOptions
 
 
 class ServeRefused(S2TError):
     """The server was not started, or could not be kept running."""
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    repositories: tuple[Path, ...]
-    http_port: int = 8000
-    grpc_port: int = 8001
-    metrics_port: int = 8002
-    supervisor_port: int = 8003  # 0: no supervisor metrics
-    model_control_mode: str = "poll"
-    exit_timeout_s: int = 30
-    rate_limit_slots: int | None = None
-    max_restarts: int = 5
-    openai_port: int = 0  # 0: no OpenAI-compatible API
-    hang_seconds: float = 10.0  # an execute running longer makes the supervisor abort the server as hung
-    grpc_max_calls: int | None = None  # None: the gRPC front's default
 
 
 def admin_key(model_control_mode: str, environ: Mapping[str, str]) -> str | None:

@@ -4,32 +4,12 @@ Wires the gateway (s2t/gateway/skill_gateway.py), the dual-run sides and their m
 line only parses options and waits for the stop signal."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
+from s2t.gateway.gateway_options import GatewayOptions
 from s2t.serve.shutdown import stop_grpc_service
 
-
-@dataclass(frozen=True)
-class GatewayOptions:
-    port: int
-    triton_url: str
-    model: str
-    window_size: int
-    workers: int
-    max_calls_per_caller: int | None
-    call_timeout_s: float
-    idle_timeout_s: float
-    max_records: int
-    max_message_bytes: int
-    mirror: str | None = None  # the legacy service's HOST:PORT: dual-run
-    answer_from: str = "triton"
-    diff_report: Path | None = None
-    diff_report_interval_s: float = 10.0
-    mirror_timeout_s: float = 5.0
-    tolerance: float = 1e-5
-    metrics_port: int = 0
+__all__ = ["GatewayOptions", "RunningGateway"]
 
 
 class RunningGateway:

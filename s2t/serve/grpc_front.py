@@ -21,11 +21,12 @@ from pathlib import Path
 
 from s2t.errors import S2TError
 from s2t.serve.keeper import die_with_parent
+from s2t.serve.serve_options import GRPC_FRONT_MAX_CALLS
 
 BINARY = Path(__file__).resolve().parent / "native" / "s2t_grpc_front"
 BUILD_HINT = "`make native` builds it (native/build_grpc_front.sh alone)"
 # Calls to Triton in flight through the front at most. Each holds at most one message each way in the front.
-DEFAULT_MAX_CALLS = 1024
+DEFAULT_MAX_CALLS = GRPC_FRONT_MAX_CALLS
 # How long the front may take to listen once started (it binds in milliseconds).
 READY_TIMEOUT_S = 10.0
 SERVER_READY = "/inference.GRPCInferenceService/ServerReady"

@@ -1,0 +1,25 @@
+"""`s2t serve`'s options and their defaults: the one place the command line and the server's wiring take them from.
+Pure data: the command line imports it at start."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+# Calls the gRPC front keeps in flight to tritonserver at most (s2t/serve/grpc_front.py takes it from here).
+GRPC_FRONT_MAX_CALLS = 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeOptions:
+    repositories: tuple[Path, ...]
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    supervisor_port: int = 8003  # 0: no supervisor metrics
+    model_control_mode: str = "poll"
+    exit_timeout_s: int = 30
+    rate_limit_slots: int | None = None
+    max_restarts: int = 5
+    openai_port: int = 0  # 0: no OpenAI-compatible API
+    hang_seconds: float = 10.0  # an execute running longer makes the supervisor abort the server as hung
+    grpc_max_calls: int = GRPC_FRONT_MAX_CALLS
