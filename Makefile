@@ -14,7 +14,7 @@ BIN := $(VENV)/bin
 S2T := $(BIN)/s2t
 # `make test` only: libb64-0d: perf_analyzer from the tritonclient wheel; docker-compose: validating docker-compose.yml offline;
 # curl: the README example the tests run; wrk: `s2t bench`'s one HTTP load generator for Triton and the FastAPI baseline;
-# nghttp2-client: h2load, the gRPC load generator of `python -m s2t.bench.cpu_cost`.
+# nghttp2-client: h2load, the gRPC load generator of `python -m s2t.bench.scenarios.cpu_cost`.
 APT_PACKAGES := libb64-0d docker-compose curl wrk nghttp2-client
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # The deployment tests' tools, which plain APT_PACKAGES do not fit:

@@ -1,11 +1,11 @@
-"""`s2t bench`: runs one mode of the table in s2t/bench/registry.py."""
+"""`s2t bench`: runs one mode of the table in s2t/bench/harness/registry.py."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import click
 
-from s2t.bench.registry import BENCH_MODES, BenchOptions
+from s2t.bench.harness.registry import BENCH_MODES, BenchOptions
 from s2t.cli.options import (DEFAULT_DATA, DEFAULT_ONNX, DEFAULT_REPOSITORIES, DEFAULT_SAVED_MODEL, LLM_REPOSITORY,
                              emit, grpc_url_option, json_option, repositories_option)
 from s2t.cli.progress import progress

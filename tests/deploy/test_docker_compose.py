@@ -291,7 +291,7 @@ def test_the_locust_image_adds_what_the_locustfile_imports_at_the_project_pins(a
     assert installed and all(constraints[name] == version for name, version in installed.items()), installed
     assert _base_image(locust) == f"locustio/locust:{constraints['locust']}"
     # Third-party modules the locustfile and the project modules it imports need, beyond locust's own.
-    locustfile = ROOT / "s2t" / "bench" / "locustfile.py"
+    locustfile = ROOT / "s2t" / "bench" / "load" / "locustfile.py"
     modules = set()
     for source in [locustfile, *project_files(ROOT, [locustfile])]:
         for node in ast.walk(ast.parse(source.read_text())):
@@ -351,8 +351,8 @@ def test_locust_starts_only_on_demand_aimed_at_triton_with_the_repository_locust
     assert "--host=http://triton:8000" in command
     locustfile = Path(command[command.index("-f") + 1])
     mount = next(b for b in _binds(locust) if locustfile.is_relative_to(b["target"]))
-    assert (Path(mount["source"]) / locustfile.relative_to(mount["target"])) == ROOT / "s2t" / "bench" / "locustfile.py"
-    assert (ROOT / "s2t" / "bench" / "locustfile.py").is_file(), "s2t/bench/locustfile.py is missing"
+    assert (Path(mount["source"]) / locustfile.relative_to(mount["target"])) == ROOT / "s2t" / "bench" / "load" / "locustfile.py"
+    assert (ROOT / "s2t" / "bench" / "load" / "locustfile.py").is_file(), "s2t/bench/load/locustfile.py is missing"
 
 
 TLS_FLAGS = ["--grpc-use-ssl=true", "--grpc-server-cert=/run/secrets/triton_grpc_cert",

@@ -84,7 +84,7 @@ def test_publish_gates_the_engine_and_check_config_accepts_the_version(engines, 
 
 
 def test_the_gpu_benchmark_sweeps_engines_graphs_and_the_cpu(tmp_path, built_artifacts):
-    from s2t.bench import gpu
+    from s2t.bench.scenarios import gpu
     results = gpu.run(SCORER_ONNX, DATA_CSV, tmp_path, seconds=0.3, batches=(1, 64), optima=(64,))
     measured = {(p["engine"].split(" opt")[0], p["cuda_graph"]) for p in results["points"]}
     refused = {(u["engine"].split(" opt")[0], u["cuda_graph"]) for u in results["unavailable"]}

@@ -1,6 +1,6 @@
 """What every bench mode's results must say about the machine's load: each measured run watched, and the
-publishable flag following the rule (s2t/bench/machine_load.py) from the figures recorded beside it."""
-from s2t.bench.machine_load import verdict, RoundLoad
+publishable flag following the rule (s2t/bench/harness/machine_load.py) from the figures recorded beside it."""
+from s2t.bench.harness.machine_load import verdict, RoundLoad
 
 
 def assert_load_follows_the_rule(results: dict, labels: list[str], printed: str) -> None:

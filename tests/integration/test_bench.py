@@ -175,7 +175,7 @@ def test_bench_shows_its_steps_done_out_of_the_total_on_stderr_a_line_per_tenth_
 def test_locust_users_score_real_records_over_http_and_grpc_without_failures(triton):
     env = dict(os.environ, S2T_GRPC_URL=triton.grpc_url, S2T_DATA=str(DATA_CSV), S2T_MAX_REQUESTS="2000")
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "locust"), "-f", str(ROOT / "s2t" / "bench" / "locustfile.py"), "--headless",
+        [str(Path(sys.executable).parent / "locust"), "-f", str(ROOT / "s2t" / "bench" / "load" / "locustfile.py"), "--headless",
          "-u", "4", "-r", "4", "--run-time", "5s", "--host", f"http://{triton.http_url}", "--only-summary",
          "--json", "HttpRecordUser", "GrpcRecordUser"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)

@@ -55,8 +55,10 @@ def test_the_protocol_comparison_can_use_the_low_cpu_generators_and_names_them(t
     """wrk on HTTP and h2load on gRPC against the session server: one short round each, counted by Triton."""
     if not (shutil.which("wrk") and shutil.which("h2load")):
         pytest.skip("wrk and h2load (Debian wrk, nghttp2-client) are installed by `make test`")
-    from s2t.bench import h2load, perf_analyzer, protocols, report, workload, wrk
-    from s2t.bench.runner import TRITON_ROUTE, _stats
+    from s2t.bench.load import h2load, perf_analyzer, wrk
+    from s2t.bench.scenarios import protocols
+    from s2t.bench.harness import report, workload
+    from s2t.bench.harness.runner import TRITON_ROUTE, _stats
     from s2t.wire.names import PAYLOAD, PIPELINE
 
     payloads = workload.Workload.load(DATA_CSV).payloads()[:50]

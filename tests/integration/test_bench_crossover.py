@@ -3,8 +3,8 @@ FastAPI app: every point measured on both sides without errors, and its progress
 import json
 
 from tests.conftest import MODEL_REPOSITORY
-from s2t.bench import crossover
-from s2t.bench.machine_load import markdown_lines
+from s2t.bench.scenarios import crossover
+from s2t.bench.harness.machine_load import markdown_lines
 from tests.integration.bench_load import assert_load_follows_the_rule
 
 

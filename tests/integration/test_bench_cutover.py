@@ -3,7 +3,7 @@ the answers compared, the machine's load watched and the acceptance printed as p
 import json
 import subprocess
 
-from s2t.bench import cutover_acceptance
+from s2t.bench.scenarios import cutover_acceptance
 from tests.conftest import S2T
 from tests.integration.bench_load import assert_load_follows_the_rule
 

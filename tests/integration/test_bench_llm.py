@@ -3,7 +3,8 @@ measured, and its progress heard step by step up to the whole."""
 import json
 
 from tests.conftest import DATA_CSV, ENSEMBLES, LLM_REPOSITORY, MODEL_REPOSITORY
-from s2t.bench import genai_perf, llm
+from s2t.bench.load import genai_perf
+from s2t.bench.scenarios import llm
 from tests.integration.bench_load import assert_load_follows_the_rule
 
 

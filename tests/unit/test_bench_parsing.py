@@ -3,7 +3,8 @@ import math
 
 import pytest
 
-from s2t.bench import perf_analyzer, report, wrk
+from s2t.bench.load import perf_analyzer, wrk
+from s2t.bench.harness import report
 
 PERF_CONCURRENCY_CSV = (
     "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,"
@@ -112,7 +113,7 @@ def test_grpc_against_http_comes_from_the_median_alternating_rounds_when_measure
 
 
 def test_each_protocol_figure_is_its_own_median_over_the_rounds():
-    from s2t.bench import protocols
+    from s2t.bench.scenarios import protocols
     rounds = [{"requests_per_s": r, "client_cpu_us_per_request": c} for r, c in ((900.0, 80.0), (1200.0, 95.0),
                                                                                   (1000.0, 70.0))]
     assert protocols.median_of_rounds(rounds) == {"requests_per_s": 1000.0, "client_cpu_us_per_request": 80.0}
@@ -129,7 +130,7 @@ def test_the_protocol_comparison_names_the_generator_of_each_side(found, named):
 
 
 def test_the_clis_protocol_clients_are_the_comparisons_generator_pairs():
-    from s2t.bench import protocols
+    from s2t.bench.scenarios import protocols
     from s2t.cli.bench import bench
     option = next(p for p in bench.params if p.name == "protocol_clients")
     assert list(option.type.choices) == list(protocols.GENERATORS)

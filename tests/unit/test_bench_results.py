@@ -1,4 +1,4 @@
-"""How bench modes summarise latencies (s2t/bench/latency.py) and write their results (report.write_files)."""
+"""How bench modes summarise latencies (s2t/bench/harness/latency.py) and write their results (report.write_files)."""
 import json
 import math
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from s2t.bench.latency import LatencySummary
-from s2t.bench.report import write_files
+from s2t.bench.harness.latency import LatencySummary
+from s2t.bench.harness.report import write_files
 
 
 def test_no_call_is_nan_not_zero():

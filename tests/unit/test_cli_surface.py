@@ -239,7 +239,7 @@ def test_server_address_refuses_two_servers():
 def test_every_bench_mode_is_one_function_of_the_options_in_one_table():
     import inspect
 
-    from s2t.bench.registry import BENCH_MODES, BenchOptions
+    from s2t.bench.harness.registry import BENCH_MODES, BenchOptions
     mode_option = next(p for p in main.commands["bench"].params if p.name == "mode")
     assert list(mode_option.type.choices) == list(BENCH_MODES)
     for name, mode in BENCH_MODES.items():

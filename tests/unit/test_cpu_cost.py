@@ -1,4 +1,4 @@
-"""s2t/bench/cpu_cost.py's pure parts: the sides as written on the command line, the config a side serves, the
+"""s2t/bench/scenarios/cpu_cost.py's pure parts: the sides as written on the command line, the config a side serves, the
 code of another revision, and the arithmetic of CPU per request and of paired ratios."""
 import sys
 from pathlib import Path
@@ -7,7 +7,8 @@ import pytest
 
 from s2t import triton_config
 from s2t.backends.runtime import bytes_tensor
-from s2t.bench import cpu_cost, h2load
+from s2t.bench.scenarios import cpu_cost
+from s2t.bench.load import h2load
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE_CONFIG = (ROOT / "model_repository" / "risk_pipeline" / "config.pbtxt").read_text()

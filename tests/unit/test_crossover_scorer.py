@@ -2,7 +2,7 @@ import numpy as np
 import onnxruntime as ort
 
 from s2t.backends.records.record_decoder import encode_columns
-from s2t.bench.crossover import heavier
+from s2t.bench.scenarios.crossover import heavier
 
 
 def test_a_heavier_scorer_costs_more_and_answers_exactly_as_the_real_one(built_artifacts, tmp_path, german_credit_data,

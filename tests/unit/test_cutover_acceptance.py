@@ -3,8 +3,8 @@ import copy
 
 import pytest
 
-from s2t.bench import cutover_acceptance
-from s2t.bench.cutover_acceptance import checks, markdown_lines, summary
+from s2t.bench.scenarios import cutover_acceptance
+from s2t.bench.scenarios.cutover_acceptance import checks, markdown_lines, summary
 
 MB = 2**20
 

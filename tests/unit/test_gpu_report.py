@@ -1,6 +1,6 @@
 """The GPU bench's printed report: the machine-load verdict right under its heading, the heading first."""
-from s2t.bench.gpu import GpuPoint, markdown
-from s2t.bench.machine_load import LoadWatch, RoundLoad
+from s2t.bench.scenarios.gpu import GpuPoint, markdown
+from s2t.bench.harness.machine_load import LoadWatch, RoundLoad
 
 
 def watched(share: float, load_average: float) -> dict:

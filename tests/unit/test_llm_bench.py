@@ -1,7 +1,7 @@
 import pytest
 
 from s2t.clients.llm_client import StreamResult
-from s2t.bench.llm import _llm_repository, _summary, percentile
+from s2t.bench.scenarios.llm import _llm_repository, _summary, percentile
 from tests.conftest import LLM_REPOSITORY
 
 

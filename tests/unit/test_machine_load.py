@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from s2t.bench.machine_load import LoadWatch, RoundLoad, markdown_lines, verdict
+from s2t.bench.harness.machine_load import LoadWatch, RoundLoad, markdown_lines, verdict
 
 
 def round_of(share: float, label: str = "wrk triton round 1", cores: int = 2, wall: float = 10.0) -> RoundLoad:
@@ -84,7 +84,7 @@ def test_the_share_is_the_other_processes_cpu_not_kernel_time_no_process_was_cha
 
 
 def test_a_process_started_during_the_round_counts_whole_and_a_reused_pid_as_new():
-    from s2t.bench.machine_load import other_cpu_seconds
+    from s2t.bench.harness.machine_load import other_cpu_seconds
     before = {10: (100.0, 5.0), 11: (100.0, 1.0)}
     after = {10: (100.0, 5.5), 11: (200.0, 0.3), 12: (300.0, 0.2)}
     assert other_cpu_seconds(before, after) == pytest.approx(0.5 + 0.3 + 0.2)

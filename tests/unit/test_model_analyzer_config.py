@@ -3,7 +3,7 @@ import os
 
 import yaml
 
-from s2t.bench import model_analyzer
+from s2t.bench.load import model_analyzer
 from s2t.serve.triton_server import TRITON_DIR
 
 

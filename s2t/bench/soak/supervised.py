@@ -19,7 +19,7 @@ import numpy as np
 import psutil
 
 from s2t.models import dataset
-from s2t.bench.process_tree import process_rss
+from s2t.bench.harness.process_tree import process_rss
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.supervisor import stubs_of
 from s2t.wire.names import PAYLOAD

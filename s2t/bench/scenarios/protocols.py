@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ContextManager
 
-from s2t.bench import h2load, perf_analyzer, process_tree, wrk
+from s2t.bench.load import h2load, perf_analyzer, wrk
+from s2t.bench.harness import process_tree
 from s2t.on_progress import OnProgress, no_progress
 
 PROTOCOLS = ("http", "grpc")

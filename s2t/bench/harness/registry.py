@@ -1,6 +1,6 @@
 """Every mode of `s2t bench`, in one table: a name, what it measures, and one function `run(BenchOptions) ->
 BenchResult`. The command line lists and runs the modes from `BENCH_MODES` and knows none of them by name; how much
-the side-by-side modes (smoke, quick, full) measure is in s2t/bench/modes.py."""
+the side-by-side modes (smoke, quick, full) measure is in s2t/bench/harness/modes.py."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from s2t.bench.modes import MODES
+from s2t.bench.harness.modes import MODES
 from s2t.control.reachability import require_reachable
 from s2t.errors import S2TError
 from s2t.on_progress import OnProgress, no_progress
@@ -25,10 +25,10 @@ class BenchOptions:
     grpc_url: str | None  # gpu: a Triton serving model_repository_gpu
     saved_model: Path  # cutover: the legacy service's model
     llm_repository: Path
-    # cpu-cost: the sides measured against each other (`NAME[:knob=value,...]`, s2t/bench/cpu_cost.py); none: its
+    # cpu-cost: the sides measured against each other (`NAME[:knob=value,...]`, s2t/bench/scenarios/cpu_cost.py); none: its
     # default pair.
     sides: tuple[str, ...] = ()
-    # smoke, quick, full: the load generators of the HTTP / gRPC comparison (s2t/bench/protocols.py, GENERATORS).
+    # smoke, quick, full: the load generators of the HTTP / gRPC comparison (s2t/bench/scenarios/protocols.py, GENERATORS).
     protocol_clients: str = "perf_analyzer"
     log: Callable[[str], None] = print
     on_progress: OnProgress = no_progress
@@ -52,7 +52,7 @@ class BenchMode:
 
 def _verdict(results: dict) -> str:
     """Whether the run may be published, and why not: the first thing a reader of the figures sees."""
-    from s2t.bench.machine_load import markdown_lines
+    from s2t.bench.harness.machine_load import markdown_lines
     return "\n".join(markdown_lines(results["load"])) + "\n"
 
 
@@ -68,7 +68,7 @@ def _written_with_verdict(folder: Path) -> BenchResult:
 
 def _side_by_side(name: str) -> Callable[[BenchOptions], BenchResult]:
     def run(options: BenchOptions) -> BenchResult:
-        from s2t.bench.runner import Bench
+        from s2t.bench.harness.runner import Bench
         results = Bench(MODES[name], options.out_dir, list(options.repositories), options.data_csv, log=options.log,
                         on_progress=options.on_progress, protocol_clients=options.protocol_clients).run()
         lines = [f"{'met   ' if target['met'] else 'MISSED'}  {target['target']}: {target['measured']}"
@@ -81,7 +81,7 @@ def _side_by_side(name: str) -> Callable[[BenchOptions], BenchResult]:
 
 def _cutover(plan: str) -> Callable[[BenchOptions], BenchResult]:
     def run(options: BenchOptions) -> BenchResult:
-        from s2t.bench import cutover
+        from s2t.bench.scenarios import cutover
         folder = options.out_dir / ("cutover-smoke" if plan == "smoke" else "cutover")
         cutover.run(cutover.PLANS[plan], folder, list(options.repositories), options.data_csv, options.saved_model,
                     log=options.log, on_progress=options.on_progress)
@@ -91,15 +91,15 @@ def _cutover(plan: str) -> Callable[[BenchOptions], BenchResult]:
 
 
 def _gpu(options: BenchOptions) -> BenchResult:
-    from s2t.bench import gpu
+    from s2t.bench.scenarios import gpu
     require_reachable(options.grpc_url, "grpc")
     gpu.run(options.onnx_model, options.data_csv, options.out_dir / "gpu", url=options.grpc_url, log=options.log)
     return _written_with_verdict(options.out_dir / "gpu")
 
 
 def _crossover(options: BenchOptions) -> BenchResult:
-    from s2t.bench import crossover
-    from s2t.bench.machine_load import markdown_lines
+    from s2t.bench.scenarios import crossover
+    from s2t.bench.harness.machine_load import markdown_lines
     out = options.out_dir
     results = crossover.run(out, options.pipeline_repository, options.onnx_model, options.data_csv, log=options.log,
                             on_progress=options.on_progress)
@@ -111,13 +111,13 @@ def _crossover(options: BenchOptions) -> BenchResult:
 
 
 def _model_analyzer(options: BenchOptions) -> BenchResult:
-    from s2t.bench import model_analyzer
+    from s2t.bench.load import model_analyzer
     metrics = model_analyzer.run(options.out_dir, options.pipeline_repository, options.data_csv, log=options.log)
     return BenchResult({"results": str(metrics)}, metrics.read_text() + f"\nresults: {metrics} (reports beside it)")
 
 
 def _llm(options: BenchOptions) -> BenchResult:
-    from s2t.bench import llm
+    from s2t.bench.scenarios import llm
     llm.run(options.out_dir / "llm", list(options.repositories), options.llm_repository, options.data_csv,
             log=options.log, on_progress=options.on_progress)
     return _written_with_verdict(options.out_dir / "llm")
@@ -131,7 +131,7 @@ def _cpu_cost(plan: str, folder_name: str | None = None,
               default_sides: tuple[str, ...] = ()) -> Callable[[BenchOptions], BenchResult]:
     """cpu_cost's `plan` on the --side sides, or `default_sides` when none is named (none: cpu_cost's own)."""
     def run(options: BenchOptions) -> BenchResult:
-        from s2t.bench import cpu_cost
+        from s2t.bench.scenarios import cpu_cost
         try:
             sides = cpu_cost.parse_sides(options.sides or default_sides)
         except ValueError as err:

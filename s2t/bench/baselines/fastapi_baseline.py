@@ -27,8 +27,8 @@ from pathlib import Path
 
 MODEL_ENV, PIPELINE_ENV = "S2T_BASELINE_MODEL", "S2T_BASELINE_PIPELINE_CONFIG"
 ROUTE = "/score"
-APPS = {"baseline": "s2t.bench.fastapi_baseline:create_app",
-        "fastapi-docs": "s2t.bench.fastapi_baseline:create_docs_app"}
+APPS = {"baseline": "s2t.bench.baselines.fastapi_baseline:create_app",
+        "fastapi-docs": "s2t.bench.baselines.fastapi_baseline:create_docs_app"}
 
 
 def _pipeline():

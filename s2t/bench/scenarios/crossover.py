@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from s2t.backends.records.feature_spec import NUMERIC_INPUT, PROBABILITY_OUTPUT
-from s2t.bench import report, wrk, workload
-from s2t.bench.machine_load import LoadWatch
-from s2t.bench.runner import machine
-from s2t.bench.fastapi_baseline import ROUTE, BaselineServer
+from s2t.bench.harness import report, workload
+from s2t.bench.load import wrk
+from s2t.bench.harness.machine_load import LoadWatch
+from s2t.bench.harness.runner import machine
+from s2t.bench.baselines.fastapi_baseline import ROUTE, BaselineServer
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.triton_server import TritonServer, free_port
 

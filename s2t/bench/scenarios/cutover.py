@@ -14,8 +14,8 @@ answers, the clock a user sees (the legacy service's "listening" line comes afte
 SavedModel; Triton's is `s2t serve`'s "ready" line, every model ready; the gateway path's, that plus the gateway's
 own start to its "ready" line). The gateway runs with exactly `callers` call slots: no call is refused.
 
-Every measured run is watched for the machine's load (s2t/bench/machine_load.py): results.json and the table say
-whether the run is publishable, and the acceptance (s2t/bench/cutover_acceptance.py) is printed as pass/fail lines.
+Every measured run is watched for the machine's load (s2t/bench/harness/machine_load.py): results.json and the table say
+whether the run is publishable, and the acceptance (s2t/bench/scenarios/cutover_acceptance.py) is printed as pass/fail lines.
 Answers are compared record by record, gateway path and Triton directly against the legacy service.
 """
 from __future__ import annotations
@@ -39,9 +39,10 @@ from s2t.clients.legacy_record import to_protobuf
 from s2t.wire import skill_pb2, skill_pb2_grpc
 from s2t.models import dataset
 from s2t.serve import service_process
-from s2t.bench import cutover_acceptance, machine_load, process_tree, report
-from s2t.bench.latency import LatencySummary
-from s2t.bench.machine_load import LoadWatch
+from s2t.bench.scenarios import cutover_acceptance
+from s2t.bench.harness import machine_load, process_tree, report
+from s2t.bench.harness.latency import LatencySummary
+from s2t.bench.harness.machine_load import LoadWatch
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.triton_server import free_port
 from s2t.wire.names import PAYLOAD

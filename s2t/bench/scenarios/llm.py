@@ -18,9 +18,10 @@ from typing import Callable
 
 from s2t.clients.llm_client import StreamResult, generate_stream
 from s2t.backends.llm.engine import packaged_model_path
-from s2t.bench import genai_perf, machine_load, report, workload, wrk
-from s2t.bench.machine_load import LoadWatch
-from s2t.bench.runner import machine
+from s2t.bench.load import genai_perf, wrk
+from s2t.bench.harness import machine_load, report, workload
+from s2t.bench.harness.machine_load import LoadWatch
+from s2t.bench.harness.runner import machine
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.triton_server import TritonServer, free_port
 

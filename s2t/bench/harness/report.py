@@ -5,7 +5,7 @@ import json
 import math
 from pathlib import Path
 
-from s2t.bench import machine_load
+from s2t.bench.harness import machine_load
 
 MB = 2**20
 TARGET_HTTP_RATIO = 1.0  # above it: faster than the strongest FastAPI app

@@ -23,11 +23,13 @@ import psutil
 from s2t.backends.records.feature_spec import FeatureSpec
 from s2t.backends.records.record_decoder import RecordDecoder
 from s2t import triton_config
-from s2t.bench import (h2load, limit_baseline as inprocess, perf_analyzer, process_tree, protocols, report,
-                       stub_profile, workload, wrk)
-from s2t.bench.fastapi_baseline import APPS as BASELINE_APPS, ROUTE as BASELINE_ROUTE, BaselineServer
-from s2t.bench.machine_load import LoadWatch
-from s2t.bench.modes import Mode
+from s2t.bench.load import h2load, perf_analyzer, wrk
+from s2t.bench.baselines import limit_baseline as inprocess
+from s2t.bench.harness import process_tree, report, workload
+from s2t.bench.scenarios import protocols, stub_profile
+from s2t.bench.baselines.fastapi_baseline import APPS as BASELINE_APPS, ROUTE as BASELINE_ROUTE, BaselineServer
+from s2t.bench.harness.machine_load import LoadWatch
+from s2t.bench.harness.modes import Mode
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve import service_process
 from s2t.serve.triton_server import TritonServer, free_port

@@ -2,7 +2,7 @@
 
 Headless and bounded, with a pass/fail rule on the error rate:
 
-    locust -f s2t/bench/locustfile.py --headless -u 8 -r 8 --run-time 30s --host http://localhost:8000 \
+    locust -f s2t/bench/load/locustfile.py --headless -u 8 -r 8 --run-time 30s --host http://localhost:8000 \
         HttpRecordUser GrpcRecordUser
 
 Environment: S2T_GRPC_URL (gRPC HOST:PORT, default localhost:8001), S2T_DATA (German Credit CSV),
@@ -25,7 +25,7 @@ MAX_ERROR_RATE = float(os.environ.get("S2T_MAX_ERROR_RATE", "0.01"))
 
 
 def _payloads() -> list[bytes]:
-    from s2t.bench.workload import Workload
+    from s2t.bench.harness.workload import Workload
     return Workload.load(DATA).payloads()
 
 
@@ -36,7 +36,7 @@ class HttpRecordUser(FastHttpUser):
     """One record per request, as curl sends it (s2t/clients/examples/risk_pipeline_request.json)."""
 
     def on_start(self):
-        from s2t.bench.workload import triton_json_body
+        from s2t.bench.harness.workload import triton_json_body
         self._bodies = cycle([triton_json_body(p) for p in PAYLOADS])
 
     @task

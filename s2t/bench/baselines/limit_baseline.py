@@ -11,7 +11,7 @@ import numpy as np
 
 from s2t.backends.scoring.decision_policy import Thresholds, decide
 from s2t.backends.records.record_decoder import RecordDecoder
-from s2t.bench.latency import LatencySummary
+from s2t.bench.harness.latency import LatencySummary
 
 
 @dataclass(frozen=True)

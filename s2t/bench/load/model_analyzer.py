@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from s2t.models import dataset
-from s2t.bench import perf_analyzer
+from s2t.bench.load import perf_analyzer
 from s2t.serve.triton_server import TRITON_DIR, assemble_backend_dir, server_env
 
 PROFILED = "risk_pipeline"

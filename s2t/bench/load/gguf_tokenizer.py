@@ -3,7 +3,7 @@ offline: genai-perf counts prompt and answer tokens with a transformers tokenize
 GGUF file (llama.cpp's BPE vocabulary, merges and special tokens).
 
 Run with an interpreter that has the `gguf` and `tokenizers` packages (the genai-perf environment):
-`python s2t/bench/gguf_tokenizer.py MODEL.gguf OUT_DIR`. Standalone on purpose: nothing from s2t is imported.
+`python s2t/bench/load/gguf_tokenizer.py MODEL.gguf OUT_DIR`. Standalone on purpose: nothing from s2t is imported.
 """
 from __future__ import annotations
 

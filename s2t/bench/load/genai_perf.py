@@ -3,7 +3,7 @@ kserve endpoint, gRPC streaming): time to first token, inter-token latency and o
 
 genai-perf lives in its own environment (`make genai-venv` builds .venv-genai: its transformers, pandas and
 plotting stack stay out of the serving environment). The tokenizer it counts tokens with is written from the
-served GGUF file's own metadata (s2t/bench/gguf_tokenizer.py, run in that environment): no network, no Hugging Face
+served GGUF file's own metadata (s2t/bench/load/gguf_tokenizer.py, run in that environment): no network, no Hugging Face
 download.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from s2t.errors import S2TError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GENAI_VENV = ROOT / ".venv-genai"
 BACKENDS = ("tensorrtllm", "vllm")
 
@@ -53,7 +53,7 @@ def write_tokenizer(gguf: Path, out_dir: Path, venv: Path = GENAI_VENV) -> Path:
     folder = out_dir / f"{gguf.stem}-{gguf.stat().st_size}"
     if (folder / "tokenizer.json").is_file():
         return folder
-    done = subprocess.run([str(venv / "bin" / "python"), str(ROOT / "s2t" / "bench" / "gguf_tokenizer.py"),
+    done = subprocess.run([str(venv / "bin" / "python"), str(ROOT / "s2t" / "bench" / "load" / "gguf_tokenizer.py"),
                            str(gguf), str(folder)], capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise GenaiPerfError(f"the tokenizer could not be written from {gguf}: {done.stderr.strip()[-2000:]}")

@@ -24,7 +24,7 @@ class Mode:
     # wrk rounds: Triton and each FastAPI app take turns (http_seconds each per round) while all are up, so a
     # change in the machine's load hits every side alike; each side's figure is its median round.
     http_rounds: int = 1
-    # perf_analyzer HTTP / gRPC rounds on risk_pipeline at http_connections, alternating (s2t/bench/protocols.py).
+    # perf_analyzer HTTP / gRPC rounds on risk_pipeline at http_connections, alternating (s2t/bench/scenarios/protocols.py).
     protocol_rounds: int = 1
 
 

@@ -11,8 +11,8 @@ recorded too, but only as a figure relative to the first side measured at the sa
 CPU per request still moves with the batch size the dynamic batcher forms (a starved server batches more), so each
 round records the mean batch as well: compare sides at equal mean batch.
 
-    python -m s2t.bench.cpu_cost --side base --side two:instances=2 --side grpc:client=perf_analyzer,protocol=grpc
-    python -m s2t.bench.cpu_cost --side before:rev=HEAD~1 --side after      # this tree's code against a revision
+    python -m s2t.bench.scenarios.cpu_cost --side base --side two:instances=2 --side grpc:client=perf_analyzer,protocol=grpc
+    python -m s2t.bench.scenarios.cpu_cost --side before:rev=HEAD~1 --side after      # this tree's code against a revision
     s2t bench --mode cpu-cost --side base --side grpc:client=h2load          # the same, as a mode of `s2t bench`
     s2t bench --mode grpc-front                                             # gRPC through the front vs Triton's own
 
@@ -39,8 +39,10 @@ import psutil
 from google.protobuf import text_format
 
 from s2t import triton_config
-from s2t.bench import h2load, perf_analyzer, process_tree, report, stub_profile, workload, wrk
-from s2t.bench.machine_load import LoadWatch
+from s2t.bench.load import h2load, perf_analyzer, wrk
+from s2t.bench.harness import process_tree, report, workload
+from s2t.bench.scenarios import stub_profile
+from s2t.bench.harness.machine_load import LoadWatch
 from s2t.serve.triton_server import TritonServer, free_port
 from s2t.wire.names import PAYLOAD, PIPELINE, SCORER
 
@@ -182,7 +184,7 @@ class _Server:
 def _revision_tree(rev: str, dest: Path) -> Path:
     """The models' code of git revision `rev` of this checkout, in `dest`: `s2t/backends/` and `s2t/wire/`, or, in a
     revision from before the one package, the top-level `backends/` and `wire/`."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     dest.mkdir(parents=True)
     top = subprocess.run(["git", "-C", str(root), "ls-tree", "--name-only", rev], capture_output=True, text=True,
                          check=True).stdout.split()
@@ -196,7 +198,7 @@ def _revision_tree(rev: str, dest: Path) -> Path:
 def _revision_model(rev: str, dest: Path) -> None:
     """risk_pipeline's config and model.py as git revision `rev` of this checkout has them (its backend included:
     a revision before the in-process backend runs it on the python backend), over the copy in `dest`."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     folder = f"model_repository/{PIPELINE}"
     names = subprocess.run(["git", "-C", str(root), "ls-tree", "-r", "--name-only", rev, folder], capture_output=True,
                            text=True, check=True).stdout.split()
@@ -351,7 +353,7 @@ def measure(sides: list[Side], repository: Path, data_csv: Path, plan: Plan, out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m s2t.bench.cpu_cost", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m s2t.bench.scenarios.cpu_cost", description=__doc__.split("\n\n")[0])
     parser.add_argument("--side", action="append", default=[],
                         help="NAME[:knob=value,...]; knobs " + ", ".join(SERVER_KNOBS + CLIENT_KNOBS)
                         + f" [default: {' '.join(DEFAULT_SIDES)}]")

@@ -17,9 +17,9 @@ from typing import Callable
 import numpy as np
 
 from s2t.models import tensorrt_engine
-from s2t.bench import machine_load, report
-from s2t.bench.limit_baseline import time_calls
-from s2t.bench.machine_load import LoadWatch
+from s2t.bench.harness import machine_load, report
+from s2t.bench.baselines.limit_baseline import time_calls
+from s2t.bench.harness.machine_load import LoadWatch
 
 BATCHES = (1, 8, 64, 256)
 OPTIMA = (8, 64, 256)  # profile optima tried for the FP32 engine: the "tuned optimum" is the best of these
@@ -181,7 +181,7 @@ def _onnxruntime_graphed(ort, onnx_path: Path, categorical: np.ndarray, numeric:
 
 def onnxruntime_cpu_points(onnx_path: Path, categorical: np.ndarray, numeric: np.ndarray,
                            batches: tuple[int, ...], seconds: float) -> list[GpuPoint]:
-    from s2t.bench.limit_baseline import session
+    from s2t.bench.baselines.limit_baseline import session
     sess = session(onnx_path)
     points = []
     for batch in batches:
@@ -234,7 +234,8 @@ SERVED_MODELS = ("risk_scorer_trt", "risk_scorer_cuda", "risk_scorer")
 def served_points(url: str, categorical: np.ndarray, numeric: np.ndarray, batches: tuple[int, ...],
                   out_dir: Path) -> list[dict]:
     """perf_analyzer (gRPC, 2 callers) on each scorer the server at `url` serves, at each batch size."""
-    from s2t.bench import perf_analyzer, workload
+    from s2t.bench.load import perf_analyzer
+    from s2t.bench.harness import workload
     input_data = out_dir / "perf_input_scorer.json"
     input_data.write_text(json.dumps(workload.perf_input_scorer(categorical, numeric)))
     settings = perf_analyzer.Settings(requests=500, stability_percent=20)

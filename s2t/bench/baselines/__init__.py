@@ -1,0 +1,1 @@
+"""What Triton is measured against: plain FastAPI + ONNX Runtime, and the in-process limit."""

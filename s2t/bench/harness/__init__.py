@@ -1,0 +1,1 @@
+"""The bench's harness: the run, the table of modes and how much each measures, results and reports, the machine's load, process trees' CPU and memory, latencies, and the records every load generator sends."""

@@ -1,0 +1,1 @@
+"""Soaks: a fixed rate for minutes watching memory (supervised), and the hostile soak (hostile/)."""
