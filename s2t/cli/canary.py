@@ -11,6 +11,7 @@ from s2t.cli.options import emit, json_option
 from s2t.cli.rollouts import consumers_option, report_timings, repository_option, rollout_of, timings_ms, url_option
 from s2t.control.reachability import require_reachable
 from s2t.errors import GATE_REFUSED
+from s2t.gate.canary_limits import Limits
 
 
 @click.command()
@@ -30,14 +31,15 @@ from s2t.errors import GATE_REFUSED
 @click.option("--steps", default="10,25,50,100", show_default=True, help="--auto: canary shares, in percent")
 @click.option("--interval", default="60s", show_default=True, help="--auto: how long each step is watched")
 @click.option("--metrics-url", help="--auto: risk_router's metrics [default: the --http-url host, port + 2]")
-@click.option("--max-shadow-diff", type=float, default=0.01, show_default=True,
+@click.option("--max-shadow-diff", type=float, default=Limits.max_shadow_mean_diff, show_default=True,
               help="--auto: mean |candidate - primary| on mirrored records")
-@click.option("--max-error-rate", type=float, default=0.01, show_default=True,
+@click.option("--max-error-rate", type=float, default=Limits.max_error_rate, show_default=True,
               help="--auto: share of the candidate's records that may fail")
-@click.option("--max-p99-ms", type=float, default=250.0, show_default=True, help="--auto: the candidate's scoring calls")
-@click.option("--max-psi", type=float, default=0.25, show_default=True,
+@click.option("--max-p99-ms", type=float, default=Limits.max_p99_seconds * 1000, show_default=True,
+              help="--auto: the candidate's scoring calls")
+@click.option("--max-psi", type=float, default=Limits.max_psi, show_default=True,
               help="--auto: PSI of the candidate's scores against the primary's")
-@click.option("--min-rows", type=click.IntRange(1), default=30, show_default=True,
+@click.option("--min-rows", type=click.IntRange(1), default=Limits.min_rows, show_default=True,
               help="--auto: candidate records a step needs before it is judged")
 @json_option
 def canary(model, version, percent, shadow, off, repository, consumer_repositories, candidate_repositories,
@@ -79,7 +81,8 @@ def _auto_canary(model, version, repository, consumer_repositories, url, steps, 
         raise click.UsageError(f"--steps / --interval: {err}") from None
     if not shares or not all(0 < s <= 100 for s in shares):
         raise click.UsageError("--steps: shares within 0..100, e.g. 10,25,50,100")
-    limits = canary_analysis.Limits(max_shadow_diff, max_error_rate, max_p99_ms / 1000, max_psi, min_rows)
+    limits = Limits(max_shadow_mean_diff=max_shadow_diff, max_error_rate=max_error_rate,
+                    max_p99_seconds=max_p99_ms / 1000, max_psi=max_psi, min_rows=min_rows)
     require_reachable(url)
     rollout = rollout_of(model, repository, consumer_repositories, url)
     outcome = auto_canary.run(rollout, version, shares, interval_seconds, limits,

@@ -20,18 +20,8 @@ from dataclasses import dataclass
 
 from s2t.backends.routing.drift_watch import psi
 from s2t.backends.routing.router_metrics import SCORE_BUCKETS, target_labels
+from s2t.gate.canary_limits import Limits
 from s2t.prometheus_text import Metrics
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_shadow_mean_diff: float = 0.01
-    max_error_rate: float = 0.01
-    max_p99_seconds: float = 0.25
-    max_psi: float = 0.25
-    min_rows: int = 30  # candidate records per step before anything is judged
-    min_psi_rows: int = 200  # below this PSI is mostly sampling noise (about bins/rows), so it is not judged
-    max_extensions: int = 3
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""`s2t serve` and `s2t gateway`: one source of defaults (the options dataclasses), keyword-only, `S2T_` variables."""
+"""`s2t serve`, `s2t gateway`, `s2t canary --auto`: one source of defaults (the options dataclasses), keyword-only,
+`S2T_` variables."""
 from __future__ import annotations
 
 import dataclasses
@@ -91,3 +92,23 @@ def test_ports_are_read_from_s2t_variables_and_still_from_the_older_names(served
     result = CliRunner().invoke(serve, [], env=env)
     assert result.exit_code == 0, result.output
     assert served[-1].http_port == expected
+
+
+def test_the_automatic_canarys_limits_on_the_command_line_are_the_analysis_defaults():
+    from s2t.cli.canary import canary
+    from s2t.gate.canary_analysis import Limits as Judged
+    from s2t.gate.canary_limits import Limits
+    given = {p.name: p.default for p in canary.params}
+    assert Judged is Limits
+    assert (given["max_shadow_diff"], given["max_error_rate"], given["max_p99_ms"] / 1000, given["max_psi"],
+            given["min_rows"]) == (Limits.max_shadow_mean_diff, Limits.max_error_rate, Limits.max_p99_seconds,
+                                   Limits.max_psi, Limits.min_rows)
+    with pytest.raises(TypeError):
+        Limits(0.01)
+
+
+def test_bench_modes_are_keyword_only():
+    from s2t.bench.harness.modes import MODES, Mode
+    assert MODES["quick"].http_rounds == 2 and MODES["full"].protocol_rounds == 5
+    with pytest.raises(TypeError):
+        Mode("smoke", 100)

@@ -1,11 +1,11 @@
-"""How much each mode measures. `quick` fits in under 3 minutes on the 2-core machine; `smoke` only proves the
-machinery (the tests run it); `full` is what the README table comes from."""
+"""How much each mode measures. `quick` fits in under 3 minutes on the 2-core machine and is what the README's
+figures come from; `smoke` only proves the machinery (the tests run it); `full` measures more points and rounds."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Mode:
     name: str
     window_requests: int  # perf_analyzer: answered requests per measurement window
@@ -24,14 +24,20 @@ class Mode:
     # wrk rounds: Triton and each FastAPI app take turns (http_seconds each per round) while all are up, so a
     # change in the machine's load hits every side alike; each side's figure is its median round.
     http_rounds: int = 1
-    # perf_analyzer HTTP / gRPC rounds on risk_pipeline at http_connections, alternating (s2t/bench/scenarios/protocols.py).
+    # perf_analyzer HTTP / gRPC rounds on risk_pipeline at http_connections, alternating
+    # (s2t/bench/scenarios/protocols.py).
     protocol_rounds: int = 1
 
 
 MODES = {
-    "smoke": Mode("smoke", 100, (4,), (8,), (200,), ("http",), 2, 6, 1, 200, 4, 0.2, 1),
-    "quick": Mode("quick", 600, (1, 16), (1, 256), (1000,), ("http",), 5, 12, 2, 2000, 16, 1.0, 1, http_rounds=2,
-                  protocol_rounds=2),
-    "full": Mode("full", 1500, (1, 4, 16, 32), (1, 16, 64, 256), (500, 1000, 2000), ("http", "grpc"),
-                 8, 30, 5, 5000, 16, 3.0, 3, http_rounds=5, protocol_rounds=5),
+    "smoke": Mode(name="smoke", window_requests=100, concurrency=(4,), batches=(8,), request_rates=(200,),
+                  rate_protocols=("http",), http_seconds=2, swap_seconds=6, swaps=1, stream_records=200,
+                  stream_streams=4, inprocess_seconds=0.2, cold_starts=1),
+    "quick": Mode(name="quick", window_requests=600, concurrency=(1, 16), batches=(1, 256), request_rates=(1000,),
+                  rate_protocols=("http",), http_seconds=5, swap_seconds=12, swaps=2, stream_records=2000,
+                  stream_streams=16, inprocess_seconds=1.0, cold_starts=1, http_rounds=2, protocol_rounds=2),
+    "full": Mode(name="full", window_requests=1500, concurrency=(1, 4, 16, 32), batches=(1, 16, 64, 256),
+                 request_rates=(500, 1000, 2000), rate_protocols=("http", "grpc"), http_seconds=8, swap_seconds=30,
+                 swaps=5, stream_records=5000, stream_streams=16, inprocess_seconds=3.0, cold_starts=3, http_rounds=5,
+                 protocol_rounds=5),
 }
