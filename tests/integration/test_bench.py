@@ -97,8 +97,9 @@ def test_ratios_are_computed_from_the_measured_numbers(smoke_run):
                   if p["model"] == "risk_scorer" and p["protocol"] == "grpc" and p["batch"] == batch)
     engine = next(p for p in results["inprocess"] if p["what"] == "onnxruntime" and p["batch"] == batch)
     assert ratios["grpc_scorer_batch_vs_inprocess"] == pytest.approx(scorer["infer_per_s"] / engine["rows_per_s"])
-    # HTTP ratio, p99, gRPC against HTTP (the alternating rounds run in every mode), batches, cold start, RSS.
-    assert len(results["targets"]) == 6 and all(isinstance(t["met"], bool) for t in results["targets"])
+    # HTTP ratio, p99, CPU per request, gRPC against HTTP (the alternating rounds run in every mode), batches, cold
+    # start, RSS.
+    assert len(results["targets"]) == 7 and all(isinstance(t["met"], bool) for t in results["targets"])
 
 
 def test_bench_times_cold_start_from_s2t_serve_and_weighs_the_whole_serving_tree(smoke_run):

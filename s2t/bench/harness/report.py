@@ -10,6 +10,9 @@ from s2t.bench.harness import machine_load
 MB = 2**20
 TARGET_HTTP_RATIO = 1.0  # above it: faster than the strongest FastAPI app
 GOAL_HTTP_RATIO = 1.5
+# CPU per request of the serving process tree against FastAPI's (uvicorn and its workers).
+TARGET_CPU_RATIO = 0.6
+GOAL_CPU_RATIO = 0.4
 TARGET_BATCH_SHARE = 0.5
 TARGET_BATCH = 256
 TARGET_COLD_START_S = 2.0
@@ -81,6 +84,7 @@ def targets(results: dict, r: dict) -> list[dict]:
     tree = results.get("serving_tree", {}).get("after_load_bytes")
     rss = tree if tree is not None else max(memory["triton_peak_bytes"], memory["triton_after_load_bytes"])
     cold = results["cold_start"]["median_s"]
+    cpu_ratio = _ratio(triton.get("cpu_ms_per_request"), base.get("cpu_ms_per_request"))
     rows = [
         {"target": f"risk_pipeline HTTP c={triton['connections']}: above {TARGET_HTTP_RATIO:g}x the req/s of the "
                    f"strongest FastAPI app (goal {GOAL_HTTP_RATIO:g}x)",
@@ -90,6 +94,11 @@ def targets(results: dict, r: dict) -> list[dict]:
         {"target": "risk_pipeline HTTP p99 at or below FastAPI's p99",
          "measured": f"{triton['p99_ms']:.1f} ms vs {base['p99_ms']:.1f} ms",
          "met": triton["p99_ms"] <= base["p99_ms"]},
+        {"target": f"risk_pipeline HTTP CPU per request (server process tree) at most {TARGET_CPU_RATIO:g}x "
+                   f"FastAPI's (goal {GOAL_CPU_RATIO:g}x)",
+         "measured": "not measured" if math.isnan(cpu_ratio) else
+                     f"{cpu_ratio:.2f}x ({triton['cpu_ms_per_request']:.2f} vs {base['cpu_ms_per_request']:.2f} ms)",
+         "met": cpu_ratio <= TARGET_CPU_RATIO},
     ]
     if "perf_analyzer_grpc_vs_http_pipeline" in r:
         rows.append({"target": f"risk_pipeline gRPC c={triton['connections']} at least its HTTP req/s "
