@@ -14,7 +14,7 @@ BUILT_PATH_NAMES = ("ARTIFACTS", "DATA_CSV", "SAVED_MODEL", "SCORER_ONNX")
 
 def test_no_unit_test_names_a_path_that_make_models_builds():
     offenders = []
-    for path in sorted(HERE.glob("*.py")):
+    for path in sorted(HERE.rglob("*.py")):
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"\b(" + "|".join(BUILT_PATH_NAMES) + r")\b", line) and "BUILT_PATH_NAMES" not in line:
                 offenders.append(f"{path.name}:{number}: {line.strip()}")

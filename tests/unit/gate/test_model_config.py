@@ -5,7 +5,7 @@ import pytest
 
 from s2t.gate.model_config import check_repositories
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from s2t.backends.runtime import bytes_tensor
 from s2t.bench.scenarios import cpu_cost
 from s2t.bench.load import h2load
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PIPELINE_CONFIG = (ROOT / "model_repository" / "risk_pipeline" / "config.pbtxt").read_text()
 
 
