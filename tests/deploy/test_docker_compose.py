@@ -520,7 +520,7 @@ def test_the_compose_command_heals_a_dead_stub_and_leaves_no_stub_when_the_serve
             assert until(lambda: json.loads(state_file.read_text())["server_pid"] == server, 20)
             assert "s2t_server_restarts_total 0" in get(f"http://localhost:{ports['supervisor']}/metrics")
             # No admin key in the compose file: the keeper locks shared memory, logging and trace on both protocols.
-            from tests.integration.test_lifecycle import assert_locked
+            from tests.integration.serve.test_lifecycle import assert_locked
             assert_locked(f"localhost:{ports['http']}", f"localhost:{ports['grpc']}")
             victim = next(pid for pid, s in stubs_of(server).items() if s.model == "skill_adapter")
             os.kill(victim, signal.SIGKILL)

@@ -136,7 +136,7 @@ ANSWER_DEADLINE_S = KILL_TTFT_S + KILL_TOKEN_S + 20
 
 # Triton 2.51's python backend aborts the whole server (this text in its log) when a stub is killed while it holds
 # its shared-memory lock, which it does for microseconds per message. `s2t serve` starts an aborted server again
-# (tests/integration/test_lifecycle.py); a run the server did not survive says nothing of the explainer.
+# (tests/integration/serve/test_lifecycle.py); a run the server did not survive says nothing of the explainer.
 SERVER_ABORT = "boost::interprocess::lock_exception"
 KILL_TRIES = 3
 
@@ -251,7 +251,7 @@ def generations_since(url: str, before: dict[str, int], timeout_s: float = 10) -
 
 def test_explanations_follow_a_canary_of_the_language_model_to_both_versions(triton_llm):
     from s2t.backends.llm.engine import packaged_model_path
-    from tests.integration.test_llm_rollout import s2t
+    from tests.integration.llm.test_llm_rollout import s2t
 
     repo = triton_llm.repositories[-1]
     staged, _ = s2t(triton_llm, repo, "publish", "llm", str(packaged_model_path()), "--stage")

@@ -23,7 +23,7 @@ from s2t.control.version_store import ControlLockTimeout, VersionStore
 from s2t.serve.supervisor import RELOAD_PARAMETER, Reloader
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT, S2T
 from tests.integration.servers import repository_copies, triton_server
-from tests.integration.test_staged_rollout import Load, infer, payloads
+from tests.integration.control.test_staged_rollout import Load, infer, payloads
 
 MODEL = "risk_scorer"
 CONSUMERS = ("risk_pipeline", "risk_router", "risk_pipeline_ensemble")  # the order they are written in

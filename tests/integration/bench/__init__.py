@@ -1,0 +1,1 @@
+"""Integration tests: s2t/bench/: every mode on a short plan."""

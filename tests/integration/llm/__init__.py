@@ -1,0 +1,1 @@
+"""Integration tests: the language model served: admission, streams, rollouts, the OpenAI API."""

@@ -1,0 +1,1 @@
+"""Integration tests: s2t/models/ and s2t/gate/: conversion, signatures, parity."""
