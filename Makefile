@@ -60,10 +60,12 @@ unit: $(VENV)/.installed-dev proto
 	$(call pytest,unit,tests/unit --durations=10)
 
 # Everything else: the real tritonserver, the built models, the deployment files, the GPU tests (skipped without one).
-# Two workers, a file's tests on one of them (its module's server with them): most of a test's time is waiting on
-# servers starting, reloads and timers, which the other worker's test fills.
+# One worker by default. `make integration WORKERS=2` runs two, a file's tests on one of them (its module's server
+# with them): about 7 minutes shorter on 2 cores, but the second worker's load still exposes timing races in some
+# tests (docs/testing.md), so CI stays on one until runs of two are steadily green.
+WORKERS ?= 1
 integration: models $(VENV)/.installed-test $(GENAI_VENV)/.installed
-	$(call pytest,integration,--ignore=tests/unit -n 2 --dist loadfile --durations=25)
+	$(call pytest,integration,--ignore=tests/unit $(if $(filter-out 1,$(WORKERS)),-n $(WORKERS) --dist loadfile) --durations=25)
 
 # $(call pytest,LEVEL,ARGS): one level of the suite. pytest's exit status stays the target's, and is named: 5 (no
 # test collected) fails the level too, since a level that runs nothing proves nothing.
