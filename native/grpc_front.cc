@@ -330,7 +330,7 @@ class Relay {
     if (ok)
       in_ready_ = true;
     else
-      client_done_ = true;  // half-closed or over the size limit: upstream is half-closed (a cancel: ClientCallDone)
+      client_done_ = true;  // half-closed: upstream is half-closed (a cancel or an over-size message: ClientCallDone)
     PumpClientToUpstream();
   }
 

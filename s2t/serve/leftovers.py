@@ -66,7 +66,7 @@ def orphaned(region: Region, holders: Holders) -> bool:
 def regions_of(pids) -> set[str]:
     """The regions of these stub processes (those still running)."""
     commands = (stub_command.read(pid, PROC) for pid in pids)
-    return {command.region for command in commands if command is not None}
+    return {command.region for command in commands if command is not None and command.region}
 
 
 def stub_is_orphaned(command: StubCommand, parent_pid: int) -> bool:
