@@ -352,8 +352,6 @@ def serve(port: int, triton_url: str, model: str = GatewayOptions.model, window_
     target, so a connection is a client process). The window size is checked against the model's
     `max_batch_size` when Triton answers; an unreachable Triton is not an error here (calls fail UNAVAILABLE until
     it is up)."""
-    if calls_per_caller is None:
-        calls_per_caller = workers
     admission_limits = AdmissionLimits(slots=workers, per_caller=calls_per_caller, call_timeout_s=limits.timeout_s,
                                        idle_timeout_s=idle_timeout_s)
 
