@@ -34,9 +34,6 @@ from s2t.backends.records.record_decoder import DEFAULT_MAX_RECORD_BYTES
 from s2t.wire import skill_pb2
 from s2t.wire.skill_call import CallRefused, too_many_records
 
-DEFAULT_WINDOW_SIZE = GatewayOptions.window_size
-DEFAULT_CONCURRENT_CALLS = GatewayOptions.workers
-DEFAULT_MAX_MESSAGE_BYTES = GatewayOptions.max_message_bytes
 # Windows of one call scored at once: enough to keep Triton busy while the caller sends, few enough that a fast
 # caller is held back by gRPC's flow control instead of being buffered here.
 WINDOWS_IN_FLIGHT = 4
@@ -57,7 +54,7 @@ class CallLimits:
     # gRPC clients refuse a message over 4 MiB unless told otherwise: a longer reply would be scored, then lost.
     max_reply_bytes: int = 4 * 1024 * 1024
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_message_bytes: int = GatewayOptions.max_message_bytes
 
     def __post_init__(self):
         if min(self.timeout_s, self.max_records, self.max_reply_bytes, self.max_record_bytes) <= 0:
@@ -196,7 +193,7 @@ async def _made(make):
 class SkillGateway:
     """`score` is the `skill.Skill/Score` handler: raw records in, a serialized SkillBatchResult out."""
 
-    def __init__(self, answer: WindowScorer, window_size: int = DEFAULT_WINDOW_SIZE,
+    def __init__(self, answer: WindowScorer, window_size: int = GatewayOptions.window_size,
                  limits: CallLimits = CallLimits(), admission: CallAdmission | None = None, mirror=None,
                  windows_in_flight: int = WINDOWS_IN_FLIGHT):
         """`answer` scores the windows the caller gets; `mirror`, when given, receives each window and its answer
@@ -343,9 +340,10 @@ class GatewayServer:
         return self._stopped
 
 
-def serve(port: int, triton_url: str, model: str = GatewayOptions.model, window_size: int = DEFAULT_WINDOW_SIZE,
-          workers: int = DEFAULT_CONCURRENT_CALLS, host: str = "[::]", limits: CallLimits = CallLimits(),
-          answer: WindowScorer | None = None, mirror=None, calls_per_caller: int | None = None,
+def serve(port: int, triton_url: str, model: str = GatewayOptions.model,
+          window_size: int = GatewayOptions.window_size, workers: int = GatewayOptions.workers, host: str = "[::]",
+          limits: CallLimits = CallLimits(), answer: WindowScorer | None = None, mirror=None,
+          calls_per_caller: int | None = None,
           idle_timeout_s: float = AdmissionLimits.idle_timeout_s) -> GatewayServer:
     """Started; the caller stops it (`server.stop(grace)`). `workers` call slots, `calls_per_caller` of them at
     most for one connection (default: all; gRPC clients share one connection per process and

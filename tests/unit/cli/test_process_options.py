@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import click
 import pytest
@@ -13,7 +14,7 @@ from s2t.cli.serve import gateway, serve
 from s2t.gateway import gateway_options
 from s2t.gateway.call_admission import AdmissionLimits
 from s2t.gateway.gateway_options import GatewayOptions
-from s2t.gateway.skill_gateway import DEFAULT_CONCURRENT_CALLS, DEFAULT_WINDOW_SIZE, CallLimits
+from s2t.gateway.skill_gateway import CallLimits, serve as serve_gateway
 from s2t.serve.grpc_front import DEFAULT_MAX_CALLS
 from s2t.serve.serve_options import ServeOptions
 
@@ -47,7 +48,9 @@ def test_the_library_takes_the_gateways_defaults_from_its_options():
     limits, admission = CallLimits(), AdmissionLimits()
     assert (limits.timeout_s, limits.max_records, limits.max_message_bytes) == (
         GatewayOptions.call_timeout_s, GatewayOptions.max_records, GatewayOptions.max_message_bytes)
-    assert (DEFAULT_WINDOW_SIZE, DEFAULT_CONCURRENT_CALLS) == (GatewayOptions.window_size, GatewayOptions.workers)
+    library = inspect.signature(serve_gateway).parameters
+    assert (library["window_size"].default, library["workers"].default, library["model"].default) == (
+        GatewayOptions.window_size, GatewayOptions.workers, GatewayOptions.model)
     # One caller may take every slot by default, in the library as through `s2t gateway`.
     assert admission.slots == admission.per_caller == GatewayOptions.workers
     assert (admission.call_timeout_s, admission.idle_timeout_s) == (GatewayOptions.call_timeout_s,
