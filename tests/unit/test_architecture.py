@@ -2,7 +2,9 @@
 import cycle between the project's modules, and no model that reads another model's folder."""
 from __future__ import annotations
 
+import ast
 import re
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -61,16 +63,21 @@ def backends_part(module: str) -> str | None:
     return parts[2] if parts[:2] == ["s2t", "backends"] and len(parts) > 2 else None
 
 
-def project_sources() -> list[Path]:
-    return sorted(p for p in ROOT.rglob("*.py")
-                  if not p.relative_to(ROOT).parts[0].startswith(".") and layer(p) is not None
-                  and "__pycache__" not in p.parts and not p.name.endswith("_pb2.py")
-                  and not p.name.endswith("_pb2_grpc.py"))
+@cache
+def project_sources() -> tuple[Path, ...]:
+    """Found once per run, and never by walking the hidden folders: the virtual environments there hold tens of
+    thousands of .py files that no layer holds."""
+    tops = (top for top in ROOT.iterdir() if not top.name.startswith("."))
+    return tuple(sorted(p for top in tops for p in ([top] if top.is_file() else top.rglob("*.py"))
+                        if p.suffix == ".py" and layer(p) is not None
+                        and "__pycache__" not in p.parts and not p.name.endswith("_pb2.py")
+                        and not p.name.endswith("_pb2_grpc.py")))
 
 
-def imported_modules(path: Path) -> set[str]:
+@cache
+def imported_modules(path: Path) -> frozenset[str]:
     required, maybe = imported_project_modules(path)
-    return required | maybe
+    return frozenset(required | maybe)
 
 
 # Inside s2t/, lowest first: a module may import from its own layer and those before it, never from one after it.
@@ -258,15 +265,15 @@ def test_no_command_turns_an_error_into_an_exit_code_of_its_own():
     assert found == []
 
 
-def imported_third_party(path: Path) -> set[str]:
-    import ast
+@cache
+def imported_third_party(path: Path) -> frozenset[str]:
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.add(node.module.split(".")[0])
-    return names
+    return frozenset(names)
 
 
 def test_no_model_config_points_into_another_models_folder():
