@@ -3,6 +3,7 @@ their pace and cap, a broken client is an unanswered request, and leftovers are 
 import subprocess
 import sys
 import threading
+import time
 
 from s2t.bench.soak.hostile import runner, watch as watching
 from s2t.bench.soak.hostile.report import ANSWERED, NOT_SENT, UNANSWERED
@@ -17,10 +18,14 @@ def test_a_valid_path_counts_ticks_over_its_in_flight_cap_as_not_sent_and_waits_
         release.wait(10)
         return [(ANSWERED, 0.001, "")]
 
-    path = ValidPath("held", held, rate=40, clock=Clock(0.5))
+    path = ValidPath("held", held, rate=100, clock=Clock(0.2))
     path.start()
-    # 20 ticks in 0.5 s: the first MAX_IN_FLIGHT are held, the rest find the cap reached.
-    path.join(5)
+    # 20 ticks in 0.2 s: the first MAX_IN_FLIGHT are held, the rest find the cap reached. Once every tick is counted
+    # the run is over, but the path still waits for the held requests.
+    deadline = time.monotonic() + 10
+    while len(path.samples) < 20 - MAX_IN_FLIGHT and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert path.is_alive() and len(started) == MAX_IN_FLIGHT
     release.set()
     path.join(10)
     assert not path.is_alive()
@@ -28,8 +33,6 @@ def test_a_valid_path_counts_ticks_over_its_in_flight_cap_as_not_sent_and_waits_
     assert outcomes.count(ANSWERED) == MAX_IN_FLIGHT == len(started)
     assert outcomes.count(NOT_SENT) == 20 - MAX_IN_FLIGHT
     assert {s.phase for s in path.samples} <= {"before", "during", "after"}
-
-
 
 
 def test_a_stopped_valid_path_makes_no_more_calls_and_ends_before_the_run_would():
@@ -42,13 +45,15 @@ def test_a_stopped_valid_path_makes_no_more_calls_and_ends_before_the_run_would(
     assert not path.is_alive()
     made = len(calls)
     assert made < 20 and len(path.samples) == made
+
+
 def test_a_client_that_raises_is_an_unanswered_request_and_the_path_goes_on():
     def broken(k):
         if k % 2:
             raise ConnectionResetError("peer went away")
         return [(ANSWERED, 0.001, "")]
 
-    path = ValidPath("broken", broken, rate=20, clock=Clock(0.5))
+    path = ValidPath("broken", broken, rate=50, clock=Clock(0.2))
     path.start()
     path.join(10)
     unanswered = [s for s in path.samples if s.outcome == UNANSWERED]
