@@ -71,11 +71,10 @@ def _side_by_side(name: str) -> Callable[[BenchOptions], BenchResult]:
         from s2t.bench.harness.runner import Bench
         results = Bench(MODES[name], options.out_dir, list(options.repositories), options.data_csv, log=options.log,
                         on_progress=options.on_progress, protocol_clients=options.protocol_clients).run()
-        lines = [f"{'met   ' if target['met'] else 'MISSED'}  {target['target']}: {target['measured']}"
-                 for target in results["targets"]]
+        from s2t.bench.harness.report import summary_lines
         summary = options.out_dir / "results.md"
         return BenchResult({**results, "results": str(summary)},
-                           _verdict(results) + "\n".join(lines + [f"results: {summary}"]))
+                           _verdict(results) + "\n".join(summary_lines(results) + [f"results: {summary}"]))
     return run
 
 

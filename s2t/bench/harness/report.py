@@ -1,22 +1,32 @@
-"""Ratios, targets, and the three forms of a run's results: results.json, results.md and PNG plots."""
+"""Ratios, targets, goals, and the three forms of a run's results: results.json, results.md and PNG plots.
+
+Each headline line reads the rounds the sides took in turns (s2t/bench/harness/rounds.py): the median round, with the
+worst round and every round beside it. Targets are what a run must meet; goals are where the project aims.
+"""
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 
-from s2t.bench.harness import machine_load
+from s2t.bench.harness import machine_load, rounds
 
 MB = 2**20
 TARGET_HTTP_RATIO = 1.0  # above it: faster than the strongest FastAPI app
-GOAL_HTTP_RATIO = 1.5
 # CPU per request of the serving process tree against FastAPI's (uvicorn and its workers).
 TARGET_CPU_RATIO = 0.6
-GOAL_CPU_RATIO = 0.4
+TARGET_GRPC_RATIO = 1.0
 TARGET_BATCH_SHARE = 0.5
 TARGET_BATCH = 256
 TARGET_COLD_START_S = 2.0
 TARGET_RSS_BYTES = 512 * MB
+GOAL_HTTP_RATIO_MEDIAN_ROUND = 2.0
+GOAL_HTTP_RATIO_EVERY_ROUND = 1.5
+GOAL_GRPC_RATIO = 1.2
+GOAL_CPU_RATIO = 0.4
+GOAL_COLD_START_S = 1.5  # every start
+GOAL_ROLLBACK_S = 1.0  # the rollback command under load, every swap
 
 
 def _ratio(a: float | None, b: float | None) -> float:
@@ -78,35 +88,120 @@ def protocol_clients(found: dict | None) -> str:
     return f"HTTP: {generators['http']}, gRPC: {generators['grpc']}"
 
 
+def _http_rounds(results: dict) -> dict[str, list[dict]]:
+    """Each side's wrk rounds, Triton's under `triton`; a run written before the rounds were kept: each side's median
+    round as its one round."""
+    if "http_rounds" in results:
+        return results["http_rounds"]
+    base = results["http_baseline"]
+    apps = results.get("http_fastapi_apps") or {base.get("app", "baseline"): base}
+    return {"triton": [results["http_triton"]], **{app: [entry] for app, entry in apps.items()}}
+
+
+def _protocol_rounds(results: dict) -> dict[str, list[dict]] | None:
+    """The HTTP and gRPC rounds on risk_pipeline; a run without them: its perf_analyzer points at the wrk
+    connections as one round (None: not both measured)."""
+    if "protocols" in results:
+        return results["protocols"]["rounds"]
+    connections = results["http_triton"]["connections"]
+    found = {protocol: _point(results.get("perf_analyzer", []), model="risk_pipeline", protocol=protocol, batch=1,
+                              concurrency=connections) for protocol in ("http", "grpc")}
+    if not all(found.values()):
+        return None
+    return {protocol: [{"requests_per_s": point["infer_per_s"], "p99_ms": point.get("p99_ms")}]
+            for protocol, point in found.items()}
+
+
+def spreads(results: dict) -> dict:
+    """Every headline figure over its rounds, starts or swaps (rounds.Duel and rounds.Spread)."""
+    http = _http_rounds(results)
+    out = {"http": rounds.duel(http["triton"], {app: e for app, e in http.items() if app != "triton"}, "throughput",
+                               cpu="cpu_ms_per_request")}
+    protocol = _protocol_rounds(results)
+    if protocol is not None:
+        out["grpc_vs_http"] = rounds.duel(protocol.get("grpc", []), {"http": protocol.get("http", [])},
+                                          "requests_per_s", cpu="server_cpu_us_per_request")
+    cold = results["cold_start"]
+    out["cold_start"] = rounds.spread(cold.get("seconds", [cold["median_s"]]), higher_is_better=False)
+    swaps = results.get("hot_swap", {}).get("swaps")
+    if swaps:
+        out["rollback"] = rounds.spread([s.get("rollback_s") for s in swaps], higher_is_better=False)
+    return out
+
+
+def spread_document(results: dict) -> dict:
+    """`spreads` as results.json holds them."""
+    return {name: asdict(found) for name, found in spreads(results).items()}
+
+
+def _format(value: float, unit: str, digits: int = 2) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.{digits}f}{unit}"
+
+
+def over_rounds(found: rounds.Spread, unit: str = "x", noun: str = "round", digits: int = 2) -> str:
+    """`median round X (worst round Y, rounds: a, b, c)`: how every headline figure reads."""
+    every = ", ".join(_format(v, unit, digits) for v in found.values)
+    return (f"median {noun} {_format(found.median, unit, digits)} (worst {noun} {_format(found.worst, unit, digits)}, "
+            f"{noun}s: {every})")
+
+
+def _p99_pairs(http: dict[str, list[dict]], duel: rounds.Duel) -> list[str]:
+    def pair(number: int) -> str:
+        opponent = duel.opponents[number]
+        if opponent is None:
+            return "n/a"
+        ours, theirs = (http[side][number].get("p99_ms", float("nan")) for side in ("triton", opponent))
+        return f"{_format(ours, '', 1)} vs {_format(theirs, ' ms', 1)}"
+    return [pair(n) for n in range(duel.rounds)]
+
+
+def _p99_text(http: dict[str, list[dict]], duel: rounds.Duel) -> str:
+    pairs, p99 = _p99_pairs(http, duel), duel.p99
+    if p99.median_at is None:
+        return "not measured"
+    return (f"median round {pairs[p99.median_at]} (worst round {pairs[p99.worst_at]}, rounds: {', '.join(pairs)}); "
+            f"above FastAPI's in {duel.p99_above} of {duel.rounds} rounds"
+            + (f", {duel.p99_unknown} without a p99" if duel.p99_unknown else ""))
+
+
+def _median_round_pair(http: dict[str, list[dict]], duel: rounds.Duel, found: rounds.Spread, key: str, unit: str,
+                       digits: int) -> str:
+    """Both sides' figure in the median round of `found`, and the opponent's name."""
+    n = found.median_at
+    opponent = duel.opponents[n]
+    return (f"{http['triton'][n][key]:.{digits}f} vs {http[opponent][n][key]:.{digits}f}{unit} ({opponent}) "
+            "in the median round")
+
+
 def targets(results: dict, r: dict) -> list[dict]:
-    triton, base, memory = results["http_triton"], results["http_baseline"], results["memory"]
+    triton, memory = results["http_triton"], results["memory"]
     # The serving tree as a user runs it (s2t serve, tritonserver, stubs) after load, where the run measured it.
     tree = results.get("serving_tree", {}).get("after_load_bytes")
     rss = tree if tree is not None else max(memory["triton_peak_bytes"], memory["triton_after_load_bytes"])
-    cold = results["cold_start"]["median_s"]
-    cpu_ratio = _ratio(triton.get("cpu_ms_per_request"), base.get("cpu_ms_per_request"))
+    found, http = spreads(results), _http_rounds(results)
+    duel, cold = found["http"], found["cold_start"]
     rows = [
         {"target": f"risk_pipeline HTTP c={triton['connections']}: above {TARGET_HTTP_RATIO:g}x the req/s of the "
-                   f"strongest FastAPI app (goal {GOAL_HTTP_RATIO:g}x)",
-         "measured": f"{r['http_throughput_vs_fastapi']:.2f}x ({triton['throughput']:.0f} vs {base['throughput']:.0f} "
-                     f"req/s, {base.get('app', 'baseline')})",
-         "met": r["http_throughput_vs_fastapi"] > TARGET_HTTP_RATIO},
+                   "strongest FastAPI app in the same round",
+         "measured": "not measured" if duel.rate.median_at is None else
+                     f"{over_rounds(duel.rate)}; "
+                     + _median_round_pair(http, duel, duel.rate, "throughput", " req/s", 0),
+         "met": duel.rate.median > TARGET_HTTP_RATIO},
         {"target": "risk_pipeline HTTP p99 at or below FastAPI's p99",
-         "measured": f"{triton['p99_ms']:.1f} ms vs {base['p99_ms']:.1f} ms",
-         "met": triton["p99_ms"] <= base["p99_ms"]},
+         "measured": _p99_text(http, duel),
+         "met": duel.p99.median <= 1.0},
         {"target": f"risk_pipeline HTTP CPU per request (server process tree) at most {TARGET_CPU_RATIO:g}x "
-                   f"FastAPI's (goal {GOAL_CPU_RATIO:g}x)",
-         "measured": "not measured" if math.isnan(cpu_ratio) else
-                     f"{cpu_ratio:.2f}x ({triton['cpu_ms_per_request']:.2f} vs {base['cpu_ms_per_request']:.2f} ms)",
-         "met": cpu_ratio <= TARGET_CPU_RATIO},
+                   "FastAPI's",
+         "measured": "not measured" if duel.cpu.median_at is None else
+                     f"{over_rounds(duel.cpu)}; " + _median_round_pair(http, duel, duel.cpu, "cpu_ms_per_request",
+                                                                        " ms", 2),
+         "met": duel.cpu.median <= TARGET_CPU_RATIO},
     ]
-    if "perf_analyzer_grpc_vs_http_pipeline" in r:
+    if "grpc_vs_http" in found:
         rows.append({"target": f"risk_pipeline gRPC c={triton['connections']} at least its HTTP req/s "
                                f"({protocol_clients(results.get('protocols'))})",
-                     "measured": f"{r['perf_analyzer_grpc_vs_http_pipeline']:.2f}x" + (
-                         f" (median of {len(results['protocols']['rounds']['grpc'])} alternating rounds)"
-                         if "protocols" in results else ""),
-                     "met": r["perf_analyzer_grpc_vs_http_pipeline"] >= 1.0})
+                     "measured": over_rounds(found["grpc_vs_http"].rate),
+                     "met": found["grpc_vs_http"].rate.median >= TARGET_GRPC_RATIO})
     if r.get("batch"):
         share = r["grpc_pipeline_batch_vs_inprocess_pipeline"]
         rows.append({"target": f"risk_pipeline gRPC batches of {r['batch']}: >= {TARGET_BATCH_SHARE:.0%} of in-process "
@@ -119,12 +214,54 @@ def targets(results: dict, r: dict) -> list[dict]:
     rows += [
         {"target": f"cold start <= {TARGET_COLD_START_S:g} s"
                    + (" from s2t serve's launch" if "clock" in results["cold_start"] else ""),
-         "measured": f"{cold:.2f} s", "met": cold <= TARGET_COLD_START_S},
+         "measured": over_rounds(cold, " s", "start"), "met": cold.median <= TARGET_COLD_START_S},
         {"target": ("RSS of the serving tree (s2t serve, tritonserver, stubs)" if tree is not None
                     else "RSS of tritonserver + stubs") + f" <= {TARGET_RSS_BYTES / MB:.0f} MB after load",
          "measured": f"{rss / MB:.0f} MB", "met": rss <= TARGET_RSS_BYTES},
     ]
     return rows
+
+
+def goals(results: dict) -> list[dict]:
+    """Where the project aims, beyond the targets: the median round and, where it says so, every round."""
+    found, connections = spreads(results), results["http_triton"]["connections"]
+    duel = found["http"]
+    rows = [
+        {"goal": f"risk_pipeline HTTP c={connections}: >= {GOAL_HTTP_RATIO_MEDIAN_ROUND:g}x the strongest FastAPI "
+                 f"app's req/s in the median round and >= {GOAL_HTTP_RATIO_EVERY_ROUND:g}x in every round, its p99 at "
+                 "or below FastAPI's in every round",
+         "measured": f"{over_rounds(duel.rate)}; p99 above FastAPI's in {duel.p99_above} of {duel.rounds} rounds"
+                     + (f", {duel.p99_unknown} without a p99" if duel.p99_unknown else ""),
+         "met": (duel.rate.median >= GOAL_HTTP_RATIO_MEDIAN_ROUND and duel.rate.worst >= GOAL_HTTP_RATIO_EVERY_ROUND
+                 and duel.rate.missing == 0 and duel.p99_at_or_below_every_round)},
+    ]
+    if "grpc_vs_http" in found:
+        grpc = found["grpc_vs_http"].rate
+        rows.append({"goal": f"risk_pipeline gRPC c={connections}: >= {GOAL_GRPC_RATIO:g}x its HTTP req/s in the "
+                             "median round",
+                     "measured": over_rounds(grpc), "met": grpc.median >= GOAL_GRPC_RATIO})
+    rows += [
+        {"goal": f"risk_pipeline HTTP CPU per request at most {GOAL_CPU_RATIO:g}x FastAPI's in the median round",
+         "measured": "not measured" if duel.cpu.median_at is None else over_rounds(duel.cpu),
+         "met": duel.cpu.median <= GOAL_CPU_RATIO},
+        {"goal": f"cold start <= {GOAL_COLD_START_S:g} s in every start",
+         "measured": over_rounds(found["cold_start"], " s", "start"),
+         "met": found["cold_start"].worst <= GOAL_COLD_START_S and found["cold_start"].missing == 0},
+    ]
+    if "rollback" in found:
+        rollback = found["rollback"]
+        rows.append({"goal": f"rollback of risk_scorer under load: the command <= {GOAL_ROLLBACK_S:g} s in every swap",
+                     "measured": over_rounds(rollback, " s", "swap"),
+                     "met": rollback.worst <= GOAL_ROLLBACK_S and rollback.missing == 0})
+    return rows
+
+
+def summary_lines(results: dict) -> list[str]:
+    """What the console shows at the end of a run: each target, then each goal, met or missed, with its rounds."""
+    def line(met: bool, what: str, measured: str) -> str:
+        return f"{'met   ' if met else 'MISSED'}  {what}: {measured}"
+    return (["targets:", *(line(t["met"], t["target"], t["measured"]) for t in results["targets"])]
+            + ["goals:", *(line(g["met"], g["goal"], g["measured"]) for g in results.get("goals", []))])
 
 
 def _table(header: list[str], rows: list[list]) -> str:
@@ -139,14 +276,19 @@ def _table(header: list[str], rows: list[list]) -> str:
 
 def markdown(results: dict) -> str:
     m, r = results["machine"], results["ratios"]
-    triton, mem = results["http_triton"], results["memory"]
+    triton, mem, found = results["http_triton"], results["memory"], spreads(results)
     out = [f"# s2t bench ({results['mode']} mode)", "",
            f"{m['cpu']}, {m['logical_cores']} logical cores, {m['memory_gb']} GB, {m['os']}, Python {m['python']}; "
            f"load average at start {m['load_average_at_start'][0]} (1 min). Load generators run on the same cores.", "",
            *(machine_load.markdown_lines(results["load"]) if "load" in results else []),
            "## Targets", "",
+           "Each line's figure is its median round, with the worst round and every round beside it (rounds taken in "
+           "turns, each compared within itself).", "",
            _table(["target", "measured", "met"], [[t["target"], t["measured"], "yes" if t["met"] else "**no**"]
                                                   for t in results["targets"]]), "",
+           *(["## Goals", "", _table(["goal", "measured", "met"],
+                                     [[g["goal"], g["measured"], "yes" if g["met"] else "**no**"]
+                                      for g in results["goals"]]), ""] if results.get("goals") else []),
            f"## HTTP JSON, same load generator (wrk, {triton['connections']} connections, closed loop)", "",
            f"All servers up at once, taking turns: {len(triton['rounds_throughput'])} rounds; each row is its median "
            "round. FastAPI apps: uvicorn[standard] (uvloop, httptools), 2 workers, ONNX Runtime 1 thread; `baseline` "
@@ -158,18 +300,20 @@ def markdown(results: dict) -> str:
                     e["p90_ms"], e["p99_ms"], e["cpu_ms_per_request"], e["cpu_cores"], e["rss_bytes"] / MB, e["errors"]]
                    for name, e in (("Triton risk_pipeline", triton),
                                    *((f"FastAPI {app}", e) for app, e in results["http_fastapi_apps"].items()))]),
-           "", "Same answers as risk_pipeline on the first records: " + "; ".join(
+           "", *_http_round_by_round(_http_rounds(results), found["http"]),
+           "Same answers as risk_pipeline on the first records: " + "; ".join(
                f"{app}: {c['records']} records, max |Δp| {c['max_abs_diff']:.1e}, decisions equal {c['same_decisions']}"
                for app, c in results["same_answers"].items()) + ".",
            "", *_where_time_goes(results.get("where_time_goes")),
-           "## Ratios", "", _table(["ratio", "value"], [[k, v] for k, v in r.items()]), "",
+           "## Ratios", "", "Each side's median round against the other's (the targets and goals compare the sides "
+           "round by round).", "", _table(["ratio", "value"], [[k, v] for k, v in r.items()]), "",
            "## perf_analyzer", "",
            _table(["model", "protocol", "batch", "load", "rows/s", "req/s", "p50 ms", "p90 ms", "p99 ms", "CPU ms/req"],
                   [[p["model"], p["protocol"], p["batch"],
                     f"c={p['concurrency']}" if p["concurrency"] else f"{p['request_rate']:g} req/s",
                     p["infer_per_s"], p["requests_per_s"], p["p50_ms"], p["p90_ms"], p["p99_ms"], p["cpu_ms_per_request"]]
                    for p in results["perf_analyzer"]]), "",
-           *_protocols(results.get("protocols")),
+           *_protocols(results.get("protocols"), found.get("grpc_vs_http")),
            *(["perf_analyzer gave up on: " + "; ".join(
                f"{f['model']} {f['protocol']} b={f['batch']} "
                + (f"c={f['concurrency']}" if f["concurrency"] else f"{f['request_rate']:g} req/s") + f" ({f['error']})"
@@ -179,8 +323,8 @@ def markdown(results: dict) -> str:
                   [[p["what"], p["batch"], p["rows_per_s"], p["p50_ms"], p["p99_ms"]] for p in results["inprocess"]]), "",
            "## Cold start, memory, hot swap, streaming", "",
            _table(["measure", "value"], [
-               [f"cold start ({results['cold_start'].get('clock', 'process start to all models ready')}), median",
-                f"{results['cold_start']['median_s']:.2f} s"],
+               [f"cold start ({results['cold_start'].get('clock', 'process start to all models ready')})",
+                over_rounds(found["cold_start"], " s", "start")],
                *([["tritonserver's own start (the server's clock, without the command around it)",
                    f"{results['cold_start']['tritonserver_start_s']:.2f} s"]]
                  if "tritonserver_start_s" in results["cold_start"] else []),
@@ -194,6 +338,8 @@ def markdown(results: dict) -> str:
                ["p99 during hot swaps (HTTP, risk_pipeline)",
                 f"{results['hot_swap']['p99_ms']:.1f} ms over {len(results['hot_swap']['swaps'])} publish+rollback, "
                 f"{results['hot_swap']['errors']} errors (steady state {triton['p99_ms']:.1f} ms)"],
+               *([["rollback of risk_scorer under that load (the command's time)",
+                   over_rounds(found["rollback"], " s", "swap")]] if "rollback" in found else []),
                ["streaming (s2t stream, gRPC, risk_stream)",
                 f"{results['streaming']['throughput']:.0f} records/s on {results['streaming']['streams']} streams, "
                 f"p99 {results['streaming']['latency_ms'].get('p99', float('nan')):.0f} ms, "
@@ -202,8 +348,8 @@ def markdown(results: dict) -> str:
     return "\n".join(out)
 
 
-def _protocols(found: dict | None) -> list[str]:
-    if not found:
+def _protocols(found: dict | None, duel: rounds.Duel | None) -> list[str]:
+    if not found or duel is None:
         return []
     rows = [[protocol, m["requests_per_s"], " / ".join(f"{e['requests_per_s']:.0f}" for e in found["rounds"][protocol]),
              m["p50_ms"], m["p99_ms"], m["client_cpu_us_per_request"], m["front_end_cpu_us_per_request"],
@@ -211,11 +357,27 @@ def _protocols(found: dict | None) -> list[str]:
             for protocol, m in found["median"].items()]
     return [f"### HTTP and gRPC, {found['model']}, {protocol_clients(found)} c={found['concurrency']}, "
             "alternating rounds", "",
-            f"gRPC / HTTP req/s (median rounds): {found['grpc_vs_http']:.2f}x. CPU per request in microseconds: the "
-            "load generator, tritonserver's own process (front end, batcher, and the models it runs in process, "
-            "risk_pipeline among them), the gRPC front in front of its gRPC endpoint and the python stubs.", "",
+            f"gRPC / HTTP req/s, each round within itself: {over_rounds(duel.rate)}; each protocol's own median "
+            f"round: {found['grpc_vs_http']:.2f}x; gRPC's p99 above HTTP's in {duel.p99_above} of {duel.rounds} rounds"
+            + (f" ({duel.p99_unknown} without a p99)" if duel.p99_unknown else "") + ". CPU per request in "
+            "microseconds: the load generator, tritonserver's own process (front end, batcher, and the models it "
+            "runs in process, risk_pipeline among them), the gRPC front in front of its gRPC endpoint and the python stubs.", "",
             _table(["protocol", "req/s", "rounds req/s", "p50 ms", "p99 ms", "client us", "tritonserver us",
                     "gRPC front us", "stubs us"], rows), ""]
+
+
+def _http_round_by_round(http: dict[str, list[dict]], duel: rounds.Duel) -> list[str]:
+    """Triton against the strongest FastAPI app of each round, the figures the targets and goals are made of."""
+    rows = []
+    for number, opponent in enumerate(duel.opponents):
+        ours, theirs = http["triton"][number], (http[opponent][number] if opponent is not None else {})
+        rows.append([number + 1, ours.get("throughput", float("nan")), opponent or "n/a",
+                     theirs.get("throughput", float("nan")), _format(duel.rate.values[number], "x"),
+                     ours.get("p99_ms", float("nan")), theirs.get("p99_ms", float("nan")),
+                     ours.get("cpu_ms_per_request", float("nan")), theirs.get("cpu_ms_per_request", float("nan"))])
+    return ["Round by round, Triton against the strongest FastAPI app of the same round:", "",
+            _table(["round", "Triton req/s", "strongest FastAPI", "its req/s", "ratio", "Triton p99 ms", "its p99 ms",
+                    "Triton CPU ms/req", "its CPU ms/req"], rows), ""]
 
 
 def _where_time_goes(found: dict | None) -> list[str]:
@@ -312,5 +474,7 @@ def write_files(out_dir: Path, results: dict, markdown_text: str | None = None, 
 def write(results: dict, out_dir: Path) -> None:
     results["ratios"] = ratios(results)
     results["targets"] = targets(results, results["ratios"])
+    results["goals"] = goals(results)
+    results["spread"] = spread_document(results)
     results["plots"] = [p.name for p in plots(results, out_dir)]
     write_files(out_dir, results, markdown(results))

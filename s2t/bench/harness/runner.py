@@ -186,7 +186,8 @@ class Bench:
         self.results["cold_start"] = {"seconds": seconds, "median_s": statistics.median(seconds), "models": models,
                                       "clock": "s2t serve's launch to every model ready"}
         self.results["serving_tree"] = {"after_load_bytes": sum(tree.values()), "after_load_by_process": tree}
-        self.log(f"cold start {statistics.median(seconds):.2f} s from s2t serve's launch ({len(seconds)} starts), "
+        self.log(f"cold start {statistics.median(seconds):.2f} s from s2t serve's launch, worst {max(seconds):.2f} s "
+                 f"({len(seconds)} starts), "
                  f"serving tree {sum(tree.values()) / 2**20:.0f} MB after load")
         server = self._server()
         with self._step("tritonserver for the measured stages starting"):
@@ -355,8 +356,9 @@ class Bench:
         finally:
             load.join()
         result = holder["result"]
+        worst = max((s["rollback_s"] for s in swaps), default=float("nan"))
         self.log(f"hot swap: {len(swaps)} publish+rollback under load: p99 {result.p99_ms:.2f} ms, "
-                 f"errors {result.errors}")
+                 f"errors {result.errors}, rollback worst {worst:.2f} s")
         return {**result.as_dict(), "swaps": swaps}
 
     def _streaming(self, server: TritonServer) -> dict:
@@ -385,9 +387,11 @@ class Bench:
 
 
 def _median_round(entries: list[dict]) -> dict:
-    """The round of median throughput, whole (its latencies belong to the same round), with every round's rate."""
-    ranked = sorted(entries, key=lambda e: e["throughput"])
-    return {**ranked[(len(ranked) - 1) // 2], "rounds_throughput": [e["throughput"] for e in entries]}
+    """The round of median throughput, whole (its latencies belong to the same round), which round it was (from 1),
+    and every round's rate; every round, whole, is in `http_rounds`."""
+    ranked = sorted(range(len(entries)), key=lambda i: entries[i]["throughput"])
+    median = ranked[(len(ranked) - 1) // 2]
+    return {**entries[median], "round": median + 1, "rounds_throughput": [e["throughput"] for e in entries]}
 
 
 def _ready_models(http_url: str) -> list[str]:

@@ -1,0 +1,228 @@
+"""How `s2t bench` reads its rounds: each headline line is the median round with the worst round and every round beside
+it, the targets and goals judged on them, in results.md, results.json and the console summary."""
+import json
+
+import pytest
+
+from s2t.bench.harness import report, rounds
+
+
+def _entry(rps, p99, cpu):
+    return {"throughput": rps, "p50_ms": p99 / 2, "p90_ms": p99 * 0.8, "p99_ms": p99, "cpu_ms_per_request": cpu,
+            "cpu_cores": 1.0, "rss_bytes": 300 * report.MB, "errors": 0, "connections": 16}
+
+
+def _run(triton, baseline, docs=None, starts=(1.0,), rollbacks=(0.5,), grpc=None, http=None):
+    """A run's results as `s2t bench` writes them: each side's rounds as (req/s, p99 ms, CPU ms per request)."""
+    sides = {"triton": [_entry(*r) for r in triton], "baseline": [_entry(*r) for r in baseline]}
+    if docs:
+        sides["fastapi-docs"] = [_entry(*r) for r in docs]
+
+    def median(entries):
+        ranked = sorted(entries, key=lambda e: e["throughput"])
+        return {**ranked[(len(ranked) - 1) // 2], "rounds_throughput": [e["throughput"] for e in entries]}
+
+    medians = {side: median(entries) for side, entries in sides.items()}
+    apps = {app: medians[app] for app in sides if app != "triton"}
+    strongest = max(apps, key=lambda app: apps[app]["throughput"])
+    results = {
+        "mode": "quick",
+        "machine": {"cpu": "cpu", "logical_cores": 2, "memory_gb": 4.0, "os": "linux", "python": "3.11",
+                    "load_average_at_start": [0.1, 0.1]},
+        "http_rounds": sides, "http_triton": medians["triton"], "http_fastapi_apps": apps,
+        "http_baseline": {**apps[strongest], "app": strongest},
+        "same_answers": {app: {"records": 50, "max_abs_diff": 0.0, "same_decisions": True} for app in apps},
+        "perf_analyzer": [], "perf_analyzer_failures": [], "inprocess": [],
+        "cold_start": {"seconds": list(starts), "median_s": sorted(starts)[len(starts) // 2], "models": ["a:1"],
+                       "clock": "s2t serve's launch to every model ready"},
+        "memory": {"triton_idle_bytes": report.MB, "triton_peak_bytes": report.MB,
+                   "triton_after_load_bytes": report.MB, "baseline_after_load_bytes": report.MB},
+        "hot_swap": {"p99_ms": 5.0, "errors": 0,
+                     "swaps": [{"version": 2 + n, "publish_s": 0.3, "rollback_s": s} for n, s in enumerate(rollbacks)]},
+        "streaming": {"throughput": 100.0, "streams": 4, "latency_ms": {"p99": 10.0}, "in_order_rate": 1.0},
+        "seconds": 100.0,
+    }
+    if grpc is not None:
+        measured = {"http": [{"requests_per_s": r, "p50_ms": 1.0, "p99_ms": 3.0} for r in http],
+                    "grpc": [{"requests_per_s": r, "p50_ms": 1.0, "p99_ms": 3.0} for r in grpc]}
+        results["protocols"] = {
+            "model": "risk_pipeline", "concurrency": 16, "rounds": measured,
+            "median": {p: {"requests_per_s": 1.0, "p50_ms": 1.0, "p99_ms": 3.0, "client_cpu_us_per_request": 1.0,
+                           "front_end_cpu_us_per_request": 1.0, "stubs_cpu_us_per_request": 1.0} for p in measured},
+            "grpc_vs_http": 1.0}
+    results["ratios"] = report.ratios(results)
+    results["targets"] = report.targets(results, results["ratios"])
+    results["goals"] = report.goals(results)
+    return results
+
+
+def _line(rows, key, starts):
+    (row,) = [r for r in rows if r[key].startswith(starts)]
+    return row
+
+
+@pytest.mark.parametrize("values, unit, noun, text", [
+    ((2.1, 1.8, 2.4), "x", "round", "median round 2.10x (worst round 1.80x, rounds: 2.10x, 1.80x, 2.40x)"),
+    ((2.0,), "x", "round", "median round 2.00x (worst round 2.00x, rounds: 2.00x)"),
+    ((2.0, float("nan")), "x", "round", "median round 2.00x (worst round 2.00x, rounds: 2.00x, n/a)"),
+    ((), "x", "round", "median round n/a (worst round n/a, rounds: )"),
+])
+def test_a_figure_over_rounds_reads_median_then_worst_then_every_round(values, unit, noun, text):
+    assert report.over_rounds(rounds.spread(values, higher_is_better=True), unit, noun) == text
+
+
+def test_starts_and_swaps_read_in_seconds_with_the_slowest_as_the_worst():
+    assert report.over_rounds(rounds.spread([1.2, 1.6, 1.3], higher_is_better=False), " s", "start") == \
+        "median start 1.30 s (worst start 1.60 s, starts: 1.20 s, 1.60 s, 1.30 s)"
+
+
+def test_the_http_target_is_the_median_round_of_per_round_ratios_against_that_rounds_strongest_app():
+    # Round 2: fastapi-docs is the stronger app; each round's ratio is against the app that was strongest then.
+    results = _run(triton=[(3000, 4.0, 0.1), (2400, 4.0, 0.1), (2500, 4.0, 0.1)],
+                   baseline=[(1000, 5.0, 0.3), (1000, 5.0, 0.3), (1000, 5.0, 0.3)],
+                   docs=[(900, 9.0, 0.5), (1200, 9.0, 0.5), (800, 9.0, 0.5)])
+    http = _line(results["targets"], "target", "risk_pipeline HTTP c=16")
+    assert http["measured"] == ("median round 2.50x (worst round 2.00x, rounds: 3.00x, 2.00x, 2.50x); "
+                                "2500 vs 1000 req/s (baseline) in the median round")
+    assert http["met"] is True
+
+
+@pytest.mark.parametrize("triton, baseline, met", [
+    ([(2200, 4.0, 0.1), (1600, 4.0, 0.1), (2400, 4.0, 0.1)], [(1000, 5.0, 0.3)] * 3, True),
+    # 1.4x in one round: below 1.5x in every round.
+    ([(2200, 4.0, 0.1), (1400, 4.0, 0.1), (2400, 4.0, 0.1)], [(1000, 5.0, 0.3)] * 3, False),
+    # 1.9x in the median round.
+    ([(1900, 4.0, 0.1), (1800, 4.0, 0.1), (2400, 4.0, 0.1)], [(1000, 5.0, 0.3)] * 3, False),
+    # Fast enough, but Triton's p99 above FastAPI's in one round.
+    ([(2200, 4.0, 0.1), (2200, 5.5, 0.1), (2400, 4.0, 0.1)], [(1000, 5.0, 0.3)] * 3, False),
+    # p99 equal to FastAPI's is at or below it.
+    ([(2200, 5.0, 0.1), (2200, 5.0, 0.1)], [(1000, 5.0, 0.3)] * 2, True),
+    # Two rounds: the median round is the worse of the two.
+    ([(2600, 4.0, 0.1), (1900, 4.0, 0.1)], [(1000, 5.0, 0.3)] * 2, False),
+])
+def test_the_http_goal_is_2x_in_the_median_round_1_5x_in_every_round_and_p99_never_above(triton, baseline, met):
+    goal = _line(_run(triton, baseline)["goals"], "goal", "risk_pipeline HTTP c=16")
+    assert goal["met"] is met
+    assert goal["measured"].startswith("median round ") and "worst round" in goal["measured"]
+
+
+def test_the_p99_line_names_the_rounds_where_triton_was_above_fastapi():
+    results = _run(triton=[(2200, 4.0, 0.1), (2200, 6.0, 0.1), (2200, 4.5, 0.1)], baseline=[(1000, 5.0, 0.3)] * 3)
+    p99 = _line(results["targets"], "target", "risk_pipeline HTTP p99")
+    assert p99["measured"] == ("median round 4.5 vs 5.0 ms (worst round 6.0 vs 5.0 ms, rounds: 4.0 vs 5.0 ms, "
+                               "6.0 vs 5.0 ms, 4.5 vs 5.0 ms); above FastAPI's in 1 of 3 rounds")
+    # The target is the median round; the goal asks every round.
+    assert p99["met"] is True
+    assert _line(results["goals"], "goal", "risk_pipeline HTTP c=16")["met"] is False
+
+
+@pytest.mark.parametrize("triton_cpu, target_met, goal_met", [
+    ((0.10, 0.12, 0.11), True, True),  # 0.37x in the median round
+    ((0.10, 0.15, 0.13), True, False),  # 0.43x
+    ((0.20, 0.19, 0.18), False, False),  # 0.63x
+])
+def test_cpu_per_request_is_held_to_0_6x_and_aimed_at_0_4x_in_the_median_round(triton_cpu, target_met, goal_met):
+    results = _run(triton=[(2200, 4.0, c) for c in triton_cpu], baseline=[(1000, 5.0, 0.3)] * 3)
+    target = _line(results["targets"], "target", "risk_pipeline HTTP CPU")
+    goal = _line(results["goals"], "goal", "risk_pipeline HTTP CPU")
+    assert (target["met"], goal["met"]) == (target_met, goal_met)
+    assert goal["measured"].startswith("median round ") and "worst round" in goal["measured"]
+
+
+@pytest.mark.parametrize("grpc, http, target_met, goal_met", [
+    ((1250, 1300, 1150), (1000, 1000, 1000), True, True),  # median round 1.25x, worst 1.15x shown
+    ((1100, 1300, 1150), (1000, 1000, 1000), True, False),
+    ((900, 1300, 950), (1000, 1000, 1000), False, False),
+])
+def test_grpc_against_http_is_held_to_1x_and_aimed_at_1_2x_in_the_median_round(grpc, http, target_met, goal_met):
+    results = _run(triton=[(2200, 4.0, 0.1)], baseline=[(1000, 5.0, 0.3)], grpc=grpc, http=http)
+    target = _line(results["targets"], "target", "risk_pipeline gRPC c=16")
+    goal = _line(results["goals"], "goal", "risk_pipeline gRPC c=16")
+    assert (target["met"], goal["met"]) == (target_met, goal_met)
+    assert goal["measured"] == target["measured"] and "worst round" in goal["measured"]
+
+
+@pytest.mark.parametrize("starts, target_met, goal_met", [
+    ((1.0, 1.2, 1.1), True, True),
+    ((1.0, 1.6, 1.1), True, False),  # one slow start misses the goal, not the target (median 1.1 s)
+    ((2.1, 1.6, 2.2), False, False),
+    ((1.5,), True, True),  # at the goal
+])
+def test_cold_start_is_held_to_2s_in_the_median_start_and_aimed_at_1_5s_in_every_start(starts, target_met, goal_met):
+    results = _run(triton=[(2200, 4.0, 0.1)], baseline=[(1000, 5.0, 0.3)], starts=starts)
+    target = _line(results["targets"], "target", "cold start")
+    goal = _line(results["goals"], "goal", "cold start")
+    assert (target["met"], goal["met"]) == (target_met, goal_met)
+    assert target["measured"].startswith("median start ") and "worst start" in target["measured"]
+
+
+@pytest.mark.parametrize("rollbacks, met, measured", [
+    ((0.4, 0.9), True, "median swap 0.90 s (worst swap 0.90 s, swaps: 0.40 s, 0.90 s)"),
+    ((0.4, 1.2, 0.5), False, "median swap 0.50 s (worst swap 1.20 s, swaps: 0.40 s, 1.20 s, 0.50 s)"),
+])
+def test_rollback_under_load_is_aimed_at_1s_for_the_command_in_every_swap(rollbacks, met, measured):
+    goal = _line(_run(triton=[(2200, 4.0, 0.1)], baseline=[(1000, 5.0, 0.3)], rollbacks=rollbacks)["goals"],
+                 "goal", "rollback")
+    assert (goal["met"], goal["measured"]) == (met, measured)
+
+
+def test_a_run_without_swaps_has_no_rollback_goal():
+    assert not [g for g in _run(triton=[(2200, 4.0, 0.1)], baseline=[(1000, 5.0, 0.3)], rollbacks=())["goals"]
+                if g["goal"].startswith("rollback")]
+
+
+def test_a_run_written_before_the_rounds_were_kept_reads_as_one_round():
+    old = _run(triton=[(2200, 4.0, 0.1)], baseline=[(1000, 5.0, 0.3)], docs=[(900, 6.0, 0.4)])
+    for key in ("http_rounds", "http_fastapi_apps", "goals", "targets", "ratios"):
+        old.pop(key)
+    old["cold_start"] = {"median_s": 1.1, "models": ["a:1"]}
+    old["hot_swap"]["swaps"] = [{"version": 2, "publish_s": 0.3, "rollback_s": 0.4}]
+    targets = report.targets(old, report.ratios(old))
+    assert _line(targets, "target", "risk_pipeline HTTP c=16")["measured"].startswith(
+        "median round 2.20x (worst round 2.20x, rounds: 2.20x); 2200 vs 1000 req/s (baseline)")
+    assert _line(targets, "target", "cold start")["measured"] == \
+        "median start 1.10 s (worst start 1.10 s, starts: 1.10 s)"
+    assert len(report.goals(old)) == 4
+
+
+def test_results_json_keeps_every_figures_rounds_and_markdown_shows_goals_and_each_round(tmp_path):
+    results = _run(triton=[(2200, 4.0, 0.1), (2600, 4.0, 0.1)], baseline=[(1000, 5.0, 0.3), (1100, 5.0, 0.3)],
+                   docs=[(900, 9.0, 0.5), (1200, 9.0, 0.5)], grpc=(1100, 1300), http=(1000, 1000))
+    results["spread"] = report.spread_document(results)
+    report.write_files(tmp_path, results, report.markdown(results))
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written["http_rounds"]["triton"][1]["p99_ms"] == 4.0 and written["http_rounds"]["fastapi-docs"][1]
+    assert written["spread"]["http"]["opponents"] == ["baseline", "fastapi-docs"]
+    assert written["spread"]["http"]["rate"]["values"] == pytest.approx([2.2, 2600 / 1200])
+    assert set(written["spread"]) == {"http", "grpc_vs_http", "cold_start", "rollback"}
+    markdown = (tmp_path / "results.md").read_text()
+    assert "## Goals\n\n| goal | measured | met |" in markdown
+    assert "| 2 | 2600 | fastapi-docs | 1200 | 2.17x | 4.00 | 9.00 | 0.10 | 0.50 |" in markdown
+    assert "gRPC / HTTP req/s, each round within itself: median round 1.10x (worst round 1.10x, rounds: 1.10x, 1.30x)" \
+        in markdown
+    assert "| rollback of risk_scorer under that load (the command's time) | median swap 0.50 s" in markdown
+
+
+def test_the_console_summary_names_the_median_and_worst_round_of_each_target_and_goal():
+    results = _run(triton=[(2200, 4.0, 0.1), (1400, 4.0, 0.1), (2400, 4.0, 0.1)], baseline=[(1000, 5.0, 0.3)] * 3)
+    lines = report.summary_lines(results)
+    assert lines[0] == "targets:" and "goals:" in lines
+    goals = lines[lines.index("goals:") + 1:]
+    assert goals[0] == ("MISSED  risk_pipeline HTTP c=16: >= 2x the strongest FastAPI app's req/s in the median round "
+                        "and >= 1.5x in every round, its p99 at or below FastAPI's in every round: median round 2.20x "
+                        "(worst round 1.40x, rounds: 2.20x, 1.40x, 2.40x); p99 above FastAPI's in 0 of 3 rounds")
+    assert lines[1].startswith("met     risk_pipeline HTTP c=16: above 1x") and "worst round 1.40x" in lines[1]
+    assert len(goals) == len(results["goals"])
+
+
+@pytest.mark.parametrize("rates, median, number", [
+    ((3000.0, 1000.0, 2000.0), 2000.0, 3),
+    ((1000.0, 2000.0), 1000.0, 1),  # even: the slower middle round, as rounds.spread picks
+    ((1500.0,), 1500.0, 1),
+])
+def test_each_sides_median_round_is_kept_whole_with_its_number_and_every_rate(rates, median, number):
+    from s2t.bench.harness.runner import _median_round
+    entries = [{"throughput": r, "p99_ms": r / 1000} for r in rates]
+    found = _median_round(entries)
+    assert (found["throughput"], found["p99_ms"], found["round"]) == (median, median / 1000, number)
+    assert found["rounds_throughput"] == list(rates)
