@@ -137,39 +137,66 @@ def test_a_rename_fsyncs_the_moved_folder_and_both_parents(tmp_path, monkeypatch
     assert synced == [str(tmp_path / "b" / "v"), str(tmp_path / "b"), str(tmp_path / "a")]
 
 
-WORKER = """
-import random, sys
+# Real processes contending for the control lock, forked from one that imported the commands once (an interpreter
+# start and import per worker would cost more than the commands they run).
+WORKERS = """
+import os, random, sys, traceback
 from pathlib import Path
 from s2t.control.publish import PublishError, publish
 from s2t.control.rollout import Rollout, RolloutError, promote, rollback, rollback_plan
-repo, onnx, seed = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-rng, done = random.Random(seed), 0
-for _ in range(4):
-    step = rng.choice(["publish", "stage-promote", "rollback"])
-    try:
-        if step == "publish":
-            publish("risk_scorer", onnx, repo, None)
-        elif step == "stage-promote":
-            promote(Rollout("risk_scorer", repo), publish("risk_scorer", onnx, repo, None, stage=True))
+repo, onnx, workers = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+
+
+def work(seed):
+    rng, done = random.Random(seed), 0
+    for _ in range(4):
+        step = rng.choice(["publish", "stage-promote", "rollback"])
+        try:
+            if step == "publish":
+                publish("risk_scorer", onnx, repo, None)
+            elif step == "stage-promote":
+                promote(Rollout("risk_scorer", repo), publish("risk_scorer", onnx, repo, None, stage=True))
+                done += 1
+            else:
+                rollout = Rollout("risk_scorer", repo)
+                rollback(rollout, rollback_plan(rollout, None))
             done += 1
-        else:
-            rollout = Rollout("risk_scorer", repo)
-            rollback(rollout, rollback_plan(rollout, None))
-        done += 1
-    except (PublishError, RolloutError) as err:
-        print("refused:", err)
-print("changes", done)
+        except (PublishError, RolloutError):
+            pass
+    return done
+
+
+children = {}
+for seed in range(workers):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            os.write(write, str(work(seed)).encode())
+            os._exit(0)
+        except BaseException:
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+    os.close(write)
+    children[pid] = read
+for pid, read in children.items():
+    with os.fdopen(read) as f:
+        done = f.read()
+    _, status = os.waitpid(pid, 0)
+    print("worker", pid, "status", status, "changes", done or 0)
 """
 
 
 def test_concurrent_rollout_commands_keep_a_served_primary_and_every_history_line(repos):
     repo, onnx = repos
-    workers = [subprocess.Popen([sys.executable, "-c", WORKER, str(repo), str(onnx), str(seed)], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in range(6)]
-    outputs = [w.communicate(timeout=300) for w in workers]
-    for worker, (out, err) in zip(workers, outputs):
-        assert worker.returncode == 0, err[-2000:]
-    changes = sum(int(out.strip().splitlines()[-1].split()[-1]) for out, _ in outputs)
+    run = subprocess.run([sys.executable, "-c", WORKERS, str(repo), str(onnx), "6"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    workers = [line.split() for line in run.stdout.splitlines()]
+    assert len(workers) == 6 and all(w[3] == "0" for w in workers), run.stderr[-2000:]
+    changes = sum(int(w[-1]) for w in workers)
     history = [json.loads(line) for line in VersionStore(repo).history_file.read_text().splitlines()]
     assert len([e for e in history if "outcome" not in e]) == changes, "one history line per change, none lost"
     current = state(repo)
