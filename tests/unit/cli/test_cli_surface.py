@@ -1,4 +1,3 @@
-import os
 import re
 import shutil
 import socket
@@ -17,9 +16,22 @@ from s2t.cli import main
 from s2t.serve.triton_server import free_port
 
 
-
 def s2t(*args: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([str(S2T), *args], cwd=ROOT, capture_output=True, text=True, input=stdin, timeout=timeout)
+
+
+@pytest.fixture
+def s2t_here(monkeypatch):
+    """The installed script's group run in this process (standalone, as the script runs it, from the project root),
+    for checks of exit codes and messages that do not need an interpreter of their own. An error that escaped as a
+    bug would be the result's exception instead of the SystemExit click ends with."""
+    monkeypatch.chdir(ROOT)
+
+    def run(*args: str, env: dict[str, str] | None = None):
+        result = CliRunner().invoke(main, list(args), env=env)
+        assert isinstance(result.exception, SystemExit), (args, result.exc_info)
+        return result
+    return run
 
 
 def test_version_prints_one_line_with_the_version_number():
@@ -59,9 +71,9 @@ def test_exit_codes_are_distinct_and_each_documented_in_docs_cli():
     ["status", "--no-such-option"],
     ["parity", "--saved-model", "no/such/dir", "--onnx", "x.onnx", "--data", "x.csv"],
 ], ids=["missing-arguments", "excluding-options", "unknown-option", "missing-path"])
-def test_a_usage_error_exits_with_the_usage_code(args):
-    done = s2t(*args)
-    assert done.returncode == errors.USAGE, done.stderr
+def test_a_usage_error_exits_with_the_usage_code(args, s2t_here):
+    done = s2t_here(*args)
+    assert done.exit_code == errors.USAGE, done.stderr
     assert "Usage:" in done.stderr or "Error:" in done.stderr
 
 
@@ -80,26 +92,27 @@ def _unreachable_commands(repository: Path, url: str) -> list[list[str]]:
     ]
 
 
-def test_every_command_that_talks_to_a_server_exits_unreachable_and_changes_nothing_when_none_listens(tmp_path):
+def test_every_command_that_talks_to_a_server_exits_unreachable_and_changes_nothing_when_none_listens(tmp_path,
+                                                                                                      s2t_here):
     repository = tmp_path / "model_repository"
     shutil.copytree(MODEL_REPOSITORY, repository)
     shutil.copytree(ENSEMBLES, tmp_path / "ensembles")
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     url = f"localhost:{free_port()}"  # nothing listens there
     for args in _unreachable_commands(repository, url):
-        done = s2t(*args)
-        assert done.returncode == errors.UNREACHABLE, (args, done.stderr)
+        done = s2t_here(*args)
+        assert done.exit_code == errors.UNREACHABLE, (args, done.stderr)
         assert "unreachable" in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
 
 
-def test_check_config_problems_exit_with_the_gate_refused_code(tmp_path):
+def test_check_config_problems_exit_with_the_gate_refused_code(tmp_path, s2t_here):
     repository = tmp_path / "model_repository"
     shutil.copytree(MODEL_REPOSITORY / "risk_decision", repository / "risk_decision")
     config = repository / "risk_decision" / "config.pbtxt"
     config.write_text(config.read_text().replace('name: "risk_decision"', 'name: "not_risk_decision"'))
-    done = s2t("check-config", "--repository", str(repository))
-    assert done.returncode == errors.GATE_REFUSED, done.stdout + done.stderr
+    done = s2t_here("check-config", "--repository", str(repository))
+    assert done.exit_code == errors.GATE_REFUSED, done.output
     assert "not_risk_decision" in done.stderr
 
 
@@ -186,22 +199,22 @@ def test_spellings_no_contract_names_are_unknown_options(args):
 
 
 @pytest.mark.parametrize("spelling", [["--http-url", "{url}"], ["--url", "{url}"], []], ids=["new", "old", "env"])
-def test_old_spellings_and_the_environment_still_reach_the_same_option(spelling):
+def test_old_spellings_and_the_environment_still_reach_the_same_option(spelling, s2t_here, monkeypatch):
     url = f"localhost:{free_port()}"
-    env = {"S2T_HTTP_URL": url} if not spelling else {}
-    done = subprocess.run([str(S2T), "status", *[s.format(url=url) for s in spelling]], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60, env={**os.environ, **env})
-    assert done.returncode == errors.UNREACHABLE and url in done.stderr, done.stderr
+    monkeypatch.delenv("S2T_HTTP_URL", raising=False)
+    env = {"S2T_HTTP_URL": url} if not spelling else None
+    done = s2t_here("status", *[s.format(url=url) for s in spelling], env=env)
+    assert done.exit_code == errors.UNREACHABLE and url in done.stderr, done.stderr
 
 
-def test_parity_refuses_two_servers_at_once(tmp_path):
+def test_parity_refuses_two_servers_at_once(tmp_path, s2t_here):
     # The paths only have to exist: the two servers are refused before anything is read.
     (tmp_path / "saved_model").mkdir()
     for name in ("scorer.onnx", "data.csv"):
         (tmp_path / name).write_text("")
-    done = s2t("parity", "--saved-model", str(tmp_path / "saved_model"), "--onnx", str(tmp_path / "scorer.onnx"),
-               "--data", str(tmp_path / "data.csv"), "--http-url", "a:1", "--grpc-url", "b:2")
-    assert done.returncode == errors.USAGE and "--http-url or --grpc-url" in done.stderr
+    done = s2t_here("parity", "--saved-model", str(tmp_path / "saved_model"), "--onnx", str(tmp_path / "scorer.onnx"),
+                    "--data", str(tmp_path / "data.csv"), "--http-url", "a:1", "--grpc-url", "b:2")
+    assert done.exit_code == errors.USAGE and "--http-url or --grpc-url" in done.stderr
 
 
 def test_every_command_has_a_docstring_and_every_option_and_argument_has_help():
