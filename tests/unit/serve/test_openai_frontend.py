@@ -25,6 +25,7 @@ class FakeTriton(BackgroundApp):
 
     def __init__(self):
         super().__init__()
+        self.hanging = threading.Event()  # set once a "hang" generation is in flight
 
     async def generate_stream(self, request: web.Request) -> web.StreamResponse:
         scenario = (await request.json())["text_input"]
@@ -38,6 +39,7 @@ class FakeTriton(BackgroundApp):
         elif scenario == "drop":
             request.transport.close()  # the connection lost mid-stream: the reader sees a payload error
         elif scenario == "hang":
+            self.hanging.set()
             await asyncio.sleep(3600)
         return response
 
@@ -107,9 +109,9 @@ def test_stop_returns_without_raising_while_a_generation_hangs():
         api = OpenAIFrontend(f"127.0.0.1:{triton.port}", free_port(), host="127.0.0.1").start()
         caller = threading.Thread(target=read_until_cut, args=(api,), daemon=True)
         caller.start()
-        time.sleep(0.5)  # the call is in flight (if not yet, stop() has less to wait for: the claim still holds)
+        assert triton.hanging.wait(30)  # the call is in flight through the frontend
         started = time.monotonic()
-        api.stop(timeout=1.0)  # below the runner's shutdown timeout: cleanup cannot finish in time
+        api.stop(timeout=0.5)  # below the runner's shutdown timeout: cleanup cannot finish in time
         assert time.monotonic() - started < 10
         assert not api._thread.is_alive() and api._loop.is_closed()
         caller.join(30)
