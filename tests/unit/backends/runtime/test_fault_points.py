@@ -67,12 +67,15 @@ def test_hang_holds_the_gil_so_no_other_thread_of_the_interpreter_runs():
               "        print('tick', flush=True)\n"
               "        time.sleep(0.01)\n"
               "threading.Thread(target=tick, daemon=True).start()\n"
-              "time.sleep(0.2)")
+              "time.sleep(0.05)")
     process = at_the_point("hang", before=ticker)
     try:
-        while process.stdout.readline().strip() != "at the point":
-            pass
-        time.sleep(1.5)
+        before = 0
+        while (line := process.stdout.readline().strip()) != "at the point":
+            before += line == "tick"
+        assert before >= 1, "the ticker never ran"
+        # A hang that let the ticker run would print about 30 ticks meanwhile.
+        time.sleep(0.3)
         assert process.poll() is None, "the hang returned or the process died"
     finally:
         process.kill()
