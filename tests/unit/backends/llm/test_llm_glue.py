@@ -120,13 +120,17 @@ def hanging_llm(pb_utils):
     release.set()
 
 
+# How long the explainer waits for a word mid-answer here: any wait ends a stream that never yields again.
+TOKEN_TIMEOUT_S = 0.1
+
+
 def impatient_explainer(pb_utils, repositories, workers: int):
     from google.protobuf import json_format
 
     from s2t.triton_config import load
     folder = repositories["model_repository_llm"] / "risk_explainer"
     config = json_format.MessageToDict(load(folder), preserving_proto_field_name=True)
-    config["parameters"]["token_timeout_s"] = {"string_value": "0.3"}
+    config["parameters"]["token_timeout_s"] = {"string_value": str(TOKEN_TIMEOUT_S)}
     config["parameters"]["workers"] = {"string_value": str(workers)}
     pb_utils.InferenceRequest.bls["risk_pipeline"] = pipeline
     return backend.initialize(backend.load_model(folder / "1" / "model.py", pb_utils), folder, config=config)
@@ -142,7 +146,7 @@ def test_risk_explainer_ends_a_stream_whose_language_model_stops_mid_answer_and_
             head, word, final = finished(req, timeout=30)
             assert head.output("decision")[0] == b"REVIEW" and word.output("text_output")[0] == b"The "
             assert final.error().code() == TritonError.UNAVAILABLE
-            assert "sent no word for 0.3 s mid-explanation" in final.error().message()
+            assert f"sent no word for {TOKEN_TIMEOUT_S:g} s mid-explanation" in final.error().message()
     finally:
         glue.finalize()
 
