@@ -130,13 +130,17 @@ def test_a_check_that_runs_over_its_time_limit_refuses_the_file():
         check_gguf(packaged_model_path(), timeout_s=0.05)
 
 
-def test_a_promote_killed_after_rewriting_the_pinned_versions_is_undone_by_the_next_command(llm_repo):
+def test_a_promote_killed_after_rewriting_the_pinned_versions_is_undone_by_the_next_command(llm_repo, monkeypatch):
     import os
     import signal
     import subprocess
 
+    from s2t.control import llm_check
     from tests.conftest import S2T
+    # The staged version only has to be there: the GGUF check on publish is tested above.
+    monkeypatch.setattr(llm_check, "check_gguf", lambda path, **_: {"tokens": llm_check.CHECK_TOKENS})
     publish("llm", packaged_model_path(), llm_repo, None, stage=True)
+    monkeypatch.undo()
     killed = subprocess.run([str(S2T), "promote", "llm", "2", "--repository", str(llm_repo)], capture_output=True,
                             text=True, timeout=120, env={**os.environ, "S2T_FAULT_POINTS": "control.consumer.llm=kill"})
     assert killed.returncode == -signal.SIGKILL
