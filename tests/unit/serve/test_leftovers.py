@@ -68,13 +68,14 @@ def test_regions_mapped_or_open_in_a_live_process_stay_and_the_others_go(tmp_pat
         mapping = mmap.mmap(mapped_file.fileno(), 4096)
     held_open = open(tmp_path / names[1], "rb")
     try:
-        removed = remove_orphaned_regions(tmp_path, Path("/proc"))
+        # The pause between the two looks is another test's claim (a region mapped meanwhile stays).
+        removed = remove_orphaned_regions(tmp_path, Path("/proc"), confirm_after_s=0)
         assert sorted(removed) == sorted(names[2:])
         assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*names[:2], "someone_elses_file"])
         # Nothing held any more: the next look removes them.
         mapping.close()
         held_open.close()
-        assert sorted(remove_orphaned_regions(tmp_path, Path("/proc"))) == sorted(names[:2])
+        assert sorted(remove_orphaned_regions(tmp_path, Path("/proc"), confirm_after_s=0)) == sorted(names[:2])
     finally:
         if not mapping.closed:
             mapping.close()
