@@ -9,13 +9,15 @@ WAITER = textwrap.dedent("""
     import signal, threading, time
     from s2t.serve.shutdown import stop_on_signals, wait_for_stop
 
-    stop = stop_on_signals()
+    stop, waiting = stop_on_signals(), threading.Event()
 
     def signal_this_thread():
-        time.sleep(0.5)  # the main thread is blocked in its wait by then
+        waiting.wait()
+        time.sleep(0.1)  # the main thread is blocked in its wait by then
         signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
 
     threading.Thread(target=signal_this_thread, daemon=True).start()
+    waiting.set()
     wait_for_stop(stop)
     print("stopped")
 """)
