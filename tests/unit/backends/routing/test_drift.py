@@ -582,7 +582,8 @@ def metrics_page():
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # shutdown() waits for serve_forever's next look at its flag: every 0.5 s by default.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
     thread.start()
     yield server.server_address[1], served
     server.shutdown()
