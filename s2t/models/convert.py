@@ -12,6 +12,7 @@ Parity against the SavedModel proves the split reproduces the legacy scores.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -95,24 +96,27 @@ def refusal_in_log(log: str, returncode: int, lifted_ops: frozenset[str] = froze
     return None
 
 
-def run_tf2onnx(saved_model: Path, opset: int, lifted_ops: frozenset[str] = frozenset()) -> onnx.ModelProto:
-    """The raw conversion; ops in `lifted_ops` may stay unconverted (tf2onnx keeps them as they are) for the caller
-    to cut out."""
+def run_tf2onnx(saved_model: Path, opset: int, lifted_ops: frozenset[str] = frozenset()
+                ) -> tuple[onnx.ModelProto, dict]:
+    """The raw conversion, and what the runner read of the SavedModel's tf.Example parsing (its dense shapes, for
+    example_signature.lift_from_saved_model); ops in `lifted_ops` may stay unconverted (tf2onnx keeps them as they
+    are) for the caller to cut out."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "raw.onnx"
+        out, shapes = Path(tmp) / "raw.onnx", Path(tmp) / "dense_shapes.json"
         proc = subprocess.run(
-            [sys.executable, "-m", "s2t.models.tf2onnx_handlers", "--saved-model", str(saved_model), "--signature_def",
-             "serving_default", "--opset", str(opset), "--output", str(out)],
+            [sys.executable, "-m", "s2t.models.tf2onnx_handlers", example_signature.DENSE_SHAPES_OPTION, str(shapes),
+             "--saved-model", str(saved_model), "--signature_def", "serving_default", "--opset", str(opset),
+             "--output", str(out)],
             capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
         )
         log = proc.stdout + proc.stderr
         refused = refusal_in_log(log, proc.returncode, lifted_ops)
         if refused is not None:
             raise refused
-        if proc.returncode != 0 or not out.exists():
+        if proc.returncode != 0 or not out.exists() or not shapes.exists():
             tail = "\n".join(log.strip().splitlines()[-8:])
             raise ConversionError(f"tf2onnx failed on {saved_model}:\n{tail}")
-        return onnx.load(str(out))
+        return onnx.load(str(out)), json.loads(shapes.read_text())
 
 
 def _elem_type(value_info: onnx.ValueInfoProto) -> int:
@@ -408,9 +412,9 @@ def convert(saved_model: Path, output: Path, opset: int = MIN_OPSET, max_values:
     bad = {k: v for k, v in (max_values or {}).items() if isinstance(v, bool) or not isinstance(v, int) or v <= 0}
     if bad:
         raise ConversionError(f"--max-values must give a positive integer per feature, got {bad}")
-    raw = run_tf2onnx(Path(saved_model), opset, frozenset({example_signature.PARSE_OP, *HASHED_OPS}))
+    raw, dense_shapes = run_tf2onnx(Path(saved_model), opset, frozenset({example_signature.PARSE_OP, *HASHED_OPS}))
     try:
-        raw, defaults, metadata = example_signature.lift_from_saved_model(raw, Path(saved_model), max_values)
+        raw, defaults, metadata = example_signature.lift_from_saved_model(raw, dense_shapes, max_values)
     except example_signature.SignatureError as err:
         raise ConversionError(f"the tf.Example parsing cannot be lifted out: {err}") from None
     model, spec = shape_for_serving(raw, defaults, metadata, max_values)

@@ -24,6 +24,8 @@ from onnx import TensorProto, helper, numpy_helper
 from s2t.backends.records.feature_spec import count_column, value_column
 
 PARSE_OP = "ParseExampleV2"
+# The tf2onnx runner's option naming the JSON file it writes the parse's dense shapes to (read_dense_shapes).
+DENSE_SHAPES_OPTION = "--dense-shapes-out"
 # The converted model keeps the name of the signature's input, so that parity can call the SavedModel with the
 # same serialized Examples it sends to the converted model.
 EXAMPLE_INPUT_KEY = "skill2triton.tf_example_input"
@@ -238,16 +240,18 @@ def _rebuild_sparse(feature: SparseFeature, outputs: list[str]
     return nodes, consts
 
 
-def lift_from_saved_model(model: onnx.ModelProto, saved_model: Path, most_values: Mapping[str, int] | None = None
+def lift_from_saved_model(model: onnx.ModelProto, dense_shapes_found: Mapping,
+                          most_values: Mapping[str, int] | None = None
                           ) -> tuple[onnx.ModelProto, dict[str, str | float | int], dict[str, str]]:
     """The converted graph with its tf.Example parsing lifted out, the parse defaults and the metadata to keep; the
-    graph unchanged (no defaults, no metadata) when its signature takes no serialized tf.Example."""
+    graph unchanged (no defaults, no metadata) when its signature takes no serialized tf.Example.
+    `dense_shapes_found`: what the tf2onnx runner wrote to its DENSE_SHAPES_OPTION file for the SavedModel."""
     if parse_node(model) is None:
         if most_values:
             raise SignatureError(f"--max-values names {', '.join(sorted(most_values))}, but the signature parses no "
                                  "tf.Example")
         return model, {}, {}
-    model, features, example_input = lift_parse_example(model, saved_model_dense_shapes(saved_model), most_values)
+    model, features, example_input = lift_parse_example(model, read_dense_shapes(dense_shapes_found), most_values)
     defaults: dict[str, str | float | int] = {}
     for feature in features:
         if isinstance(feature, SparseFeature):
@@ -259,8 +263,16 @@ def lift_from_saved_model(model: onnx.ModelProto, saved_model: Path, most_values
     return model, defaults, {EXAMPLE_INPUT_KEY: example_input}
 
 
+def read_dense_shapes(found: Mapping) -> dict[str, tuple[int, ...]]:
+    """The shapes the tf2onnx runner found ({"dense_shapes": {key: shape}}), or its SignatureError ({"error": ...})."""
+    if "error" in found:
+        raise SignatureError(found["error"])
+    return {key: tuple(shape) for key, shape in found["dense_shapes"].items()}
+
+
 def saved_model_dense_shapes(saved_model: Path) -> dict[str, tuple[int, ...]]:
-    """{feature key: shape per example} of every ParseExampleV2 in the SavedModel (tf2onnx drops `dense_shapes`)."""
+    """{feature key: shape per example} of every ParseExampleV2 in the SavedModel (tf2onnx drops `dense_shapes`).
+    TensorFlow's protobuf classes: called where TensorFlow is loaded anyway (the tf2onnx runner)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from tensorflow.core.protobuf import saved_model_pb2
 

@@ -215,16 +215,41 @@ def register() -> None:
         tf_op(op)(_safe_sizes(op))
 
 
+def _take_option(argv: list[str], flag: str) -> str | None:
+    """The value of `flag` in `argv`, both removed from it (tf2onnx's own parser refuses options it does not know)."""
+    if flag not in argv:
+        return None
+    at = argv.index(flag)
+    value = argv[at + 1]
+    del argv[at:at + 2]
+    return value
+
+
 def main() -> None:
-    """`python -m s2t.models.tf2onnx_handlers <tf2onnx.convert arguments>`: tf2onnx with these handlers."""
+    """`python -m s2t.models.tf2onnx_handlers [--dense-shapes-out FILE] <tf2onnx.convert arguments>`: tf2onnx with
+    these handlers. FILE receives what tf2onnx drops of the SavedModel's tf.Example parsing, its dense shapes (or
+    why they cannot be read), read here where TensorFlow is loaded anyway: `s2t convert` itself never imports it."""
+    import json
+
     from tf2onnx import convert
 
+    from s2t.models import example_signature
+
+    shapes_out = _take_option(sys.argv, example_signature.DENSE_SHAPES_OPTION)
     register()
     try:
         convert.main()
     except Refusal as refusal:
         print(refusal.args[0], file=sys.stderr)
         sys.exit(3)
+    if shapes_out is not None:
+        saved_model = sys.argv[sys.argv.index("--saved-model") + 1]
+        try:
+            found = {"dense_shapes": example_signature.saved_model_dense_shapes(saved_model)}
+        except example_signature.SignatureError as err:
+            found = {"error": str(err)}
+        with open(shapes_out, "w") as out:
+            json.dump(found, out)
 
 
 if __name__ == "__main__":

@@ -27,18 +27,21 @@ MAIN = next(c.name for c in legacy_corpus.CORPUS if c.main)
 
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory):
-    """Every construct's SavedModel and what `s2t convert` made of it (conversions run side by side)."""
+    """Every construct's SavedModel and what `s2t convert` made of it: each conversion starts as soon as its
+    SavedModel is written, beside the building of the next ones."""
     root = tmp_path_factory.mktemp("legacy_corpus")
-    for construct in legacy_corpus.CORPUS:
-        legacy_corpus.build(construct, root / construct.name)
 
-    def convert(name: str):
+    def convert(name: str) -> subprocess.CompletedProcess:
         options = legacy_corpus.BY_NAME[name].convert_options
-        return name, subprocess.run([str(S2T), "convert", str(root / name), str(root / f"{name}.onnx"), *options],
-                                    capture_output=True, text=True, env=TF_QUIET, timeout=900)
+        return subprocess.run([str(S2T), "convert", str(root / name), str(root / f"{name}.onnx"), *options],
+                              capture_output=True, text=True, env=TF_QUIET, timeout=900)
 
-    with ThreadPoolExecutor(3) as pool:
-        converted = dict(pool.map(convert, [c.name for c in legacy_corpus.CORPUS]))
+    with ThreadPoolExecutor(2) as pool:
+        pending = {}
+        for construct in legacy_corpus.CORPUS:
+            legacy_corpus.build(construct, root / construct.name)
+            pending[construct.name] = pool.submit(convert, construct.name)
+        converted = {name: future.result() for name, future in pending.items()}
     return root, converted
 
 

@@ -1,5 +1,6 @@
-"""Caller errors never make the supervisor act: a fifth of the records invalid for 30 s, and forced routes to models
-and versions that do not exist, beside valid traffic on a supervised server. Each bad request is its own 4xx naming
+"""Caller errors never make the supervisor act: a fifth of the records invalid for 15 s (three times the error-rate
+watch's 5 s window), and forced routes to models and versions that do not exist, beside valid traffic on a
+supervised server. Each bad request is its own 4xx naming
 what is wrong, every valid one is scored exactly, and nothing is reloaded, given up or replaced: healing reacts to
 the model's own failures only."""
 from __future__ import annotations
@@ -19,7 +20,7 @@ from s2t.serve.supervisor import stubs_of
 from tests.conftest import ENSEMBLES
 from tests.integration.servers import repository_copies, serving, triton_server
 
-SECONDS = 30.0
+SECONDS = 15.0
 CALLERS = 4
 
 
@@ -58,7 +59,7 @@ def supervised(built_artifacts, tmp_path):
         yield running, state, replaced, repo
 
 
-def test_a_fifth_of_invalid_records_and_forced_unknown_routes_for_30_s_reload_and_replace_nothing(
+def test_a_fifth_of_invalid_records_and_forced_unknown_routes_for_15_s_reload_and_replace_nothing(
         supervised, german_credit_data):
     from s2t.backends.scoring.fused_pipeline import PipelineSettings, warm_pipeline
     from s2t.backends.runtime.model_parameters import read_parameters

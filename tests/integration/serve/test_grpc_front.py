@@ -43,7 +43,7 @@ KEY = "front-" + os.urandom(8).hex()
 GRPC_KEY_HEADER = "triton-grpc-protocol-admin-key"
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
-HOT_SECONDS = 60
+HOT_SECONDS = 20
 VALID_CALLERS, HOSTILE_CALLERS, STREAM_LEAVERS = 4, 4, 2
 TOLERANCE = 1e-6
 
@@ -133,8 +133,9 @@ class Watch:
 
 def test_callers_that_cancel_time_out_or_leave_mid_stream_beside_valid_ones_leave_the_server_up_and_right(
         server, records, direct):
-    """For a minute: valid risk_pipeline callers, callers whose deadline is 0.2-3 ms, streaming callers on risk_stream
-    that cancel their stream, close their channel or let its deadline expire mid-sequence."""
+    """For HOT_SECONDS (without the front, the hostile callers alone crashed the server within a few seconds): valid
+    risk_pipeline callers, callers whose deadline is 0.2-3 ms, streaming callers on risk_stream that cancel their
+    stream, close their channel or let its deadline expire mid-sequence."""
     probability, decision = direct
     deadline = time.monotonic() + HOT_SECONDS
     problems, answered, timed_out, left_streams = [], [0], [0], [0]

@@ -44,7 +44,7 @@ RISK_PATHS = ("risk_pipeline_http", "risk_pipeline_grpc", "risk_stream", "gatewa
 
 def test_hostile_soak_reports_every_path_phase_and_guarantee_and_leaves_nothing_behind(built_artifacts, tmp_path):
     report = tmp_path / "hostile.json"
-    done = subprocess.run([str(S2T), "soak", "--hostile", "--floods", "light", "--minutes", "0.75", "--rate", "4",
+    done = subprocess.run([str(S2T), "soak", "--hostile", "--floods", "light", "--minutes", "0.5", "--rate", "4",
                            "--report", str(report)],
                           check=False, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert report.is_file(), done.stdout + done.stderr

@@ -15,7 +15,7 @@ from s2t.backends.records.record_decoder import RecordDecoder
 from s2t.gate import example_parity
 from s2t.models.convert import shape_for_serving
 from s2t.models.example_signature import (DenseFeature, SignatureError, dense_features, lift_parse_example,
-                                          lift_from_saved_model)
+                                          lift_from_saved_model, read_dense_shapes)
 
 EMPTY_TEXT = np.array([], dtype=object)
 
@@ -108,11 +108,24 @@ def test_the_lifted_graph_takes_the_parsed_features_and_serves_with_the_spec():
     np.testing.assert_allclose(scores, expected, rtol=1e-6)
 
 
-def test_a_graph_without_a_parse_is_left_as_it_is(tmp_path):
+def test_a_graph_without_a_parse_is_left_as_it_is():
     model = helper.make_model(helper.make_graph(
         [helper.make_node("Identity", ["x"], ["y"])], "plain", [helper.make_tensor_value_info("x", 1, ["n"])],
         [helper.make_tensor_value_info("y", 1, ["n"])]))
-    assert lift_from_saved_model(model, tmp_path) == (model, {}, {})
+    assert lift_from_saved_model(model, {"dense_shapes": {}}) == (model, {}, {})
+
+
+def test_what_the_runner_could_not_read_of_the_parse_is_refused_only_for_a_graph_that_parses():
+    """The tf2onnx runner reads the dense shapes where TensorFlow is loaded; its reason comes back as the refusal."""
+    found = {"error": "the dense keys of ParseExampleV2 are not a constant"}
+    with pytest.raises(SignatureError, match="dense keys of ParseExampleV2 are not a constant"):
+        lift_from_saved_model(example_graph(), found)
+    plain = helper.make_model(helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "plain", [helper.make_tensor_value_info("x", 1, ["n"])],
+        [helper.make_tensor_value_info("y", 1, ["n"])]))
+    assert lift_from_saved_model(plain, found) == (plain, {}, {})
+    # JSON lists become the shapes the lifting compares.
+    assert read_dense_shapes({"dense_shapes": {"history": [3], "amount": []}}) == {"history": (3,), "amount": ()}
 
 
 def test_a_signature_with_more_than_the_examples_is_refused():
