@@ -73,9 +73,17 @@ def _rule(makefile: str, target: str) -> tuple[list[str], list[str]]:
 def test_make_test_runs_lint_then_unit_then_the_rest_and_the_fast_levels_build_no_model():
     makefile = (ROOT / "Makefile").read_text()
     _, recipe = _rule(makefile, "test")
-    assert [line.split()[-1] for line in recipe] == ["lint", "unit", "integration"]
+    # lint alone; the unit level beside the integration level's builds; then the integration level.
+    assert [line.split()[-1] for line in recipe] == ["lint", "integration-builds", "integration"]
+    assert recipe[1].split()[-2] == "unit"
     for level in ("lint", "unit"):
         prerequisites, _ = _rule(makefile, level)
         assert "models" not in prerequisites and not any(p.startswith("$(VENV)/.installed-test") for p in prerequisites)
     assert "models" in _rule(makefile, "integration")[0]
+    # Beside the unit level nothing writes into a model repository, which unit tests read (the release's content
+    # id, copies of the repositories): the repositories' own files come with `models`, after it.
+    builds, _ = _rule(makefile, "integration-builds")
+    variables = dict(re.findall(r"^([A-Z_]+) := (.+)$", makefile, re.M))
+    paths = [variables.get(p[2:-1], p) if p.startswith("$(") else p for p in builds]
+    assert "models" not in builds and not [p for p in paths if p.startswith("model_repository")], paths
     assert re.search(r"^make test\b", (ROOT / ".ci" / "run").read_text(), re.M), ".ci/run runs what the README says"
