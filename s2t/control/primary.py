@@ -21,6 +21,7 @@ from typing import Iterable
 
 from s2t.backends.routing.routing_policy import Target
 from s2t import triton_config
+from s2t.control import config_cache
 from s2t.control.config_edit import replace_config, set_pinned_versions, set_step_version, set_string_parameter
 from s2t.control.version_store import VersionStore
 from s2t.atomic_files import write_atomically
@@ -81,7 +82,7 @@ def _configs(repositories: Iterable[Path]):
         if not repo.is_dir():
             continue
         for path in sorted(repo.glob("*/config.pbtxt")):
-            yield path, triton_config.load(path.parent)
+            yield path, config_cache.load(path.parent)
 
 
 def consumers(model: str, repositories: Iterable[Path]) -> list[Consumer]:
@@ -155,7 +156,7 @@ def routed_candidate(model: str, found: Iterable[Consumer], router_split: dict[s
         if router_split is not None:
             text = router_split.get("candidate", "").strip()
         else:
-            params = triton_config.backend_parameters(triton_config.load(consumer.path.parent))
+            params = triton_config.backend_parameters(config_cache.load(consumer.path.parent))
             text = params.get("candidate", {}).get("string_value", "").strip()
         target = Target.parse(text) if text else None
         if target is not None and target.model == model:
@@ -173,7 +174,7 @@ def phases(changes: list[ConfigChange]) -> list[list[ConfigChange]]:
         return [changes] if changes else []
     loads, unloads = [], []
     for change in pinned:
-        listed = set(pinned_versions(triton_config.load_text(change.path.read_text(), str(change.path))))
+        listed = set(pinned_versions(config_cache.load(change.path.parent)))
         union = tuple(sorted(listed | set(change.pinned_versions)))
         if union == change.pinned_versions:
             loads.append(change)
@@ -204,11 +205,22 @@ def pinned_version(config) -> int | None:
 
 
 def switch(store: VersionStore, model: str, version: int, consumers_: Iterable[Consumer]) -> None:
-    """Name `version` in the live switch of every pipeline that keeps a standby: the one it serves, if warm."""
+    """Name `version` in the live switch of every pipeline that keeps a standby: the one it serves, if warm. A switch
+    that names it already is left alone (a rollback switches before it waits on the server, then again with the
+    other consumers)."""
+    text = json.dumps({"scorer_model": model, "scorer_version": version}) + "\n"
     for consumer in consumers_:
         if consumer.keeps_standby:
-            write_atomically(live_switch_file(store.repository, consumer.name),
-                             json.dumps({"scorer_model": model, "scorer_version": version}) + "\n")
+            path = live_switch_file(store.repository, consumer.name)
+            if _text_of(path) != text:
+                write_atomically(path, text)
+
+
+def _text_of(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
 
 
 def write(store: VersionStore, changes: Iterable[ConfigChange]) -> None:

@@ -44,7 +44,7 @@ from s2t.backends.runtime import fault_points
 from s2t.atomic_files import write_atomically
 from s2t.backends.routing.routing_policy import Target
 from s2t.control import split_config as canary_config
-from s2t.control import live_control, primary
+from s2t.control import config_cache, live_control, primary
 from s2t.control.version_store import VersionStore
 from s2t import triton_config
 from s2t.errors import S2TError
@@ -131,7 +131,7 @@ class Rollout:
         model_dir = self.store.model_dir(self.model)
         if not (model_dir / "config.pbtxt").is_file():
             raise RolloutError(f"{model_dir} has no config.pbtxt")
-        return triton_config.load(model_dir)
+        return config_cache.load(model_dir)
 
     def explicit_primary(self) -> bool:
         config = self.config()
@@ -262,9 +262,8 @@ class Rollout:
         The live switch goes first: a pipeline that keeps `version` warm serves it from its next batch, and its
         reload (new config) is only waited for when it does not. `confirm_all`: also wait for the live consumers
         whose file is already right (after a crash, a config may have been written and never loaded)."""
+        self.switch(version)
         planned = primary.plan(self.model, version, self.repositories, router_split, standby)
-        primary.switch(self.store, self.model, version, primary.consumers(self.model, self.repositories))
-        reached("switched")
         changes = [c for c in planned if c.text != c.path.read_text()]
         # Only consumers the server runs now are waited for: one it has not loaded (explicit mode: the operator's
         # choice) reads the new config whenever it is loaded, and a rollout never loads it as a side effect.
@@ -287,6 +286,11 @@ class Rollout:
             self.confirm([c for c in waited if c.name in live])
             self.timings["in force"] = time.monotonic() - started
         return [c.name for c in changes]
+
+    def switch(self, version: int) -> None:
+        """Pipelines that keep `version` warm serve it from their next batch; the others wait for their config."""
+        primary.switch(self.store, self.model, version, primary.consumers(self.model, self.repositories))
+        reached("switched")
 
     def confirm(self, changes: list) -> None:
         """Ask for each reload (explicit mode) and wait for it: the step is in force when the last one is."""
@@ -381,7 +385,7 @@ def _router_candidate(rollout: Rollout) -> int | None:
     """The version of this model that risk_router's split names as its candidate, if any."""
     for consumer in primary.consumers(rollout.model, rollout.repositories):
         if consumer.kind == primary.ROUTER_KIND:
-            params = triton_config.backend_parameters(triton_config.load(consumer.path.parent))
+            params = triton_config.backend_parameters(config_cache.load(consumer.path.parent))
             candidate = params.get("candidate", {}).get("string_value", "").strip()
             if candidate and Target.parse(candidate).model == rollout.model:
                 return Target.parse(candidate).version
@@ -485,8 +489,10 @@ def rollback(rollout: Rollout, expected: RollbackPlan) -> RollbackPlan:
             rollout.retire_drained(state)
         else:
             state.draining.pop(done.target, None)
+            # The target is the previous primary, which pipelines keep warm: the switch alone puts it in force, so it
+            # comes before anything that waits on the server (the router and the ensemble need the target loaded).
+            rollout.switch(done.target)
             rollout.wait_loaded(done.target)
-            # The target is the previous primary, which pipelines keep warm: the switch alone puts it in force.
             rollout.point_consumers(done.target, dict(primary.NO_SPLIT))
             old = [state.primary, state.candidate]
             state.primary, state.previous, state.candidate = done.target, None, None

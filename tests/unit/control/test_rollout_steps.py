@@ -233,6 +233,19 @@ def test_the_pipeline_keeps_the_previous_primary_warm_and_the_live_switch_names_
     assert _pipeline_parameters(repo) == {"scorer_version": "1", "standby_scorer_version": ""}
 
 
+def test_a_rollback_switches_the_warm_pipeline_before_it_waits_on_the_server_and_writes_the_switch_once(repos,
+                                                                                                        monkeypatch):
+    from s2t.backends.runtime.repository_layout import live_switch_file
+    repo, onnx = repos
+    switch = live_switch_file(repo, "risk_pipeline")
+    publish("risk_scorer", onnx, repo, None)
+    seen = []
+    monkeypatch.setattr(Rollout, "wait_loaded",
+                        lambda self, version: seen.append((json.loads(switch.read_text()), switch.stat().st_ino)))
+    rollback(Rollout("risk_scorer", repo), rollback_plan(Rollout("risk_scorer", repo), None))
+    assert seen == [({"scorer_model": "risk_scorer", "scorer_version": 1}, switch.stat().st_ino)]
+
+
 @pytest.mark.parametrize("target, live, in_force", [
     (1, {"scorer_version": "2", "standby_scorer_version": "1"}, True),  # warm: the switch alone serves it
     (2, {"scorer_version": "2", "standby_scorer_version": "1"}, True),
