@@ -143,7 +143,9 @@ def test_only_errors_where_nothing_answered_count_as_unreachable(err, unreachabl
 
 
 def _commands(group: click.Group = main, prefix: tuple[str, ...] = ()):
-    for name, command in group.commands.items():
+    context = click.Context(group)
+    for name in group.list_commands(context):
+        command = group.get_command(context, name)
         yield prefix + (name,), command
         if isinstance(command, click.Group):
             yield from _commands(command, prefix + (name,))
@@ -253,7 +255,7 @@ def test_every_bench_mode_is_one_function_of_the_options_in_one_table():
     import inspect
 
     from s2t.bench.harness.registry import BENCH_MODES, BenchOptions
-    mode_option = next(p for p in main.commands["bench"].params if p.name == "mode")
+    mode_option = next(p for p in main.get_command(click.Context(main), "bench").params if p.name == "mode")
     assert list(mode_option.type.choices) == list(BENCH_MODES)
     for name, mode in BENCH_MODES.items():
         parameters = list(inspect.signature(mode.run).parameters.values())
