@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import socket
 import urllib.error
+import urllib.request
 
 from s2t.errors import ServerUnreachable
+
+# A server that takes longer than this to answer its liveness URL is taken for unreachable.
+CHECK_TIMEOUT_S = 10.0
 
 
 # gRPC says UNAVAILABLE both when nothing listens and when a model is not serving: only its connection messages
@@ -44,17 +48,34 @@ def require_reachable(url: str | None, protocol: str = "http") -> None:
     """Checked before a command changes anything, so that an unreachable server leaves nothing half done."""
     if not url:
         return
-    if protocol == "grpc":
-        import tritonclient.grpc as client
-    else:
-        import tritonclient.http as client
     try:
-        triton = client.InferenceServerClient(url)
-        try:
-            triton.is_server_live()
-        finally:
-            triton.close()
+        if protocol == "grpc":
+            _grpc_answers(url)
+        else:
+            _http_answers(url)
     except Exception as err:  # noqa: BLE001 - whatever the reason, no Triton answers there
         reason = str(err) or type(err).__name__
         raise ServerUnreachable(f"server unreachable: no Triton answers {protocol.upper()} at {url} ({reason}); "
                                 "nothing was changed") from None
+
+
+def _http_answers(url: str) -> None:
+    """Raises unless an HTTP server answers at `url` (any status: it answered). The standard library's client: a
+    rollback changes what is served right after this check, and tritonclient's HTTP client (gevent) is only needed
+    once the change is made. Straight to the server, as tritonclient goes: a proxy from the environment would
+    answer for a server that is down."""
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        direct.open(f"http://{url}/v2/health/live", timeout=CHECK_TIMEOUT_S).close()
+    except urllib.error.HTTPError:
+        pass
+
+
+def _grpc_answers(url: str) -> None:
+    import tritonclient.grpc as grpc
+
+    triton = grpc.InferenceServerClient(url)
+    try:
+        triton.is_server_live()
+    finally:
+        triton.close()
