@@ -20,9 +20,11 @@ CONFIGS_KEPT = 64
 def load(model_dir: Path):
     """The config in `model_dir`, as its file reads now (triton_config.load's answer and errors)."""
     path = Path(model_dir) / "config.pbtxt"
-    return _parsed(path.read_text(), str(path))
+    return parsed(path.read_text(), str(path))
 
 
 @lru_cache(maxsize=CONFIGS_KEPT)
-def _parsed(text: str, where: str):
+def parsed(text: str, where: str):
+    """`text` parsed (triton_config.load_text's answer and errors); a config validated before it is written is
+    then read back without a second parse."""
     return triton_config.load_text(text, where)

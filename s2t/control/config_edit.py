@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from s2t import triton_config
 from s2t.atomic_files import write_atomically
+from s2t.control import config_cache
 from s2t.control.version_store import VersionStore
 from s2t.errors import S2TError
 
@@ -53,7 +53,7 @@ def set_pinned_versions(text: str, versions: list[int], where: str = "config.pbt
 def replace_config(store: VersionStore, path: Path, text: str) -> None:
     """Validate `text` with Triton's schema, then put it in place of `path` in one rename."""
     try:
-        triton_config.load_text(text, str(path))
+        config_cache.parsed(text, str(path))
     except ValueError as err:
         raise ConfigEditError(str(err)) from None
     write_atomically(path, text, staging_dir=store.staging)

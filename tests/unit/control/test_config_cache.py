@@ -49,3 +49,15 @@ def test_the_parsed_configs_kept_are_bounded(tmp_path):
         config_cache.load(write(tmp_path / f"model_{number}", f'name: "model_{number}"\n'))
     assert config_cache.load(folder) is not first, "the oldest parse was dropped to keep the bound"
     assert config_cache.load(folder).name == "risk_scorer"
+
+
+def test_a_config_validated_before_it_is_written_is_read_back_without_a_second_parse(tmp_path):
+    from s2t.control.config_edit import replace_config
+    from s2t.control.version_store import VersionStore
+
+    repository = tmp_path / "model_repository"
+    folder = write(repository / "risk_scorer", SCORER)
+    edited = SCORER.replace("all: {}", "latest: { num_versions: 1 }")
+    replace_config(VersionStore(repository), folder / "config.pbtxt", edited)
+    assert (folder / "config.pbtxt").read_text() == edited
+    assert config_cache.load(folder) is config_cache.parsed(edited, str(folder / "config.pbtxt"))
