@@ -58,7 +58,9 @@ def test_legacy_service_says_once_that_it_listens_and_stops_on_sigterm_after_cal
     process, line = start(["legacy", "serve", "--port", str(port), "--saved-model", str(SAVED_MODEL),
                            "--window-size", "16"], "listening")
     assert f"port {port}" in line and "windows of 16" in line
-    records = skill_records(german_credit_data, range(1000))
+    # 200 records, SIGTERM after the second window: the call in flight outlasts the signal by eleven windows of
+    # TensorFlow, well inside the 10 s the service gives calls in flight even on a machine loaded by other work.
+    records = skill_records(german_credit_data, range(200))
 
     def records_with_sigterm_after_the_first_window():
         for i, record in enumerate(records):
@@ -69,7 +71,7 @@ def test_legacy_service_says_once_that_it_listens_and_stops_on_sigterm_after_cal
     with grpc.insecure_channel(f"localhost:{port}") as channel:
         result = skill_pb2_grpc.SkillStub(channel).Score(records_with_sigterm_after_the_first_window(), timeout=60)
     assert stop(process) == 0
-    assert len(result.results) == 1000 and all(r.status == skill_pb2.OK for r in result.results)
+    assert len(result.results) == 200 and all(r.status == skill_pb2.OK for r in result.results)
 
 
 def test_legacy_service_refuses_a_mebibyte_record_at_the_edge_and_answers_a_big_one_on_its_own(legacy_port,

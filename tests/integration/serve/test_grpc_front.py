@@ -392,16 +392,20 @@ class Upstream(grpc.GenericRpcHandler):
 
     def stream(self, method: str, requests, context):
         call = self._record(method, context)
+        answered = threading.Event()
+        # Told when the call ends however it ends: a call cancelled after its client's half-close (the front
+        # half-closes upstream when the client's stream ends, then cancels it when that end was a cancellation) is
+        # never asked for its next answer, so only this callback sees how it ended.
+        context.add_callback(lambda: call.update(ended="answered" if answered.is_set() else "cancelled"))
         try:
             for request in requests:
                 yield b"echo:" + request
         except grpc.RpcError:  # gRPC Python's request iterator says so when the call is cancelled
-            call["ended"] = "cancelled"
             return
         time.sleep(0.3)
         yield b"after half-close 1"
         yield b"after half-close 2"
-        call["ended"] = "answered" if context.is_active() else "cancelled"
+        answered.set()
 
 
 def no_deadline(call: dict) -> bool:
