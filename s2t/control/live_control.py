@@ -9,12 +9,18 @@ from __future__ import annotations
 import os
 import time
 
-from tritonclient.utils import InferenceServerException
-
 ADMIN_KEY_ENV = "S2T_ADMIN_KEY"
 ADMIN_HEADER = "admin-key"
 _POLL_MODE_REFUSAL = "polling is enabled"
 RELOAD_RETRY_SECONDS = 2.0
+
+
+def _refused() -> type[Exception]:
+    """What tritonclient raises when the server says no: imported with its client, once a step first asks the
+    server (tritonclient imports numpy, which a rollback's live switch does not wait for)."""
+    from tritonclient.utils import InferenceServerException
+
+    return InferenceServerException
 
 
 def admin_headers(key: str | None = None) -> dict[str, str]:
@@ -26,7 +32,7 @@ def served_version(client, model: str) -> int | None:
     """The version a request without a version gets: the newest ready one."""
     try:
         versions = client.get_model_metadata(model).get("versions", [])
-    except InferenceServerException:
+    except _refused():
         return None
     return max((int(v) for v in versions), default=None)
 
@@ -42,7 +48,7 @@ def loaded(url: str, models: list[str], timeout: float = 10.0) -> set[str]:
             try:
                 if client.is_model_ready(model):
                     found.add(model)
-            except InferenceServerException:
+            except _refused():
                 pass
         return found
     finally:
@@ -59,7 +65,7 @@ def live_configs(url: str, models: list[str], timeout: float = 10.0) -> dict[str
         for model in models:
             try:
                 found[model] = client.get_model_config(model)
-            except InferenceServerException:
+            except _refused():
                 pass
         return found
     finally:
@@ -96,7 +102,7 @@ def _request_load(client, model: str, key: str | None) -> bool:
     """Ask for a load; False in poll mode (Triton refuses: it loads by itself)."""
     try:
         client.load_model(model, headers=admin_headers(key))
-    except InferenceServerException as err:
+    except _refused() as err:
         if _POLL_MODE_REFUSAL not in str(err):
             raise
         return False
@@ -142,7 +148,7 @@ def wait_config(url: str, model: str, in_force, timeout: float = 60.0, key: str 
     def done(client) -> bool:
         try:
             return in_force(client.get_model_config(model)) and client.is_model_ready(model)
-        except InferenceServerException:
+        except _refused():
             return False
     return _load_and_wait(url, model, done, "run the new config", timeout, key)
 
@@ -150,5 +156,5 @@ def wait_config(url: str, model: str, in_force, timeout: float = 60.0, key: str 
 def _ready(client, model: str, version: int) -> bool:
     try:
         return client.is_model_ready(model, str(version))
-    except InferenceServerException:
+    except _refused():
         return False
