@@ -31,7 +31,7 @@ class CommandsOnDemand(S2TGroup):
     """The `s2t` group, whose commands come from their modules when asked for."""
 
     def list_commands(self, ctx) -> list[str]:
-        return sorted(COMMAND_MODULES)
+        return sorted(set(COMMAND_MODULES) | set(self.commands))
 
     def get_command(self, ctx, name: str):
         if name in COMMAND_MODULES and name not in self.commands:
