@@ -39,7 +39,10 @@ def test_a_kind_at_a_share_of_0_never_fires(monkeypatch):
 def at_the_point(kind: str, before: str = "") -> subprocess.Popen:
     """A Python process with faulthandler on (as every model's interpreter runs) that passes point `p` set to
     `kind`, after running `before`."""
-    code = f"{before}\nfrom s2t.backends.runtime import fault_points\nprint('at the point', flush=True)\nfault_points.check('p')"
+    # The line is one write: print writes its text and its newline apart when output is unbuffered
+    # (PYTHONUNBUFFERED), and another thread's output between them would hide it.
+    code = (f"{before}\nimport os\nfrom s2t.backends.runtime import fault_points\nos.write(1, b'at the point\\n')\n"
+            "fault_points.check('p')")
     return subprocess.Popen([sys.executable, "-X", "faulthandler", "-c", code], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, fault_points.ENVIRONMENT_VARIABLE: f"p={kind}"})
@@ -61,18 +64,23 @@ def test_exit_ends_the_process_at_once_with_its_status():
 
 
 def test_hang_holds_the_gil_so_no_other_thread_of_the_interpreter_runs():
-    ticker = ("import threading, time\n"
+    # One write per tick, as for the line that says the point is reached.
+    ticker = ("import os, threading, time\n"
               "def tick():\n"
               "    while True:\n"
-              "        print('tick', flush=True)\n"
+              "        os.write(1, b'tick\\n')\n"
               "        time.sleep(0.01)\n"
               "threading.Thread(target=tick, daemon=True).start()\n"
               "time.sleep(0.05)")
     process = at_the_point("hang", before=ticker)
     try:
         before = 0
-        while (line := process.stdout.readline().strip()) != "at the point":
-            before += line == "tick"
+        for line in process.stdout:
+            if line.strip() == "at the point":
+                break
+            before += line.strip() == "tick"
+        else:
+            pytest.fail(f"the process ended before the point: {process.stderr.read()[-2000:]}")
         assert before >= 1, "the ticker never ran"
         # A hang that let the ticker run would print about 30 ticks meanwhile.
         time.sleep(0.3)
