@@ -41,6 +41,19 @@ def test_a_module_the_models_never_reach_is_not_needed(project):
     assert "tensorflow" not in third_party_modules(project, model_files([project / "repo"]))
 
 
+@pytest.fixture(scope="module")
+def distributions_read_once():
+    """The installed distributions do not change during the run: the table of which installs what, read from every
+    distribution's file list, is read once for all the cases."""
+    import functools
+    import importlib.metadata
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(importlib.metadata, "packages_distributions",
+                      functools.cache(importlib.metadata.packages_distributions))
+        yield
+
+
 @pytest.mark.parametrize(("module", "distribution"), [
     ("numpy", "numpy"),
     ("onnxruntime", "onnxruntime"),
@@ -49,7 +62,7 @@ def test_a_module_the_models_never_reach_is_not_needed(project):
     ("typing_extensions", "typing-extensions"),
     ("no_such_module_anywhere", None),
 ])
-def test_a_module_maps_to_the_distribution_that_installs_it(module, distribution):
+def test_a_module_maps_to_the_distribution_that_installs_it(module, distribution, distributions_read_once):
     assert distribution_of(module) == distribution
 
 
