@@ -10,8 +10,10 @@ integration level's job)."""
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +31,24 @@ DATA_ROWS = 240
 # EXPLAINER_REASONS and the published scorer versions); the stand-ins take their places.
 BUILT_FILES = {"feature_spec.json", "drift_reference.json", "reason_model.onnx"}
 BUILT_VERSIONS_OF = {"risk_scorer", "risk_scorer_lite"}
+
+
+# A full collection walks every object the process tracks. Once TensorFlow, ONNX Runtime and gRPC are imported that
+# is hundreds of thousands of long-lived objects, and each collection (a model glue's finalize makes one, as in a
+# stub) costs about 0.3 s here against milliseconds in a stub. After a test that imported this many modules, what
+# is alive is frozen (after one collection, so no garbage is): later collections walk only what later tests make.
+FREEZE_AFTER_NEW_MODULES = 100
+_modules_when_frozen = 0
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    global _modules_when_frozen
+    yield
+    if len(sys.modules) - _modules_when_frozen >= FREEZE_AFTER_NEW_MODULES:
+        gc.collect()
+        gc.freeze()
+        _modules_when_frozen = len(sys.modules)
 
 
 def tiny_spec() -> FeatureSpec:
