@@ -36,5 +36,5 @@ def test_waiting_ends_as_soon_as_the_process_is_gone(nobody):
 
 def test_waiting_ends_at_the_timeout_while_the_process_runs(nobody):
     polls = []
-    assert wait_until_ready(nobody, running=lambda: polls.append(1) or True, timeout_s=0.5, poll_s=0.1) is False
+    assert wait_until_ready(nobody, running=lambda: polls.append(1) or True, timeout_s=0.2, poll_s=0.04) is False
     assert 1 <= len(polls) <= 10
