@@ -74,7 +74,7 @@ def test_a_caller_that_stops_waiting_leaves_the_call_to_finish():
     async def scenario(make, slow):
         infer = make()
         caller = asyncio.ensure_future(infer([b"{}", b"{}"]))
-        await asyncio.sleep(0.2)
+        await until(lambda: len(infer.calls) == 1)
         caller.cancel()
         with pytest.raises(asyncio.CancelledError):
             await caller
@@ -85,10 +85,10 @@ def test_a_caller_that_stops_waiting_leaves_the_call_to_finish():
 
 def test_a_window_past_its_timeout_is_unavailable_and_its_call_still_finishes():
     async def scenario(make, slow):
-        infer = make(timeout_s=0.2)
+        infer = make(timeout_s=0.05)
         with pytest.raises(NotAnsweredInTime) as late:
             await infer([b"{}"])
-        assert late.value.kind == UNAVAILABLE and "did not answer within 0.2 s" in str(late.value)
+        assert late.value.kind == UNAVAILABLE and "did not answer within 0.05 s" in str(late.value)
         return await released_then_closed(infer, slow)
     assert run(scenario) == ["answered"]
 
@@ -109,7 +109,7 @@ def test_past_the_cap_of_running_calls_new_windows_are_refused_without_a_call(mo
     monkeypatch.setattr(triton_infer, "MAX_CALLS", 2)
 
     async def scenario(make, slow):
-        infer = make(timeout_s=0.1)
+        infer = make(timeout_s=0.05)
         for _ in range(2):
             with pytest.raises(ServingError):
                 await infer([b"{}"])
@@ -121,14 +121,14 @@ def test_past_the_cap_of_running_calls_new_windows_are_refused_without_a_call(mo
 
 
 @pytest.mark.parametrize("grace_s, answer_after_s, outcome", [
-    (triton_infer.CLOSE_GRACE_S, 0.3, "answered"),  # an unread call answered within close's grace ends as answered
-    (0.2, None, "cancelled"),  # the one cut close() makes, stated so that it stays the only one
+    (triton_infer.CLOSE_GRACE_S, 0.1, "answered"),  # an unread call answered within close's grace ends as answered
+    (0.1, None, "cancelled"),  # the one cut close() makes, stated so that it stays the only one
 ])
 def test_close_gives_unread_calls_its_grace_and_no_more(monkeypatch, grace_s, answer_after_s, outcome):
     monkeypatch.setattr(triton_infer, "CLOSE_GRACE_S", grace_s)
 
     async def scenario(make, slow):
-        infer = make(timeout_s=0.1)
+        infer = make(timeout_s=0.05)
         with pytest.raises(NotAnsweredInTime):
             await infer([b"{}"])
         if answer_after_s is not None:
@@ -144,7 +144,7 @@ def test_close_lets_a_caller_still_waiting_get_its_answer():
         infer = make()
         caller = asyncio.ensure_future(infer([b"{}", b"{}"]))
         await until(lambda: len(infer.calls) == 1)
-        asyncio.get_running_loop().call_later(0.3, slow.release.set)
+        asyncio.get_running_loop().call_later(0.1, slow.release.set)
         await infer.close()
         probabilities, _ = await caller
         assert probabilities.tolist() == [0.25, 0.25]
