@@ -148,20 +148,28 @@ def test_given_up_ranges_remembered_per_stream_are_bounded():
     assert len(stream._skipped) == MAX_SKIPPED_RANGES
 
 
+CLOCK_STEPS_MS = (0.0, 0.0, 1.0, 30.0, 250.0)
+
+
 @st.composite
 def deliveries(draw):
-    """A stream of n records put through loss, duplication, bounded shuffling and clock steps."""
+    """A stream of n records put through loss, duplication, bounded shuffling and clock steps. One draw per record
+    and choice (drawing is most of this test's time): a record is lost at 1 in 20, sent 2 or 3 times at 1 in 15
+    each; each draw shrinks towards a record kept, sent once, with no clock step."""
     n = draw(st.integers(1, 60))
     window = draw(st.integers(0, 15))
-    kept = [i for i in range(n) if not draw(st.booleans()) or draw(st.integers(0, 9)) > 0]
-    copies = [i for i in kept for _ in range(draw(st.integers(1, 3)) if draw(st.integers(0, 4)) == 0 else 1)]
+    kept = [i for i in range(n) if draw(st.integers(0, 19)) < 19]
+    extra = [draw(st.integers(0, 14)) for _ in kept]
+    copies = [i for i, e in zip(kept, extra) for _ in range(1 + (e if e < 3 else 0))]
     keys = [pos + draw(st.floats(0, window)) for pos in range(len(copies))]
     order = [i for _, i in sorted(zip(keys, copies), key=lambda kv: kv[0])]
-    steps = [draw(st.sampled_from([0.0, 0.0, 1.0, 30.0, 250.0])) for _ in order]
+    steps = [CLOCK_STEPS_MS[draw(st.integers(0, len(CLOCK_STEPS_MS) - 1))] for _ in order]
     return order, steps
 
 
-@settings(max_examples=500, deadline=None)
+# Seeded bugs (a record not drained, a window or buffer bound off by one, a GAP without its carrier) were found
+# within 4 to 172 examples, most within 60.
+@settings(max_examples=300, deadline=None)
 @given(deliveries(), st.integers(0, 12), st.integers(1, 16))
 def test_any_permutation_duplication_and_loss_gives_in_order_exactly_once_output(delivery, max_gap, max_buffered):
     order, steps = delivery
