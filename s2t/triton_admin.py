@@ -1,5 +1,5 @@
 """Triton's HTTP health, model and repository API, as s2t's own processes call it (the supervisor, the keeper,
-the server wrapper, the benchmarks): one client, so each call has one timeout, one set of headers and one error
+the server wrapper, the benchmarks, the commands' reachability check): one client, so each call has one timeout, one set of headers and one error
 mapping. Standard library only: the keeper runs it from a release inside the serving image.
 
 Operators' commands go through tritonclient (`s2t/control/live_control.py`); this is the in-process side.
@@ -15,6 +15,9 @@ from typing import Callable
 # What a call to an unreachable, restarting or half-started server raises: a refused or reset connection, a
 # timeout, or a body that is not JSON.
 UNREACHABLE = (urllib.error.URLError, OSError, ValueError)
+# Straight to the server, as tritonclient goes: a proxy named in the environment would answer for a server that is
+# down, and would see the admin key.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class TritonAdmin:
@@ -26,19 +29,27 @@ class TritonAdmin:
         return f"http://{self.http_url}{path}"
 
     def _get_json(self, path: str, timeout_s: float):
-        with urllib.request.urlopen(self._url(path), timeout=timeout_s) as response:
+        with _DIRECT.open(self._url(path), timeout=timeout_s) as response:
             return json.load(response)
 
     def _post(self, path: str, body: dict, timeout_s: float) -> bytes:
         request = urllib.request.Request(self._url(path), data=json.dumps(body).encode(), method="POST",
                                          headers={"Content-Type": "application/json", **self.headers})
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with _DIRECT.open(request, timeout=timeout_s) as response:
             return response.read()
+
+    def check_live(self, timeout_s: float = 10.0) -> None:
+        """Returns once the server answers its liveness URL with any status (it answered); raises one of UNREACHABLE
+        when nothing does."""
+        try:
+            _DIRECT.open(self._url("/v2/health/live"), timeout=timeout_s).close()
+        except urllib.error.HTTPError:
+            pass
 
     def is_ready(self, timeout_s: float = 1.0) -> bool:
         """The server answers /v2/health/ready with 200; False while it cannot be reached or is not ready."""
         try:
-            with urllib.request.urlopen(self._url("/v2/health/ready"), timeout=timeout_s) as response:
+            with _DIRECT.open(self._url("/v2/health/ready"), timeout=timeout_s) as response:
                 return response.status == 200
         except UNREACHABLE:
             return False
@@ -46,7 +57,7 @@ class TritonAdmin:
     def is_version_ready(self, model: str, version: str, timeout_s: float = 2.0) -> bool | None:
         """True or False as Triton says; None when the server could not be asked."""
         try:
-            with urllib.request.urlopen(self._url(f"/v2/models/{model}/versions/{version}/ready"),
+            with _DIRECT.open(self._url(f"/v2/models/{model}/versions/{version}/ready"),
                                         timeout=timeout_s) as response:
                 return response.status == 200
         except urllib.error.HTTPError:

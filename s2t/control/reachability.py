@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import socket
 import urllib.error
-import urllib.request
 
 from s2t.errors import ServerUnreachable
+from s2t.triton_admin import TritonAdmin
 
 # A server that takes longer than this to answer its liveness URL is taken for unreachable.
 CHECK_TIMEOUT_S = 10.0
@@ -52,23 +52,13 @@ def require_reachable(url: str | None, protocol: str = "http") -> None:
         if protocol == "grpc":
             _grpc_answers(url)
         else:
-            _http_answers(url)
+            # The standard library's client: a rollback changes what is served right after this check, and
+            # tritonclient's HTTP client (gevent) is only needed once the change is made.
+            TritonAdmin(url).check_live(CHECK_TIMEOUT_S)
     except Exception as err:  # noqa: BLE001 - whatever the reason, no Triton answers there
         reason = str(err) or type(err).__name__
         raise ServerUnreachable(f"server unreachable: no Triton answers {protocol.upper()} at {url} ({reason}); "
                                 "nothing was changed") from None
-
-
-def _http_answers(url: str) -> None:
-    """Raises unless an HTTP server answers at `url` (any status: it answered). The standard library's client: a
-    rollback changes what is served right after this check, and tritonclient's HTTP client (gevent) is only needed
-    once the change is made. Straight to the server, as tritonclient goes: a proxy from the environment would
-    answer for a server that is down."""
-    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        direct.open(f"http://{url}/v2/health/live", timeout=CHECK_TIMEOUT_S).close()
-    except urllib.error.HTTPError:
-        pass
 
 
 def _grpc_answers(url: str) -> None:
