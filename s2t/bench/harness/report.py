@@ -155,13 +155,18 @@ def _p99_pairs(http: dict[str, list[dict]], duel: rounds.Duel) -> list[str]:
     return [pair(n) for n in range(duel.rounds)]
 
 
+def _p99_above(duel: rounds.Duel, opponent: str) -> str:
+    """`above OPPONENT's in N of M rounds`, and the rounds without a p99 to compare."""
+    return (f"above {opponent}'s in {duel.p99_above} of {duel.rounds} rounds"
+            + (f", {duel.p99_unknown} without a p99" if duel.p99_unknown else ""))
+
+
 def _p99_text(http: dict[str, list[dict]], duel: rounds.Duel) -> str:
     pairs, p99 = _p99_pairs(http, duel), duel.p99
     if p99.median_at is None:
         return "not measured"
     return (f"median round {pairs[p99.median_at]} (worst round {pairs[p99.worst_at]}, rounds: {', '.join(pairs)}); "
-            f"above FastAPI's in {duel.p99_above} of {duel.rounds} rounds"
-            + (f", {duel.p99_unknown} without a p99" if duel.p99_unknown else ""))
+            + _p99_above(duel, "FastAPI"))
 
 
 def _median_round_pair(http: dict[str, list[dict]], duel: rounds.Duel, found: rounds.Spread, key: str, unit: str,
@@ -230,8 +235,7 @@ def goals(results: dict) -> list[dict]:
         {"goal": f"risk_pipeline HTTP c={connections}: >= {GOAL_HTTP_RATIO_MEDIAN_ROUND:g}x the strongest FastAPI "
                  f"app's req/s in the median round and >= {GOAL_HTTP_RATIO_EVERY_ROUND:g}x in every round, its p99 at "
                  "or below FastAPI's in every round",
-         "measured": f"{over_rounds(duel.rate)}; p99 above FastAPI's in {duel.p99_above} of {duel.rounds} rounds"
-                     + (f", {duel.p99_unknown} without a p99" if duel.p99_unknown else ""),
+         "measured": f"{over_rounds(duel.rate)}; p99 " + _p99_above(duel, "FastAPI"),
          "met": (duel.rate.median >= GOAL_HTTP_RATIO_MEDIAN_ROUND and duel.rate.worst >= GOAL_HTTP_RATIO_EVERY_ROUND
                  and duel.rate.missing == 0 and duel.p99_at_or_below_every_round)},
     ]
@@ -358,8 +362,7 @@ def _protocols(found: dict | None, duel: rounds.Duel | None) -> list[str]:
     return [f"### HTTP and gRPC, {found['model']}, {protocol_clients(found)} c={found['concurrency']}, "
             "alternating rounds", "",
             f"gRPC / HTTP req/s, each round within itself: {over_rounds(duel.rate)}; each protocol's own median "
-            f"round: {found['grpc_vs_http']:.2f}x; gRPC's p99 above HTTP's in {duel.p99_above} of {duel.rounds} rounds"
-            + (f" ({duel.p99_unknown} without a p99)" if duel.p99_unknown else "") + ". CPU per request in "
+            f"round: {found['grpc_vs_http']:.2f}x; gRPC's p99 " + _p99_above(duel, "HTTP") + ". CPU per request in "
             "microseconds: the load generator, tritonserver's own process (front end, batcher, and the models it "
             "runs in process, risk_pipeline among them), the gRPC front in front of its gRPC endpoint and the python stubs.", "",
             _table(["protocol", "req/s", "rounds req/s", "p50 ms", "p99 ms", "client us", "tritonserver us",

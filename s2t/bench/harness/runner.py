@@ -30,6 +30,7 @@ from s2t.bench.scenarios import protocols, stub_profile
 from s2t.bench.baselines.fastapi_baseline import APPS as BASELINE_APPS, ROUTE as BASELINE_ROUTE, BaselineServer
 from s2t.bench.harness.machine_load import LoadWatch
 from s2t.bench.harness.modes import Mode
+from s2t.bench.harness.rounds import spread
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve import service_process
 from s2t.serve.triton_server import TritonServer, free_port
@@ -389,8 +390,7 @@ class Bench:
 def _median_round(entries: list[dict]) -> dict:
     """The round of median throughput, whole (its latencies belong to the same round), which round it was (from 1),
     and every round's rate; every round, whole, is in `http_rounds`."""
-    ranked = sorted(range(len(entries)), key=lambda i: entries[i]["throughput"])
-    median = ranked[(len(ranked) - 1) // 2]
+    median = spread([e["throughput"] for e in entries], higher_is_better=True).median_at
     return {**entries[median], "round": median + 1, "rounds_throughput": [e["throughput"] for e in entries]}
 
 
