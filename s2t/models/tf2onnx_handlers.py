@@ -20,6 +20,7 @@ the node; the runner below reports it on one line that convert.py parses.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
@@ -233,6 +234,7 @@ def main() -> None:
 
     from tf2onnx import convert
 
+    from s2t.atomic_files import write_atomically
     from s2t.models import example_signature
 
     shapes_out = _take_option(sys.argv, example_signature.DENSE_SHAPES_OPTION)
@@ -248,8 +250,7 @@ def main() -> None:
             found = {"dense_shapes": example_signature.saved_model_dense_shapes(saved_model)}
         except example_signature.SignatureError as err:
             found = {"error": str(err)}
-        with open(shapes_out, "w") as out:
-            json.dump(found, out)
+        write_atomically(Path(shapes_out), json.dumps(found))
 
 
 if __name__ == "__main__":
