@@ -77,6 +77,19 @@ def llm_metrics(metrics_port: int) -> dict[str, float]:
     return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("s2t_llm_")}
 
 
+def settled_metrics(metrics_port: int, timeout_s: float = 10.0) -> dict[str, float]:
+    """The metrics once nothing generates or waits and two reads agree: a request counts its outcome after its
+    client has its last answer, so a read right after an earlier test's requests can miss the last of them."""
+    deadline, previous = time.monotonic() + timeout_s, None
+    while True:
+        metrics = llm_metrics(metrics_port)
+        idle = not any(v for k, v in metrics.items() if k.startswith(("s2t_llm_active_slots", "s2t_llm_queue_depth")))
+        if (idle and metrics == previous) or time.monotonic() > deadline:
+            return metrics
+        previous = metrics
+        time.sleep(0.25)
+
+
 def outcome(metrics: dict[str, float], name: str) -> float:
     return sum(v for k, v in metrics.items() if k.startswith("s2t_llm_requests_total") and f'outcome="{name}"' in k)
 
@@ -102,7 +115,7 @@ def test_a_grpc_stream_cancelled_while_queued_leaves_the_queue_within_a_second(l
     import numpy as np
     import tritonclient.grpc as grpcclient
     url = llm_server.http_url
-    before = outcome(llm_metrics(llm_server.metrics_port), "cancelled")
+    before = outcome(settled_metrics(llm_server.metrics_port), "cancelled")
     # Two long prompts ahead: evaluated one at a time (max_prefill_tokens), seconds of work the queued one waits for.
     with ThreadPoolExecutor(2) as pool:
         ahead = [pool.submit(generate_stream, url, {"text_input": long_prompt(100 + n), "max_tokens": 2}, "llm", 300)
@@ -129,7 +142,7 @@ def test_a_grpc_stream_cancelled_while_queued_leaves_the_queue_within_a_second(l
 
 def test_clients_that_leave_free_the_queue_and_a_short_prompt_beside_them_is_served(llm_server):
     url = llm_server.http_url
-    before = llm_metrics(llm_server.metrics_port)
+    before = settled_metrics(llm_server.metrics_port)
     start = threading.Barrier(FLOOD + 1)
 
     def flood_client(n: int):
