@@ -9,8 +9,9 @@ wrapper that starts it without the server's descriptors (STUB_WRAPPER). The publ
 from __future__ import annotations
 
 import importlib.util
-import os
 import compileall
+import os
+import random
 import shutil
 import signal
 import socket
@@ -114,11 +115,51 @@ def assemble_backend_dir(dest: Path) -> Path:
     return dest
 
 
-def free_port() -> int:
-    """A port nothing listens on now; the server binds it moments later."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# Ports handed out below the kernel's ephemeral range: one from bind(0) comes from that range, where any outgoing
+# connection (a load generator's, a health poll's) may take it as its local port before the server binds it, and
+# the server then exits with "address in use".
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10_000
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - 16_384))
+            return "\n".join(log.read().decode(errors="replace").splitlines()[-lines:])
+    except OSError as err:
+        return f"(unreadable: {err.strerror})"
+
+
+def ephemeral_floor(path: Path = EPHEMERAL_RANGE) -> int:
+    """The lowest port the kernel gives outgoing connections (Linux's default 32768 where unreadable)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(floor: int | None = None) -> int:
+    """A port nothing is bound to now, below the ephemeral range, never handed out before by this process (two
+    servers started together get different ports); the server binds it moments later. A random draw: another
+    process picking ports the same way rarely draws the same one."""
+    highest = (floor or ephemeral_floor()) - 1
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randint(LOWEST_PORT, highest)
+        with _handed_out_lock:
+            if port in _handed_out:
+                continue
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("0.0.0.0", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
+    raise OSError(f"no free port between {LOWEST_PORT} and {highest}")
 
 
 def precompile_models(repositories: list[Path]) -> None:
@@ -309,8 +350,10 @@ class TritonServer:
         if wait_until_ready(TritonAdmin(self.http_url), lambda: self.process.poll() is None, timeout):
             return
         if self.process.poll() is not None:
+            # The log's last lines travel with the error: a caller's temporary folder may not outlive it.
             raise ServerError(f"tritonserver exited with code {self.process.returncode} before it was ready"
-                              + (f"; see {self.log_path}" if self.log_path else ""))
+                              + (f"; see {self.log_path}, which ends:\n{log_tail(self.log_path)}"
+                                 if self.log_path else ""))
         raise ServerError(f"tritonserver not ready after {timeout:.0f} s")
 
     def stop(self, timeout: float | None = None, keep_grpc_front: bool = False) -> int | None:
