@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -35,6 +35,11 @@ from s2t.models import example_signature
 from s2t.errors import S2TError
 
 BATCH_DIM = "batch"
+TF2ONNX_ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+# A conversion the runner has not finished in this long is killed (convert_many).
+CONVERSION_TIMEOUT_S = 900.0
+# The tf2onnx runner's options for many conversions in one process (convert_many).
+JOBS_OPTION, RESULTS_OPTION = "--jobs", "--results"
 MIN_OPSET = 15
 _UNSUPPORTED_OP = re.compile(r"Tensorflow op \[(?P<node>[^:\]]+): (?P<op>[^\]]+)\] is not supported")
 # A construct our tf2onnx handlers (s2t/models/tf2onnx_handlers.py) refuse: op|node|reason|way out.
@@ -60,6 +65,8 @@ _HASH_BUCKET_OPS = {"StringToHashBucketFast", "StringToHashBucketStrong", "Strin
 # The hash bucket ops the decoder computes (s2t/backends/records/string_hash.py) when they hash a string input directly:
 # tf2onnx leaves them in the graph, pack_inputs lifts them.
 HASHED_OPS = {"StringToHashBucketFast": FAST, "StringToHashBucketStrong": STRONG}
+# What tf2onnx may leave unconverted, for this module to lift out of the graph into the feature spec.
+LIFTED_OPS = frozenset({example_signature.PARSE_OP, *HASHED_OPS})
 
 
 def _way_out(op: str) -> str:
@@ -96,6 +103,22 @@ def refusal_in_log(log: str, returncode: int, lifted_ops: frozenset[str] = froze
     return None
 
 
+def _tf2onnx_args(saved_model: Path, opset: int, output: Path) -> list[str]:
+    return ["--saved-model", str(saved_model), "--signature_def", "serving_default", "--opset", str(opset),
+            "--output", str(output)]
+
+
+def _tf2onnx_result(saved_model: Path, log: str, returncode: int, out: Path, shapes: Path,
+                    lifted_ops: frozenset[str]) -> tuple[onnx.ModelProto, dict]:
+    refused = refusal_in_log(log, returncode, lifted_ops)
+    if refused is not None:
+        raise refused
+    if returncode != 0 or not out.exists() or not shapes.exists():
+        tail = "\n".join(log.strip().splitlines()[-8:])
+        raise ConversionError(f"tf2onnx failed on {saved_model}:\n{tail}")
+    return onnx.load(str(out)), json.loads(shapes.read_text())
+
+
 def run_tf2onnx(saved_model: Path, opset: int, lifted_ops: frozenset[str] = frozenset()
                 ) -> tuple[onnx.ModelProto, dict]:
     """The raw conversion, and what the runner read of the SavedModel's tf.Example parsing (its dense shapes, for
@@ -105,18 +128,10 @@ def run_tf2onnx(saved_model: Path, opset: int, lifted_ops: frozenset[str] = froz
         out, shapes = Path(tmp) / "raw.onnx", Path(tmp) / "dense_shapes.json"
         proc = subprocess.run(
             [sys.executable, "-m", "s2t.models.tf2onnx_handlers", example_signature.DENSE_SHAPES_OPTION, str(shapes),
-             "--saved-model", str(saved_model), "--signature_def", "serving_default", "--opset", str(opset),
-             "--output", str(out)],
-            capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+             *_tf2onnx_args(saved_model, opset, out)],
+            capture_output=True, text=True, env=TF2ONNX_ENV,
         )
-        log = proc.stdout + proc.stderr
-        refused = refusal_in_log(log, proc.returncode, lifted_ops)
-        if refused is not None:
-            raise refused
-        if proc.returncode != 0 or not out.exists() or not shapes.exists():
-            tail = "\n".join(log.strip().splitlines()[-8:])
-            raise ConversionError(f"tf2onnx failed on {saved_model}:\n{tail}")
-        return onnx.load(str(out)), json.loads(shapes.read_text())
+        return _tf2onnx_result(saved_model, proc.stdout + proc.stderr, proc.returncode, out, shapes, lifted_ops)
 
 
 def _elem_type(value_info: onnx.ValueInfoProto) -> int:
@@ -404,15 +419,16 @@ def parse_max_values(options: Sequence[str]) -> dict[str, int]:
     return parsed
 
 
-def convert(saved_model: Path, output: Path, opset: int = MIN_OPSET, max_values: Mapping[str, int] | None = None
-            ) -> FeatureSpec:
-    """`max_values`: the most values per record of each sparse or ragged tf.Example feature (the density rule)."""
+def _checked_max_values(opset: int, max_values: Mapping[str, int] | None) -> None:
     if opset < MIN_OPSET:
         raise ConversionError(f"opset {opset} is below {MIN_OPSET}, the lowest this project serves")
     bad = {k: v for k, v in (max_values or {}).items() if isinstance(v, bool) or not isinstance(v, int) or v <= 0}
     if bad:
         raise ConversionError(f"--max-values must give a positive integer per feature, got {bad}")
-    raw, dense_shapes = run_tf2onnx(Path(saved_model), opset, frozenset({example_signature.PARSE_OP, *HASHED_OPS}))
+
+
+def _shape_and_write(raw: onnx.ModelProto, dense_shapes: dict, output: Path, max_values: Mapping[str, int] | None
+                     ) -> FeatureSpec:
     try:
         raw, defaults, metadata = example_signature.lift_from_saved_model(raw, dense_shapes, max_values)
     except example_signature.SignatureError as err:
@@ -420,3 +436,64 @@ def convert(saved_model: Path, output: Path, opset: int = MIN_OPSET, max_values:
     model, spec = shape_for_serving(raw, defaults, metadata, max_values)
     write_atomically(Path(output), model.SerializeToString())
     return spec
+
+
+def convert(saved_model: Path, output: Path, opset: int = MIN_OPSET, max_values: Mapping[str, int] | None = None
+            ) -> FeatureSpec:
+    """`max_values`: the most values per record of each sparse or ragged tf.Example feature (the density rule)."""
+    _checked_max_values(opset, max_values)
+    raw, dense_shapes = run_tf2onnx(Path(saved_model), opset, LIFTED_OPS)
+    return _shape_and_write(raw, dense_shapes, output, max_values)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Conversion:
+    """One model of convert_many: what convert() takes."""
+    saved_model: Path
+    output: Path
+    opset: int = MIN_OPSET
+    max_values: Mapping[str, int] | None = None
+
+
+def convert_many(conversions: Sequence[Conversion], workers: int | None = None
+                 ) -> list[FeatureSpec | ConversionError]:
+    """convert() of each model, with one TensorFlow start for all of them (most of a conversion's cost): the runner
+    imports TensorFlow and tf2onnx once and converts each model in a child process of its own, `workers` at a time
+    (default: one per CPU). Each result, in order, is the model's spec or why it was not converted; a model's
+    failure is its own."""
+    results: list[FeatureSpec | ConversionError | None] = [None] * len(conversions)
+    with tempfile.TemporaryDirectory(prefix="s2t-convert-") as tmp:
+        jobs, runs = [], []
+        for index, conversion in enumerate(conversions):
+            try:
+                _checked_max_values(conversion.opset, conversion.max_values)
+            except ConversionError as err:
+                results[index] = err
+                continue
+            folder = Path(tmp) / str(index)
+            folder.mkdir()
+            jobs.append({"args": _tf2onnx_args(Path(conversion.saved_model), conversion.opset, folder / "raw.onnx"),
+                         "log": str(folder / "tf2onnx.log"), "dense_shapes_out": str(folder / "dense_shapes.json")})
+            runs.append((index, folder))
+        if jobs:
+            plan, codes_file = Path(tmp) / "jobs.json", Path(tmp) / "results.json"
+            plan.write_text(json.dumps({"jobs": jobs, "workers": workers or os.cpu_count() or 1,
+                                        "timeout_s": CONVERSION_TIMEOUT_S}))
+            proc = subprocess.run([sys.executable, "-m", "s2t.models.tf2onnx_handlers", JOBS_OPTION, str(plan),
+                                   RESULTS_OPTION, str(codes_file)], capture_output=True, text=True, env=TF2ONNX_ENV)
+            if proc.returncode != 0 or not codes_file.exists():
+                tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+                failed = ConversionError(f"the tf2onnx runner failed before converting:\n{tail}")
+                for index, _ in runs:
+                    results[index] = failed
+                return results
+            for (index, folder), code in zip(runs, json.loads(codes_file.read_text())):
+                conversion = conversions[index]
+                log = (folder / "tf2onnx.log").read_text(errors="replace") if (folder / "tf2onnx.log").exists() else ""
+                try:
+                    raw, dense_shapes = _tf2onnx_result(Path(conversion.saved_model), log, code, folder / "raw.onnx",
+                                                        folder / "dense_shapes.json", LIFTED_OPS)
+                    results[index] = _shape_and_write(raw, dense_shapes, conversion.output, conversion.max_values)
+                except ConversionError as err:
+                    results[index] = err
+    return results

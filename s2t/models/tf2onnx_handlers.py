@@ -226,10 +226,8 @@ def _take_option(argv: list[str], flag: str) -> str | None:
     return value
 
 
-def main() -> None:
-    """`python -m s2t.models.tf2onnx_handlers [--dense-shapes-out FILE] <tf2onnx.convert arguments>`: tf2onnx with
-    these handlers. FILE receives what tf2onnx drops of the SavedModel's tf.Example parsing, its dense shapes (or
-    why they cannot be read), read here where TensorFlow is loaded anyway: `s2t convert` itself never imports it."""
+def _convert_one(args: list[str], shapes_out: str | None) -> int:
+    """One tf2onnx run with these handlers (registered already): its exit code, 3 for a refusal."""
     import json
 
     from tf2onnx import convert
@@ -237,20 +235,47 @@ def main() -> None:
     from s2t.atomic_files import write_atomically
     from s2t.models import example_signature
 
-    shapes_out = _take_option(sys.argv, example_signature.DENSE_SHAPES_OPTION)
-    register()
+    sys.argv = ["tf2onnx.convert", *args]
     try:
         convert.main()
     except Refusal as refusal:
         print(refusal.args[0], file=sys.stderr)
-        sys.exit(3)
+        return 3
     if shapes_out is not None:
-        saved_model = sys.argv[sys.argv.index("--saved-model") + 1]
+        saved_model = args[args.index("--saved-model") + 1]
         try:
             found = {"dense_shapes": example_signature.saved_model_dense_shapes(saved_model)}
         except example_signature.SignatureError as err:
             found = {"error": str(err)}
         write_atomically(Path(shapes_out), json.dumps(found))
+    return 0
+
+
+def main() -> None:
+    """`python -m s2t.models.tf2onnx_handlers [--dense-shapes-out FILE] <tf2onnx.convert arguments>`: tf2onnx with
+    these handlers. FILE receives what tf2onnx drops of the SavedModel's tf.Example parsing, its dense shapes (or
+    why they cannot be read), read here where TensorFlow is loaded anyway: `s2t convert` itself never imports it.
+
+    `python -m s2t.models.tf2onnx_handlers --jobs JOBS --results RESULTS`: many conversions with one TensorFlow
+    start (convert.convert_many); JOBS holds {"jobs": [{"args", "log", "dense_shapes_out"}], "workers", "timeout_s"},
+    RESULTS receives their exit codes."""
+    import json
+
+    from s2t.atomic_files import write_atomically
+    from s2t.models import example_signature, forked_jobs
+    from s2t.models.convert import JOBS_OPTION, RESULTS_OPTION
+
+    argv = sys.argv[1:]
+    jobs_file, results_file = _take_option(argv, JOBS_OPTION), _take_option(argv, RESULTS_OPTION)
+    register()
+    if jobs_file is not None:
+        plan = json.loads(Path(jobs_file).read_text())
+        codes = forked_jobs.run(plan["jobs"], lambda job: _convert_one(list(job["args"]), job["dense_shapes_out"]),
+                                int(plan["workers"]), float(plan["timeout_s"]))
+        write_atomically(Path(results_file), json.dumps(codes))
+        return
+    shapes_out = _take_option(argv, example_signature.DENSE_SHAPES_OPTION)
+    sys.exit(_convert_one(argv, shapes_out))
 
 
 if __name__ == "__main__":
