@@ -225,6 +225,10 @@ class TritonServer:
     triton_grpc_port: int | None = None
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
+    # stop(): SIGTERM and Triton's own drain and unload (about 3 s with the python models: it checks once a second),
+    # or, off, the process group killed at once, its stubs and shared memory reaped as after a crash: for a server
+    # that no caller uses any more (a bench's, once measured; a test's).
+    stop_gracefully: bool = True
     process: subprocess.Popen | None = None
     front: GrpcFront | None = None
     _workdir: tempfile.TemporaryDirectory | None = None
@@ -364,7 +368,10 @@ class TritonServer:
             self.supervisor = None
         timeout = self.exit_timeout_seconds + 15 if timeout is None else timeout
         if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            if self.stop_gracefully:
+                self.process.send_signal(signal.SIGTERM)
+            else:
+                reap_group(self.process.pid)
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:

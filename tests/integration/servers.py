@@ -15,8 +15,11 @@ EXPLICIT_ADMIN_KEY = "explicit-" + os.urandom(8).hex()
 
 
 def triton_server(repositories, log_path: Path, **options) -> TritonServer:
-    """Not started: `with` it (start, then stop), or call start()/stop(). `options` are TritonServer's."""
+    """Not started: `with` it (start, then stop), or call start()/stop(). `options` are TritonServer's. Its stop
+    kills it (its stubs and shared memory reaped as after a crash) unless the test says `stop_gracefully=True`: only
+    the tests of a clean stop wait for Triton's unload."""
     options.setdefault("exit_timeout_seconds", 5)
+    options.setdefault("stop_gracefully", False)
     return TritonServer(list(repositories), free_port(), free_port(), free_port(), log_path=log_path, **options)
 
 

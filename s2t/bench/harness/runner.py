@@ -155,7 +155,8 @@ class Bench:
 
     def _server(self) -> TritonServer:
         return TritonServer(self.repositories, free_port(), free_port(), free_port(),
-                            log_path=self.tmp / "tritonserver.log", exit_timeout_seconds=10)
+                            log_path=self.tmp / "tritonserver.log", exit_timeout_seconds=10,
+                            stop_gracefully=False)
 
     def _serve_command(self) -> tuple[list[str], str]:
         """`s2t serve` as a user runs it, on the run's copies and free ports; and its HTTP address."""

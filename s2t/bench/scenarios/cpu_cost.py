@@ -285,6 +285,7 @@ def run(sides: list[Side], repository: Path, data_csv: Path, rounds: int, concur
             for number, entry in enumerate(servers.values()):
                 entry.server = TritonServer([entry.repository], free_port(), free_port(), free_port(),
                                             log_path=tmp / f"server{number}.log", exit_timeout_seconds=10,
+                                            stop_gracefully=False,
                                             grpc_front=entry.knobs.get("front") != "off",
                                             extra_args=server_args(entry.knobs)).start()
             for side in sides:  # warm-up: connections, lazy imports, the first batches

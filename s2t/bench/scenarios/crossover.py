@@ -93,7 +93,7 @@ def run(out_dir: Path, repository: Path, onnx_path: Path, data_csv: Path, second
         for version, width in enumerate(widths, start=1):
             _set_scorer_version(repo / "risk_pipeline" / "config.pbtxt", version)
             server = TritonServer([repo], free_port(), free_port(), free_port(), exit_timeout_seconds=5,
-                                  log_path=tmp / "triton.log")
+                                  log_path=tmp / "triton.log", stop_gracefully=False)
             base = BaselineServer(repo / "risk_scorer" / str(version) / "model.onnx", repo / "risk_pipeline",
                                   free_port(), app="fastapi-docs", log_path=tmp / "fastapi.log")
             try:

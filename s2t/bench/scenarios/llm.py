@@ -132,7 +132,7 @@ def risk_beside_llm(repositories: list[Path], llm_repository: Path, data_csv: Pa
     script = wrk.write_script(tmp / "pipeline.lua", "/v2/models/risk_pipeline/infer",
                               [workload.triton_json_body(p) for p in payloads])
     server = TritonServer(repositories + [llm_repository], free_port(), free_port(), free_port(),
-                          log_path=tmp / "tritonserver-risk.log", exit_timeout_seconds=10)
+                          log_path=tmp / "tritonserver-risk.log", exit_timeout_seconds=10, stop_gracefully=False)
     begin("risk_pipeline alone")
     with server:
         url = f"http://{server.http_url}"
@@ -199,7 +199,8 @@ def run(out_dir: Path, repositories: list[Path], llm_repository: Path, data_csv:
             repository = _llm_repository(llm_repository, tmp / policy, policy)
             begin(f"{policy}: tritonserver starting")
             with TritonServer([repository], free_port(), free_port(), free_port(),
-                              log_path=tmp / f"tritonserver-{policy}.log", exit_timeout_seconds=10) as server:
+                              log_path=tmp / f"tritonserver-{policy}.log", exit_timeout_seconds=10,
+                              stop_gracefully=False) as server:
                 generate_stream(server.http_url, {"text_input": PROMPTS[0], "max_tokens": 4})
                 if policy == "length_aware":
                     for concurrency in CONCURRENCY:
@@ -212,13 +213,13 @@ def run(out_dir: Path, repositories: list[Path], llm_repository: Path, data_csv:
                     results["genai_perf"] = _genai_perf(server.grpc_url, out_dir, quick, log, begin)
                 begin(f"{policy}: mixed prompts")
                 with watch.round(f"mixed prompts, {policy}"):
-                    point = mixed_point(server.http_url, 2 if quick else 4, 6, 2, 8)
+                    point = mixed_point(server.http_url, 1 if quick else 4, 6, 2, 8)
                 results["mixed"][policy] = point
                 log(f"mixed prompts, {policy}: short TTFT p95 {point['short_ttft_p95_s']:.3f} s, "
                     f"long TTFT p95 {point['long_ttft_p95_s']:.3f} s")
         with watch.round("risk_pipeline beside the LLM"):
             results["risk_beside_llm"] = risk_beside_llm(repositories, llm_repository, data_csv, tmp,
-                                                         5 if quick else 15, 4, log, begin)
+                                                         3 if quick else 15, 4, log, begin)
     results["load"] = watch.summary()
     results["publishable"] = results["load"]["publishable"]
     report.write_files(out_dir, results, markdown(results))

@@ -51,7 +51,7 @@ def llm_server(built_artifacts, tmp_path_factory):
         assert count == 1, key
     config.write_text(text)
     server = triton_server([repository], log_path=tmp_path / "tritonserver.log",
-                           exit_timeout_seconds=EXIT_TIMEOUT_S)
+                           exit_timeout_seconds=EXIT_TIMEOUT_S, stop_gracefully=True)
     with serving(server):
         yield server
 

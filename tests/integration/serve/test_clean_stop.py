@@ -113,7 +113,7 @@ def test_python_models_unload_without_a_crash_on_reload_and_on_sigterm(built_art
     records = [{"features": f} for f in german_credit_data.records()[:8]]
     log_path = tmp_path / "tritonserver.log"
     server = triton_server([MODEL_REPOSITORY, ENSEMBLES], log_path=log_path, model_control_mode="explicit",
-                           admin_key=KEY)
+                           admin_key=KEY, stop_gracefully=True)
     with serving(server):
         serve_each_python_model(server, records)
         reload_each_python_model(server, log_path, records)
