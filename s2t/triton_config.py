@@ -5,15 +5,42 @@ of `s2t`. Checking a config against what it serves is the gate's job (`s2t/gate/
 """
 from __future__ import annotations
 
+import importlib.util
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2 as mc
 
-from s2t.backends.scoring.decision_policy import Thresholds
 from s2t.backends.runtime.model_parameters import read_parameters
+
+if TYPE_CHECKING:
+    from s2t.backends.scoring.decision_policy import Thresholds
+
+SCHEMA_MODULE = "tritonclient.grpc.model_config_pb2"
+
+
+def _schema():
+    """Triton's config schema, the wheel's generated module, loaded on its own: importing it through
+    `tritonclient.grpc` first runs that package (gRPC, numpy: most of an operator command's start). Registered under
+    its own name, so that a later import of the package finds it and the schema is defined once."""
+    if SCHEMA_MODULE in sys.modules:
+        return sys.modules[SCHEMA_MODULE]
+    package = importlib.util.find_spec("tritonclient")
+    path = Path(package.submodule_search_locations[0]) / "grpc" / "model_config_pb2.py"
+    spec = importlib.util.spec_from_file_location(SCHEMA_MODULE, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[SCHEMA_MODULE] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[SCHEMA_MODULE]
+        raise
+    return module
+
+
+mc = _schema()
 
 
 # Backends whose models are a model.py of ours: the python backend's (a stub process per instance) and the
@@ -50,6 +77,7 @@ def backend_parameters(config: mc.ModelConfig) -> dict[str, dict[str, str]]:
 
 def decision_thresholds(model_dir: Path) -> Thresholds:
     """The thresholds a deciding model (risk_pipeline, risk_decision) serves with, read from its config."""
+    from s2t.backends.scoring.decision_policy import Thresholds
     return read_parameters(Thresholds, backend_parameters(load(Path(model_dir))))
 
 
