@@ -8,11 +8,25 @@ from tests.integration.servers import EXPLICIT_ADMIN_KEY, serving, triton_server
 HERE = Path(__file__).resolve().parent
 
 
+# The modules that take longest (a minute or more of a worker), started first: the level's workers take one file at
+# a time in collection order, and a long file taken last leaves the other worker idle until it ends. Others keep
+# their order after these; a module missing here only costs time.
+LONGEST_FIRST = tuple(f"{HERE}/{name}.py" for name in (
+    "serve/test_lifecycle", "models/test_conversion_corpus", "llm/test_llm_rollout", "control/test_rollout",
+    "serve/test_grpc_front", "bench/test_bench", "bench/test_bench_llm", "serve/test_soak",
+    "models/test_example_signature", "control/test_cli_gates", "control/test_staged_rollout",
+    "pipeline/test_risk_explainer", "pipeline/test_drift", "test_packaging", "gateway/test_dual_run",
+    "gateway/test_legacy_service", "llm/test_llm_admission", "gateway/test_legacy_and_convert"))
+
+
 def pytest_collection_modifyitems(items):
-    """Every test here runs the real tritonserver (or another real service): `-m "not integration"` skips them."""
+    """Every test here runs the real tritonserver (or another real service): `-m "not integration"` skips them.
+    The longest modules go first (LONGEST_FIRST)."""
     for item in items:
         if Path(item.path).resolve().is_relative_to(HERE):
             item.add_marker(pytest.mark.integration)
+    rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(str(Path(item.path).resolve()), len(rank)))
 
 
 @pytest.fixture(scope="session")

@@ -87,3 +87,10 @@ def test_make_test_runs_lint_then_unit_then_the_rest_and_the_fast_levels_build_n
     paths = [variables.get(p[2:-1], p) if p.startswith("$(") else p for p in builds]
     assert "models" not in builds and not [p for p in paths if p.startswith("model_repository")], paths
     assert re.search(r"^make test\b", (ROOT / ".ci" / "run").read_text(), re.M), ".ci/run runs what the README says"
+
+
+def test_the_integration_modules_started_first_exist_each_named_once():
+    from tests.integration.conftest import LONGEST_FIRST
+
+    assert [path for path in LONGEST_FIRST if not Path(path).is_file()] == []
+    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
