@@ -35,7 +35,6 @@ from s2t.models import example_signature
 from s2t.errors import S2TError
 
 BATCH_DIM = "batch"
-TF2ONNX_ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 # A conversion the runner has not finished in this long is killed (convert_many).
 CONVERSION_TIMEOUT_S = 900.0
 # The tf2onnx runner's options for many conversions in one process (convert_many).
@@ -103,6 +102,11 @@ def refusal_in_log(log: str, returncode: int, lifted_ops: frozenset[str] = froze
     return None
 
 
+def _tf2onnx_env() -> dict[str, str]:
+    """The caller's environment as it is at the call, with TensorFlow's C++ logs cut to warnings and errors."""
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
 def _tf2onnx_args(saved_model: Path, opset: int, output: Path) -> list[str]:
     return ["--saved-model", str(saved_model), "--signature_def", "serving_default", "--opset", str(opset),
             "--output", str(output)]
@@ -129,7 +133,7 @@ def run_tf2onnx(saved_model: Path, opset: int, lifted_ops: frozenset[str] = froz
         proc = subprocess.run(
             [sys.executable, "-m", "s2t.models.tf2onnx_handlers", example_signature.DENSE_SHAPES_OPTION, str(shapes),
              *_tf2onnx_args(saved_model, opset, out)],
-            capture_output=True, text=True, env=TF2ONNX_ENV,
+            capture_output=True, text=True, env=_tf2onnx_env(),
         )
         return _tf2onnx_result(saved_model, proc.stdout + proc.stderr, proc.returncode, out, shapes, lifted_ops)
 
@@ -480,7 +484,7 @@ def convert_many(conversions: Sequence[Conversion], workers: int | None = None
             plan.write_text(json.dumps({"jobs": jobs, "workers": workers or os.cpu_count() or 1,
                                         "timeout_s": CONVERSION_TIMEOUT_S}))
             proc = subprocess.run([sys.executable, "-m", "s2t.models.tf2onnx_handlers", JOBS_OPTION, str(plan),
-                                   RESULTS_OPTION, str(codes_file)], capture_output=True, text=True, env=TF2ONNX_ENV)
+                                   RESULTS_OPTION, str(codes_file)], capture_output=True, text=True, env=_tf2onnx_env())
             if proc.returncode != 0 or not codes_file.exists():
                 tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
                 failed = ConversionError(f"the tf2onnx runner failed before converting:\n{tail}")
