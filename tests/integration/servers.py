@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
 from s2t.serve.triton_server import TritonServer
+from s2t.triton_admin import TritonAdmin, wait_until_ready
 
 # The admin key of the session's explicit-mode server (conftest.py's `triton_explicit`).
 EXPLICIT_ADMIN_KEY = "explicit-" + os.urandom(8).hex()
@@ -36,6 +37,13 @@ def serving(server: TritonServer, timeout: float = 120):
         yield server
     finally:
         server.stop()
+
+
+def wait_ready(server: TritonServer, timeout_s: float = 60) -> None:
+    """A session server another module changed (a version published and retired, say) is ready again: Triton
+    reports not ready while any version unloads."""
+    assert wait_until_ready(TritonAdmin(server.http_url), lambda: server.process.poll() is None, timeout_s), \
+        f"{server.http_url} not ready after {timeout_s:.0f} s"
 
 
 def repository_copies(root: Path) -> tuple[Path, Path]:

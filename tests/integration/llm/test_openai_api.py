@@ -12,12 +12,14 @@ import pytest
 
 from s2t.serve.openai_server import OpenAIFrontend
 from tests.conftest import free_port
+from tests.integration.servers import wait_ready
 
 PROMPT = "What is credit risk? Answer in one sentence."
 
 
 @pytest.fixture(scope="module")
 def client(triton_llm):
+    wait_ready(triton_llm)  # the session's server, as another module may have left it mid-unload
     port = free_port()
     frontend = OpenAIFrontend(triton_llm.http_url, port).start()
     sdk = openai.OpenAI(base_url=f"http://localhost:{port}/v1", api_key="unused", timeout=120, max_retries=0)

@@ -22,6 +22,7 @@ from s2t.clients.llm_client import generate_stream
 from s2t.serve.supervisor import stubs_of
 from tests.conftest import MODEL_REPOSITORY, ROOT
 from tests.integration.conftest import _llm_repository_for_tests
+from tests.integration.servers import wait_ready
 from tests.integration.servers import repository_copies, serving, triton_server
 
 
@@ -270,6 +271,8 @@ def test_explanations_follow_a_canary_of_the_language_model_to_both_versions(tri
         served = generations_since(triton_llm.http_url, before)
     finally:
         s2t(triton_llm, repo, "canary", "llm", "--off")
+        # The staged version unloads after the canary: the session's server is left ready for the next module.
+        wait_ready(triton_llm)
     assert [r.error for r in results] == [None] * CANARY_EXPLANATIONS
     assert {r.final["source"] for r in results} == {"llm"}
     for result, message in refused:
