@@ -1,13 +1,12 @@
 """s2t/triton_admin.py where no server answers: every call says so its own way, and waiting ends with the process.
 (The calls against a live tritonserver run in tests/integration: every server fixture waits through it.)"""
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from s2t.triton_admin import UNREACHABLE, TritonAdmin, wait_until_ready
+from tests.unit.http_stand_in import http_stand_in
 
 
 @pytest.fixture
@@ -47,24 +46,13 @@ def test_a_proxy_named_in_the_environment_answers_for_no_server(nobody, monkeypa
     """Every call goes straight to the server: a proxy would answer for one that is down and see the admin key."""
     seen = []
 
-    class Proxy(BaseHTTPRequestHandler):
-        def do_GET(self):
-            seen.append(dict(self.headers))
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"{}")
-        do_POST = do_GET
+    def proxy(request):
+        seen.append(dict(request.headers))
+        return 200, b"{}"
 
-        def log_message(self, *args):
-            pass
-
-    proxy = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
-    thread = threading.Thread(target=proxy.serve_forever, kwargs={"poll_interval": 0.01})
-    thread.start()
-    try:
+    with http_stand_in(proxy) as port:
         for name in ("http_proxy", "HTTP_PROXY"):
-            monkeypatch.setenv(name, f"http://127.0.0.1:{proxy.server_address[1]}")
+            monkeypatch.setenv(name, f"http://127.0.0.1:{port}")
         for name in ("no_proxy", "NO_PROXY"):
             monkeypatch.delenv(name, raising=False)
         assert nobody.is_ready() is False
@@ -72,8 +60,4 @@ def test_a_proxy_named_in_the_environment_answers_for_no_server(nobody, monkeypa
             nobody.repository_index()
         with pytest.raises(UNREACHABLE):
             nobody.check_live()
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
-        thread.join()
     assert seen == []

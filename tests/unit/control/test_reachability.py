@@ -1,11 +1,10 @@
 """The check every command that changes what is served makes first: does anything answer HTTP at the address."""
-import threading
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from tests.conftest import free_port
+from tests.unit.http_stand_in import http_stand_in
 from s2t.control.reachability import require_reachable
 from s2t.errors import ServerUnreachable
 
@@ -13,24 +12,8 @@ from s2t.errors import ServerUnreachable
 @contextmanager
 def answering(status: int):
     """An HTTP server on a free port that answers every GET with `status`."""
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(status)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01})
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with http_stand_in(lambda request: (status, b"")) as port:
+        yield f"127.0.0.1:{port}"
 
 
 @pytest.mark.parametrize("status", [200, 400, 503])

@@ -16,6 +16,7 @@ from s2t.gate.drift import live_report, metrics_address, table
 from tests.conftest import MODEL_REPOSITORY
 from tests.unit import python_backend as backend
 from tests.unit.python_backend import payloads, request
+from tests.unit.http_stand_in import http_stand_in
 
 
 @pytest.mark.parametrize("expected, actual, low, high", [
@@ -566,28 +567,10 @@ def test_a_publication_slower_than_the_interval_is_never_overtaken_by_the_next()
 @pytest.fixture
 def metrics_page():
     """A metrics endpoint on a free port: /metrics serves what the test sets; any other path a page of no series."""
-    import http.server
-
     served = {"/metrics": ""}
-
-    class Page(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # http.server's naming
-            body = served.get(self.path, "<html>not the metrics</html>").encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
-    # shutdown() waits for serve_forever's next look at its flag: every 0.5 s by default.
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
-    thread.start()
-    yield server.server_address[1], served
-    server.shutdown()
-    server.server_close()
+    with http_stand_in(lambda request: (200, served.get(request.path, "<html>not the metrics</html>").encode())
+                       ) as port:
+        yield port, served
 
 
 def drift_cli(*args):
