@@ -1,6 +1,6 @@
 """Triton's HTTP health, model and repository API, as s2t's own processes call it (the supervisor, the keeper,
-the server wrapper, the benchmarks, the commands' reachability check): one client, so each call has one timeout, one set of headers and one error
-mapping. Standard library only: the keeper runs it from a release inside the serving image.
+the server wrapper, the benchmarks, the commands' reachability check): one client, so each call has one timeout,
+one set of headers and one error mapping. Standard library only: the keeper runs it from a release inside the serving image.
 
 Operators' commands go through tritonclient (`s2t/control/live_control.py`); this is the in-process side.
 """
@@ -58,7 +58,7 @@ class TritonAdmin:
         """True or False as Triton says; None when the server could not be asked."""
         try:
             with _DIRECT.open(self._url(f"/v2/models/{model}/versions/{version}/ready"),
-                                        timeout=timeout_s) as response:
+                              timeout=timeout_s) as response:
                 return response.status == 200
         except urllib.error.HTTPError:
             return False

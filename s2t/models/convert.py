@@ -423,7 +423,7 @@ def parse_max_values(options: Sequence[str]) -> dict[str, int]:
     return parsed
 
 
-def _checked_max_values(opset: int, max_values: Mapping[str, int] | None) -> None:
+def _check_options(opset: int, max_values: Mapping[str, int] | None) -> None:
     if opset < MIN_OPSET:
         raise ConversionError(f"opset {opset} is below {MIN_OPSET}, the lowest this project serves")
     bad = {k: v for k, v in (max_values or {}).items() if isinstance(v, bool) or not isinstance(v, int) or v <= 0}
@@ -445,7 +445,7 @@ def _shape_and_write(raw: onnx.ModelProto, dense_shapes: dict, output: Path, max
 def convert(saved_model: Path, output: Path, opset: int = MIN_OPSET, max_values: Mapping[str, int] | None = None
             ) -> FeatureSpec:
     """`max_values`: the most values per record of each sparse or ragged tf.Example feature (the density rule)."""
-    _checked_max_values(opset, max_values)
+    _check_options(opset, max_values)
     raw, dense_shapes = run_tf2onnx(Path(saved_model), opset, LIFTED_OPS)
     return _shape_and_write(raw, dense_shapes, output, max_values)
 
@@ -470,7 +470,7 @@ def convert_many(conversions: Sequence[Conversion], workers: int | None = None
         jobs, runs = [], []
         for index, conversion in enumerate(conversions):
             try:
-                _checked_max_values(conversion.opset, conversion.max_values)
+                _check_options(conversion.opset, conversion.max_values)
             except ConversionError as err:
                 results[index] = err
                 continue

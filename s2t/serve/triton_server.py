@@ -124,15 +124,6 @@ _handed_out: set[int] = set()
 _handed_out_lock = threading.Lock()
 
 
-def log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        with open(path, "rb") as log:
-            log.seek(max(0, log.seek(0, os.SEEK_END) - 16_384))
-            return "\n".join(log.read().decode(errors="replace").splitlines()[-lines:])
-    except OSError as err:
-        return f"(unreadable: {err.strerror})"
-
-
 def ephemeral_floor(path: Path = EPHEMERAL_RANGE) -> int:
     """The lowest port the kernel gives outgoing connections (Linux's default 32768 where unreadable)."""
     try:
@@ -160,6 +151,16 @@ def free_port(floor: int | None = None) -> int:
             _handed_out.add(port)
             return port
     raise OSError(f"no free port between {LOWEST_PORT} and {highest}")
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    """A server log's last lines (read from its last 16 KiB), for an error that outlives the log's folder."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - 16_384))
+            return "\n".join(log.read().decode(errors="replace").splitlines()[-lines:])
+    except OSError as err:
+        return f"(unreadable: {err.strerror})"
 
 
 def precompile_models(repositories: list[Path]) -> None:

@@ -49,13 +49,19 @@ def corpus(tmp_path_factory):
         [str(S2T), "convert", str(root / name), str(root / f"{name}.onnx"), *legacy_corpus.BY_NAME[name].convert_options],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=TF_QUIET) for name in BY_THE_COMMAND}
     rest = [c for c in legacy_corpus.CORPUS if c.name not in BY_THE_COMMAND]
-    results = convert_many([Conversion(saved_model=root / c.name, output=root / f"{c.name}.onnx",
-                                       max_values=c.max_values) for c in rest])
-    outcomes = {c.name: Outcome(not isinstance(r, ConversionError), str(r) if isinstance(r, ConversionError) else "")
-                for c, r in zip(rest, results)}
-    for name, command in commands.items():
-        _, stderr = command.communicate(timeout=900)
-        outcomes[name] = Outcome(command.returncode == 0, stderr)
+    try:
+        results = convert_many([Conversion(saved_model=root / c.name, output=root / f"{c.name}.onnx",
+                                           max_values=c.max_values) for c in rest])
+        outcomes = {c.name: Outcome(not isinstance(r, ConversionError),
+                                    str(r) if isinstance(r, ConversionError) else "") for c, r in zip(rest, results)}
+        for name, command in commands.items():
+            _, stderr = command.communicate(timeout=900)
+            outcomes[name] = Outcome(command.returncode == 0, stderr)
+    finally:
+        for command in commands.values():
+            if command.poll() is None:
+                command.kill()
+                command.wait()
     return root, outcomes
 
 
