@@ -9,6 +9,7 @@ import http.client
 import json
 import shutil
 import struct
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -117,9 +118,7 @@ def test_a_bytes_buffer_that_does_not_parse_fails_its_own_request_alone_and_its_
     assert stats["inference_count"] > stats["execution_count"], "7 callers at once form batches"
 
 
-def request_counters(metrics_port: int) -> dict[str, float]:
-    """risk_pipeline's answered requests as Triton counts them (successes, failures by reason) and as the backend
-    counts its errors (by kind)."""
+def _counters_now(metrics_port: int) -> dict[str, float]:
     metrics = scrape(f"http://localhost:{metrics_port}/metrics")
     counters = {}
     for name, key in (("nv_inference_request_success", None), ("nv_inference_request_failure", "reason"),
@@ -128,6 +127,19 @@ def request_counters(metrics_port: int) -> dict[str, float]:
             if labels.get("model") == "risk_pipeline":
                 counters[name + (f"/{labels[key]}" if key else "")] = value
     return counters
+
+
+def request_counters(metrics_port: int, timeout_s: float = 10.0) -> dict[str, float]:
+    """risk_pipeline's answered requests as Triton counts them (successes, failures by reason) and as the backend
+    counts its errors (by kind), once two reads 0.25 s apart agree: Triton counts a request after its answer is
+    sent, so a read right after the last answers can miss the last of them."""
+    deadline, previous = time.monotonic() + timeout_s, None
+    while True:
+        counters = _counters_now(metrics_port)
+        if counters == previous or time.monotonic() > deadline:
+            return counters
+        previous = counters
+        time.sleep(0.25)
 
 
 def counted_since(before: dict, after: dict, name: str) -> float:
