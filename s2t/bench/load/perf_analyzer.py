@@ -17,10 +17,11 @@ from pathlib import Path
 @dataclass(frozen=True)
 class Settings:
     """How long each point is measured: windows of at least `requests` answered requests, until three in a row
-    agree within `stability_percent`. Windows by count, not by time: the python backend here now and then holds
-    requests for about 500 ms (see the README's Benchmarks section), and a time window that caught no answer
-    makes perf_analyzer give up. Loose stability on purpose: the load generator shares the 2 cores with the
-    server (and the machine with other work), so windows vary far more than perf_analyzer's default 10%."""
+    agree within `stability_percent`. Windows by count, not by time: a model with a queue policy (risk_router) now
+    and then has its requests held about 500 ms (docs/benchmarks.md, "Queue policies cost 500 ms holds"), and a
+    time window that caught no answer makes perf_analyzer give up. Loose stability on purpose: the load generator
+    shares the 2 cores with the server (and the machine with other work), so windows vary far more than
+    perf_analyzer's default 10%."""
 
     requests: int
     max_trials: int = 5
