@@ -27,12 +27,14 @@ class Mode:
     # perf_analyzer HTTP / gRPC rounds on risk_pipeline at http_connections, alternating
     # (s2t/bench/scenarios/protocols.py).
     protocol_rounds: int = 1
+    # perf_analyzer's time window in ms, in place of windows of `window_requests` (perf_analyzer.Settings).
+    perf_window_ms: int | None = None
 
 
 MODES = {
     "smoke": Mode(name="smoke", window_requests=100, concurrency=(4,), batches=(8,), request_rates=(200,),
                   rate_protocols=("http",), http_seconds=2, swap_seconds=6, swaps=1, stream_records=200,
-                  stream_streams=4, inprocess_seconds=0.2, cold_starts=1),
+                  stream_streams=4, inprocess_seconds=0.2, cold_starts=1, perf_window_ms=300),
     "quick": Mode(name="quick", window_requests=600, concurrency=(1, 16), batches=(1, 256), request_rates=(1000,),
                   rate_protocols=("http",), http_seconds=5, swap_seconds=12, swaps=2, stream_records=2000,
                   stream_streams=16, inprocess_seconds=1.0, cold_starts=1, http_rounds=2, protocol_rounds=2),

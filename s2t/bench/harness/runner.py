@@ -210,7 +210,7 @@ class Bench:
             self.results["perf_analyzer"], self.results["perf_analyzer_failures"] = self._perf_points(server)
             grpc_body = self.tmp / "grpc_body.bin"
             grpc_body.write_bytes(h2load.infer_body(PIPELINE, PAYLOAD, self.payloads[0]))
-            load = protocols.Load(self.inputs[PIPELINE], perf_analyzer.Settings(self.mode.window_requests),
+            load = protocols.Load(self.inputs[PIPELINE], self._perf_settings(),
                                   self.triton_script, grpc_body, self.mode.http_seconds)
             self.results["protocols"] = protocols.compare(
                 pid, {"http": server.http_url, "grpc": server.grpc_url}, PIPELINE, load,
@@ -262,6 +262,9 @@ class Bench:
             for baseline in baselines.values():
                 baseline.stop()
 
+    def _perf_settings(self) -> perf_analyzer.Settings:
+        return perf_analyzer.Settings(self.mode.window_requests, window_ms=self.mode.perf_window_ms)
+
     def _perf_plan(self) -> list[tuple[str, str, int, int | None, int | None]]:
         """(model, protocol, batch, concurrency, request rate) of every perf_analyzer point."""
         mode = self.mode
@@ -273,7 +276,7 @@ class Bench:
     def _perf_points(self, server: TritonServer) -> tuple[list[dict], list[dict]]:
         """The measured points, and the points perf_analyzer gave up on (a request refused by the queue timeout
         ends its run), with its last words: a failed point is a result, not a reason to lose the others."""
-        settings = perf_analyzer.Settings(self.mode.window_requests)
+        settings = self._perf_settings()
         points, failures = [], []
         for model, protocol, batch, concurrency, rate in self._perf_plan():
             url = server.http_url if protocol == "http" else server.grpc_url

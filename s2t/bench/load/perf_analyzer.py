@@ -26,6 +26,14 @@ class Settings:
     requests: int
     max_trials: int = 5
     stability_percent: int = 999
+    # Time windows of this many milliseconds instead, where every model measured carries no queue policy and the
+    # point's figures are not published (the smoke run): a count window lasts at least a second, three per point.
+    window_ms: int | None = None
+
+    def window_args(self) -> list[str]:
+        if self.window_ms is not None:
+            return ["--measurement-mode", "time_windows", "--measurement-interval", str(self.window_ms)]
+        return ["--measurement-mode", "count_windows", "--measurement-request-count", str(self.requests)]
 
 
 @dataclass(frozen=True)
@@ -86,8 +94,7 @@ def measure(url: str, protocol: str, model: str, input_data: Path, settings: Set
     with tempfile.TemporaryDirectory(prefix="s2t-perf-") as tmp:
         report = Path(tmp) / "report.csv"
         cmd = [str(binary()), "-m", model, "-u", url, "-i", protocol, "-b", str(batch),
-               "--input-data", str(input_data), "--measurement-mode", "count_windows",
-               "--measurement-request-count", str(settings.requests), "-r", str(settings.max_trials),
+               "--input-data", str(input_data), *settings.window_args(), "-r", str(settings.max_trials),
                "-s", str(settings.stability_percent), "-f", str(report)]
         if concurrency is not None:
             cmd += ["--concurrency-range", f"{concurrency}:{concurrency}"]
