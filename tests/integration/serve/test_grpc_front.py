@@ -43,7 +43,7 @@ KEY = "front-" + os.urandom(8).hex()
 GRPC_KEY_HEADER = "triton-grpc-protocol-admin-key"
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
-HOT_SECONDS = 20
+HOT_SECONDS = 12
 VALID_CALLERS, HOSTILE_CALLERS, STREAM_LEAVERS = 4, 4, 2
 TOLERANCE = 1e-6
 
