@@ -1,12 +1,9 @@
 """Small specs, records and models that several test modules share."""
 from __future__ import annotations
 
-from pathlib import Path
-
-import onnx
-from onnx import helper
-
 from s2t.backends.records.feature_spec import CategoricalFeature, FeatureSpec
+# A candidate that scores differently (the benchmark's rollback stage publishes the same one).
+from s2t.bench.scenarios.rollback_under_load import SHIFT, shifted_model  # noqa: F401
 
 SPEC = FeatureSpec(
     categorical=(CategoricalFeature("housing", {"own": 1, "rent": 2, "for free": 3}, 0),
@@ -27,22 +24,3 @@ def tf_example(features: dict) -> bytes:
         else:
             feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
-
-
-SHIFT = 0.05
-
-
-def shifted_model(source: Path, out: Path, shift: float) -> Path:
-    """The same model with `shift` added to its probability (clipped to [0, 1]): a candidate that scores differently."""
-    model = onnx.load(str(source))
-    graph = model.graph
-    producer = next(n for n in graph.node if "probability" in n.output)
-    producer.output[list(producer.output).index("probability")] = "probability_unshifted"
-    graph.initializer.extend([helper.make_tensor("shift", onnx.TensorProto.FLOAT, [], [shift]),
-                              helper.make_tensor("zero", onnx.TensorProto.FLOAT, [], [0.0]),
-                              helper.make_tensor("one", onnx.TensorProto.FLOAT, [], [1.0])])
-    graph.node.extend([helper.make_node("Add", ["probability_unshifted", "shift"], ["probability_shifted"]),
-                       helper.make_node("Clip", ["probability_shifted", "zero", "one"], ["probability"])])
-    onnx.checker.check_model(model, full_check=True)
-    onnx.save(model, str(out))
-    return out

@@ -14,8 +14,7 @@ class Mode:
     request_rates: tuple[int, ...]  # open-loop points on risk_pipeline
     rate_protocols: tuple[str, ...]
     http_seconds: int  # wrk: Triton and the FastAPI baseline, each
-    swap_seconds: int
-    swaps: int
+    swaps: int  # publish + `s2t rollback` pairs under gRPC load (rollback_under_load.py)
     stream_records: int
     stream_streams: int
     inprocess_seconds: float
@@ -33,13 +32,13 @@ class Mode:
 
 MODES = {
     "smoke": Mode(name="smoke", window_requests=100, concurrency=(4,), batches=(8,), request_rates=(200,),
-                  rate_protocols=("http",), http_seconds=2, swap_seconds=6, swaps=1, stream_records=200,
+                  rate_protocols=("http",), http_seconds=2, swaps=1, stream_records=200,
                   stream_streams=4, inprocess_seconds=0.2, cold_starts=1, perf_window_ms=300),
     "quick": Mode(name="quick", window_requests=600, concurrency=(1, 16), batches=(1, 256), request_rates=(1000,),
-                  rate_protocols=("http",), http_seconds=5, swap_seconds=12, swaps=2, stream_records=2000,
+                  rate_protocols=("http",), http_seconds=5, swaps=5, stream_records=2000,
                   stream_streams=16, inprocess_seconds=1.0, cold_starts=1, http_rounds=2, protocol_rounds=2),
     "full": Mode(name="full", window_requests=1500, concurrency=(1, 4, 16, 32), batches=(1, 16, 64, 256),
-                 request_rates=(500, 1000, 2000), rate_protocols=("http", "grpc"), http_seconds=8, swap_seconds=30,
+                 request_rates=(500, 1000, 2000), rate_protocols=("http", "grpc"), http_seconds=8,
                  swaps=5, stream_records=5000, stream_streams=16, inprocess_seconds=3.0, cold_starts=3, http_rounds=5,
                  protocol_rounds=5),
 }

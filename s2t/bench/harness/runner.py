@@ -26,7 +26,7 @@ from s2t import triton_config
 from s2t.bench.load import h2load, perf_analyzer, wrk
 from s2t.bench.baselines import limit_baseline as inprocess
 from s2t.bench.harness import process_tree, report, workload
-from s2t.bench.scenarios import protocols, stub_profile
+from s2t.bench.scenarios import protocols, rollback_under_load, stub_profile
 from s2t.bench.baselines.fastapi_baseline import APPS as BASELINE_APPS, ROUTE as BASELINE_ROUTE, BaselineServer
 from s2t.bench.harness.machine_load import LoadWatch
 from s2t.bench.harness.modes import Mode
@@ -223,12 +223,12 @@ class Bench:
             after_load = process_tree.rss_by_process(pid)
             self.results["memory"]["triton_after_load_bytes"] = sum(after_load.values())
             self.results["memory"]["triton_after_load_by_process"] = after_load
-            with self._step("hot swap under load"):
-                self.results["hot_swap"] = self._hot_swap(server)
             with self._step("stream replay"):
                 self.results["streaming"] = self._streaming(server)
         finally:
             server.stop()
+        with self._step("rollback under load"):
+            self.results["hot_swap"] = self._hot_swap()
 
     def _side_by_side(self, server: TritonServer) -> None:
         """wrk on Triton and on both FastAPI apps, in turns, all of them up: the same machine, the same moment."""
@@ -335,36 +335,20 @@ class Bench:
                  + ", ".join(f"{k} {v:.0f} us" for k, v in statistics["per_execution_us"].items()))
         return {"triton_statistics": statistics, "py_spy": profile}
 
-    def _hot_swap(self, server: TritonServer) -> dict:
-        """p99 of risk_pipeline under the same HTTP load while risk_scorer versions are published and rolled back."""
-        from s2t.control.publish import publish
-        from s2t.control.rollout import Rollout, rollback, rollback_plan
+    def _hot_swap(self) -> dict:
+        """`s2t rollback` under gRPC load on a server of its own, in explicit mode with the admin key, the measured
+        stages' server stopped (rollback_under_load.py)."""
+        key = rollback_under_load.new_key()
+        server = TritonServer(self.repositories, free_port(), free_port(), free_port(),
+                              model_control_mode="explicit", admin_key=key, log_path=self.tmp / "rollback.log",
+                              exit_timeout_seconds=10, stop_gracefully=False)
+        body = self.tmp / "rollback_body.bin"
+        body.write_bytes(h2load.infer_body(PIPELINE, PAYLOAD, self.payloads[0]))
         repo = _model_dir(self.repositories, SCORER).parent
-        # The copies of the other repositories hold the consumers (risk_pipeline) whose primary moves with each swap.
-        consumers = tuple(r for r in self.repositories if r != repo)
-        holder: dict = {}
-        load = threading.Thread(target=lambda: holder.update(result=wrk.run(
-            "http://" + server.http_url, self.triton_script, self.mode.http_connections, self.mode.swap_seconds)))
-        load.start()
-        swaps = []
-        try:
-            time.sleep(1.0)
-            for _ in range(self.mode.swaps):
-                t = time.monotonic()
-                version = publish(SCORER, self.scorer_onnx, repo, None, consumer_repositories=consumers,
-                                  url=server.http_url)
-                published = time.monotonic() - t
-                t = time.monotonic()
-                rollout = Rollout(SCORER, repo, consumers, server.http_url)
-                rollback(rollout, rollback_plan(rollout, None))
-                swaps.append({"version": version, "publish_s": published, "rollback_s": time.monotonic() - t})
-        finally:
-            load.join()
-        result = holder["result"]
-        worst = max((s["rollback_s"] for s in swaps), default=float("nan"))
-        self.log(f"hot swap: {len(swaps)} publish+rollback under load: p99 {result.p99_ms:.2f} ms, "
-                 f"errors {result.errors}, rollback worst {worst:.2f} s")
-        return {**result.as_dict(), "swaps": swaps}
+        with server:
+            return rollback_under_load.run(server.http_url, server.grpc_url, key, repo,
+                                           tuple(r for r in self.repositories if r != repo), self.scorer_onnx,
+                                           self.payloads, body, self.mode.swaps, self.tmp, self.log)
 
     def _streaming(self, server: TritonServer) -> dict:
         from s2t.clients import stream_client

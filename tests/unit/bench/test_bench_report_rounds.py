@@ -12,7 +12,7 @@ def _entry(rps, p99, cpu):
             "cpu_cores": 1.0, "rss_bytes": 300 * report.MB, "errors": 0, "connections": 16}
 
 
-def _run(triton, baseline, docs=None, starts=(1.0,), rollbacks=(0.5,), grpc=None, http=None):
+def _run(triton, baseline, docs=None, starts=(1.0,), rollbacks=(0.5,), in_force=None, grpc=None, http=None):
     """A run's results as `s2t bench` writes them: each side's rounds as (req/s, p99 ms, CPU ms per request)."""
     sides = {"triton": [_entry(*r) for r in triton], "baseline": [_entry(*r) for r in baseline]}
     if docs:
@@ -37,8 +37,11 @@ def _run(triton, baseline, docs=None, starts=(1.0,), rollbacks=(0.5,), grpc=None
                        "clock": "s2t serve's launch to every model ready"},
         "memory": {"triton_idle_bytes": report.MB, "triton_peak_bytes": report.MB,
                    "triton_after_load_bytes": report.MB, "baseline_after_load_bytes": report.MB},
-        "hot_swap": {"p99_ms": 5.0, "errors": 0,
-                     "swaps": [{"version": 2 + n, "publish_s": 0.3, "rollback_s": s} for n, s in enumerate(rollbacks)]},
+        "hot_swap": {"callers": 4, "model_control_mode": "explicit", "admin_key": True,
+                     "clock": "s2t rollback's launch", "errors": 0, "answered": 5000, "requests_per_s": 1000.0,
+                     "swaps": [{"version": 2 + n, "publish_s": 0.3, "rollback_s": s,
+                                "in_force_s": s / 2 if in_force is None else in_force[n]}
+                               for n, s in enumerate(rollbacks)]},
         "streaming": {"throughput": 100.0, "streams": 4, "latency_ms": {"p99": 10.0}, "in_order_rate": 1.0},
         "seconds": 100.0,
     }
@@ -162,8 +165,21 @@ def test_cold_start_is_held_to_2s_in_the_median_start_and_aimed_at_1_5s_in_every
 ])
 def test_rollback_under_load_is_aimed_at_1s_for_the_command_in_every_swap(rollbacks, met, measured):
     goal = _line(_run(triton=[(2200, 4.0, 0.1)], baseline=[(1000, 5.0, 0.3)], rollbacks=rollbacks)["goals"],
-                 "goal", "rollback")
+                 "goal", "rollback of risk_scorer under load: the command")
     assert (goal["met"], goal["measured"]) == (met, measured)
+
+
+@pytest.mark.parametrize("in_force, met, measured", [
+    ((0.3, 0.45), True, "median swap 0.45 s (worst swap 0.45 s, swaps: 0.30 s, 0.45 s)"),
+    ((0.3, 0.6), False, "median swap 0.60 s (worst swap 0.60 s, swaps: 0.30 s, 0.60 s)"),
+    # A swap whose previous version never came back into force misses the goal, whatever the others did.
+    ((0.3, None), False, "median swap 0.30 s (worst swap 0.30 s, swaps: 0.30 s, n/a)"),
+])
+def test_rollback_under_load_is_aimed_at_half_a_second_in_force_in_every_swap(in_force, met, measured):
+    results = _run(triton=[(2200, 4.0, 0.1)], baseline=[(1000, 5.0, 0.3)], rollbacks=(0.8, 0.9), in_force=in_force)
+    goal = _line(results["goals"], "goal", "rollback of risk_scorer under load: in force")
+    assert goal["met"] == met
+    assert goal["measured"] == measured
 
 
 def test_a_run_without_swaps_has_no_rollback_goal():
@@ -176,7 +192,7 @@ def test_a_run_written_before_the_rounds_were_kept_reads_as_one_round():
     for key in ("http_rounds", "http_fastapi_apps", "goals", "targets", "ratios"):
         old.pop(key)
     old["cold_start"] = {"median_s": 1.1, "models": ["a:1"]}
-    old["hot_swap"]["swaps"] = [{"version": 2, "publish_s": 0.3, "rollback_s": 0.4}]
+    old["hot_swap"] = {"p99_ms": 5.0, "errors": 0, "swaps": [{"version": 2, "publish_s": 0.3, "rollback_s": 0.4}]}
     targets = report.targets(old, report.ratios(old))
     assert _line(targets, "target", "risk_pipeline HTTP c=16")["measured"].startswith(
         "median round 2.20x (worst round 2.20x, rounds: 2.20x); 2200 vs 1000 req/s (baseline)")
@@ -194,13 +210,17 @@ def test_results_json_keeps_every_figures_rounds_and_markdown_shows_goals_and_ea
     assert written["http_rounds"]["triton"][1]["p99_ms"] == 4.0 and written["http_rounds"]["fastapi-docs"][1]
     assert written["spread"]["http"]["opponents"] == ["baseline", "fastapi-docs"]
     assert written["spread"]["http"]["rate"]["values"] == pytest.approx([2.2, 2600 / 1200])
-    assert set(written["spread"]) == {"http", "grpc_vs_http", "cold_start", "rollback"}
+    assert set(written["spread"]) == {"http", "grpc_vs_http", "cold_start", "rollback", "rollback_in_force"}
     markdown = (tmp_path / "results.md").read_text()
     assert "## Goals\n\n| goal | measured | met |" in markdown
     assert "| 2 | 2600 | fastapi-docs | 1200 | 2.17x | 4.00 | 9.00 | 0.10 | 0.50 |" in markdown
     assert "gRPC / HTTP req/s, each round within itself: median round 1.10x (worst round 1.10x, rounds: 1.10x, 1.30x)" \
         in markdown
-    assert "| rollback of risk_scorer under that load (the command's time) | median swap 0.50 s" in markdown
+    assert "| rollback command (launch until it is back) | median swap 0.50 s" in markdown
+    assert "| rollback in force (from the command's launch until risk_pipeline serves the previous version) | " \
+        "median swap 0.25 s" in markdown
+    assert "| risk_pipeline under 4 gRPC callers during 1 publish + `s2t rollback` (explicit mode, admin key) | " \
+        "1000 req/s, 0 failed of 5000 (Triton's count) |" in markdown
 
 
 def test_the_console_summary_names_the_median_and_worst_round_of_each_target_and_goal():
