@@ -142,8 +142,7 @@ def _hot_swap_rows(swap: dict, found: dict, triton: dict) -> list[list[str]]:
     else:
         rows = [[f"risk_pipeline under {swap['callers']} gRPC callers during {len(swap['swaps'])} publish + "
                  f"`s2t rollback` ({swap['model_control_mode']} mode, admin key)",
-                 f"{swap['requests_per_s']:.0f} req/s, {swap['errors']} failed of {swap['answered']} "
-                 "(Triton's count)"]]
+                 f"{swap['requests_per_s']:.0f} req/s, {swap['errors']} failed, {swap['answered']} answered"]]
     if "rollback_in_force" in found:
         rows.append(["rollback in force (from the command's launch until risk_pipeline serves the previous version)",
                      over_rounds(found["rollback_in_force"], " s", "swap")])

@@ -342,13 +342,11 @@ class Bench:
         server = TritonServer(self.repositories, free_port(), free_port(), free_port(),
                               model_control_mode="explicit", admin_key=key, log_path=self.tmp / "rollback.log",
                               exit_timeout_seconds=10, stop_gracefully=False)
-        body = self.tmp / "rollback_body.bin"
-        body.write_bytes(h2load.infer_body(PIPELINE, PAYLOAD, self.payloads[0]))
         repo = _model_dir(self.repositories, SCORER).parent
         with server:
             return rollback_under_load.run(server.http_url, server.grpc_url, key, repo,
                                            tuple(r for r in self.repositories if r != repo), self.scorer_onnx,
-                                           self.payloads, body, self.mode.swaps, self.tmp, self.log)
+                                           self.payloads, self.mode.swaps, self.tmp, self.log)
 
     def _streaming(self, server: TritonServer) -> dict:
         from s2t.clients import stream_client

@@ -67,25 +67,14 @@ def parse(output: str) -> H2loadResult:
     return H2loadResult(succeeded, seconds, failed, mean_ms)
 
 
-def _command(grpc_url: str, body: Path, streams: int, seconds: float) -> list[str]:
+def run(grpc_url: str, body: Path, streams: int, seconds: float) -> H2loadResult:
+    """`streams` calls in flight on one connection for `seconds` (at least 1)."""
     h2load = shutil.which("h2load")
     if h2load is None:
         raise RuntimeError("h2load is not installed (Debian package `nghttp2-client`)")
-    return [h2load, "-D", str(max(1, round(seconds))), "-c", "1", "-t", "1", "-m", str(streams), "-d", str(body),
-            "-H", "content-type: application/grpc", "-H", "te: trailers", f"http://{grpc_url}{SERVICE_PATH}"]
-
-
-def run(grpc_url: str, body: Path, streams: int, seconds: float) -> H2loadResult:
-    """`streams` calls in flight on one connection for `seconds` (at least 1)."""
-    proc = subprocess.run(_command(grpc_url, body, streams, seconds), capture_output=True, text=True,
-                          timeout=seconds + 60)
+    proc = subprocess.run([h2load, "-D", str(max(1, round(seconds))), "-c", "1", "-t", "1", "-m", str(streams),
+                           "-d", str(body), "-H", "content-type: application/grpc", "-H", "te: trailers",
+                           f"http://{grpc_url}{SERVICE_PATH}"], capture_output=True, text=True, timeout=seconds + 60)
     if proc.returncode != 0:
         raise RuntimeError(f"h2load failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-2000:]}")
     return parse(proc.stdout)
-
-
-def start(grpc_url: str, body: Path, streams: int, seconds: float = 3600) -> subprocess.Popen:
-    """The same load in the background until it is terminated (or `seconds` pass); its answers are counted by the
-    server's statistics, not by h2load's report."""
-    return subprocess.Popen(_command(grpc_url, body, streams, seconds), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)

@@ -4,8 +4,9 @@ admin key, while gRPC callers keep risk_pipeline saturated.
 Each swap publishes a scorer whose probability is shifted (so that the two versions answer differently), waits
 until risk_pipeline serves it, then launches `s2t rollback` and times two clocks from the launch: until the
 command is back, and until a probe's records come back with the previous version's scores (in force). The load is
-h2load's calls in flight on one connection, each one record; its failed requests are Triton's own count for
-risk_pipeline over the stage (h2load sees HTTP statuses only, and a gRPC error travels in the trailers).
+CALLERS tritonclient gRPC callers, each with one record in flight at all times, counting its own answers and
+failures: Triton's statistics start again from zero when a model reloads, and h2load sees HTTP statuses only (a
+gRPC error travels in the trailers).
 """
 from __future__ import annotations
 
@@ -13,15 +14,14 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from s2t.bench.load import h2load
 from s2t.control.live_control import ADMIN_KEY_ENV
-from s2t.triton_admin import TritonAdmin
 from s2t.wire.names import PAYLOAD, PIPELINE, PROBABILITY, SCORER
 
 CALLERS = 4
@@ -83,12 +83,40 @@ class _Probe:
         self.client.close()
 
 
-def _failed(http_url: str) -> int:
-    return sum(int(s["inference_stats"]["fail"]["count"]) for s in TritonAdmin(http_url).model_stats(PIPELINE))
+class _Callers:
+    """`count` callers on risk_pipeline, one record each in flight, until stopped; every failure is kept."""
 
+    def __init__(self, grpc_url: str, record: bytes, count: int):
+        self.grpc_url, self.record = grpc_url, record
+        self.answered, self.failures = [0] * count, []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._call, args=(n,), daemon=True) for n in range(count)]
 
-def _answered(http_url: str) -> int:
-    return sum(int(s["inference_stats"]["success"]["count"]) for s in TritonAdmin(http_url).model_stats(PIPELINE))
+    def __enter__(self) -> "_Callers":
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def _call(self, n: int) -> None:
+        import tritonclient.grpc as grpc
+
+        client = grpc.InferenceServerClient(self.grpc_url)
+        inputs = [grpc.InferInput(PAYLOAD, [1, 1], "BYTES")]
+        inputs[0].set_data_from_numpy(np.array([[self.record]], dtype=object))
+        try:
+            while not self._stop.is_set():
+                try:
+                    client.infer(PIPELINE, inputs)
+                    self.answered[n] += 1
+                except Exception as err:  # noqa: BLE001 - every failure is a result
+                    self.failures.append(str(err)[:300])
+        finally:
+            client.close()
 
 
 def _rollback_command(repository: Path, consumers: tuple[Path, ...], http_url: str) -> list[str]:
@@ -97,48 +125,47 @@ def _rollback_command(repository: Path, consumers: tuple[Path, ...], http_url: s
 
 
 def run(http_url: str, grpc_url: str, key: str, repository: Path, consumers: tuple[Path, ...], scorer_onnx: Path,
-        records: list[bytes], body: Path, swaps: int, work: Path, log=print) -> dict:
+        records: list[bytes], swaps: int, work: Path, log=print) -> dict:
     """`swaps` publish + rollback pairs under CALLERS gRPC callers on a server in explicit mode with admin key `key`
     (the repositories it serves: `repository`, holding the scorer, and `consumers`)."""
-    from s2t.control.publish import publish
-
     shifted = shifted_model(scorer_onnx, work / "shifted.onnx")
     probe = _Probe(grpc_url, records[:PROBE_RECORDS])
-    env = {**os.environ, ADMIN_KEY_ENV: key}
-    load = h2load.start(grpc_url, body, CALLERS)
-    results: list[Swap] = []
     try:
         original = probe.scores()
-        failed_before, answered_before, began = _failed(http_url), _answered(http_url), time.monotonic()
-        time.sleep(1.0)
-        for _ in range(swaps):
-            t = time.monotonic()
-            version = publish(SCORER, shifted, repository, None, consumer_repositories=consumers, url=http_url,
-                              key=key)
-            published = time.monotonic() - t
-            serving_shifted = probe.until(np.clip(original + SHIFT, 0, 1), time.monotonic())
-            if serving_shifted is None:
-                raise RuntimeError(f"risk_pipeline never served the published {SCORER} version {version}")
-            launched = time.monotonic()
-            command = subprocess.Popen(_rollback_command(repository, consumers, http_url), env=env,
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            in_force = probe.until(original, launched)
-            out, err = command.communicate(timeout=120)
-            rollback_s = time.monotonic() - launched
-            if command.returncode != 0:
-                raise RuntimeError(f"s2t rollback exited {command.returncode}: {(out + err)[-2000:]}")
-            results.append(Swap(version, published, rollback_s, in_force))
-            log(f"rollback under load: version {version} rolled back, in force after "
-                f"{'never' if in_force is None else f'{in_force:.2f} s'}, the command back after {rollback_s:.2f} s")
-        seconds = time.monotonic() - began
-        answered, failed = _answered(http_url) - answered_before, _failed(http_url) - failed_before
+        with _Callers(grpc_url, records[0], CALLERS) as load:
+            began = time.monotonic()
+            time.sleep(1.0)
+            done = [_swap(http_url, key, repository, consumers, shifted, probe, original, log) for _ in range(swaps)]
+            seconds = time.monotonic() - began
     finally:
-        load.terminate()
-        load.wait(30)
         probe.close()
+    answered = sum(load.answered)
     return {"callers": CALLERS, "model_control_mode": "explicit", "admin_key": True,
-            "clock": "s2t rollback's launch", "swaps": [asdict(s) for s in results], "errors": failed,
-            "answered": answered, "requests_per_s": answered / seconds if seconds > 0 else float("nan")}
+            "clock": "s2t rollback's launch", "swaps": [asdict(s) for s in done], "errors": len(load.failures),
+            "failures": sorted(set(load.failures))[:5], "answered": answered,
+            "requests_per_s": answered / seconds if seconds > 0 else float("nan")}
+
+
+def _swap(http_url: str, key: str, repository: Path, consumers: tuple[Path, ...], shifted: Path, probe: _Probe,
+          original: np.ndarray, log) -> Swap:
+    from s2t.control.publish import publish
+
+    began = time.monotonic()
+    version = publish(SCORER, shifted, repository, None, consumer_repositories=consumers, url=http_url, key=key)
+    published = time.monotonic() - began
+    if probe.until(np.clip(original + SHIFT, 0, 1), time.monotonic()) is None:
+        raise RuntimeError(f"risk_pipeline never served the published {SCORER} version {version}")
+    launched = time.monotonic()
+    command = subprocess.Popen(_rollback_command(repository, consumers, http_url), env={**os.environ, ADMIN_KEY_ENV: key},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    in_force = probe.until(original, launched)
+    out, err = command.communicate(timeout=120)
+    rollback_s = time.monotonic() - launched
+    if command.returncode != 0:
+        raise RuntimeError(f"s2t rollback exited {command.returncode}: {(out + err)[-2000:]}")
+    log(f"rollback under load: version {version} rolled back, in force after "
+        f"{'never' if in_force is None else f'{in_force:.2f} s'}, the command back after {rollback_s:.2f} s")
+    return Swap(version, published, rollback_s, in_force)
 
 
 def new_key() -> str:

@@ -220,7 +220,7 @@ def test_results_json_keeps_every_figures_rounds_and_markdown_shows_goals_and_ea
     assert "| rollback in force (from the command's launch until risk_pipeline serves the previous version) | " \
         "median swap 0.25 s" in markdown
     assert "| risk_pipeline under 4 gRPC callers during 1 publish + `s2t rollback` (explicit mode, admin key) | " \
-        "1000 req/s, 0 failed of 5000 (Triton's count) |" in markdown
+        "1000 req/s, 0 failed, 5000 answered |" in markdown
 
 
 def test_the_console_summary_names_the_median_and_worst_round_of_each_target_and_goal():
