@@ -292,8 +292,13 @@ def summary_lines(results: dict) -> list[str]:
     """What the console shows at the end of a run: each target, then each goal, met or missed, with its rounds."""
     def line(met: bool, what: str, measured: str) -> str:
         return f"{'met   ' if met else 'MISSED'}  {what}: {measured}"
+    measured = []
+    if results.get("ceiling"):
+        share = rounds.spread(results["ceiling"]["share"], higher_is_better=True)
+        measured = ["measured:", f"        risk_pipeline's share of the ceiling (a model doing no work, the same "
+                                 f"serving path): {over_rounds(share, '')}"]
     return (["targets:", *(line(t["met"], t["target"], t["measured"]) for t in results["targets"])]
-            + ["goals:", *(line(g["met"], g["goal"], g["measured"]) for g in results.get("goals", []))])
+            + ["goals:", *(line(g["met"], g["goal"], g["measured"]) for g in results.get("goals", []))] + measured)
 
 
 def _table(header: list[str], rows: list[list]) -> str:
@@ -336,7 +341,7 @@ def markdown(results: dict) -> str:
            "Same answers as risk_pipeline on the first records: " + "; ".join(
                f"{app}: {c['records']} records, max |Δp| {c['max_abs_diff']:.1e}, decisions equal {c['same_decisions']}"
                for app, c in results["same_answers"].items()) + ".",
-           "", *_where_time_goes(results.get("where_time_goes")),
+           "", *_where_time_goes(results.get("where_time_goes")), *_ceiling(results),
            "## Ratios", "", "Each side's median round against the other's (the targets and goals compare the sides "
            "round by round).", "", _table(["ratio", "value"], [[k, v] for k, v in r.items()]), "",
            "## perf_analyzer", "",
@@ -426,6 +431,36 @@ def _where_time_goes(found: dict | None) -> list[str]:
     elif spy.get("error"):
         lines += [f"py-spy did not run: {spy['error']}", ""]
     return lines
+
+
+def _ceiling(results: dict) -> list[str]:
+    """risk_pipeline against the model that does no work with its inputs, outputs, batching and backend, and
+    where the difference goes by Triton's statistics per execution."""
+    found = results.get("ceiling")
+    if not found:
+        return []
+    share = rounds.spread(found["share"], higher_is_better=True)
+    ceiling_stats, ours = found["triton_statistics"], results.get("where_time_goes", {}).get("triton_statistics")
+    lines = [f"## The ceiling: {found['model']} (risk_pipeline's inputs, outputs, batching and backend; no work)", "",
+             _table(["round", "ceiling req/s", "ceiling p99 ms", "ceiling CPU ms/req", "risk_pipeline req/s",
+                     "share of the ceiling"],
+                    [[n + 1, c["throughput"], c["p99_ms"], c["cpu_ms_per_request"], t["throughput"],
+                      _format(found["share"][n], "", 2)]
+                     for n, (c, t) in enumerate(zip(found["rounds"], results["http_rounds"]["triton"]))]), "",
+             f"risk_pipeline reaches {over_rounds(share, '')} of the ceiling's req/s."]
+
+    def infer_us(stats: dict) -> float:
+        return stats["per_execution_us"]["compute_infer"]
+
+    if ours and ceiling_stats.get("executions"):
+        lines.append(
+            f"Per execution (Triton's statistics), the model's own call: {infer_us(ours):.0f} us for risk_pipeline "
+            f"at a mean batch of {ours['mean_batch']:.1f}, {infer_us(ceiling_stats):.0f} us for the ceiling at "
+            f"{ceiling_stats['mean_batch']:.1f}: decoding, scoring and deciding a record cost "
+            f"{infer_us(ours) / ours['mean_batch'] - infer_us(ceiling_stats) / ceiling_stats['mean_batch']:.0f} us "
+            "more than handing it over and answering it; the rest of a request's CPU is the serving machinery, the "
+            "same on both.")
+    return lines + [""]
 
 
 def plots(results: dict, out_dir: Path) -> list[Path]:

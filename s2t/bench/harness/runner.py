@@ -24,7 +24,7 @@ from s2t.backends.records.feature_spec import FeatureSpec
 from s2t.backends.records.record_decoder import RecordDecoder
 from s2t import triton_config
 from s2t.bench.load import h2load, perf_analyzer, wrk
-from s2t.bench.baselines import limit_baseline as inprocess
+from s2t.bench.baselines import ceiling, limit_baseline as inprocess
 from s2t.bench.harness import process_tree, report, workload
 from s2t.bench.scenarios import protocols, rollback_under_load, stub_profile
 from s2t.bench.baselines.fastapi_baseline import APPS as BASELINE_APPS, ROUTE as BASELINE_ROUTE, BaselineServer
@@ -39,6 +39,8 @@ from s2t.control.version_store import version_numbers
 from s2t.wire.names import ADAPTER, DECISION, DECISION_MODEL, PAYLOAD, PIPELINE, PROBABILITY, SCORER
 
 TRITON_ROUTE = f"/v2/models/{PIPELINE}/infer"
+# The ceiling's wrk rounds (baselines/ceiling.py), beside Triton's and the FastAPI apps' but never an opponent.
+CEILING_SIDE = "ceiling"
 CHECKED_RECORDS = 50
 
 
@@ -108,7 +110,7 @@ class Bench:
         each side, the profile, the hot swap, the stream replay and the in-process measures."""
         mode = self.mode
         return (mode.cold_starts + 1 + len(self._perf_plan()) + len(protocols.PROTOCOLS) * mode.protocol_rounds + 1
-                + mode.http_rounds * (1 + len(BASELINE_APPS)) + 4)
+                + mode.http_rounds * (2 + len(BASELINE_APPS)) + 4)
 
     @contextmanager
     def _step(self, label: str):
@@ -150,6 +152,8 @@ class Bench:
         self.inputs[SCORER].write_text(json.dumps(workload.perf_input_scorer(self.categorical, self.numeric)))
         self.triton_script = wrk.write_script(self.tmp / "triton.lua", TRITON_ROUTE,
                                               [workload.triton_json_body(p) for p in self.payloads])
+        self.ceiling_script = wrk.write_script(self.tmp / "ceiling.lua", f"/v2/models/{ceiling.CEILING}/infer",
+                                               [workload.triton_json_body(p) for p in self.payloads])
         self.baseline_script = wrk.write_script(self.tmp / "baseline.lua", BASELINE_ROUTE,
                                                 [p.decode() for p in self.payloads])
 
@@ -191,6 +195,8 @@ class Bench:
         self.log(f"cold start {statistics.median(seconds):.2f} s from s2t serve's launch, worst {max(seconds):.2f} s "
                  f"({len(seconds)} starts), "
                  f"serving tree {sum(tree.values()) / 2**20:.0f} MB after load")
+        # The ceiling is served by the measured stages' server only: the cold starts load what users serve.
+        ceiling.add(_model_dir(self.repositories, PIPELINE).parent)
         server = self._server()
         with self._step("tritonserver for the measured stages starting"):
             began = time.monotonic()
@@ -242,12 +248,16 @@ class Bench:
                                                 for app, b in baselines.items()}
             sides = {"triton": (server.process.pid, "http://" + server.http_url, self.triton_script)}
             sides.update({app: (b.process.pid, b.url, self.baseline_script) for app, b in baselines.items()})
+            sides[CEILING_SIDE] = (server.process.pid, "http://" + server.http_url, self.ceiling_script)
             rounds = {side: [] for side in sides}
+            ceiling_before = stub_profile.snapshot(server.http_url, ceiling.CEILING)
             for number in range(self.mode.http_rounds):
                 for side, (pid, url, script) in sides.items():
                     label = f"{side} round {number + 1}"
                     with self._step(f"wrk {label}"):
                         rounds[side].append(self._wrk(pid, url, script, self.mode.http_seconds, label))
+            self.results["ceiling"] = _ceiling(rounds.pop(CEILING_SIDE), rounds["triton"], stub_profile.breakdown(
+                ceiling_before, stub_profile.snapshot(server.http_url, ceiling.CEILING)))
             medians = {side: _median_round(entries) for side, entries in rounds.items()}
             strongest = max(baselines, key=lambda app: medians[app]["throughput"])
             self.results["http_rounds"] = rounds
@@ -383,6 +393,12 @@ def _median_round(entries: list[dict]) -> dict:
 def _ready_models(http_url: str) -> list[str]:
     return sorted(f"{m['name']}:{m.get('version', '')}" for m in TritonAdmin(http_url).repository_index()
                   if m.get("state") == "READY")
+
+
+def _ceiling(rounds: list[dict], triton: list[dict], statistics: dict) -> dict:
+    """risk_pipeline's req/s over the ceiling's, round by round (each pair measured in the same round)."""
+    share = [t["throughput"] / c["throughput"] if c["throughput"] else float("nan") for t, c in zip(triton, rounds)]
+    return {"model": ceiling.CEILING, "rounds": rounds, "share": share, "triton_statistics": statistics}
 
 
 def _compare_answers(server: TritonServer, baseline: BaselineServer, payloads: list[bytes]) -> dict:

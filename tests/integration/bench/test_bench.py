@@ -37,6 +37,11 @@ def test_bench_measures_triton_over_both_protocols_and_both_baselines(smoke_run)
     # The baseline is the stronger of the two FastAPI apps.
     assert results["http_baseline"]["throughput"] == max(e["throughput"] for e in results["http_fastapi_apps"].values())
     assert {p["what"] for p in results["inprocess"]} == {"onnxruntime", "decode+onnxruntime+decide"}
+    # The ceiling (risk_pipeline's serving path, no work) took its turn in every round, on the same server.
+    ceiling = results["ceiling"]
+    assert len(ceiling["rounds"]) == len(results["http_rounds"]["triton"]) == len(ceiling["share"])
+    assert all(r["requests"] > 0 and r["errors"] == 0 for r in ceiling["rounds"]) and all(s > 0 for s in ceiling["share"])
+    assert ceiling["triton_statistics"]["executions"] > 0 and "ceiling" not in results["http_rounds"]
 
 
 def test_bench_compares_http_and_grpc_in_turns_with_the_cpu_each_side_spends(smoke_run):
@@ -128,7 +133,8 @@ def test_bench_records_the_machine_load_of_every_round_and_whether_the_run_is_pu
     out, results, _ = smoke_run
     load = results["load"]
     found, rounds = results["protocols"], len(results["http_triton"]["rounds_throughput"])
-    measured = {f"wrk {side} round {n}" for n in range(1, rounds + 1) for side in ("triton", *results["http_fastapi_apps"])}
+    measured = {f"wrk {side} round {n}" for n in range(1, rounds + 1)
+                for side in ("triton", *results["http_fastapi_apps"], "ceiling")}
     measured |= {f"perf_analyzer {found['model']} {protocol} c={found['concurrency']} round {n}"
                  for protocol, entries in found["rounds"].items() for n in range(1, len(entries) + 1)}
     labels = [r["label"] for r in load["rounds"]]

@@ -246,3 +246,22 @@ def test_each_sides_median_round_is_kept_whole_with_its_number_and_every_rate(ra
     found = _median_round(entries)
     assert (found["throughput"], found["p99_ms"], found["round"]) == (median, median / 1000, number)
     assert found["rounds_throughput"] == list(rates)
+
+
+def test_the_ceiling_shows_its_rounds_risk_pipelines_share_and_the_cost_per_record():
+    results = _run(triton=[(2200, 4.0, 0.1), (2600, 4.0, 0.1)], baseline=[(1000, 5.0, 0.3), (1100, 5.0, 0.3)])
+    stages = {"compute_input": 1.0, "compute_output": 1.0}
+    results["ceiling"] = {"model": "risk_pipeline_ceiling", "rounds": [_entry(4400, 2.0, 0.05), _entry(5200, 2.0, 0.05)],
+                          "share": [2200 / 4400, 2600 / 5200],
+                          "triton_statistics": {"executions": 100, "mean_batch": 10.0,
+                                                "per_execution_us": {**stages, "compute_infer": 100.0}}}
+    results["where_time_goes"] = {"triton_statistics": {"requests": 800, "executions": 100, "mean_batch": 8.0,
+                                                        "queue_us_per_request": 1.0,
+                                                        "per_execution_us": {**stages, "compute_infer": 400.0}}}
+    markdown = report.markdown(results)
+    assert "| 2 | 5200 | 2.00 | 0.05 | 2600 | 0.50 |" in markdown
+    assert "risk_pipeline reaches median round 0.50 (worst round 0.50, rounds: 0.50, 0.50) of the ceiling's req/s." \
+        in markdown
+    # 400 us for 8 records against 100 us for 10: 40 us a record.
+    assert "decoding, scoring and deciding a record cost 40 us more than handing it over" in markdown
+    assert any("share of the ceiling" in line and "median round 0.50" in line for line in report.summary_lines(results))
