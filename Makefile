@@ -49,9 +49,11 @@ serve: models
 # outside the model repositories is built beside it (the trained and converted models, the native binaries, the
 # genai venv, the system packages; the unit level reads the repositories, so they are written after it), each job's
 # output printed whole when it ends.
+# The builds run at a lower priority (BUILD_NICE), so that the unit level, the one the developer waits on, keeps
+# its core: they have the rest of its time and the unit level's end to finish.
 test:
 	@$(MAKE) --no-print-directory lint
-	@$(MAKE) --no-print-directory -j3 --output-sync=target unit integration-builds
+	@$(MAKE) --no-print-directory -j3 --output-sync=target BUILD_NICE="nice -n 10" unit integration-builds
 	@$(MAKE) --no-print-directory integration
 
 lint: $(VENV)/.installed-dev
@@ -84,7 +86,7 @@ endef
 genai-venv: $(GENAI_VENV)/.installed
 $(GENAI_VENV)/.installed: constraints.txt | $(VENV)/.installed
 	[ -x $(GENAI_VENV)/bin/python ] || $(BIN)/python -m venv $(GENAI_VENV)
-	$(GENAI_VENV)/bin/pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt genai-perf gguf \
+	$(BUILD_NICE) $(GENAI_VENV)/bin/pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt genai-perf gguf \
 	  "tritonclient[all]" nvidia-cuda-runtime-cu12
 	touch $@
 
@@ -154,13 +156,13 @@ define install_editable
 endef
 
 $(DATA): | $(VENV)/.installed
-	$(S2T) data --out $@
+	$(BUILD_NICE) $(S2T) data --out $@
 
 $(SAVED_MODEL)/saved_model.pb: $(DATA) s2t/models/legacy_model.py | $(VENV)/.installed
-	$(S2T) legacy build --out $(SAVED_MODEL) --data $(DATA)
+	$(BUILD_NICE) $(S2T) legacy build --out $(SAVED_MODEL) --data $(DATA)
 
 $(SCORER_ONNX): $(SAVED_MODEL)/saved_model.pb s2t/models/convert.py
-	$(S2T) convert $(SAVED_MODEL) $@
+	$(BUILD_NICE) $(S2T) convert $(SAVED_MODEL) $@
 
 $(ADAPTER_SPEC) $(ROUTER_SPEC): $(SCORER_ONNX)
 	$(S2T) spec $(SCORER_ONNX) --out $@
@@ -182,10 +184,10 @@ proto: $(PROTO_PY)
 models serve: proto
 
 $(LITE_SAVED_MODEL)/saved_model.pb: $(DATA) s2t/models/legacy_model.py | $(VENV)/.installed
-	$(S2T) legacy build --lite --out $(LITE_SAVED_MODEL) --data $(DATA)
+	$(BUILD_NICE) $(S2T) legacy build --lite --out $(LITE_SAVED_MODEL) --data $(DATA)
 
 $(LITE_ONNX): $(LITE_SAVED_MODEL)/saved_model.pb s2t/models/convert.py
-	$(S2T) convert $(LITE_SAVED_MODEL) $@
+	$(BUILD_NICE) $(S2T) convert $(LITE_SAVED_MODEL) $@
 
 # $(call publish_if_new,MODEL,ONNX,SAVED_MODEL): publish (validation + parity gate against SAVED_MODEL + atomic
 # move) whenever the newest version is not the current conversion.
@@ -205,8 +207,8 @@ $(EXPLAINER_REASONS): $(LITE_ONNX)
 # (native/grpc_front.cc, against Debian's gRPC, installed with apt where missing). Always run: each script rebuilds
 # only when a source is newer.
 native: $(VENV)/.installed
-	native/build.sh $(BIN)/python
-	native/build_grpc_front.sh
+	$(BUILD_NICE) native/build.sh $(BIN)/python
+	$(BUILD_NICE) native/build_grpc_front.sh
 
 models: $(ADAPTER_SPEC) $(ROUTER_SPEC) $(DRIFT_REFERENCE) $(LITE_ONNX) $(EXPLAINER_REASONS) native
 	$(call publish_if_new,risk_scorer,$(SCORER_ONNX),$(SAVED_MODEL))
