@@ -129,8 +129,21 @@ def counts(grpc_client) -> tuple[int, int]:
     return int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0))
 
 
+def settled_counts(grpc_client, quiet_s: float = 0.5, limit_s: float = 30) -> tuple[int, int]:
+    """The counts once they stop moving: an earlier caller's last batch (another module's, on this session's
+    server) is counted after its answers were sent, and must not be counted as this test's."""
+    deadline, last = time.monotonic() + limit_s, counts(grpc_client)
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        now = counts(grpc_client)
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"risk_stream's counts still moving after {limit_s} s with no caller of this test")
+
+
 def test_streams_are_batched_together_not_served_one_by_one(triton, records, grpc_client):
-    inferences_before, executions_before = counts(grpc_client)
+    inferences_before, executions_before = settled_counts(grpc_client)
     results, _, _ = stream_client.replay(triton.grpc_url, records[:400], 8, seed=3)
     assert all(r.complete and r.errors == [] and len(r.ok_ids) == len(r.sent) for r in results)
     # risk_stream sends a batch's answers before its execute returns, and Triton counts the batch only then: the
