@@ -12,6 +12,9 @@ import urllib.error
 import urllib.request
 from typing import Callable
 
+# Where the key to Triton's restricted APIs (load/unload, index) comes from, for every command and the keeper.
+ADMIN_KEY_ENV = "S2T_ADMIN_KEY"
+
 # What a call to an unreachable, restarting or half-started server raises: a refused or reset connection, a
 # timeout, or a body that is not JSON.
 UNREACHABLE = (urllib.error.URLError, OSError, ValueError)

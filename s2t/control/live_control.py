@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import time
 
-ADMIN_KEY_ENV = "S2T_ADMIN_KEY"
+from s2t.triton_admin import ADMIN_KEY_ENV
+
 ADMIN_HEADER = "admin-key"
 _POLL_MODE_REFUSAL = "polling is enabled"
 RELOAD_RETRY_SECONDS = 2.0

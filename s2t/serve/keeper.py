@@ -29,9 +29,8 @@ from pathlib import Path
 from s2t.serve import hidden_args, leftovers, restricted_apis
 from s2t.serve.healing import STATE_FILE, HangSettings, SupervisorState, doubling_delay
 from s2t.serve.restricted_apis import restrict
-from s2t.control.live_control import ADMIN_KEY_ENV
 from s2t.control.version_store import VersionStore
-from s2t.triton_admin import TritonAdmin, wait_until_ready
+from s2t.triton_admin import ADMIN_KEY_ENV, TritonAdmin, wait_until_ready
 
 PR_SET_PDEATHSIG = 1
 # Written in a command (e.g. a Kubernetes manifest, as `$$(S2T_ADMIN_KEY)` so that the kubelet leaves it alone),

@@ -8,8 +8,10 @@ wrapper that starts it without the server's descriptors (STUB_WRAPPER). The publ
 """
 from __future__ import annotations
 
-import importlib.util
+import collections
 import compileall
+import fcntl
+import importlib.util
 import os
 import random
 import shutil
@@ -20,6 +22,7 @@ import sys
 import sysconfig
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,6 +125,13 @@ EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOWEST_PORT = 10_000
 _handed_out: set[int] = set()
 _handed_out_lock = threading.Lock()
+# Shared by every process on the machine that hands out ports this way (two test workers, `s2t bench`, the commands
+# they start): a port drawn is reserved by an exclusive lock on its file for RESERVATION_SECONDS, long enough for
+# its server to bind it, so that two processes drawing at the same moment never give one port to two servers.
+# Where the folder cannot be written, each process only remembers its own ports.
+PORT_RESERVATIONS = Path(tempfile.gettempdir()) / "s2t-ports"
+RESERVATION_SECONDS = 60.0
+_reservations: collections.deque[tuple[float, int]] = collections.deque()
 
 
 def ephemeral_floor(path: Path = EPHEMERAL_RANGE) -> int:
@@ -134,8 +144,8 @@ def ephemeral_floor(path: Path = EPHEMERAL_RANGE) -> int:
 
 def free_port(floor: int | None = None) -> int:
     """A port nothing is bound to now, below the ephemeral range, never handed out before by this process (two
-    servers started together get different ports); the server binds it moments later. A random draw: another
-    process picking ports the same way rarely draws the same one."""
+    servers started together get different ports) nor by another process in the last RESERVATION_SECONDS; the
+    server binds it moments later."""
     highest = (floor or ephemeral_floor()) - 1
     rng = random.SystemRandom()
     for _ in range(200):
@@ -148,9 +158,33 @@ def free_port(floor: int | None = None) -> int:
                     sock.bind(("0.0.0.0", port))
                 except OSError:
                     continue
+            if not _reserve(port):
+                continue
             _handed_out.add(port)
             return port
     raise OSError(f"no free port between {LOWEST_PORT} and {highest}")
+
+
+def _reserve(port: int) -> bool:
+    """False if another process reserved `port` within RESERVATION_SECONDS; else it is reserved now. Reservations
+    older than that are released (their servers have bound their ports, or never will)."""
+    now = time.monotonic()
+    while _reservations and now - _reservations[0][0] > RESERVATION_SECONDS:
+        os.close(_reservations.popleft()[1])
+    try:
+        if not PORT_RESERVATIONS.is_dir():
+            PORT_RESERVATIONS.mkdir(exist_ok=True)
+            PORT_RESERVATIONS.chmod(0o1777)  # every user's ports in one place, each user's files their own
+        fd = os.open(PORT_RESERVATIONS / str(port), os.O_CREAT | os.O_RDONLY, 0o644)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _reservations.append((now, fd))
+    return True
 
 
 def log_tail(path: Path, lines: int = 15) -> str:

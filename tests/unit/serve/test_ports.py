@@ -1,7 +1,11 @@
 """The ports tests and `s2t bench` give their servers, and what a server that dies before it is ready leaves in its
 error."""
+import collections
+import fcntl
+import os
 import socket
 import subprocess
+import sys
 
 import pytest
 
@@ -10,8 +14,11 @@ from s2t.serve.triton_server import LOWEST_PORT, ServerError, TritonServer, ephe
 
 
 @pytest.fixture
-def fresh(monkeypatch):
+def fresh(monkeypatch, tmp_path):
     monkeypatch.setattr(triton_server, "_handed_out", set())
+    monkeypatch.setattr(triton_server, "_reservations", collections.deque())
+    monkeypatch.setattr(triton_server, "PORT_RESERVATIONS", tmp_path / "ports")
+    return tmp_path / "ports"
 
 
 @pytest.mark.parametrize("text, floor", [("32768\t60999\n", 32768), ("20000 30000", 20000), ("", 32768),
@@ -39,6 +46,46 @@ def test_a_bound_port_is_skipped_and_an_exhausted_range_says_so(fresh):
                                                                                        LOWEST_PORT + 2}
         with pytest.raises(OSError, match=f"no free port between {LOWEST_PORT} and {LOWEST_PORT + 2}"):
             free_port(floor=LOWEST_PORT + 3)
+
+
+HOLDER = """
+import sys
+from pathlib import Path
+from s2t.serve import triton_server
+triton_server.PORT_RESERVATIONS = Path(sys.argv[1])
+print(" ".join(str(triton_server.free_port()) for _ in range(20)), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_port_another_process_drew_is_not_handed_out_until_its_reservation_ends(fresh):
+    """Two test workers draw from the same range: a port one of them drew moments ago is not the other's, even
+    before its server binds it."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(fresh)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        theirs = [int(p) for p in holder.stdout.readline().split()]
+        assert len(set(theirs)) == 20
+        assert not any(triton_server._reserve(port) for port in theirs)
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
+    # The holder has gone: its reservations went with it.
+    assert all(triton_server._reserve(port) for port in theirs)
+
+
+def test_a_reservation_is_released_once_its_server_had_time_to_bind(fresh, monkeypatch):
+    monkeypatch.setattr(triton_server, "RESERVATION_SECONDS", 0.0)
+    first = free_port()
+    free_port()  # releases the first's reservation, which is older than 0 s
+    # Another process (here another open file) may reserve the first port again; this process still never hands
+    # it out twice.
+    fd = os.open(fresh / str(first), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    assert first in triton_server._handed_out
 
 
 def test_a_server_that_exits_before_it_is_ready_carries_its_logs_end_in_the_error(tmp_path):
