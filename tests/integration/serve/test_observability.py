@@ -188,8 +188,10 @@ def exported(built_artifacts, german_credit_data, tmp_path_factory) -> dict[str,
                                     "--model-repository", str(repo), "--model-repository", str(ENSEMBLES)],
                                    cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
+        # `s2t serve` says `ready:` once its own parts (the supervisor's metrics among them) run too, which can be
+        # a moment after Triton reports ready on a busy machine.
         deadline = time.monotonic() + 120
-        while not _ready(ports["HTTP_PORT"]):
+        while not (_ready(ports["HTTP_PORT"]) and "\nready: " in "\n" + log_path.read_text(errors="replace")):
             assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
             time.sleep(0.3)
         http_url, grpc_url = f"localhost:{ports['HTTP_PORT']}", f"localhost:{ports['GRPC_PORT']}"
