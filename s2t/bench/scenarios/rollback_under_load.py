@@ -158,11 +158,21 @@ def _swap(http_url: str, key: str, repository: Path, consumers: tuple[Path, ...]
     launched = time.monotonic()
     command = subprocess.Popen(_rollback_command(repository, consumers, http_url), env={**os.environ, ADMIN_KEY_ENV: key},
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # The command's own clock runs on a thread of its own, so that it stops when the command exits, whether the
+    # probe saw the previous version before or after.
+    exit_ = {}
+    waiter = threading.Thread(target=lambda: exit_.update(output=command.communicate(timeout=120),
+                                                         at=time.monotonic()))
+    waiter.start()
     in_force = probe.until(original, launched)
-    out, err = command.communicate(timeout=120)
-    rollback_s = time.monotonic() - launched
-    if command.returncode != 0:
-        raise RuntimeError(f"s2t rollback exited {command.returncode}: {(out + err)[-2000:]}")
+    waiter.join()
+    if "at" not in exit_ or command.returncode != 0:
+        if command.poll() is None:  # past communicate's 120 s
+            command.kill()
+            command.wait()
+        output = "".join(exit_.get("output", ("", "")))
+        raise RuntimeError(f"s2t rollback exited {command.returncode}: {output[-2000:]}")
+    rollback_s = exit_["at"] - launched
     log(f"rollback under load: version {version} rolled back, in force after "
         f"{'never' if in_force is None else f'{in_force:.2f} s'}, the command back after {rollback_s:.2f} s")
     return Swap(version, published, rollback_s, in_force)
