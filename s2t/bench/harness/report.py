@@ -129,20 +129,16 @@ def spreads(results: dict) -> dict:
         out["rollback"] = rounds.spread([s.get("rollback_s") for s in swaps], higher_is_better=False)
         if any("in_force_s" in s for s in swaps):
             out["rollback_in_force"] = rounds.spread([s.get("in_force_s") for s in swaps], higher_is_better=False)
+    if results.get("ceiling"):
+        out["ceiling_share"] = rounds.spread(results["ceiling"]["share"], higher_is_better=True)
     return out
 
 
-def _hot_swap_rows(swap: dict, found: dict, triton: dict) -> list[list[str]]:
-    """The load during the swaps and what each rollback took. Runs before `s2t rollback` was timed under gRPC
-    callers measured risk_pipeline's HTTP p99 during publish + rollback pairs instead."""
-    if "p99_ms" in swap:
-        rows = [["p99 during hot swaps (HTTP, risk_pipeline)",
-                 f"{swap['p99_ms']:.1f} ms over {len(swap['swaps'])} publish+rollback, {swap['errors']} errors "
-                 f"(steady state {triton['p99_ms']:.1f} ms)"]]
-    else:
-        rows = [[f"risk_pipeline under {swap['callers']} gRPC callers during {len(swap['swaps'])} publish + "
-                 f"`s2t rollback` ({swap['model_control_mode']} mode, admin key)",
-                 f"{swap['requests_per_s']:.0f} req/s, {swap['errors']} failed, {swap['answered']} answered"]]
+def _hot_swap_rows(swap: dict, found: dict) -> list[list[str]]:
+    """The load during the swaps and what each rollback took."""
+    rows = [[f"risk_pipeline under {swap['callers']} gRPC callers during {len(swap['swaps'])} publish + "
+             f"`s2t rollback` ({swap['model_control_mode']} mode, admin key)",
+             f"{swap['requests_per_s']:.0f} req/s, {swap['errors']} failed, {swap['answered']} answered"]]
     if "rollback_in_force" in found:
         rows.append(["rollback in force (from the command's launch until risk_pipeline serves the previous version)",
                      over_rounds(found["rollback_in_force"], " s", "swap")])
@@ -292,11 +288,10 @@ def summary_lines(results: dict) -> list[str]:
     """What the console shows at the end of a run: each target, then each goal, met or missed, with its rounds."""
     def line(met: bool, what: str, measured: str) -> str:
         return f"{'met   ' if met else 'MISSED'}  {what}: {measured}"
-    measured = []
-    if results.get("ceiling"):
-        share = rounds.spread(results["ceiling"]["share"], higher_is_better=True)
-        measured = ["measured:", f"        risk_pipeline's share of the ceiling (a model doing no work, the same "
-                                 f"serving path): {over_rounds(share, '')}"]
+    share = spreads(results).get("ceiling_share")
+    measured = [] if share is None else [
+        "measured:", f"        risk_pipeline's share of the ceiling (a model doing no work, the same serving path): "
+                     f"{over_rounds(share, '')}"]
     return (["targets:", *(line(t["met"], t["target"], t["measured"]) for t in results["targets"])]
             + ["goals:", *(line(g["met"], g["goal"], g["measured"]) for g in results.get("goals", []))] + measured)
 
@@ -341,7 +336,8 @@ def markdown(results: dict) -> str:
            "Same answers as risk_pipeline on the first records: " + "; ".join(
                f"{app}: {c['records']} records, max |Δp| {c['max_abs_diff']:.1e}, decisions equal {c['same_decisions']}"
                for app, c in results["same_answers"].items()) + ".",
-           "", *_where_time_goes(results.get("where_time_goes")), *_ceiling(results),
+           "", *_where_time_goes(results.get("where_time_goes")),
+           *_ceiling(results, found.get("ceiling_share")),
            "## Ratios", "", "Each side's median round against the other's (the targets and goals compare the sides "
            "round by round).", "", _table(["ratio", "value"], [[k, v] for k, v in r.items()]), "",
            "## perf_analyzer", "",
@@ -372,7 +368,7 @@ def markdown(results: dict) -> str:
                ["RSS tritonserver + stubs, peak under load", f"{mem['triton_peak_bytes'] / MB:.0f} MB"],
                ["RSS tritonserver + stubs, after load", f"{mem['triton_after_load_bytes'] / MB:.0f} MB"],
                ["RSS FastAPI baseline after load", f"{mem['baseline_after_load_bytes'] / MB:.0f} MB"],
-               *_hot_swap_rows(results["hot_swap"], found, triton),
+               *_hot_swap_rows(results["hot_swap"], found),
                ["streaming (s2t stream, gRPC, risk_stream)",
                 f"{results['streaming']['throughput']:.0f} records/s on {results['streaming']['streams']} streams, "
                 f"p99 {results['streaming']['latency_ms'].get('p99', float('nan')):.0f} ms, "
@@ -433,13 +429,12 @@ def _where_time_goes(found: dict | None) -> list[str]:
     return lines
 
 
-def _ceiling(results: dict) -> list[str]:
+def _ceiling(results: dict, share: rounds.Spread | None) -> list[str]:
     """risk_pipeline against the model that does no work with its inputs, outputs, batching and backend, and
     where the difference goes by Triton's statistics per execution."""
     found = results.get("ceiling")
     if not found:
         return []
-    share = rounds.spread(found["share"], higher_is_better=True)
     ceiling_stats, ours = found["triton_statistics"], results.get("where_time_goes", {}).get("triton_statistics")
     lines = [f"## The ceiling: {found['model']} (risk_pipeline's inputs, outputs, batching and backend; no work)", "",
              _table(["round", "ceiling req/s", "ceiling p99 ms", "ceiling CPU ms/req", "risk_pipeline req/s",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import platform
+import secrets
 import shutil
 import statistics
 import tempfile
@@ -109,7 +110,7 @@ class Bench:
         """Each server start, perf_analyzer point and protocol round, the FastAPI apps' start, each wrk round of
         each side, the profile, the hot swap, the stream replay and the in-process measures."""
         mode = self.mode
-        return (mode.cold_starts + 1 + len(self._perf_plan()) + len(protocols.PROTOCOLS) * mode.protocol_rounds + 1
+        return (mode.cold_starts + 1 + len(perf_plan(self.mode)) + len(protocols.PROTOCOLS) * mode.protocol_rounds + 1
                 + mode.http_rounds * (2 + len(BASELINE_APPS)) + 4)
 
     @contextmanager
@@ -256,7 +257,7 @@ class Bench:
                     label = f"{side} round {number + 1}"
                     with self._step(f"wrk {label}"):
                         rounds[side].append(self._wrk(pid, url, script, self.mode.http_seconds, label))
-            self.results["ceiling"] = _ceiling(rounds.pop(CEILING_SIDE), rounds["triton"], stub_profile.breakdown(
+            self.results["ceiling"] = _ceiling_result(rounds.pop(CEILING_SIDE), rounds["triton"], stub_profile.breakdown(
                 ceiling_before, stub_profile.snapshot(server.http_url, ceiling.CEILING)))
             medians = {side: _median_round(entries) for side, entries in rounds.items()}
             strongest = max(baselines, key=lambda app: medians[app]["throughput"])
@@ -275,20 +276,12 @@ class Bench:
     def _perf_settings(self) -> perf_analyzer.Settings:
         return perf_analyzer.Settings(self.mode.window_requests, window_ms=self.mode.perf_window_ms)
 
-    def _perf_plan(self) -> list[tuple[str, str, int, int | None, int | None]]:
-        """(model, protocol, batch, concurrency, request rate) of every perf_analyzer point."""
-        mode = self.mode
-        plan = [(m, p, 1, c, None) for m in (PIPELINE, SCORER) for p in ("http", "grpc") for c in mode.concurrency]
-        plan += [(m, "grpc", b, 2, None) for m in (SCORER, PIPELINE) for b in mode.batches if b > 1]
-        plan += [(PIPELINE, p, 1, None, r) for p in mode.rate_protocols for r in mode.request_rates]
-        return plan
-
     def _perf_points(self, server: TritonServer) -> tuple[list[dict], list[dict]]:
         """The measured points, and the points perf_analyzer gave up on (a request refused by the queue timeout
         ends its run), with its last words: a failed point is a result, not a reason to lose the others."""
         settings = self._perf_settings()
         points, failures = [], []
-        for model, protocol, batch, concurrency, rate in self._perf_plan():
+        for model, protocol, batch, concurrency, rate in perf_plan(self.mode):
             url = server.http_url if protocol == "http" else server.grpc_url
             load = f"c={concurrency}" if concurrency else f"rate={rate:g}/s"
             with self._step(f"perf_analyzer {model} {protocol} b={batch} {load}"):
@@ -348,7 +341,7 @@ class Bench:
     def _hot_swap(self) -> dict:
         """`s2t rollback` under gRPC load on a server of its own, in explicit mode with the admin key, the measured
         stages' server stopped (rollback_under_load.py)."""
-        key = rollback_under_load.new_key()
+        key = secrets.token_urlsafe(32)
         server = TritonServer(self.repositories, free_port(), free_port(), free_port(),
                               model_control_mode="explicit", admin_key=key, log_path=self.tmp / "rollback.log",
                               exit_timeout_seconds=10, stop_gracefully=False)
@@ -395,7 +388,15 @@ def _ready_models(http_url: str) -> list[str]:
                   if m.get("state") == "READY")
 
 
-def _ceiling(rounds: list[dict], triton: list[dict], statistics: dict) -> dict:
+def perf_plan(mode: Mode) -> list[tuple[str, str, int, int | None, int | None]]:
+    """(model, protocol, batch, concurrency, request rate) of every perf_analyzer point."""
+    plan = [(m, p, 1, c, None) for m in (PIPELINE, SCORER) for p in ("http", "grpc") for c in mode.concurrency]
+    plan += [(m, "grpc", b, 2, None) for m in (SCORER, PIPELINE) for b in mode.batches if b > 1]
+    plan += [(PIPELINE, p, 1, None, r) for p in mode.rate_protocols for r in mode.request_rates]
+    return plan
+
+
+def _ceiling_result(rounds: list[dict], triton: list[dict], statistics: dict) -> dict:
     """risk_pipeline's req/s over the ceiling's, round by round (each pair measured in the same round)."""
     share = [t["throughput"] / c["throughput"] if c["throughput"] else float("nan") for t, c in zip(triton, rounds)]
     return {"model": ceiling.CEILING, "rounds": rounds, "share": share, "triton_statistics": statistics}

@@ -11,7 +11,6 @@ gRPC error travels in the trailers).
 from __future__ import annotations
 
 import os
-import secrets
 import subprocess
 import sys
 import threading
@@ -176,7 +175,3 @@ def _swap(http_url: str, key: str, repository: Path, consumers: tuple[Path, ...]
     log(f"rollback under load: version {version} rolled back, in force after "
         f"{'never' if in_force is None else f'{in_force:.2f} s'}, the command back after {rollback_s:.2f} s")
     return Swap(version, published, rollback_s, in_force)
-
-
-def new_key() -> str:
-    return secrets.token_hex(16)

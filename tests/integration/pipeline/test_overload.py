@@ -50,6 +50,18 @@ def burst(server, payload, count, priority=0, model="risk_router", queue_timeout
     return answers
 
 
+def bursts_until(server, payload, refused_with: str, **burst_args) -> list:
+    """Bursts of 48 (at most 10) until one has a request refused with `refused_with`; every answer of every burst.
+    Whether a burst stands deep in the queue depends on how fast the client sends against how fast the router
+    drains: on a loaded machine a burst can trickle in and be served whole."""
+    answers = []
+    for _ in range(10):
+        answers += burst(server, payload, 48, **burst_args)
+        if any(isinstance(a, InferenceServerException) and refused_with in a.message() for a in answers):
+            break
+    return answers
+
+
 def test_the_router_rejects_late_interactive_requests_and_caps_both_queues():
     batching = triton_config.load(MODEL_REPOSITORY / "risk_router").dynamic_batching
     policy = batching.default_queue_policy
@@ -68,15 +80,8 @@ def test_the_hot_path_models_carry_no_queue_policy(model):
 def test_burst_past_the_queue_cap_is_refused_clearly_and_the_rest_are_scored(small_queue_server,
                                                                             german_credit_data):
     records = [json.dumps({"features": r}).encode() for r in german_credit_data.records()[:256]]
-    # Whether a burst stands 3 deep in the queue depends on how fast the client sends against how fast the router
-    # drains: on a loaded machine a burst can trickle in and be served whole. Bursts go on until one overflows (at
-    # most 10); every answer of every burst is checked below.
-    answers = []
-    for _ in range(10):
-        answers += burst(small_queue_server, np.array(records, dtype=object).reshape(-1, 1), 48)
-        if any(isinstance(a, InferenceServerException) and "Exceeds maximum queue size" in a.message()
-               for a in answers):
-            break
+    answers = bursts_until(small_queue_server, np.array(records, dtype=object).reshape(-1, 1),
+                           "Exceeds maximum queue size")
     refused = [a for a in answers if isinstance(a, InferenceServerException)]
     scored = [a for a in answers if not isinstance(a, InferenceServerException)]
     assert refused, "10 bursts of 48 concurrent requests of 256 records never overflowed a queue of 2"
@@ -101,15 +106,9 @@ def test_bulk_priority_has_its_own_larger_queue(small_queue_server, german_credi
 
 def test_a_caller_may_shorten_its_wait_in_the_bulk_queue(small_queue_server, german_credit_data):
     # A 1 ms timeout: a request that finds the router free is scored, one queued behind another past 1 ms is refused.
-    # As in the overflow test above, a loaded client can send so slowly that every request finds the router free:
-    # bursts go on until one queues (at most 10), and every answer of every burst is checked.
     records = [json.dumps({"features": r}).encode() for r in german_credit_data.records()[:256]]
-    answers = []
-    for _ in range(10):
-        answers += burst(small_queue_server, np.array(records, dtype=object).reshape(-1, 1), 48, priority=2,
-                         queue_timeout_us=1_000)
-        if any(isinstance(a, InferenceServerException) for a in answers):
-            break
+    answers = bursts_until(small_queue_server, np.array(records, dtype=object).reshape(-1, 1),
+                           "Request timeout expired", priority=2, queue_timeout_us=1_000)
     refused = {a.message() for a in answers if isinstance(a, InferenceServerException)}
     assert refused == {"Request timeout expired"}, refused
     assert all(a.as_numpy("probability").shape == (256, 1) for a in answers

@@ -1,6 +1,5 @@
 """The benchmark's parsers and arithmetic on plain text and dicts: perf_analyzer CSV, wrk's result line, ratios."""
 import math
-from types import SimpleNamespace
 
 import pytest
 
@@ -8,7 +7,7 @@ from s2t import triton_config
 from s2t.bench.load import perf_analyzer, wrk
 from s2t.bench.harness import report
 from s2t.bench.harness.modes import MODES
-from s2t.bench.harness.runner import Bench
+from s2t.bench.harness.runner import perf_plan
 from tests.conftest import MODEL_REPOSITORY
 
 @pytest.mark.parametrize("settings, args", [
@@ -23,7 +22,7 @@ def test_perf_analyzer_windows_are_counted_unless_a_time_window_is_set(settings,
 @pytest.mark.parametrize("mode", [m for m in MODES.values() if m.perf_window_ms is not None], ids=lambda m: m.name)
 def test_time_windows_only_measure_models_without_a_queue_policy(mode):
     """A queue policy's ~500 ms hold can leave a time window without an answer, which ends perf_analyzer's run."""
-    models = {model for model, *_ in Bench._perf_plan(SimpleNamespace(mode=mode))}
+    models = {model for model, *_ in perf_plan(mode)}
     assert models
     for model in models:
         batching = triton_config.load(MODEL_REPOSITORY / model).dynamic_batching
