@@ -62,13 +62,11 @@ def serve(options: ServeOptions, environ: Mapping[str, str], log: Callable[[str]
                            + "\n(`make serve` builds what is missing)")
     state = SupervisorState(path=VersionStore(options.repositories[0]).control / STATE_FILE)
     replace = threading.Event()
-    # summary_latencies: the p99 quantiles the alert rules and the dashboard read.
     server = TritonServer(list(options.repositories), options.http_port, options.grpc_port, options.metrics_port,
                           options.model_control_mode, exit_timeout_seconds=options.exit_timeout_s, admin_key=key,
                           rate_limit_slots=options.rate_limit_slots, supervise=True, supervisor_state=state,
                           hang_seconds=options.hang_seconds, grpc_max_calls=options.grpc_max_calls,
-                          on_replace=lambda why: replace.set(),
-                          extra_args=["--metrics-config=summary_latencies=true"])
+                          on_replace=lambda why: replace.set(), latency_summaries=options.latency_summaries)
     stop = stop_on_signals()
     server.start()  # a ServerError says why it could not
     # Stopped in this order: the server first (it drains), then what talks to it.

@@ -169,6 +169,15 @@ def test_both_repositories_are_on_the_command_line_in_poll_mode(config):
     assert _flag(command, "strict-readiness") == "true"
 
 
+def test_every_triton_keeps_the_latency_summaries_s2t_serve_keeps_with_the_flag(all_profiles_config, tls_config):
+    # The p99 alert and panel read them; the quantiles are the ones `s2t serve --latency-summaries` keeps (Triton's
+    # own default set costs more on the model's thread).
+    from s2t.serve.triton_server import LATENCY_SUMMARY_ARGS
+    for config in (all_profiles_config, tls_config):
+        for name, service in _tritons(config).items():
+            assert [a for a in service["command"] if a.startswith("--metrics-config=")] == LATENCY_SUMMARY_ARGS, name
+
+
 def test_the_native_onnxruntime_backend_is_used_not_the_local_stand_in(config):
     service = _services(config)["triton"]
     assert not any(arg.startswith("--backend-directory") for arg in service["command"])

@@ -157,6 +157,13 @@ def test_every_triton_restricts_repository_shared_memory_logging_and_trace_to_th
 
 
 @pytest.mark.parametrize("directory", RENDERED[:3])
+def test_every_triton_keeps_the_latency_summaries_s2t_serve_keeps_with_the_flag(rendered, directory):
+    from s2t.serve.triton_server import LATENCY_SUMMARY_ARGS
+    for triton in triton_containers(rendered[directory]):
+        assert [a for a in triton["args"] if a.startswith("--metrics-config=")] == LATENCY_SUMMARY_ARGS
+
+
+@pytest.mark.parametrize("directory", RENDERED[:3])
 def test_every_triton_reads_no_request_larger_than_its_models_can_use(rendered, directory):
     from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
     from s2t.serve.request_limits import http_max_input_bytes

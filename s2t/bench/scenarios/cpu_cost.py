@@ -43,15 +43,18 @@ from s2t.bench.load import h2load, perf_analyzer, wrk
 from s2t.bench.harness import process_tree, report, workload
 from s2t.bench.scenarios import stub_profile
 from s2t.bench.harness.machine_load import LoadWatch
-from s2t.serve.triton_server import TritonServer, free_port
+from s2t.serve.triton_server import LATENCY_SUMMARY_ARGS, TritonServer, free_port
 from s2t.wire.names import PAYLOAD, PIPELINE, SCORER
 
 CLIENTS = ("wrk", "perf_analyzer", "h2load")
 # Two sides when none are named: the served config, and a second instance (the knob most often asked about).
 DEFAULT_SIDES = ("base", "two:instances=2")
 # The knobs a side may set: server knobs make a server of their own, client knobs only change the load. `front=off`:
-# gRPC goes to Triton's own endpoint rather than through the gRPC front (s2t/serve/grpc_front.py).
-SERVER_KNOBS = ("instances", "queue_delay_us", "preferred", "intra_op_threads", "http_threads", "rev", "front")
+# gRPC goes to Triton's own endpoint rather than through the gRPC front (s2t/serve/grpc_front.py). `summaries`: Triton's
+# latency summaries: `off` (as `s2t serve` by default), `on` (as `s2t serve --latency-summaries`), `triton` (Triton's
+# default quantiles) or quantiles of your own (0.5:0.05/0.99:0.001).
+SERVER_KNOBS = ("instances", "queue_delay_us", "preferred", "intra_op_threads", "http_threads", "rev", "front",
+                "summaries")
 FRONT_VALUES = ("on", "off")
 CLIENT_KNOBS = ("client", "protocol")
 
@@ -134,7 +137,15 @@ def edit_config(text: str, knobs: dict[str, str]) -> str:
 
 def server_args(knobs: dict[str, str]) -> list[str]:
     """tritonserver's own options for the side's knobs."""
-    return [f"--http-thread-count={int(knobs['http_threads'])}"] if "http_threads" in knobs else []
+    args = [f"--http-thread-count={int(knobs['http_threads'])}"] if "http_threads" in knobs else []
+    summaries = knobs.get("summaries", "off")
+    if summaries == "on":
+        return args + LATENCY_SUMMARY_ARGS
+    if summaries != "off":
+        args.append("--metrics-config=summary_latencies=true")
+    if summaries not in ("off", "triton"):
+        args.append(f"--metrics-config=summary_quantiles={summaries.replace('/', ',')}")
+    return args
 
 
 def with_source_root(model_py: str, root: Path) -> str:

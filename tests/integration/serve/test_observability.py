@@ -2,7 +2,8 @@
 
 promtool (from `make system`) checks the config and fires every alert on synthetic series (alerts.test.yml);
 every metric, label and label value the queries name is looked up in the /metrics of a server started as
-`make serve` starts it (`s2t serve`, its flags), after traffic through risk_pipeline, risk_router (with a shadow
+`make serve` starts it (`s2t serve`, its flags, with `--latency-summaries` as a deployment that uses the p99 alert
+rule and panel runs it), after traffic through risk_pipeline, risk_router (with a shadow
 candidate) and risk_stream. Series that only appear after an event (the breaker opening, a stream overflowing)
 are created at zero when their model loads, so they are found here without the event.
 """
@@ -183,7 +184,7 @@ def exported(built_artifacts, german_credit_data, tmp_path_factory) -> dict[str,
     env = {**os.environ, **{name: str(port) for name, port in ports.items()}}
     log_path = root / "serve.log"
     with open(log_path, "wb") as log:
-        process = subprocess.Popen([str(S2T), "serve", "--exit-timeout", "5",
+        process = subprocess.Popen([str(S2T), "serve", "--exit-timeout", "5", "--latency-summaries",
                                     "--supervisor-port", str(supervisor_port),
                                     "--model-repository", str(repo), "--model-repository", str(ENSEMBLES)],
                                    cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -9,6 +9,7 @@ from s2t import triton_config
 from s2t.backends.runtime import bytes_tensor
 from s2t.bench.scenarios import cpu_cost
 from s2t.bench.load import h2load
+from s2t.serve.triton_server import LATENCY_SUMMARY_ARGS
 
 ROOT = Path(__file__).resolve().parents[3]
 PIPELINE_CONFIG = (ROOT / "model_repository" / "risk_pipeline" / "config.pbtxt").read_text()
@@ -87,6 +88,18 @@ def test_no_knob_serves_the_config_as_it_is():
 def test_http_threads_become_tritonservers_option():
     assert cpu_cost.server_args({"http_threads": "4"}) == ["--http-thread-count=4"]
     assert cpu_cost.server_args({"instances": "2"}) == []
+
+
+@pytest.mark.parametrize("value, args", [
+    ("off", []),
+    ("on", LATENCY_SUMMARY_ARGS),
+    ("triton", ["--metrics-config=summary_latencies=true"]),
+    ("0.5:0.05/0.99:0.001", ["--metrics-config=summary_latencies=true",
+                             "--metrics-config=summary_quantiles=0.5:0.05,0.99:0.001"]),
+])
+def test_the_summaries_knob_measures_tritons_latency_summaries_as_served_or_as_given(value, args):
+    assert cpu_cost.server_args({"summaries": value}) == args
+    assert cpu_cost.parse_side(f"s:summaries={value}").server == (("summaries", value),)
 
 
 def test_another_revisions_code_comes_first_on_the_stubs_path(tmp_path):

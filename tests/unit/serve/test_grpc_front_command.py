@@ -1,5 +1,6 @@
 """How the gRPC front and tritonserver are started: the front on the public gRPC port, Triton's own gRPC endpoint on
-a loopback port behind it, or (only to measure the front) Triton on the public port itself."""
+a loopback port behind it, or (only to measure the front) Triton on the public port itself; and Triton's latency
+summaries, off unless asked for."""
 from pathlib import Path
 
 import pytest
@@ -23,3 +24,11 @@ def test_tritons_grpc_endpoint_is_on_loopback_behind_the_front_and_public_withou
     assert option(cmd, "grpc-address") == address and option(cmd, "grpc-port") == port
     assert [arg for arg in cmd if arg.startswith("--grpc-port=")] == [f"--grpc-port={port}"]
     assert server.grpc_url == "localhost:8001" and server.triton_grpc_url == f"localhost:{port}"
+
+
+def test_latency_summaries_are_off_unless_asked_for_and_then_only_the_served_quantiles(tmp_path):
+    def metrics_config(server):
+        return [arg for arg in server.command(tmp_path / "backends") if arg.startswith("--metrics-config=")]
+    assert metrics_config(TritonServer([tmp_path])) == []
+    assert metrics_config(TritonServer([tmp_path], latency_summaries=True)) == [
+        "--metrics-config=summary_latencies=true", "--metrics-config=summary_quantiles=0.5:0.05,0.99:0.01"]
