@@ -308,7 +308,7 @@ def test_the_locust_image_adds_what_the_locustfile_imports_at_the_project_pins(a
                 modules |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 modules.add(node.module.split(".")[0])
-    provided = {"locust", "gevent", "grpc", "google", "numpy", "tritonclient", "geventhttpclient"}
+    provided = {"locust", "gevent", "grpc", "google", "numpy", "tritonclient", "geventhttpclient", "orjson"}
     third_party = {m for m in modules if m not in sys.stdlib_module_names and m not in PROJECT_PACKAGES}
     assert third_party <= provided, third_party - provided
     assert {"numpy", "tritonclient"} <= set(installed)

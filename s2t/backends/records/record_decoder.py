@@ -16,6 +16,11 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+try:
+    from orjson import loads as _fast_json_loads
+except ImportError:  # an image without orjson parses every record with the standard library
+    _fast_json_loads = None
+
 from s2t.backends.records.example_record import as_example
 from s2t.backends.records.feature_spec import (INTEGER, CategoricalFeature, FeatureSpec, count_column, sparse_columns,
                                                value_column)
@@ -54,6 +59,7 @@ class AdapterSettings:
 _PROTOBUF_FIRST_BYTES = frozenset(b"\x0a\x12\x18\x20\x2a")
 _JSON_WHITESPACE = b" \t\r\n"
 _JSON_VALUE_START = frozenset(b'{["-0123456789tfn')
+_JSON_OBJECT_START = ord("{")
 
 
 @dataclass(frozen=True)
@@ -94,8 +100,17 @@ class RecordDecoder:
         cat_rows, num_rows, errors, request_ids = [], [], [], []
         for payload in payloads:
             try:
-                record = self.parse(payload)
-                cats, nums = self._row(record.features)
+                record = self._parse_fast(payload)
+                if record is not None:
+                    try:
+                        cats, nums = self._row(record.features)
+                    except RecordError:
+                        record = None
+                if record is None:
+                    # What the fast parse leaves, and every record that fails, is decided by the exact parse: its
+                    # answer and its error are the standard library's.
+                    record = self.parse(payload)
+                    cats, nums = self._row(record.features)
             except RecordError as err:
                 cats, nums = [0] * n_cat, [0.0] * n_num
                 errors.append(err)
@@ -114,6 +129,27 @@ class RecordDecoder:
 
     def parse(self, payload: bytes) -> LegacyRecord:
         return parse_record(payload, self.max_record_bytes)
+
+    def _parse_fast(self, payload: bytes) -> LegacyRecord | None:
+        """A JSON object record as orjson parses it (about a quarter of the standard library's time), or None where
+        it does not parse so. Where orjson and the standard library differ, orjson refuses (NaN, numbers past a
+        double, lone surrogates, nesting past 1,024 levels, encodings other than UTF-8) or gives a float for an
+        integer past 64 bits, which no identifier and no integer feature accepts: either way the record is then
+        parsed again exactly."""
+        if (_fast_json_loads is None or type(payload) is not bytes or not payload or payload[0] != _JSON_OBJECT_START
+                or len(payload) > self.max_record_bytes):
+            return None
+        try:
+            record = _fast_json_loads(payload)
+        except ValueError:  # orjson.JSONDecodeError
+            return None
+        if type(record) is not dict:
+            return None
+        try:
+            return _checked(LegacyRecord(record.get("request_id"), record.get("stream_id"), record.get("sequence_id"),
+                                         record.get("features")))
+        except RecordError:
+            return None
 
     def _row(self, features: Mapping[str, object]) -> tuple[list[int], list[float]]:
         if self.spec.sparse:
