@@ -43,6 +43,7 @@ from s2t.bench.load import h2load, perf_analyzer, wrk
 from s2t.bench.harness import process_tree, report, workload
 from s2t.bench.scenarios import stub_profile
 from s2t.bench.harness.machine_load import LoadWatch
+from s2t.project_imports import PROJECT_PACKAGES
 from s2t.serve.triton_server import LATENCY_SUMMARY_ARGS, TritonServer, free_port
 from s2t.wire.names import PAYLOAD, PIPELINE, SCORER
 
@@ -149,9 +150,13 @@ def server_args(knobs: dict[str, str]) -> list[str]:
 
 
 def with_source_root(model_py: str, root: Path) -> str:
-    """A model.py that imports the models' code from `root` (another revision's) before this checkout's:
-    the interpreter has the installed checkout on its path, and the first entry wins."""
-    return f"import sys; sys.path.insert(0, {str(root)!r})\n" + model_py
+    """A model.py that imports the models' code from `root` (another revision's) rather than this checkout's: `root`
+    first on the path, and the project's packages imported so far forgotten (the in-process backend's interpreter
+    has imported this checkout's `s2t` before any model.py runs, and a package already imported finds its
+    submodules in its own folder, whatever the path says)."""
+    return (f"import sys; sys.path.insert(0, {str(root)!r})\n"
+            f"for _name in [m for m in sys.modules if m.split('.')[0] in {tuple(PROJECT_PACKAGES)!r}]:\n"
+            f"    del sys.modules[_name]\n" + model_py)
 
 
 def per_request(delta: dict, requests: int) -> dict:

@@ -102,16 +102,17 @@ def test_the_summaries_knob_measures_tritons_latency_summaries_as_served_or_as_g
     assert cpu_cost.parse_side(f"s:summaries={value}").server == (("summaries", value),)
 
 
-def test_another_revisions_code_comes_first_on_the_stubs_path(tmp_path):
-    (tmp_path / "backends").mkdir()
-    (tmp_path / "backends" / "__init__.py").write_text("")
-    (tmp_path / "backends" / "marker.py").write_text("WHERE = 'revision'\n")
-    source = cpu_cost.with_source_root("from backends.marker import WHERE\n", tmp_path)
+def test_another_revisions_code_is_imported_though_this_checkouts_package_already_is(tmp_path):
+    # As in the in-process backend's interpreter: this checkout's `s2t` is imported before the model.py runs.
+    import s2t.backends.records.record_decoder  # noqa: F401
+    (tmp_path / "s2t" / "backends" / "records").mkdir(parents=True)
+    for package in ("s2t", "s2t/backends", "s2t/backends/records"):
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "s2t" / "backends" / "records" / "record_decoder.py").write_text("WHERE = 'revision'\n")
+    source = cpu_cost.with_source_root("from s2t.backends.records.record_decoder import WHERE\n", tmp_path)
     namespace: dict = {}
     saved_path, saved_modules = list(sys.path), dict(sys.modules)
     try:
-        for name in [m for m in sys.modules if m == "backends" or m.startswith("backends.")]:
-            del sys.modules[name]
         exec(compile(source, "model.py", "exec"), namespace)
     finally:
         sys.path[:] = saved_path
