@@ -145,8 +145,9 @@ def _cpu_cost(plan: str, folder_name: str | None = None,
 
 BENCH_MODES = {
     "smoke": BenchMode("only proves the machinery", _side_by_side("smoke")),
-    "quick": BenchMode("under 3 minutes: the README's figures", _side_by_side("quick")),
-    "full": BenchMode("more concurrencies, batch sizes, rates and rounds (about 7 minutes)", _side_by_side("full")),
+    "quick": BenchMode("under 3 minutes, two rounds a line", _side_by_side("quick")),
+    "full": BenchMode("five rounds a line, more concurrencies, batch sizes and rates (about 7 minutes): the README's "
+                      "figures", _side_by_side("full")),
     "gpu": BenchMode("TensorRT vs ONNX Runtime CUDA EP vs CPU (needs a GPU, `make gpu-venv`)", _gpu),
     "model-analyzer": BenchMode("Triton Model Analyzer's instance/batch sweep of risk_pipeline "
                                 "(pip install '.[analyzer]')", _model_analyzer),
