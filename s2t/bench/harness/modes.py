@@ -1,5 +1,6 @@
-"""How much each mode measures. `quick` fits in under 3 minutes on the 2-core machine and is what the README's
-figures come from; `smoke` only proves the machinery (the tests run it); `full` measures more points and rounds."""
+"""How much each mode measures. `quick` fits in under 3 minutes on the 2-core machine (two rounds a line); `full`
+measures more points and five rounds a line, and is what the README's figures come from; `smoke` only proves the
+machinery (the tests run it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

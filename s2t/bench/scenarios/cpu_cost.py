@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -57,6 +58,8 @@ DEFAULT_SIDES = ("base", "two:instances=2")
 SERVER_KNOBS = ("instances", "queue_delay_us", "preferred", "intra_op_threads", "http_threads", "rev", "front",
                 "summaries")
 FRONT_VALUES = ("on", "off")
+SUMMARY_VALUES = ("off", "on", "triton")
+QUANTILES = re.compile(r"0?\.\d+:0?\.\d+(/0?\.\d+:0?\.\d+)*")
 CLIENT_KNOBS = ("client", "protocol")
 
 
@@ -105,6 +108,9 @@ def parse_side(text: str) -> Side:
             raise ValueError(f"side {name}: {item!r} is not knob=value")
         if key == "front" and value not in FRONT_VALUES:
             raise ValueError(f"side {name}: front is on or off, got {value!r}")
+        if key == "summaries" and value not in SUMMARY_VALUES and not QUANTILES.fullmatch(value):
+            raise ValueError(f"side {name}: summaries is {', '.join(SUMMARY_VALUES)} or quantiles as "
+                             f"0.5:0.05/0.99:0.001, got {value!r}")
         if key in SERVER_KNOBS:
             server[key] = value
         elif key in CLIENT_KNOBS:
@@ -153,7 +159,9 @@ def with_source_root(model_py: str, root: Path) -> str:
     """A model.py that imports the models' code from `root` (another revision's) rather than this checkout's: `root`
     first on the path, and the project's packages imported so far forgotten (the in-process backend's interpreter
     has imported this checkout's `s2t` before any model.py runs, and a package already imported finds its
-    submodules in its own folder, whatever the path says)."""
+    submodules in its own folder, whatever the path says). The backend's own glue (s2t/backends/runtime/inprocess.py,
+    loaded before any model) stays this checkout's: a request the revision's model refuses is answered INTERNAL,
+    not INVALID_ARG (its error classes are the revision's), so rev sides measure valid records."""
     return (f"import sys; sys.path.insert(0, {str(root)!r})\n"
             f"for _name in [m for m in sys.modules if m.split('.')[0] in {tuple(PROJECT_PACKAGES)!r}]:\n"
             f"    del sys.modules[_name]\n" + model_py)
@@ -208,6 +216,11 @@ def _revision_tree(rev: str, dest: Path) -> Path:
     archive = subprocess.run(["git", "-C", str(root), "archive", rev, *paths], capture_output=True,
                              check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    # The wire format's generated code (`make proto`) is not in git: the revision's records need this checkout's.
+    wire = dest / ("wire" if "backends" in top else "s2t/wire")
+    for generated in (root / "s2t" / "wire").glob("*_pb2*.py"):
+        if wire.is_dir() and not (wire / generated.name).exists():
+            shutil.copy2(generated, wire / generated.name)
     return dest
 
 

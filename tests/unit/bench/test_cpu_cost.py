@@ -37,6 +37,8 @@ def test_a_side_is_a_name_with_server_and_client_knobs(text, side):
     ("a:client=perf_analyzer,protocol=udp", "perf_analyzer speaks http or grpc here, not 'udp'"),
     ("a:client=h2load,protocol=http", "h2load speaks grpc here"),
     ("a:front=no", "front is on or off, got 'no'"),
+    ("a:summaries=yes", "summaries is off, on, triton or quantiles"),
+    ("a:summaries=0.99", "summaries is off, on, triton or quantiles"),
 ])
 def test_a_side_that_cannot_be_measured_is_refused_naming_the_knob(text, message):
     with pytest.raises(ValueError, match=message):
@@ -119,6 +121,12 @@ def test_another_revisions_code_is_imported_though_this_checkouts_package_alread
         sys.modules.clear()
         sys.modules.update(saved_modules)
     assert namespace["WHERE"] == "revision"
+
+
+def test_a_revisions_code_carries_the_generated_wire_format_which_git_does_not_hold(tmp_path):
+    tree = cpu_cost._revision_tree("HEAD", tmp_path / "rev")
+    assert (tree / "s2t" / "backends" / "records" / "record_decoder.py").is_file()
+    assert (tree / "s2t" / "wire" / "skill_pb2.py").is_file() and (tree / "s2t" / "wire" / "tf_example_pb2.py").is_file()
 
 
 def test_cpu_per_request_splits_the_server_into_tritonserver_the_grpc_front_and_stubs():
