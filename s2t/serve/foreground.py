@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from s2t.control.live_control import ADMIN_KEY_ENV
 from s2t.errors import FAILED, S2TError
 from s2t.serve.serve_options import ServeOptions
+
+if TYPE_CHECKING:
+    from s2t.serve.triton_server import TritonServer
 
 
 class ServeRefused(S2TError):
@@ -46,6 +49,16 @@ def check_llm_runtime(repositories: tuple[Path, ...], find_spec: Callable[[str],
                            + "; ".join(missing) + " (in a checkout, `make test` installs both)")
 
 
+def triton_server(options: ServeOptions, **process: Any) -> TritonServer:
+    """The tritonserver `s2t serve` runs for `options`; `process`: how it is kept (supervision, log, stop). `s2t
+    bench` takes its server from here with the default options, so what it measures is what `s2t serve` runs."""
+    from s2t.serve.triton_server import TritonServer
+    return TritonServer(list(options.repositories), options.http_port, options.grpc_port, options.metrics_port,
+                        options.model_control_mode, exit_timeout_seconds=options.exit_timeout_s,
+                        rate_limit_slots=options.rate_limit_slots, hang_seconds=options.hang_seconds,
+                        grpc_max_calls=options.grpc_max_calls, latency_summaries=options.latency_summaries, **process)
+
+
 def serve(options: ServeOptions, environ: Mapping[str, str], log: Callable[[str], None]) -> int:
     """Runs until SIGINT or SIGTERM; the exit code. Raises ServeRefused when nothing could be served."""
     from s2t.control.version_store import VersionStore
@@ -53,7 +66,6 @@ def serve(options: ServeOptions, environ: Mapping[str, str], log: Callable[[str]
     from s2t.serve.healing import STATE_FILE, SupervisorState
     from s2t.serve.keeper import RestartPolicy, keep, start_metrics
     from s2t.serve.shutdown import stop_on_signals
-    from s2t.serve.triton_server import TritonServer
     key = admin_key(options.model_control_mode, environ)
     check_llm_runtime(options.repositories)
     problems = check_repositories(list(options.repositories))
@@ -62,11 +74,8 @@ def serve(options: ServeOptions, environ: Mapping[str, str], log: Callable[[str]
                            + "\n(`make serve` builds what is missing)")
     state = SupervisorState(path=VersionStore(options.repositories[0]).control / STATE_FILE)
     replace = threading.Event()
-    server = TritonServer(list(options.repositories), options.http_port, options.grpc_port, options.metrics_port,
-                          options.model_control_mode, exit_timeout_seconds=options.exit_timeout_s, admin_key=key,
-                          rate_limit_slots=options.rate_limit_slots, supervise=True, supervisor_state=state,
-                          hang_seconds=options.hang_seconds, grpc_max_calls=options.grpc_max_calls,
-                          on_replace=lambda why: replace.set(), latency_summaries=options.latency_summaries)
+    server = triton_server(options, admin_key=key, supervise=True, supervisor_state=state,
+                           on_replace=lambda why: replace.set())
     stop = stop_on_signals()
     server.start()  # a ServerError says why it could not
     # Stopped in this order: the server first (it drains), then what talks to it.

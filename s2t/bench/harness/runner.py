@@ -34,6 +34,8 @@ from s2t.bench.harness.modes import Mode
 from s2t.bench.harness.rounds import spread
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve import service_process
+from s2t.serve.foreground import triton_server
+from s2t.serve.serve_options import ServeOptions
 from s2t.serve.triton_server import TritonServer, free_port
 from s2t.triton_admin import TritonAdmin
 from s2t.control.version_store import version_numbers
@@ -159,9 +161,10 @@ class Bench:
                                                 [p.decode() for p in self.payloads])
 
     def _server(self) -> TritonServer:
-        return TritonServer(self.repositories, free_port(), free_port(), free_port(),
-                            log_path=self.tmp / "tritonserver.log", exit_timeout_seconds=10,
-                            stop_gracefully=False)
+        """tritonserver as `s2t serve` runs it with its default options (on the run's copies and free ports)."""
+        options = ServeOptions(repositories=tuple(self.repositories), http_port=free_port(), grpc_port=free_port(),
+                               metrics_port=free_port(), exit_timeout_s=10)
+        return triton_server(options, log_path=self.tmp / "tritonserver.log", stop_gracefully=False)
 
     def _serve_command(self) -> tuple[list[str], str]:
         """`s2t serve` as a user runs it, on the run's copies and free ports; and its HTTP address."""
@@ -342,9 +345,9 @@ class Bench:
         """`s2t rollback` under gRPC load on a server of its own, in explicit mode with the admin key, the measured
         stages' server stopped (rollback_under_load.py)."""
         key = secrets.token_urlsafe(32)
-        server = TritonServer(self.repositories, free_port(), free_port(), free_port(),
-                              model_control_mode="explicit", admin_key=key, log_path=self.tmp / "rollback.log",
-                              exit_timeout_seconds=10, stop_gracefully=False)
+        options = ServeOptions(repositories=tuple(self.repositories), http_port=free_port(), grpc_port=free_port(),
+                               metrics_port=free_port(), model_control_mode="explicit", exit_timeout_s=10)
+        server = triton_server(options, admin_key=key, log_path=self.tmp / "rollback.log", stop_gracefully=False)
         repo = _model_dir(self.repositories, SCORER).parent
         with server:
             return rollback_under_load.run(server.http_url, server.grpc_url, key, repo,

@@ -1,5 +1,6 @@
 """`s2t serve`'s policy, held in s2t/serve/foreground.py: explicit mode (the repository API open to load and unload)
 only with an admin key; the command refuses before any server starts."""
+import re
 import subprocess
 
 import pytest
@@ -65,3 +66,32 @@ def test_serve_llm_without_the_llm_extra_names_it_before_starting_anything(tmp_p
                           env=env)
     assert done.returncode == errors.FAILED, done.stderr
     assert "skill2triton[llm]" in done.stderr and "ready:" not in done.stderr and "Traceback" not in done.stderr
+
+
+def _shape(server, tmp_path) -> list[str]:
+    """tritonserver's command without what only places it (ports, the drain time) or is drawn for each server (the
+    restricted APIs' key when no admin key is set)."""
+    return [re.sub(r"admin-key=\S+", "admin-key=KEY", arg) for arg in server.command(tmp_path / "backends")
+            if "port=" not in arg and "exit-timeout" not in arg]
+
+
+def test_the_served_tritonserver_follows_the_options_that_shape_it(tmp_path):
+    from s2t.serve.foreground import triton_server
+    from s2t.serve.serve_options import ServeOptions
+    from s2t.serve.triton_server import LATENCY_SUMMARY_ARGS
+    default = _shape(triton_server(ServeOptions(repositories=(tmp_path,))), tmp_path)
+    assert not [arg for arg in default if arg.startswith(("--metrics-config", "--rate-limit"))]
+    asked = _shape(triton_server(ServeOptions(repositories=(tmp_path,), latency_summaries=True, rate_limit_slots=2)),
+                   tmp_path)
+    assert set(LATENCY_SUMMARY_ARGS) | {"--rate-limit=execution_count", "--rate-limit-resource=cpu_slot:2"} \
+        <= set(asked) - set(default)
+
+
+def test_the_bench_measures_the_tritonserver_s2t_serve_runs_by_default(tmp_path):
+    # The benchmarks once measured a server without the latency summaries `s2t serve` kept, at 0.72x its req/s.
+    from s2t.bench.harness.runner import Bench
+    from s2t.serve.foreground import triton_server
+    from s2t.serve.serve_options import ServeOptions
+    bench = Bench.__new__(Bench)
+    bench.repositories, bench.tmp = [tmp_path], tmp_path
+    assert _shape(bench._server(), tmp_path) == _shape(triton_server(ServeOptions(repositories=(tmp_path,))), tmp_path)
