@@ -62,8 +62,15 @@ MODEL_LOAD_THREADS = 16
 # Triton's latency summaries, when asked for: the median within five percentiles and the p99 (which the p99 alert rule
 # and dashboard panel read) within one, between the 98th and the 100th. Triton's own default set costs more.
 LATENCY_QUANTILES = "0.5:0.05,0.99:0.01"
-LATENCY_SUMMARY_ARGS = ["--metrics-config=summary_latencies=true",
-                        f"--metrics-config=summary_quantiles={LATENCY_QUANTILES}"]
+
+
+def latency_summary_args(quantiles: str | None) -> list[str]:
+    """tritonserver's options for its latency summaries with `quantiles` (`q:error,...`; None: Triton's own set)."""
+    return ["--metrics-config=summary_latencies=true",
+            *([f"--metrics-config=summary_quantiles={quantiles}"] if quantiles else [])]
+
+
+LATENCY_SUMMARY_ARGS = latency_summary_args(LATENCY_QUANTILES)
 # How long after HTTP says ready a call through the gRPC front may take to be answered.
 GRPC_FRONT_REACH_S = 10.0
 

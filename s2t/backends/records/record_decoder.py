@@ -151,8 +151,7 @@ class RecordDecoder:
         if type(record) is not dict:
             return None
         try:
-            return _checked(LegacyRecord(record.get("request_id"), record.get("stream_id"), record.get("sequence_id"),
-                                         record.get("features")))
+            return _envelope(record)
         except RecordError:
             return None
 
@@ -315,6 +314,11 @@ def _parse_json(payload: bytes) -> LegacyRecord:
         raise RecordError("payload", f"a JSON integer has more than {JSON_MAX_INT_DIGITS} digits") from None
     if not isinstance(record, dict):
         raise RecordError("payload", f"a record must be a JSON object, got {_type_name(record)}")
+    return _envelope(record)
+
+
+def _envelope(record: dict) -> LegacyRecord:
+    """A parsed JSON object as the record, its envelope checked."""
     return _checked(LegacyRecord(record.get("request_id"), record.get("stream_id"), record.get("sequence_id"),
                                  record.get("features")))
 

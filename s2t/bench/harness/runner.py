@@ -153,18 +153,18 @@ class Bench:
         self.inputs = {PIPELINE: self.tmp / "pipeline.json", SCORER: self.tmp / "scorer.json"}
         self.inputs[PIPELINE].write_text(json.dumps(workload.perf_input_pipeline(self.payloads)))
         self.inputs[SCORER].write_text(json.dumps(workload.perf_input_scorer(self.categorical, self.numeric)))
-        self.triton_script = wrk.write_script(self.tmp / "triton.lua", TRITON_ROUTE,
-                                              [workload.triton_json_body(p) for p in self.payloads])
-        self.ceiling_script = wrk.write_script(self.tmp / "ceiling.lua", f"/v2/models/{ceiling.CEILING}/infer",
-                                               [workload.triton_json_body(p) for p in self.payloads])
+        bodies = [workload.triton_json_body(p) for p in self.payloads]
+        self.triton_script = wrk.write_script(self.tmp / "triton.lua", TRITON_ROUTE, bodies)
+        self.ceiling_script = wrk.write_script(self.tmp / "ceiling.lua", f"/v2/models/{ceiling.CEILING}/infer", bodies)
         self.baseline_script = wrk.write_script(self.tmp / "baseline.lua", BASELINE_ROUTE,
                                                 [p.decode() for p in self.payloads])
 
-    def _server(self) -> TritonServer:
-        """tritonserver as `s2t serve` runs it with its default options (on the run's copies and free ports)."""
-        options = ServeOptions(repositories=tuple(self.repositories), http_port=free_port(), grpc_port=free_port(),
-                               metrics_port=free_port(), exit_timeout_s=10)
-        return triton_server(options, log_path=self.tmp / "tritonserver.log", stop_gracefully=False)
+    def _server(self, log_name: str = "tritonserver.log", admin_key: str | None = None, **options) -> TritonServer:
+        """tritonserver as `s2t serve` runs it, with its default options but `options` (on the run's copies and free
+        ports)."""
+        served = ServeOptions(repositories=tuple(self.repositories), http_port=free_port(), grpc_port=free_port(),
+                              metrics_port=free_port(), exit_timeout_s=10, **options)
+        return triton_server(served, admin_key=admin_key, log_path=self.tmp / log_name, stop_gracefully=False)
 
     def _serve_command(self) -> tuple[list[str], str]:
         """`s2t serve` as a user runs it, on the run's copies and free ports; and its HTTP address."""
@@ -345,9 +345,7 @@ class Bench:
         """`s2t rollback` under gRPC load on a server of its own, in explicit mode with the admin key, the measured
         stages' server stopped (rollback_under_load.py)."""
         key = secrets.token_urlsafe(32)
-        options = ServeOptions(repositories=tuple(self.repositories), http_port=free_port(), grpc_port=free_port(),
-                               metrics_port=free_port(), model_control_mode="explicit", exit_timeout_s=10)
-        server = triton_server(options, admin_key=key, log_path=self.tmp / "rollback.log", stop_gracefully=False)
+        server = self._server("rollback.log", admin_key=key, model_control_mode="explicit")
         repo = _model_dir(self.repositories, SCORER).parent
         with server:
             return rollback_under_load.run(server.http_url, server.grpc_url, key, repo,

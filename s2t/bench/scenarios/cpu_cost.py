@@ -45,7 +45,7 @@ from s2t.bench.harness import process_tree, report, workload
 from s2t.bench.scenarios import stub_profile
 from s2t.bench.harness.machine_load import LoadWatch
 from s2t.project_imports import PROJECT_PACKAGES
-from s2t.serve.triton_server import LATENCY_SUMMARY_ARGS, TritonServer, free_port
+from s2t.serve.triton_server import LATENCY_QUANTILES, TritonServer, free_port, latency_summary_args
 from s2t.wire.names import PAYLOAD, PIPELINE, SCORER
 
 CLIENTS = ("wrk", "perf_analyzer", "h2load")
@@ -146,13 +146,10 @@ def server_args(knobs: dict[str, str]) -> list[str]:
     """tritonserver's own options for the side's knobs."""
     args = [f"--http-thread-count={int(knobs['http_threads'])}"] if "http_threads" in knobs else []
     summaries = knobs.get("summaries", "off")
-    if summaries == "on":
-        return args + LATENCY_SUMMARY_ARGS
-    if summaries != "off":
-        args.append("--metrics-config=summary_latencies=true")
-    if summaries not in ("off", "triton"):
-        args.append(f"--metrics-config=summary_quantiles={summaries.replace('/', ',')}")
-    return args
+    if summaries == "off":
+        return args
+    quantiles = {"on": LATENCY_QUANTILES, "triton": None}.get(summaries, summaries.replace("/", ","))
+    return args + latency_summary_args(quantiles)
 
 
 def with_source_root(model_py: str, root: Path) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from s2t.control.live_control import ADMIN_KEY_ENV
+from s2t.triton_admin import ADMIN_KEY_ENV
 from s2t.wire.names import PAYLOAD, PIPELINE, PROBABILITY, SCORER
 
 CALLERS = 4
