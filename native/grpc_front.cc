@@ -1,17 +1,28 @@
 // s2t_grpc_front: the public gRPC endpoint of the embedded tritonserver, in front of Triton's own on a loopback port.
 //
 // Triton 2.51's gRPC front end can crash the whole server when a unary call is cancelled while Triton works on it
-// (a client that cancels, a deadline that expires, a connection that drops). This proxy forwards every method as raw
+// (a client that cancels, a deadline that expires, a connection that drops). This front forwards every method as raw
 // bytes and never lets Triton see a unary call's cancellation: such a call carries no deadline upstream and is never
 // cancelled: when its client goes away it is left to finish and its answer dropped. A stream's cancellation is
 // passed on (Triton's stream handler takes it safely). Every upstream call holds one of --max-calls slots until
 // Triton answers it, abandoned or not; past that, new calls are refused at once.
 //
+// Built two ways from this file (native/build_grpc_front.sh):
+// - libs2t_grpc_front.so, loaded into tritonserver's own process (by grpc_front_hook.c) once Triton has started, and
+//   what `s2t serve` runs: there a ModelInfer is answered through Triton's C API (TRITONSERVER_ServerInferAsync),
+//   with no second process, no second gRPC hop and no gRPC front end of Triton's in its path; its protobuf is read
+//   and written here (model_infer_wire.h). Requests that reading does not take (shared memory, typed contents,
+//   request parameters, decoupled models) and any Triton refuses before running are relayed to Triton's own front
+//   end, which answers them in its own words, as are all other methods. Triton is never told that a caller left.
+// - the s2t_grpc_front binary, a process of its own that relays every method, whose port stays open while a new
+//   tritonserver starts (`s2t serve --grpc-front-process`):
+//
 //   s2t_grpc_front --listen 0.0.0.0:8001 --upstream 127.0.0.1:PORT --max-message-bytes N [--max-calls N]
 //                  [--threads N] [--drain-seconds S] [--ready-fd FD]
 //
-// Each thread owns one completion queue; a call and its upstream call live on the same queue, so a call's state is
-// only ever touched by one thread and needs no lock. All threads share one upstream channel (one connection to
+// Each thread owns one completion queue; a call and its upstream call live on the same queue, so a relayed call's
+// state is only ever touched by one thread and needs no lock (a call answered in process is finished from Triton's
+// thread, when nothing else of it runs but its done tag). All threads share one upstream channel (one connection to
 // Triton): once it has answered one call, it answers the next without a new connection. One thread by default: the
 // front's cost is mostly its sockets' system calls and the switches between threads, and on two cores one thread
 // spent less CPU per request than two (measured beside tritonserver and perf_analyzer at 16 connections).
@@ -40,6 +51,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "model_infer_wire.h"
+#include "triton_c_api.h"
 
 namespace {
 
@@ -143,6 +157,12 @@ class RefusalLog {
 };
 
 Options g_options;
+// Set in tritonserver's process (unless its gRPC inference is restricted): ModelInfer answered through the C API.
+TRITONSERVER_Server* g_server = nullptr;
+#ifdef S2T_IN_TRITONSERVER
+TRITONSERVER_ResponseAllocator* g_allocator = nullptr;  // outputs in plain CPU memory, freed with the response
+const char* const kModelInfer = "/inference.GRPCInferenceService/ModelInfer";
+#endif
 std::unique_ptr<Slots> g_slots;
 RefusalLog g_refusals;
 grpc::AsyncGenericService g_service;
@@ -167,7 +187,8 @@ std::string Str(grpc::string_ref s) { return std::string(s.data(), s.size()); }
 class Worker;
 
 enum Op {
-  kAccept, kDownRead, kDownWrite, kDownFinish, kDownDone, kUpStart, kUpRead, kUpWrite, kUpWritesDone, kUpFinish, kOps
+  kAccept, kDownRead, kDownWrite, kDownFinish, kDownDone, kUpStart, kUpRead, kUpWrite, kUpWritesDone, kUpFinish,
+  kTriton, kOps
 };
 
 class Relay;
@@ -201,7 +222,6 @@ class Relay {
   }
 
   void Done(Op op, bool ok) {
-    --pending_;
     switch (op) {
       case kAccept: Accepted(ok); break;
       case kDownRead: unary_ ? UnaryRequestRead(ok) : StreamClientRead(ok); break;
@@ -213,10 +233,9 @@ class Relay {
       case kUpWrite: StreamUpstreamWritten(ok); break;
       case kUpWritesDone: up_write_pending_ = false; MaybeFinishUpstream(); break;
       case kUpFinish: UpstreamFinished(); break;
-      case kOps: break;
+      case kTriton: case kOps: break;
     }
-    // A call never accepted (the server shutting down) keeps its done tag: it goes with the process.
-    if (pending_ == 0 && down_finished_) delete this;
+    Unpend();
   }
 
  private:
@@ -225,8 +244,15 @@ class Relay {
   }
 
   void* Start(Op op) {
-    ++pending_;
+    pending_.fetch_add(1, std::memory_order_relaxed);
     return &tags_[op];
+  }
+
+  // The last of the call's pending operations to end deletes it. A call never accepted (the server shutting down)
+  // keeps its done tag: it goes with the process.
+  void Unpend() {
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1 && down_finished_.load(std::memory_order_acquire))
+      delete this;
   }
 
   void Accepted(bool ok) {
@@ -285,12 +311,151 @@ class Relay {
       FinishClient(grpc::Status(grpc::StatusCode::INTERNAL, "No message returned for unary request"));
       return;
     }
+#ifdef S2T_IN_TRITONSERVER
+    if (g_server != nullptr && server_context_.method() == kModelInfer && InferInProcess()) return;
+#endif
     PrepareUpstreamContext();
     up_unary_ = worker_->stub().PrepareUnaryCall(&client_context_, server_context_.method(), in_, worker_->cq());
     in_.Clear();
     up_unary_->StartCall();
     up_unary_->Finish(&out_, &status_, Start(kUpFinish));
   }
+
+#ifdef S2T_IN_TRITONSERVER
+  // ---- ModelInfer through Triton's C API. Triton is never told of a client that goes away: its answer is dropped.
+
+  struct Submitted {
+    grpc::Slice message;  // the raw inputs point into it: kept until Triton releases the request
+    wire::Request request;
+  };
+
+  // False when the request is one for Triton's own front end: anything this reading does not take, and anything
+  // Triton refuses before running it (it is refused again there, in Triton's own words).
+  bool InferInProcess() {
+    auto* submitted = new Submitted;
+    if (!in_.DumpToSingleSlice(&submitted->message).ok() ||
+        !wire::ParseRequest(reinterpret_cast<const char*>(submitted->message.begin()), submitted->message.size(),
+                            &submitted->request)) {
+      delete submitted;
+      return false;
+    }
+    const wire::Request& r = submitted->request;
+    uint32_t txn = 0;
+    TRITONSERVER_InferenceRequest* request = nullptr;
+    TRITONSERVER_Error* error =
+        TRITONSERVER_ServerModelTransactionProperties(g_server, r.model_name.c_str(), r.model_version, &txn, nullptr);
+    if (error == nullptr && (txn & TRITONSERVER_TXN_DECOUPLED)) error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, "");
+    if (error == nullptr) error = TRITONSERVER_InferenceRequestNew(&request, g_server, r.model_name.c_str(), r.model_version);
+    if (error == nullptr && !r.id.empty()) error = TRITONSERVER_InferenceRequestSetId(request, r.id.c_str());
+    for (size_t i = 0; error == nullptr && i < r.inputs.size(); ++i) {
+      const wire::Input& input = r.inputs[i];
+      TRITONSERVER_DataType datatype = TRITONSERVER_StringToDataType(input.datatype.c_str());
+      if (datatype == TRITONSERVER_TYPE_INVALID) error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "");
+      if (error == nullptr)
+        error = TRITONSERVER_InferenceRequestAddInput(request, input.name.c_str(), datatype, input.shape.data(),
+                                                      input.shape.size());
+      if (error == nullptr)
+        error = TRITONSERVER_InferenceRequestAppendInputData(request, input.name.c_str(), r.raw[i].data(),
+                                                             r.raw[i].size(), TRITONSERVER_MEMORY_CPU, 0);
+    }
+    for (size_t i = 0; error == nullptr && i < r.outputs.size(); ++i)
+      error = TRITONSERVER_InferenceRequestAddRequestedOutput(request, r.outputs[i].c_str());
+    if (error == nullptr) error = TRITONSERVER_InferenceRequestSetReleaseCallback(request, Released, submitted);
+    if (error == nullptr)
+      error = TRITONSERVER_InferenceRequestSetResponseCallback(request, g_allocator, nullptr, Answered, this);
+    if (error == nullptr) {
+      Start(kTriton);
+      error = TRITONSERVER_ServerInferAsync(g_server, request, nullptr);
+      if (error != nullptr) pending_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    if (error == nullptr) return true;
+    TRITONSERVER_ErrorDelete(error);
+    if (request != nullptr) TRITONSERVER_InferenceRequestDelete(request);
+    delete submitted;
+    return false;
+  }
+
+  static void Released(TRITONSERVER_InferenceRequest* request, const uint32_t, void* userp) {
+    TRITONSERVER_InferenceRequestDelete(request);
+    delete static_cast<Submitted*>(userp);
+  }
+
+  // On Triton's thread. The call's only other pending operation is its done tag, which touches nothing here.
+  static void Answered(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp) {
+    auto* relay = static_cast<Relay*>(userp);
+    if (response != nullptr) {
+      if (!relay->answered_) relay->TakeAnswer(response);
+      TRITONSERVER_InferenceResponseDelete(response);
+    }
+    if (!(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)) return;
+    if (!relay->answered_) relay->status_ = grpc::Status(grpc::StatusCode::INTERNAL, "tritonserver sent no response");
+    relay->ReleaseSlot();
+    relay->down_finish_requested_ = true;
+    if (relay->status_.ok())
+      relay->down_.WriteAndFinish(relay->out_, grpc::WriteOptions(), relay->status_, relay->Start(kDownFinish));
+    else
+      relay->down_.Finish(relay->status_, relay->Start(kDownFinish));
+    relay->Unpend();  // kTriton
+  }
+
+  void TakeAnswer(TRITONSERVER_InferenceResponse* response) {
+    answered_ = true;
+    TRITONSERVER_Error* error = TRITONSERVER_InferenceResponseError(response);
+    if (error != nullptr) {
+      status_ = ErrorStatus(error);
+      return;
+    }
+    const char* model_name = "";
+    int64_t model_version = -1;
+    const char* id = "";
+    uint32_t count = 0;
+    std::vector<wire::Parameter> parameters;
+    std::vector<wire::Output> outputs;
+    error = TRITONSERVER_InferenceResponseModel(response, &model_name, &model_version);
+    if (error == nullptr) error = TRITONSERVER_InferenceResponseId(response, &id);
+    if (error == nullptr) error = TRITONSERVER_InferenceResponseParameterCount(response, &count);
+    for (uint32_t i = 0; error == nullptr && i < count; ++i) {
+      wire::Parameter p{};
+      error = TRITONSERVER_InferenceResponseParameter(response, i, &p.name, &p.type, &p.value);
+      if (error == nullptr && !wire::SizeParameter(p))
+        error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL,
+                                      (std::string("response parameter '") + p.name +
+                                       "' is of type BYTES, which a ModelInferResponse cannot carry").c_str());
+      parameters.push_back(p);
+    }
+    if (error == nullptr) error = TRITONSERVER_InferenceResponseOutputCount(response, &count);
+    for (uint32_t i = 0; error == nullptr && i < count; ++i) {
+      wire::Output o{};
+      TRITONSERVER_DataType datatype;
+      TRITONSERVER_MemoryType memory_type;
+      int64_t memory_type_id;
+      void* userp;
+      error = TRITONSERVER_InferenceResponseOutput(response, i, &o.name, &datatype, &o.shape, &o.dims, &o.base, &o.size,
+                                                   &memory_type, &memory_type_id, &userp);
+      o.datatype = TRITONSERVER_DataTypeString(datatype);
+      outputs.push_back(o);
+    }
+    if (error != nullptr) {
+      status_ = ErrorStatus(error);
+      return;
+    }
+    grpc::Slice slice(wire::Response(model_name, model_version, id, parameters, outputs), grpc::Slice::STEAL_REF);
+    out_ = grpc::ByteBuffer(&slice, 1);
+  }
+
+  static grpc::Status ErrorStatus(TRITONSERVER_Error* error) {
+    static const grpc::StatusCode kCodes[] = {
+        grpc::StatusCode::UNKNOWN, grpc::StatusCode::INTERNAL, grpc::StatusCode::NOT_FOUND,
+        grpc::StatusCode::INVALID_ARGUMENT, grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::UNIMPLEMENTED,
+        grpc::StatusCode::ALREADY_EXISTS, grpc::StatusCode::CANCELLED};
+    int code = TRITONSERVER_ErrorCode(error);
+    grpc::Status status(code >= 0 && code < 8 ? kCodes[code] : grpc::StatusCode::UNKNOWN,
+                        TRITONSERVER_ErrorMessage(error));
+    TRITONSERVER_ErrorDelete(error);
+    return status;
+  }
+
+#endif
 
   // ---- streams: one message in flight each way. A client's half-close half-closes the upstream call; a client that
   // cancels or goes away cancels it: Triton 2.51 takes a stream's cancellation on the stream handler's one thread,
@@ -417,7 +582,8 @@ class Relay {
 
   Worker* worker_;
   Tag tags_[kOps];
-  int pending_ = 0;
+  std::atomic<int> pending_{0};
+  bool answered_ = false;
   bool holds_slot_ = false;
   bool unary_ = false;
 
@@ -430,7 +596,8 @@ class Relay {
   grpc::Status status_;
 
   bool down_read_pending_ = false, down_write_pending_ = false, down_finish_requested_ = false;
-  bool down_finished_ = false, initial_metadata_sent_ = false;
+  std::atomic<bool> down_finished_{false};
+  bool initial_metadata_sent_ = false;
   bool client_done_ = false, client_gone_ = false, in_ready_ = false;
   bool up_started_ = false, up_dead_ = false, up_read_pending_ = false, up_read_ended_ = false;
   bool up_write_pending_ = false, up_writes_done_ = false, up_finish_requested_ = false, up_finished_ = false;
@@ -521,47 +688,17 @@ Options Parse(int argc, char** argv) {
   return options;
 }
 
-// After SIGTERM or SIGINT: no new calls; the calls in flight get --drain-seconds to be answered (tritonserver drains
-// its own at the same time), then the process ends. A second SIGINT ends it at once; more SIGTERMs change nothing
-// (the parent-death signal comes once for each thread of the parent that ends).
-void Drain(grpc::Server* server, const sigset_t& signals) {
-  g_stopping = true;
-  Log("stopping: %ld call(s) to tritonserver in flight", g_slots->held());
-  double deadline = Now() + g_options.drain_seconds;
-  std::atomic<bool> shut{false};
-  std::thread shutdown([&] {
-    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(g_options.drain_seconds));
-    shut = true;
-  });
-  shutdown.detach();
-  timespec tick{0, 20 * 1000 * 1000};
-  while (Now() < deadline && !(shut && g_slots->held() == 0)) {
-    if (sigtimedwait(&signals, nullptr, &tick) == SIGINT) {
-      Log("stopped at once by a second signal, %ld call(s) in flight", g_slots->held());
-      g_refusals.Flush(g_slots->held());
-      _exit(1);
-    }
-  }
-  g_refusals.Flush(g_slots->held());
-  if (g_slots->held() > 0) Log("stopped with %ld call(s) to tritonserver unanswered", g_slots->held());
-  else Log("stopped");
-  _exit(0);
-}
+// The public endpoint: its server, the one upstream channel, and a worker thread per completion queue. Never
+// destroyed: in tritonserver's process the threads may outlive the last call into this library.
+struct Endpoint {
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<grpc::GenericStub> stub;
+  std::vector<std::unique_ptr<Worker>> workers;
+  std::atomic<int> running{0};
+};
+Endpoint* g_endpoint = new Endpoint;
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  g_options = Parse(argc, argv);
-  // Debian's Abseil checks every mutex for lock-order cycles (a debugging aid that showed in the front's profile).
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  // Signals are taken by the main thread only: blocked before gRPC starts any thread of its own.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-
+bool Listen() {
   g_slots = std::make_unique<Slots>(g_options.max_calls);
   grpc::ServerBuilder builder;
   int port = 0;
@@ -578,25 +715,168 @@ int main(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20 * 1000);
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues;
   for (long i = 0; i < g_options.threads; ++i) queues.push_back(builder.AddCompletionQueue());
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) {
+  g_endpoint->server = builder.BuildAndStart();
+  if (!g_endpoint->server || port == 0) {
     Log("cannot listen on %s (address in use, or not an address of this machine)", g_options.listen.c_str());
-    return 1;
+    return false;
   }
-  grpc::GenericStub stub(UpstreamChannel(g_options.upstream));
-  std::vector<std::unique_ptr<Worker>> workers;
-  for (auto& queue : queues) workers.push_back(std::make_unique<Worker>(std::move(queue), &stub));
-  std::vector<std::thread> threads;
-  for (auto& worker : workers) threads.emplace_back([w = worker.get()] { w->Run(); });
-  Log("listening on %s, forwarding to tritonserver at %s: at most %ld calls in flight, messages up to %ld bytes, "
+  g_endpoint->stub = std::make_unique<grpc::GenericStub>(UpstreamChannel(g_options.upstream));
+  for (auto& queue : queues)
+    g_endpoint->workers.push_back(std::make_unique<Worker>(std::move(queue), g_endpoint->stub.get()));
+  for (auto& worker : g_endpoint->workers) {
+    ++g_endpoint->running;
+    std::thread([w = worker.get()] {
+      w->Run();
+      --g_endpoint->running;
+    }).detach();
+  }
+  Log("listening on %s%s, forwarding to tritonserver at %s: at most %ld calls in flight, messages up to %ld bytes, "
       "%ld thread(s)",
-      g_options.listen.c_str(), g_options.upstream.c_str(), g_options.max_calls, g_options.max_message_bytes,
-      g_options.threads);
+      g_options.listen.c_str(), g_server != nullptr ? " in tritonserver's process (ModelInfer through its C API)" : "",
+      g_options.upstream.c_str(), g_options.max_calls, g_options.max_message_bytes, g_options.threads);
+  return true;
+}
+
+// No new calls; the calls in flight get --drain-seconds to be answered, then are cancelled.
+std::thread StopAccepting() {
+  g_stopping = true;
+  Log("stopping: %ld call(s) to tritonserver in flight", g_slots->held());
+  return std::thread([] {
+    g_endpoint->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(g_options.drain_seconds));
+  });
+}
+
+void LogStopped() {
+  g_refusals.Flush(g_slots->held());
+  if (g_slots->held() > 0) Log("stopped with %ld call(s) to tritonserver unanswered", g_slots->held());
+  else Log("stopped");
+}
+
+}  // namespace
+
+#ifdef S2T_IN_TRITONSERVER
+// ---- inside tritonserver: started and stopped by the preloaded hook (grpc_front_hook.c) around Triton's own start
+// and stop, with the options the binary takes, as one string.
+
+namespace {
+TRITONSERVER_Error* AllocateOutput(TRITONSERVER_ResponseAllocator*, const char*, size_t byte_size,
+                                   TRITONSERVER_MemoryType, int64_t, void*, void** buffer, void** buffer_userp,
+                                   TRITONSERVER_MemoryType* actual_memory_type, int64_t* actual_memory_type_id) {
+  *buffer = byte_size == 0 ? nullptr : malloc(byte_size);
+  *buffer_userp = nullptr;
+  *actual_memory_type = TRITONSERVER_MEMORY_CPU;
+  *actual_memory_type_id = 0;
+  if (byte_size != 0 && *buffer == nullptr)
+    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "out of memory for an output");
+  return nullptr;
+}
+
+TRITONSERVER_Error* ReleaseOutput(TRITONSERVER_ResponseAllocator*, void* buffer, void*, size_t,
+                                  TRITONSERVER_MemoryType, int64_t) {
+  free(buffer);
+  return nullptr;
+}
+
+std::thread g_shutdown;
+}  // namespace
+
+// 0 once listening; otherwise the reason is logged. `args`: the binary's options, separated by spaces, and
+// --relay-only 1 to send ModelInfer to Triton's own front end as well (when its gRPC inference is restricted).
+extern "C" __attribute__((visibility("default"))) int s2t_grpc_front_start(TRITONSERVER_Server* server,
+                                                                           const char* args) {
+  std::vector<std::string> words{kName};
+  std::string word;
+  bool relay_only = false;
+  for (const char* p = args;; ++p) {
+    if (*p == ' ' || *p == '\0') {
+      if (!word.empty()) words.push_back(word);
+      word.clear();
+      if (*p == '\0') break;
+    } else {
+      word += *p;
+    }
+  }
+  for (size_t i = 1; i + 1 < words.size(); ++i)
+    if (words[i] == "--relay-only") {
+      relay_only = words[i + 1] == "1";
+      words.erase(words.begin() + i, words.begin() + i + 2);
+      break;
+    }
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  g_options = Parse(static_cast<int>(argv.size()), argv.data());
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  if (!relay_only) {
+    TRITONSERVER_Error* error = TRITONSERVER_ResponseAllocatorNew(&g_allocator, AllocateOutput, ReleaseOutput, nullptr);
+    if (error != nullptr) {
+      Log("cannot make a response allocator: %s", TRITONSERVER_ErrorMessage(error));
+      TRITONSERVER_ErrorDelete(error);
+      return 1;
+    }
+    g_server = server;
+  }
+  return Listen() ? 0 : 1;
+}
+
+// Before Triton's own stop: the calls in flight are answered while Triton drains; new calls are refused.
+extern "C" __attribute__((visibility("default"))) void s2t_grpc_front_stop_accepting() {
+  if (g_endpoint->server != nullptr) g_shutdown = StopAccepting();
+}
+
+// After Triton's own stop (every request answered): the workers end.
+extern "C" __attribute__((visibility("default"))) void s2t_grpc_front_end() {
+  if (!g_shutdown.joinable()) return;
+  g_shutdown.join();
+  for (auto& worker : g_endpoint->workers) worker->cq()->Shutdown();
+  double deadline = Now() + 2;
+  while (g_endpoint->running.load() > 0 && Now() < deadline) usleep(10 * 1000);
+  LogStopped();
+}
+
+#else
+namespace {
+// After SIGTERM or SIGINT: no new calls; the calls in flight get --drain-seconds to be answered (tritonserver drains
+// its own at the same time), then the process ends. A second SIGINT ends it at once; more SIGTERMs change nothing
+// (the parent-death signal comes once for each thread of the parent that ends).
+void Drain(const sigset_t& signals) {
+  double deadline = Now() + g_options.drain_seconds;
+  std::atomic<bool> shut{false};
+  std::thread shutdown = StopAccepting();
+  std::thread([&] {
+    shutdown.join();
+    shut = true;
+  }).detach();
+  timespec tick{0, 20 * 1000 * 1000};
+  while (Now() < deadline && !(shut && g_slots->held() == 0)) {
+    if (sigtimedwait(&signals, nullptr, &tick) == SIGINT) {
+      Log("stopped at once by a second signal, %ld call(s) in flight", g_slots->held());
+      g_refusals.Flush(g_slots->held());
+      _exit(1);
+    }
+  }
+  LogStopped();
+  _exit(0);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  g_options = Parse(argc, argv);
+  // Debian's Abseil checks every mutex for lock-order cycles (a debugging aid that showed in the front's profile).
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // Signals are taken by the main thread only: blocked before gRPC starts any thread of its own.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  if (!Listen()) return 1;
   if (g_options.ready_fd >= 0) {
     (void)!write(static_cast<int>(g_options.ready_fd), "ready\n", 6);
     close(static_cast<int>(g_options.ready_fd));
   }
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  Drain(server.get(), signals);
+  Drain(signals);
 }
+#endif

@@ -1,4 +1,4 @@
-// The part of Triton's C API (server 2.51, backend API 1.19) that the native backends here call, declared by us:
+// The part of Triton's C API (server 2.51, backend API 1.19) that the native code here calls, declared by us:
 // the functions are resolved at load time from the tritonserver process, which exports them; only the types,
 // values and signatures used are declared, as Triton documents them.
 #pragma once
@@ -70,6 +70,10 @@ enum TRITONSERVER_LogLevel : int {
 
 enum TRITONSERVER_ParameterType : int {
   TRITONSERVER_PARAMETER_STRING = 0,
+  TRITONSERVER_PARAMETER_INT = 1,
+  TRITONSERVER_PARAMETER_BOOL = 2,
+  TRITONSERVER_PARAMETER_DOUBLE = 3,
+  TRITONSERVER_PARAMETER_BYTES = 4,
 };
 
 enum TRITONSERVER_MetricKind : int {
@@ -83,6 +87,7 @@ enum TRITONBACKEND_ArtifactType : int {
 
 constexpr uint32_t TRITONSERVER_REQUEST_RELEASE_ALL = 1;
 constexpr uint32_t TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1;
+constexpr uint32_t TRITONSERVER_TXN_DECOUPLED = 2;
 
 // --- errors and messages ---------------------------------------------------------------------------------------
 TRITONSERVER_Error* TRITONSERVER_ErrorNew(TRITONSERVER_Error_Code code, const char* msg);
@@ -156,6 +161,19 @@ TRITONSERVER_Error* TRITONSERVER_InferenceRequestSetResponseCallback(
 TRITONSERVER_Error* TRITONSERVER_ServerInferAsync(TRITONSERVER_Server* server, TRITONSERVER_InferenceRequest* request,
                                                   TRITONSERVER_InferenceTrace* trace);
 
+TRITONSERVER_Error* TRITONSERVER_ServerModelTransactionProperties(TRITONSERVER_Server* server, const char* model_name,
+                                                                  const int64_t model_version, uint32_t* txn_flags,
+                                                                  void** voidp);
+TRITONSERVER_DataType TRITONSERVER_StringToDataType(const char* dtype);
+const char* TRITONSERVER_DataTypeString(TRITONSERVER_DataType datatype);
+TRITONSERVER_Error* TRITONSERVER_InferenceResponseModel(TRITONSERVER_InferenceResponse* response,
+                                                        const char** model_name, int64_t* model_version);
+TRITONSERVER_Error* TRITONSERVER_InferenceResponseId(TRITONSERVER_InferenceResponse* response, const char** id);
+TRITONSERVER_Error* TRITONSERVER_InferenceResponseParameterCount(TRITONSERVER_InferenceResponse* response,
+                                                                 uint32_t* count);
+TRITONSERVER_Error* TRITONSERVER_InferenceResponseParameter(TRITONSERVER_InferenceResponse* response,
+                                                            const uint32_t index, const char** name,
+                                                            TRITONSERVER_ParameterType* type, const void** vvalue);
 TRITONSERVER_Error* TRITONSERVER_InferenceResponseDelete(TRITONSERVER_InferenceResponse* response);
 TRITONSERVER_Error* TRITONSERVER_InferenceResponseError(TRITONSERVER_InferenceResponse* response);
 TRITONSERVER_Error* TRITONSERVER_InferenceResponseOutputCount(TRITONSERVER_InferenceResponse* response,

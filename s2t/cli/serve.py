@@ -45,6 +45,11 @@ def envvars(name: str) -> list[str]:
               default=ServeOptions.grpc_max_calls, show_default=True,
               help="calls the gRPC front has in flight to tritonserver at most, answered or abandoned by their "
                    "callers; past it a new call is refused UNAVAILABLE at once")
+@click.option("--grpc-front-process", is_flag=True, envvar="S2T_GRPC_FRONT_PROCESS",
+              default=ServeOptions.grpc_front_process,
+              help="run the gRPC front in a process of its own, which relays every call to Triton's gRPC endpoint "
+                   "and keeps the gRPC port open while a new tritonserver starts; by default it runs inside "
+                   "tritonserver and answers ModelInfer through Triton's C API, at about half the CPU per call")
 @click.option("--latency-summaries", is_flag=True, envvar="S2T_LATENCY_SUMMARIES",
               default=ServeOptions.latency_summaries,
               help="Triton's latency quantiles (nv_inference_*_summary_us: p50 and p99, which the p99 alert rule and "
@@ -55,7 +60,8 @@ def envvars(name: str) -> list[str]:
 @click.option("--openai-port", type=int, envvar=envvars("OPENAI_PORT"), default=9000, show_default=True,
               help="with --llm: the OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models); 0: none")
 def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mode, repositories, exit_timeout,
-          rate_limit, max_restarts, hang_seconds, grpc_max_calls, latency_summaries, with_llm, openai_port) -> None:
+          rate_limit, max_restarts, hang_seconds, grpc_max_calls, grpc_front_process, latency_summaries, with_llm,
+          openai_port) -> None:
     """Run the embedded tritonserver until SIGINT/SIGTERM, then drain in-flight requests.
 
     Supervised: a model whose stub died or that fails over 10% of its requests for 5 s (its own failures, never
@@ -68,7 +74,8 @@ def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mod
                            supervisor_port=supervisor_port, model_control_mode=model_control_mode,
                            exit_timeout_s=exit_timeout, rate_limit_slots=rate_limit, max_restarts=max_restarts,
                            openai_port=openai_port if with_llm else 0, hang_seconds=hang_seconds,
-                           grpc_max_calls=grpc_max_calls, latency_summaries=latency_summaries)
+                           grpc_max_calls=grpc_max_calls, grpc_front_process=grpc_front_process,
+                           latency_summaries=latency_summaries)
     sys.exit(run_serve(options, os.environ, log_to_stderr))
 
 

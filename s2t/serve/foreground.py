@@ -56,7 +56,8 @@ def triton_server(options: ServeOptions, **process: Any) -> TritonServer:
     return TritonServer(list(options.repositories), options.http_port, options.grpc_port, options.metrics_port,
                         options.model_control_mode, exit_timeout_seconds=options.exit_timeout_s,
                         rate_limit_slots=options.rate_limit_slots, hang_seconds=options.hang_seconds,
-                        grpc_max_calls=options.grpc_max_calls, latency_summaries=options.latency_summaries, **process)
+                        grpc_max_calls=options.grpc_max_calls, grpc_front_process=options.grpc_front_process,
+                        latency_summaries=options.latency_summaries, **process)
 
 
 def serve(options: ServeOptions, environ: Mapping[str, str], log: Callable[[str], None]) -> int:

@@ -1,5 +1,9 @@
 """The gRPC front of the embedded tritonserver: the public gRPC port, in front of Triton's own gRPC endpoint on a
-loopback port (native/grpc_front.cc, built by `make native` into s2t/serve/native/s2t_grpc_front).
+loopback port (native/grpc_front.cc, built by `make native` into s2t/serve/native/). By default it runs inside
+tritonserver's own process (`in_process_env`: a preloaded hook starts it once Triton's server exists and stops it
+around Triton's own stop), where it answers ModelInfer through Triton's C API, with no second process and no second
+gRPC hop; the rest it relays to Triton's own endpoint. `GrpcFront` runs it as a process of its own instead, which
+relays everything and keeps the port open while a new tritonserver starts.
 
 Triton 2.51's gRPC front end can crash the whole server (Signal 11) when a client cancels a ModelInfer in flight or
 its deadline expires while Triton works on it; later releases (the NGC image the containers run) fixed it. The front
@@ -20,11 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from s2t.errors import S2TError
+from s2t.serve import restricted_apis
 from s2t.serve.keeper import die_with_parent
 from s2t.serve.serve_options import GRPC_FRONT_MAX_CALLS
 
-BINARY = Path(__file__).resolve().parent / "native" / "s2t_grpc_front"
+NATIVE = Path(__file__).resolve().parent / "native"
+BINARY = NATIVE / "s2t_grpc_front"
+LIBRARY = NATIVE / "libs2t_grpc_front.so"
+HOOK = NATIVE / "libs2t_grpc_front_hook.so"
 BUILD_HINT = "`make native` builds it (native/build_grpc_front.sh alone)"
+GRPC_RESTRICTED = "--grpc-restricted-protocol="
 # Calls to Triton in flight through the front at most. Each holds at most one message each way in the front.
 DEFAULT_MAX_CALLS = GRPC_FRONT_MAX_CALLS
 # How long the front may take to listen once started (it binds in milliseconds).
@@ -45,6 +54,45 @@ def command(binary: Path, public_port: int, upstream_port: int, max_message_byte
            "--max-message-bytes", str(max_message_bytes), "--max-calls", str(max_calls),
            "--drain-seconds", str(drain_seconds)]
     return cmd + (["--ready-fd", str(ready_fd)] if ready_fd is not None else [])
+
+
+def in_process_env(env: dict[str, str], public_port: int, upstream_port: int, max_message_bytes: int,
+                   max_calls: int, drain_seconds: int, triton_command: list[str],
+                   library: Path | None = None, hook: Path | None = None) -> dict[str, str]:
+    """`env` for a tritonserver started with `triton_command` that runs the front inside its process. Where that
+    command restricts gRPC inference to callers with a key, the front relays ModelInfer too, so that Triton checks
+    the key."""
+    library, hook = library or LIBRARY, hook or HOOK
+    for built in (library, hook):
+        if not built.is_file():
+            raise GrpcFrontError(f"the gRPC front {built} is not built: {BUILD_HINT}")
+    relay_only = any("inference" in restricted_apis.parse(arg[len(GRPC_RESTRICTED):])[0]
+                     for arg in triton_command if arg.startswith(GRPC_RESTRICTED))
+    args = command(Path("-"), public_port, upstream_port, max_message_bytes, max_calls, drain_seconds)[1:]
+    env = dict(env)
+    env["S2T_GRPC_FRONT_PRELOAD_REST"] = env.get("LD_PRELOAD", "")
+    env["LD_PRELOAD"] = os.pathsep.join(p for p in (str(hook), env.get("LD_PRELOAD")) if p)
+    env["S2T_GRPC_FRONT_LIBRARY"] = str(library)
+    env["S2T_GRPC_FRONT_ARGS"] = " ".join(args + ["--relay-only", "1" if relay_only else "0"])
+    return env
+
+
+def wait_reaches_triton(public_port: int, timeout_s: float) -> bool:
+    """Whether a ServerReady call through the front is answered ready within `timeout_s`. Triton opens its gRPC
+    port moments after HTTP says ready, and the front's connection to it may be waiting to try again: once this
+    call is answered, the next ones are too."""
+    import grpc
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(f"localhost:{public_port}") as channel:
+        ready = channel.unary_unary(SERVER_READY)
+        while time.monotonic() < deadline:
+            try:
+                if ready(b"", timeout=max(0.1, deadline - time.monotonic())) == READY_ANSWER:
+                    return True
+            except grpc.RpcError:
+                pass
+            time.sleep(0.05)
+    return False
 
 
 @dataclass
@@ -85,23 +133,6 @@ class GrpcFront:
             raise GrpcFrontError(f"the gRPC front did not start on port {self.public_port} (exit code {code}; its "
                                  f"reason is in the server's log); {BUILD_HINT} if the binary is stale")
         return self
-
-    def wait_reaches_triton(self, timeout_s: float) -> bool:
-        """Whether a ServerReady call through the front is answered ready within `timeout_s`. Triton opens its gRPC
-        port moments after HTTP says ready, and the front's connection to it may be waiting to try again: once this
-        call is answered, the next ones are too."""
-        import grpc
-        deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(f"localhost:{self.public_port}") as channel:
-            ready = channel.unary_unary(SERVER_READY)
-            while time.monotonic() < deadline:
-                try:
-                    if ready(b"", timeout=max(0.1, deadline - time.monotonic())) == READY_ANSWER:
-                        return True
-                except grpc.RpcError:
-                    pass
-                time.sleep(0.05)
-        return False
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None

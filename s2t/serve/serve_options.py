@@ -23,6 +23,9 @@ class ServeOptions:
     openai_port: int = 0  # 0: no OpenAI-compatible API
     hang_seconds: float = 10.0  # an execute running longer makes the supervisor abort the server as hung
     grpc_max_calls: int = GRPC_FRONT_MAX_CALLS
+    # The gRPC front in a process of its own (relays everything; its port stays open across a new tritonserver)
+    # rather than inside tritonserver (ModelInfer through Triton's C API): s2t/serve/grpc_front.py.
+    grpc_front_process: bool = False
     # Triton's latency summaries (nv_inference_*_summary_us, quantiles the p99 alert rule and dashboard panel read):
     # off by default, because Triton updates them on the model's own thread for every request, at a measured cost
     # (docs/observability.md, "Latency quantiles and what they cost").

@@ -29,7 +29,7 @@ from pathlib import Path
 import s2t.backends.runtime
 from s2t.serve.healing import STATE_FILE, HangSettings, SupervisorState
 from s2t.serve import leftovers
-from s2t.serve.grpc_front import DEFAULT_MAX_CALLS, GrpcFront, GrpcFrontError
+from s2t.serve.grpc_front import DEFAULT_MAX_CALLS, GrpcFront, GrpcFrontError, in_process_env, wait_reaches_triton
 from s2t.serve.hidden_args import HiddenArgumentError
 from s2t.serve.keeper import reap_group, spawn
 from s2t.serve.request_limits import grpc_max_message_bytes
@@ -261,12 +261,14 @@ class TritonServer:
     on_replace: object = None
     # An execute that has not returned after this many seconds makes the supervisor abort the server as hung.
     hang_seconds: float = HangSettings.seconds
-    # The public gRPC port is the gRPC front's, Triton's own endpoint on `triton_grpc_port` on loopback behind it. The
-    # front lives from the first start() to stop(), across the starts of a server kept running (keep_grpc_front):
-    # while a new server starts, its port stays open and calls are refused UNAVAILABLE. Off only to measure the
-    # front against Triton's own endpoint: then Triton listens on `grpc_port` itself, and a cancelled call can
-    # crash it.
+    # The public gRPC port is the gRPC front's, Triton's own endpoint on `triton_grpc_port` on loopback behind it. Off
+    # only to measure the front against Triton's own endpoint: then Triton listens on `grpc_port` itself, and a
+    # cancelled call can crash it.
     grpc_front: bool = True
+    # The front inside tritonserver's process (ModelInfer through Triton's C API), or, with this, in a process of its
+    # own, which relays every call and lives from the first start() to stop(), across the starts of a server kept
+    # running (keep_grpc_front): while a new server starts, its port stays open and calls are refused UNAVAILABLE.
+    grpc_front_process: bool = False
     # Upstream calls the front has in flight at most (None: grpc_front.DEFAULT_MAX_CALLS).
     grpc_max_calls: int | None = None
     triton_grpc_port: int | None = None
@@ -337,7 +339,9 @@ class TritonServer:
             self._log_file = open(self.log_path, "ab")
             stdout = self._log_file
         try:
-            if self.grpc_front and not front_was_running:
+            if self.grpc_front and self.triton_grpc_port is None:
+                self.triton_grpc_port = free_port()
+            if self.grpc_front and self.grpc_front_process and not front_was_running:
                 self._start_grpc_front(stdout)
             precompile_models(self.repositories)
             self._workdir = tempfile.TemporaryDirectory(prefix="s2t-triton-")
@@ -345,14 +349,17 @@ class TritonServer:
             # What a server that died before this one left (its stubs, its shared-memory regions) goes first.
             leftovers.clean(self.repositories)
             # Own process group: the stubs are reaped with the server, whatever happens to this process.
+            command, env = self.command(backend_dir), server_env()
+            if self.grpc_front and not self.grpc_front_process:
+                env = self._in_process_front_env(env, command)
             try:
-                self.process = spawn(self.command(backend_dir), server_env(), stdout)
+                self.process = spawn(command, env, stdout)
             except HiddenArgumentError as err:
                 raise ServerError(str(err)) from None
             threading.Thread(target=_reap_when_dead, args=(self.process,), name="s2t-server-reaper",
                              daemon=True).start()
             self.wait_ready(timeout)
-            if self.front is not None and not self.front.wait_reaches_triton(GRPC_FRONT_REACH_S):
+            if self.grpc_front and not wait_reaches_triton(self.grpc_port, GRPC_FRONT_REACH_S):
                 raise ServerError(f"the gRPC front on port {self.grpc_port} did not reach tritonserver's gRPC "
                                   f"endpoint on port {self.triton_grpc_port} within {GRPC_FRONT_REACH_S:.0f} s")
         except BaseException:
@@ -372,11 +379,17 @@ class TritonServer:
             self.supervisor.start()
         return self
 
+    def _in_process_front_env(self, env: dict[str, str], command: list[str]) -> dict[str, str]:
+        """`env` for a tritonserver that runs the front inside its process (a missing build fails the start here)."""
+        try:
+            return in_process_env(env, self.grpc_port, self.triton_grpc_port, grpc_max_message_bytes(self.repositories),
+                                  self.grpc_max_calls or DEFAULT_MAX_CALLS, self.exit_timeout_seconds + 5, command)
+        except GrpcFrontError as err:
+            raise ServerError(str(err)) from None
+
     def _start_grpc_front(self, stdout) -> None:
         """Started before Triton: a missing or broken front fails the start before anything else runs. Its port for
         Triton is kept for the server's whole life, so that a front that stays up finds every new server."""
-        if self.triton_grpc_port is None:
-            self.triton_grpc_port = free_port()
         self.front = GrpcFront(self.grpc_port, self.triton_grpc_port, grpc_max_message_bytes(self.repositories),
                                self.grpc_max_calls or DEFAULT_MAX_CALLS, drain_seconds=self.exit_timeout_seconds + 5)
         try:

@@ -5,7 +5,8 @@ deadline expires while Triton works on it: four callers with a deadline of a few
 took the server down within seconds. Behind the front, the same callers, and streaming callers that leave in the
 middle of their sequences, leave the same server ready and answering, every valid answer correct. The front also
 passes the admin key through, refuses an over-size message and calls past its limit by itself, forwards methods it
-does not know, and ends with `s2t serve`, its port open while `s2t serve` starts a new server.
+does not know. Inside tritonserver (the default) it ends with tritonserver and is back with the next one; as a process
+of its own it ends with `s2t serve`, its port open while `s2t serve` starts a new server.
 
 What Triton cannot show (the metadata and deadline a call arrives with, whether it was cancelled) is read from a
 small gRPC server standing in for it, the front's upstream."""
@@ -566,18 +567,38 @@ def test_the_front_says_when_its_port_is_taken():
     assert done.returncode == 1 and f"cannot listen on 0.0.0.0:{port}" in done.stderr, done.stderr
 
 
-# ---- the front's process under `s2t serve`
+# ---- the front under `s2t serve`
 
-def serve(tmp_path) -> tuple:
+def serve(tmp_path, *options: str) -> tuple:
+    """`s2t serve` with `options`: the front (None inside tritonserver), tritonserver, the gRPC and HTTP urls."""
     http_port, grpc_port = free_port(), free_port()
     process, _ = service_process.start(
         ["serve", "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(free_port()),
          "--supervisor-port", "0", "--exit-timeout", "5", "--repository", str(MODEL_REPOSITORY),
-         "--repository", str(ENSEMBLES)], "ready:", timeout=180, log=tmp_path / "serve.log")
+         "--repository", str(ENSEMBLES), *options], "ready:", timeout=180, log=tmp_path / "serve.log")
     children = psutil.Process(process.pid).children()
-    front = next(c for c in children if c.name() == "s2t_grpc_front")
+    front = next((c for c in children if c.name() == "s2t_grpc_front"), None)
     triton = next(c for c in children if c.name() == "tritonserver")
     return process, front, triton, f"localhost:{grpc_port}", f"localhost:{http_port}"
+
+
+def test_inside_tritonserver_the_front_is_back_with_the_next_tritonserver_and_ends_with_it(built_artifacts, tmp_path,
+                                                                                          records):
+    process, front, triton, grpc_url, _ = serve(tmp_path)
+    try:
+        assert front is None and "libs2t_grpc_front.so" in open(f"/proc/{triton.pid}/maps").read()
+        assert grpc_answers(grpc_url, records)
+        triton.kill()
+        assert gone(triton, 10) and not grpc_answers(grpc_url, records)
+        wait_until(lambda: grpc_answers(grpc_url, records), 120)
+        triton = next(c for c in psutil.Process(process.pid).children() if c.name() == "tritonserver")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0, (tmp_path / "serve.log").read_text()[-3000:]
+    assert gone(triton, 10)
+    log = (tmp_path / "serve.log").read_text()
+    assert "s2t_grpc_front: stopping: 0 call(s) to tritonserver in flight" in log
+    assert "s2t_grpc_front: stopped\n" in log
 
 
 def gone(process: psutil.Process, timeout_s: float) -> bool:
@@ -598,9 +619,9 @@ def grpc_answers(url: str, records) -> bool:
         client.close()
 
 
-def test_the_port_stays_open_across_a_new_tritonserver_a_dead_front_is_replaced_and_it_ends_with_s2t_serve(
+def test_the_process_fronts_port_stays_open_across_a_new_tritonserver_a_dead_one_is_replaced_and_it_ends_with_s2t_serve(
         built_artifacts, tmp_path, records):
-    process, front, triton, grpc_url, _ = serve(tmp_path)
+    process, front, triton, grpc_url, _ = serve(tmp_path, "--grpc-front-process")
     try:
         assert grpc_answers(grpc_url, records)
         triton.kill()
@@ -621,19 +642,22 @@ def test_the_port_stays_open_across_a_new_tritonserver_a_dead_front_is_replaced_
     assert gone(front, 10)
 
 
-def test_the_front_ends_when_s2t_serve_is_killed(built_artifacts, tmp_path):
-    process, front, triton, _, _ = serve(tmp_path)
+def test_the_process_front_ends_when_s2t_serve_is_killed(built_artifacts, tmp_path):
+    process, front, triton, _, _ = serve(tmp_path, "--grpc-front-process")
     process.kill()
     process.wait()
     assert gone(front, 15) and gone(triton, 30)
 
 
-def test_serve_names_how_to_build_a_missing_front(built_artifacts, tmp_path, monkeypatch):
+@pytest.mark.parametrize("name, process_front", [("LIBRARY", False), ("HOOK", False), ("BINARY", True)])
+def test_serve_names_how_to_build_a_missing_front(built_artifacts, tmp_path, monkeypatch, name, process_front):
     from s2t.serve import grpc_front
     from s2t.serve.triton_server import ServerError
 
-    monkeypatch.setattr(grpc_front, "BINARY", tmp_path / "s2t_grpc_front")
-    server = triton_server([MODEL_REPOSITORY, ENSEMBLES], tmp_path / "tritonserver.log")
-    with pytest.raises(ServerError, match=r"s2t_grpc_front is not built: `make native` builds it"):
+    missing = tmp_path / getattr(grpc_front, name).name
+    monkeypatch.setattr(grpc_front, name, missing)
+    server = triton_server([MODEL_REPOSITORY, ENSEMBLES], tmp_path / "tritonserver.log",
+                           grpc_front_process=process_front)
+    with pytest.raises(ServerError, match=rf"{missing} is not built: `make native` builds it"):
         server.start()
     assert server.process is None and server.front is None

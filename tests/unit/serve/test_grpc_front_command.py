@@ -1,11 +1,11 @@
-"""How the gRPC front and tritonserver are started: the front on the public gRPC port, Triton's own gRPC endpoint on
-a loopback port behind it, or (only to measure the front) Triton on the public port itself; and Triton's latency
-summaries, off unless asked for."""
+"""How the gRPC front and tritonserver are started: the front on the public gRPC port (inside tritonserver through a
+preloaded hook, or as a process of its own), Triton's own gRPC endpoint on a loopback port behind it, or (only to
+measure the front) Triton on the public port itself; and Triton's latency summaries, off unless asked for."""
 from pathlib import Path
 
 import pytest
 
-from s2t.serve.grpc_front import command
+from s2t.serve.grpc_front import GrpcFrontError, command, in_process_env
 from s2t.serve.keeper import option
 from s2t.serve.triton_server import TritonServer
 
@@ -32,3 +32,42 @@ def test_latency_summaries_are_off_unless_asked_for_and_then_only_the_served_qua
     assert metrics_config(TritonServer([tmp_path])) == []
     assert metrics_config(TritonServer([tmp_path], latency_summaries=True)) == [
         "--metrics-config=summary_latencies=true", "--metrics-config=summary_quantiles=0.5:0.05,0.99:0.01"]
+
+
+def _built(tmp_path) -> dict:
+    library, hook = tmp_path / "libs2t_grpc_front.so", tmp_path / "libs2t_grpc_front_hook.so"
+    library.write_bytes(b"")
+    hook.write_bytes(b"")
+    return {"library": library, "hook": hook}
+
+
+@pytest.mark.parametrize("preload, rest", [(None, ""), ("/x/libjemalloc.so", "/x/libjemalloc.so")],
+                         ids=["no-preload", "a-preload-kept"])
+def test_inside_tritonserver_the_hook_is_preloaded_and_told_the_fronts_options(tmp_path, preload, rest):
+    built = _built(tmp_path)
+    env = {"PATH": "/bin"} | ({"LD_PRELOAD": preload} if preload else {})
+    made = in_process_env(env, 8001, 40000, 1000, 16, 35, ["tritonserver"], **built)
+    assert made["LD_PRELOAD"].split(":") == [str(built["hook"])] + ([preload] if preload else [])
+    assert made["S2T_GRPC_FRONT_PRELOAD_REST"] == rest  # the hook leaves the stubs this, not itself
+    assert made["S2T_GRPC_FRONT_LIBRARY"] == str(built["library"])
+    assert made["S2T_GRPC_FRONT_ARGS"].split() == [
+        "--listen", "0.0.0.0:8001", "--upstream", "127.0.0.1:40000", "--max-message-bytes", "1000",
+        "--max-calls", "16", "--drain-seconds", "35", "--relay-only", "0"]
+    assert made["PATH"] == "/bin" and env.get("LD_PRELOAD") == preload  # the caller's env untouched
+
+
+@pytest.mark.parametrize("option_value, relay_only", [
+    ("--grpc-restricted-protocol=shared-memory,logging,trace:admin-key=k", "0"),
+    ("--grpc-restricted-protocol=inference,trace:admin-key=k", "1"),
+    ("--http-restricted-api=inference:admin-key=k", "0")])
+def test_where_grpc_inference_needs_a_key_modelinfer_is_relayed_for_triton_to_check_it(tmp_path, option_value,
+                                                                                     relay_only):
+    made = in_process_env({}, 8001, 40000, 1000, 16, 35, ["tritonserver", option_value], **_built(tmp_path))
+    assert made["S2T_GRPC_FRONT_ARGS"].split()[-2:] == ["--relay-only", relay_only]
+
+
+def test_a_missing_build_is_named_with_how_to_build_it(tmp_path):
+    built = _built(tmp_path)
+    built["hook"].unlink()
+    with pytest.raises(GrpcFrontError, match=r"libs2t_grpc_front_hook.so is not built: `make native` builds it"):
+        in_process_env({}, 8001, 40000, 1000, 16, 35, ["tritonserver"], **built)
