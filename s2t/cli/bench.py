@@ -30,9 +30,11 @@ from s2t.cli.progress import progress
 @click.option("--side", "sides", multiple=True, metavar="NAME[:knob=value,...]",
               help="cpu-cost modes: a server variant and load generator to measure (repeatable; knobs in "
                    "docs/benchmarks.md) [default: base, two:instances=2]")
-@click.option("--protocol-clients", type=click.Choice(["perf_analyzer", "low-cpu"]), default="perf_analyzer",
+@click.option("--protocol-clients", type=click.Choice(["low-cpu", "perf_analyzer"]), default="low-cpu",
               show_default=True, help="smoke, quick, full: the load generators of the HTTP / gRPC comparison "
-                                      "(low-cpu: wrk on HTTP, h2load on gRPC)")
+                                      "(low-cpu: wrk on HTTP, as the FastAPI comparison uses, and h2load on gRPC, "
+                                      "each leaving the cores to the server; perf_analyzer on both sides spends "
+                                      "more of them on its gRPC client than on its HTTP one)")
 @json_option
 def bench(mode, out_dir, repositories, data_csv, onnx_model, url, saved_model, sides, protocol_clients,
           as_json) -> None:

@@ -29,7 +29,7 @@ class BenchOptions:
     # default pair.
     sides: tuple[str, ...] = ()
     # smoke, quick, full: the load generators of the HTTP / gRPC comparison (s2t/bench/scenarios/protocols.py, GENERATORS).
-    protocol_clients: str = "perf_analyzer"
+    protocol_clients: str = "low-cpu"
     log: Callable[[str], None] = print
     on_progress: OnProgress = no_progress
 
@@ -123,7 +123,8 @@ def _llm(options: BenchOptions) -> BenchResult:
 
 
 # `grpc-front`'s sides: risk_pipeline over gRPC with perf_analyzer, on Triton's own endpoint and through the gRPC front.
-GRPC_FRONT_SIDES = ("direct:front=off,client=perf_analyzer,protocol=grpc", "front:client=perf_analyzer,protocol=grpc")
+GRPC_FRONT_SIDES = ("direct:front=off,client=perf_analyzer,protocol=grpc", "front:client=perf_analyzer,protocol=grpc",
+                    "process:front=process,client=perf_analyzer,protocol=grpc")
 
 
 def _cpu_cost(plan: str, folder_name: str | None = None,
@@ -159,7 +160,8 @@ BENCH_MODES = {
     "cpu-cost": BenchMode("risk_pipeline's CPU per request, server variants (--side) in alternating rounds",
                           _cpu_cost("cpu-cost")),
     "cpu-cost-smoke": BenchMode("cpu-cost on a short plan", _cpu_cost("cpu-cost-smoke")),
-    "grpc-front": BenchMode("risk_pipeline over gRPC with perf_analyzer at c=16: Triton's own endpoint vs through the "
-                            "gRPC front, in alternating rounds (cpu-cost's plan)",
+    "grpc-front": BenchMode("risk_pipeline over gRPC with perf_analyzer at c=16: Triton's own endpoint vs the gRPC "
+                            "front inside tritonserver vs the front as a process, in alternating rounds (cpu-cost's "
+                            "plan)",
                             _cpu_cost("cpu-cost", "grpc_front", GRPC_FRONT_SIDES)),
 }

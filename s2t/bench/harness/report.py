@@ -74,9 +74,9 @@ def ratios(results: dict) -> dict:
         out["perf_analyzer_http_pipeline_vs_fastapi"] = _ratio(http["infer_per_s"], base["throughput"])
     if "protocols" in results:
         # Alternating rounds, median of each: one point per protocol compares two moments of the machine.
-        out["perf_analyzer_grpc_vs_http_pipeline"] = results["protocols"]["grpc_vs_http"]
+        out["grpc_vs_http_pipeline"] = results["protocols"]["grpc_vs_http"]
     elif http and grpc:
-        out["perf_analyzer_grpc_vs_http_pipeline"] = _ratio(grpc["infer_per_s"], http["infer_per_s"])
+        out["grpc_vs_http_pipeline"] = _ratio(grpc["infer_per_s"], http["infer_per_s"])
     return out
 
 

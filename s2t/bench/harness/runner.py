@@ -95,7 +95,7 @@ class _PeakRss(threading.Thread):
 class Bench:
     def __init__(self, mode: Mode, out_dir: Path, repositories: list[Path], data_csv: Path,
                  log: Callable[[str], None] = print, on_progress: OnProgress = no_progress,
-                 protocol_clients: str = "perf_analyzer"):
+                 protocol_clients: str = "low-cpu"):
         """`on_progress` hears the steps done out of the run's total (`steps()`), naming the one that runs;
         `protocol_clients` picks the load generators of the HTTP / gRPC comparison (protocols.GENERATORS)."""
         if protocol_clients not in protocols.GENERATORS:

@@ -51,13 +51,14 @@ from s2t.wire.names import PAYLOAD, PIPELINE, SCORER
 CLIENTS = ("wrk", "perf_analyzer", "h2load")
 # Two sides when none are named: the served config, and a second instance (the knob most often asked about).
 DEFAULT_SIDES = ("base", "two:instances=2")
-# The knobs a side may set: server knobs make a server of their own, client knobs only change the load. `front=off`:
-# gRPC goes to Triton's own endpoint rather than through the gRPC front (s2t/serve/grpc_front.py). `summaries`: Triton's
+# The knobs a side may set: server knobs make a server of their own, client knobs only change the load. `front`: the
+# gRPC front inside tritonserver (`on`, as `s2t serve` runs it), in a process of its own (`process`), or none (`off`:
+# gRPC goes to Triton's own endpoint; s2t/serve/grpc_front.py). `summaries`: Triton's
 # latency summaries: `off` (as `s2t serve` by default), `on` (as `s2t serve --latency-summaries`), `triton` (Triton's
 # default quantiles) or quantiles of your own (0.5:0.05/0.99:0.001).
 SERVER_KNOBS = ("instances", "queue_delay_us", "preferred", "intra_op_threads", "http_threads", "rev", "front",
                 "summaries")
-FRONT_VALUES = ("on", "off")
+FRONT_VALUES = ("on", "off", "process")
 SUMMARY_VALUES = ("off", "on", "triton")
 QUANTILES = re.compile(r"0?\.\d+:0?\.\d+(/0?\.\d+:0?\.\d+)*")
 CLIENT_KNOBS = ("client", "protocol")
@@ -107,7 +108,7 @@ def parse_side(text: str) -> Side:
         if not eq or not value:
             raise ValueError(f"side {name}: {item!r} is not knob=value")
         if key == "front" and value not in FRONT_VALUES:
-            raise ValueError(f"side {name}: front is on or off, got {value!r}")
+            raise ValueError(f"side {name}: front is {', '.join(FRONT_VALUES)}, got {value!r}")
         if key == "summaries" and value not in SUMMARY_VALUES and not QUANTILES.fullmatch(value):
             raise ValueError(f"side {name}: summaries is {', '.join(SUMMARY_VALUES)} or quantiles as "
                              f"0.5:0.05/0.99:0.001, got {value!r}")
@@ -313,6 +314,7 @@ def run(sides: list[Side], repository: Path, data_csv: Path, rounds: int, concur
                                             log_path=tmp / f"server{number}.log", exit_timeout_seconds=10,
                                             stop_gracefully=False,
                                             grpc_front=entry.knobs.get("front") != "off",
+                                            grpc_front_process=entry.knobs.get("front") == "process",
                                             extra_args=server_args(entry.knobs)).start()
             for side in sides:  # warm-up: connections, lazy imports, the first batches
                 server = servers[side.server_key].server

@@ -1,12 +1,12 @@
-"""HTTP against gRPC on risk_pipeline, in alternating rounds: with perf_analyzer on both sides, or with the
-low-CPU generators (wrk on HTTP, h2load on gRPC).
+"""HTTP against gRPC on risk_pipeline, in alternating rounds: with the low-CPU generators (wrk on HTTP, h2load on
+gRPC; the default) or with perf_analyzer on both sides.
 
 One point per protocol, measured one after the other, compares two moments of a shared machine more than two
 protocols: on the 2-core machine the gRPC/HTTP ratio of a single pair of rounds ranged from 0.66x to 1.44x within
 minutes. Rounds that alternate the protocols, each figure the median round, put the machine's changes on both sides.
 Each round also splits the CPU a request costs between the load generator, tritonserver's own process (its HTTP or
-gRPC front end, the batcher, the models it runs in process), the gRPC front in front of it (s2t/serve/grpc_front.py)
-and the python stubs, which is where a protocol's cost shows when throughput does not. perf_analyzer spends several times wrk's CPU per request, taken from the server on a
+gRPC front end, the gRPC front that runs inside it, the batcher, the models it runs in process), a gRPC front of its
+own process when there is one (s2t/serve/grpc_front.py) and the python stubs, which is where a protocol's cost shows when throughput does not. perf_analyzer spends several times wrk's CPU per request, taken from the server on a
 small machine; the low-CPU pair leaves the cores to the server (each side's generator is in the results).
 """
 from __future__ import annotations
@@ -23,9 +23,9 @@ from s2t.bench.harness import process_tree
 from s2t.on_progress import OnProgress, no_progress
 
 PROTOCOLS = ("http", "grpc")
-# The load generator of each protocol, per choice of `s2t bench --protocol-clients`.
-GENERATORS = {"perf_analyzer": {"http": "perf_analyzer", "grpc": "perf_analyzer"},
-              "low-cpu": {"http": "wrk", "grpc": "h2load"}}
+# The load generator of each protocol, per choice of `s2t bench --protocol-clients` (the first: its default).
+GENERATORS = {"low-cpu": {"http": "wrk", "grpc": "h2load"},
+              "perf_analyzer": {"http": "perf_analyzer", "grpc": "perf_analyzer"}}
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ def cost_run(built_artifacts, tmp_path_factory):
     out = tmp_path_factory.mktemp("cpu_cost")
     sides = ["--side", "base", "--side", "two:instances=2"]
     if shutil.which("h2load"):
-        sides += ["--side", "grpc:client=h2load", "--side", "direct:front=off,client=h2load"]
+        sides += ["--side", "grpc:client=h2load", "--side", "direct:front=off,client=h2load",
+                  "--side", "process:front=process,client=h2load"]
     proc = subprocess.run([str(S2T), "bench", "--mode", "cpu-cost-smoke", *sides, "--repository",
                            str(MODEL_REPOSITORY), "--data", str(DATA_CSV), "--out", str(out), "--json"],
                           cwd=ROOT, capture_output=True, text=True, timeout=400)
@@ -39,10 +40,13 @@ def test_every_side_is_measured_in_every_round_with_its_cpu_per_request(cost_run
     assert results["relative_server_cpu_per_request"]["base"] == 1.0
     assert results["sides"]["two"]["server"] == {"instances": "2"}
     if "direct" in results["measured"]:
-        # gRPC through the gRPC front costs the front CPU; on Triton's own endpoint there is no front to count.
-        assert all(entry["grpc_front_cpu_us_per_request"] > 0 for entry in results["measured"]["grpc"])
-        assert all(entry["grpc_front_cpu_us_per_request"] == 0 for entry in results["measured"]["direct"])
+        # The front as a process costs CPU of its own; inside tritonserver its CPU is tritonserver's, and on Triton's
+        # own endpoint there is no front at all.
+        assert all(entry["grpc_front_cpu_us_per_request"] > 0 for entry in results["measured"]["process"])
+        for side in ("grpc", "direct"):
+            assert all(entry["grpc_front_cpu_us_per_request"] == 0 for entry in results["measured"][side])
         assert results["sides"]["direct"]["server"] == {"front": "off"}
+        assert results["sides"]["process"]["server"] == {"front": "process"}
 
 
 def test_the_report_names_each_side_and_says_whether_the_machine_was_quiet(cost_run):

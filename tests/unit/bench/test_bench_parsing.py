@@ -121,7 +121,7 @@ def test_grpc_at_concurrency_16_is_held_to_the_http_rate_of_the_same_generator()
     results["perf_analyzer"] += [{"model": "risk_pipeline", "protocol": protocol, "batch": 1, "concurrency": 16,
                                   "infer_per_s": rate} for protocol, rate in (("http", 1000.0), ("grpc", 900.0))]
     ratios = report.ratios(results)
-    assert ratios["perf_analyzer_grpc_vs_http_pipeline"] == pytest.approx(0.9)
+    assert ratios["grpc_vs_http_pipeline"] == pytest.approx(0.9)
     grpc_target = next(t for t in report.targets(results, ratios) if "gRPC c=16" in t["target"])
     assert grpc_target["met"] is False
     assert grpc_target["measured"] == "median round 0.90x (worst round 0.90x, rounds: 0.90x)"
@@ -136,7 +136,7 @@ def test_grpc_against_http_comes_from_the_alternating_rounds_when_measured():
                                        "grpc": [{"requests_per_s": r} for r in (1040.0, 1100.0, 980.0)]},
                             "grpc_vs_http": 1.04}
     ratios = report.ratios(results)
-    assert ratios["perf_analyzer_grpc_vs_http_pipeline"] == pytest.approx(1.04)
+    assert ratios["grpc_vs_http_pipeline"] == pytest.approx(1.04)
     grpc_target = next(t for t in report.targets(results, ratios) if "gRPC c=16" in t["target"])
     assert grpc_target["met"] is True
     assert grpc_target["measured"] == "median round 1.04x (worst round 0.98x, rounds: 1.04x, 1.10x, 0.98x)"
@@ -172,6 +172,6 @@ def test_the_grpc_target_names_the_generators_it_was_measured_with():
                "http_baseline": {"throughput": 1.0, "p99_ms": 1.0}, "cold_start": {"median_s": 1.0},
                "memory": {"triton_peak_bytes": 1, "triton_after_load_bytes": 1},
                "protocols": {"rounds": {"grpc": [{}]}, "generators": {"http": "wrk", "grpc": "h2load"}}}
-    ratios = {"http_throughput_vs_fastapi": 1.0, "perf_analyzer_grpc_vs_http_pipeline": 1.1}
+    ratios = {"http_throughput_vs_fastapi": 1.0, "grpc_vs_http_pipeline": 1.1}
     grpc_target = next(t for t in report.targets(results, ratios) if "gRPC c=16" in t["target"])
     assert "(HTTP: wrk, gRPC: h2load)" in grpc_target["target"]

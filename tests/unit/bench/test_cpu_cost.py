@@ -36,7 +36,7 @@ def test_a_side_is_a_name_with_server_and_client_knobs(text, side):
     ("a:protocol=grpc", "wrk speaks http here, not 'grpc'"),
     ("a:client=perf_analyzer,protocol=udp", "perf_analyzer speaks http or grpc here, not 'udp'"),
     ("a:client=h2load,protocol=http", "h2load speaks grpc here"),
-    ("a:front=no", "front is on or off, got 'no'"),
+    ("a:front=no", "front is on, off, process, got 'no'"),
     ("a:summaries=yes", "summaries is off, on, triton or quantiles"),
     ("a:summaries=0.99", "summaries is off, on, triton or quantiles"),
 ])
