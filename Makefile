@@ -203,9 +203,9 @@ $(EXPLAINER_REASONS): $(LITE_ONNX)
 
 # risk_pipeline's backend: its Python run inside the server process (native/python_inprocess.cc), built with g++
 # against this venv's Python and Triton's C API as the tritonserver binary exports it, into s2t/serve/native/;
-# `s2t serve` puts it on the backend directory. And the gRPC front `s2t serve` listens with on the public gRPC port
-# (native/grpc_front.cc, against Debian's gRPC, installed with apt where missing). Always run: each script rebuilds
-# only when a source is newer.
+# `s2t serve` puts it on the backend directory. And the gRPC front on the public gRPC port, which `s2t serve` runs
+# inside tritonserver (native/grpc_front.cc and its hook, against Debian's gRPC, installed with apt where missing).
+# Always run: each script rebuilds only when a source is newer.
 native: $(VENV)/.installed
 	$(BUILD_NICE) native/build.sh $(BIN)/python
 	$(BUILD_NICE) native/build_grpc_front.sh

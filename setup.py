@@ -1,6 +1,7 @@
 """The wheel carries the wire format's Python code, generated from s2t/wire/*.proto at build time (never committed), the
 in-process Triton backend (native/), compiled for the Python that builds it, and the gRPC front of the embedded
-server (native/grpc_front.cc, gRPC linked in statically): a platform wheel."""
+server (native/grpc_front.cc: the library tritonserver loads, which needs Debian's libgrpc++1.51 where it runs, its
+hook, and the binary, gRPC linked in statically): a platform wheel."""
 import subprocess
 import sys
 import sysconfig
@@ -28,7 +29,7 @@ class BuildWithWireFormat(build_py):
                 raise RuntimeError(f"protoc failed on {proto}")
         native = Path(self.build_lib, "s2t", "serve", "native", f"python{sysconfig.get_config_var('VERSION')}")
         subprocess.run(["bash", "native/build.sh", sys.executable, str(native.resolve())], check=True)
-        front = Path(self.build_lib, "s2t", "serve", "native", "s2t_grpc_front")
+        front = Path(self.build_lib, "s2t", "serve", "native")
         subprocess.run(["bash", "native/build_grpc_front.sh", str(front.resolve())], check=True)
 
 

@@ -388,8 +388,9 @@ def _protocols(found: dict | None, duel: rounds.Duel | None) -> list[str]:
             "alternating rounds", "",
             f"gRPC / HTTP req/s, each round within itself: {over_rounds(duel.rate)}; each protocol's own median "
             f"round: {found['grpc_vs_http']:.2f}x; gRPC's p99 " + _p99_above(duel, "HTTP") + ". CPU per request in "
-            "microseconds: the load generator, tritonserver's own process (front end, batcher, and the models it "
-            "runs in process, risk_pipeline among them), the gRPC front in front of its gRPC endpoint and the python stubs.", "",
+            "microseconds: the load generator, tritonserver's own process (front ends, batcher, the models it runs "
+            "in process, risk_pipeline among them, and the gRPC front that runs inside it), the gRPC front as a "
+            "process of its own (when it runs as one) and the python stubs.", "",
             _table(["protocol", "req/s", "rounds req/s", "p50 ms", "p99 ms", "client us", "tritonserver us",
                     "gRPC front us", "stubs us"], rows), ""]
 
