@@ -62,7 +62,9 @@ constexpr const char* kName = "s2t_grpc_front";
 constexpr int kAcceptsPerQueue = 16;
 // Methods answered with one message: relayed as one call upstream. Everything else (ModelStreamInfer, methods this
 // proxy does not know) is relayed as a stream, which is right for any kind of method on the wire.
-const std::set<std::string> kUnaryMethods = {
+// Objects the worker threads use are never destroyed (here and below): in tritonserver's process those threads may
+// still run while the process exits.
+const std::set<std::string>& kUnaryMethods = *new std::set<std::string>{
     "/inference.GRPCInferenceService/ServerLive",
     "/inference.GRPCInferenceService/ServerReady",
     "/inference.GRPCInferenceService/ModelReady",
@@ -163,9 +165,9 @@ TRITONSERVER_Server* g_server = nullptr;
 TRITONSERVER_ResponseAllocator* g_allocator = nullptr;  // outputs in plain CPU memory, freed with the response
 const char* const kModelInfer = "/inference.GRPCInferenceService/ModelInfer";
 #endif
-std::unique_ptr<Slots> g_slots;
+Slots* g_slots = nullptr;
 RefusalLog g_refusals;
-grpc::AsyncGenericService g_service;
+grpc::AsyncGenericService& g_service = *new grpc::AsyncGenericService;
 std::atomic<bool> g_stopping{false};
 
 // Metadata a proxy may pass on: what the application sent, not what the transport sets for each hop (pseudo-headers,
@@ -380,7 +382,9 @@ class Relay {
     delete static_cast<Submitted*>(userp);
   }
 
-  // On Triton's thread. The call's only other pending operation is its done tag, which touches nothing here.
+  // On Triton's thread (or, for an answer Triton has at once, inside ServerInferAsync on the queue's). Nothing else
+  // touches the call's state meanwhile: its other pending operations (its done tag, the read that brought the
+  // request) only count down.
   static void Answered(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp) {
     auto* relay = static_cast<Relay*>(userp);
     if (response != nullptr) {
@@ -417,10 +421,10 @@ class Relay {
     for (uint32_t i = 0; error == nullptr && i < count; ++i) {
       wire::Parameter p{};
       error = TRITONSERVER_InferenceResponseParameter(response, i, &p.name, &p.type, &p.value);
-      if (error == nullptr && !wire::SizeParameter(p))
-        error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL,
-                                      (std::string("response parameter '") + p.name +
-                                       "' is of type BYTES, which a ModelInferResponse cannot carry").c_str());
+      if (error == nullptr && !wire::SizeParameter(p))  // as Triton's own front end answers it
+        error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED,
+                                      "Response parameter of type 'TRITONSERVER_PARAMETER_BYTES' is not currently "
+                                      "supported");
       parameters.push_back(p);
     }
     if (error == nullptr) error = TRITONSERVER_InferenceResponseOutputCount(response, &count);
@@ -432,7 +436,7 @@ class Relay {
       void* userp;
       error = TRITONSERVER_InferenceResponseOutput(response, i, &o.name, &datatype, &o.shape, &o.dims, &o.base, &o.size,
                                                    &memory_type, &memory_type_id, &userp);
-      o.datatype = TRITONSERVER_DataTypeString(datatype);
+      if (error == nullptr) o.datatype = TRITONSERVER_DataTypeString(datatype);
       outputs.push_back(o);
     }
     if (error != nullptr) {
@@ -699,7 +703,7 @@ struct Endpoint {
 Endpoint* g_endpoint = new Endpoint;
 
 bool Listen() {
-  g_slots = std::make_unique<Slots>(g_options.max_calls);
+  g_slots = new Slots(g_options.max_calls);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(g_options.listen, grpc::InsecureServerCredentials(), &port);
@@ -738,12 +742,15 @@ bool Listen() {
 }
 
 // No new calls; the calls in flight get --drain-seconds to be answered, then are cancelled.
-std::thread StopAccepting() {
+std::atomic<bool> g_shut{false};  // every call has ended (answered, or cancelled at the drain's deadline)
+
+void StopAccepting() {
   g_stopping = true;
   Log("stopping: %ld call(s) to tritonserver in flight", g_slots->held());
-  return std::thread([] {
+  std::thread([] {
     g_endpoint->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(g_options.drain_seconds));
-  });
+    g_shut = true;
+  }).detach();
 }
 
 void LogStopped() {
@@ -777,7 +784,6 @@ TRITONSERVER_Error* ReleaseOutput(TRITONSERVER_ResponseAllocator*, void* buffer,
   return nullptr;
 }
 
-std::thread g_shutdown;
 }  // namespace
 
 // 0 once listening; otherwise the reason is logged. `args`: the binary's options, separated by spaces, and
@@ -820,15 +826,25 @@ extern "C" __attribute__((visibility("default"))) int s2t_grpc_front_start(TRITO
 
 // Before Triton's own stop: the calls in flight are answered while Triton drains; new calls are refused.
 extern "C" __attribute__((visibility("default"))) void s2t_grpc_front_stop_accepting() {
-  if (g_endpoint->server != nullptr) g_shutdown = StopAccepting();
+  if (g_endpoint->server != nullptr) StopAccepting();
 }
 
 // After Triton's own stop (every request answered): the workers end.
+// After Triton's own stop returned (every request answered, or its exit timeout passed): what is left is streams
+// relayed to Triton's endpoint, which it is about to close, and calls Triton will not answer any more; they are
+// cancelled now rather than at the drain's deadline. Bounded: a call that still does not end leaves the workers
+// running (their queues are not shut while a call may still post to them) and tritonserver exits anyway.
 extern "C" __attribute__((visibility("default"))) void s2t_grpc_front_end() {
-  if (!g_shutdown.joinable()) return;
-  g_shutdown.join();
+  if (!g_stopping.load()) return;
+  grpc_server_cancel_all_calls(g_endpoint->server->c_server());
+  double deadline = Now() + 5;
+  while (!g_shut.load() && Now() < deadline) usleep(10 * 1000);
+  if (!g_shut.load()) {
+    LogStopped();
+    return;
+  }
   for (auto& worker : g_endpoint->workers) worker->cq()->Shutdown();
-  double deadline = Now() + 2;
+  deadline = Now() + 2;
   while (g_endpoint->running.load() > 0 && Now() < deadline) usleep(10 * 1000);
   LogStopped();
 }
@@ -840,14 +856,9 @@ namespace {
 // (the parent-death signal comes once for each thread of the parent that ends).
 void Drain(const sigset_t& signals) {
   double deadline = Now() + g_options.drain_seconds;
-  std::atomic<bool> shut{false};
-  std::thread shutdown = StopAccepting();
-  std::thread([&] {
-    shutdown.join();
-    shut = true;
-  }).detach();
+  StopAccepting();
   timespec tick{0, 20 * 1000 * 1000};
-  while (Now() < deadline && !(shut && g_slots->held() == 0)) {
+  while (Now() < deadline && !(g_shut && g_slots->held() == 0)) {
     if (sigtimedwait(&signals, nullptr, &tick) == SIGINT) {
       Log("stopped at once by a second signal, %ld call(s) in flight", g_slots->held());
       g_refusals.Flush(g_slots->held());

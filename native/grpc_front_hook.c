@@ -5,8 +5,8 @@
 //
 // The front's library is opened with RTLD_LOCAL: the gRPC, Abseil and OpenSSL libraries it links stay out of the
 // process's global symbols, so nothing loaded later (the in-process backend's Python, ONNX Runtime) binds to them.
-// This library itself needs nothing but libc, and takes itself out of LD_PRELOAD at once, so that the python stubs
-// Triton starts are started without it.
+// This library itself needs nothing but libc, and takes itself and its settings out of the environment at once, so that
+// the python stubs Triton starts are started without them.
 //
 // Environment: S2T_GRPC_FRONT_LIBRARY (the library's path), S2T_GRPC_FRONT_ARGS (the front's options, as the binary
 // takes them, separated by spaces), S2T_GRPC_FRONT_PRELOAD_REST (what LD_PRELOAD held besides this library).
@@ -14,6 +14,7 @@
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct TRITONSERVER_Error TRITONSERVER_Error;
 typedef struct TRITONSERVER_Server TRITONSERVER_Server;
@@ -21,14 +22,25 @@ typedef struct TRITONSERVER_ServerOptions TRITONSERVER_ServerOptions;
 
 static void (*front_stop_accepting)(void);
 static void (*front_end)(void);
+static char* front_library;
+static char* front_args;
 
-__attribute__((constructor)) static void leave_preload(void) {
-  const char* rest = getenv("S2T_GRPC_FRONT_PRELOAD_REST");
+static char* take(const char* name) {
+  const char* value = getenv(name);
+  char* copy = value != NULL ? strdup(value) : NULL;
+  unsetenv(name);
+  return copy;
+}
+
+__attribute__((constructor)) static void leave_environment(void) {
+  char* rest = take("S2T_GRPC_FRONT_PRELOAD_REST");
   if (rest != NULL && rest[0] != '\0')
     setenv("LD_PRELOAD", rest, 1);
   else
     unsetenv("LD_PRELOAD");
-  unsetenv("S2T_GRPC_FRONT_PRELOAD_REST");
+  free(rest);
+  front_library = take("S2T_GRPC_FRONT_LIBRARY");
+  front_args = take("S2T_GRPC_FRONT_ARGS");
 }
 
 // A front that cannot start ends tritonserver: its public gRPC port would otherwise be silently missing.
@@ -44,8 +56,8 @@ TRITONSERVER_Error* TRITONSERVER_ServerNew(TRITONSERVER_Server** server, TRITONS
                                                                                             "TRITONSERVER_ServerNew");
   if (real == NULL) fail("tritonserver has no TRITONSERVER_ServerNew", dlerror());
   TRITONSERVER_Error* error = real(server, options);
-  const char* library = getenv("S2T_GRPC_FRONT_LIBRARY");
-  const char* args = getenv("S2T_GRPC_FRONT_ARGS");
+  const char* library = front_library;
+  const char* args = front_args;
   if (error != NULL || library == NULL || args == NULL) return error;
   void* front = dlopen(library, RTLD_NOW | RTLD_LOCAL);
   if (front == NULL) fail("cannot load the gRPC front", dlerror());
@@ -58,9 +70,12 @@ TRITONSERVER_Error* TRITONSERVER_ServerNew(TRITONSERVER_Server** server, TRITONS
   return NULL;
 }
 
+// The front's end is bounded: after a stop Triton could not finish (its exit timeout passed with requests
+// unanswered, and the process then exits at once) it cancels what is left and does not wait long.
 TRITONSERVER_Error* TRITONSERVER_ServerStop(TRITONSERVER_Server* server) {
   TRITONSERVER_Error* (*real)(TRITONSERVER_Server*) =
       (TRITONSERVER_Error * (*)(TRITONSERVER_Server*)) dlsym(RTLD_NEXT, "TRITONSERVER_ServerStop");
+  if (real == NULL) fail("tritonserver has no TRITONSERVER_ServerStop", dlerror());
   if (front_stop_accepting != NULL) front_stop_accepting();
   TRITONSERVER_Error* error = real(server);
   if (front_end != NULL) front_end();

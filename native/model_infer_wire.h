@@ -55,6 +55,43 @@ class Reader {
 
 constexpr uint32_t kVarint = 0, kFixed64 = 1, kBytes = 2;
 
+// proto3 strings are UTF-8: Triton's parser refuses a request whose string fields are not, so this reading does too.
+inline bool Utf8(std::string_view s) {
+  size_t i = 0, n = s.size();
+  while (i < n) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t extra;
+    uint32_t code;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if (c >= 0xc2 && c <= 0xdf) {
+      extra = 1;
+      code = c & 0x1f;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      extra = 2;
+      code = c & 0x0f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      extra = 3;
+      code = c & 0x07;
+    } else {
+      return false;
+    }
+    if (n - i - 1 < extra) return false;
+    for (size_t k = 1; k <= extra; ++k) {
+      unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xc0) != 0x80) return false;
+      code = (code << 6) | (d & 0x3f);
+    }
+    // overlong forms, surrogates and code points past U+10FFFF
+    if ((extra == 2 && code < 0x800) || (extra == 3 && (code < 0x10000 || code > 0x10ffff)) ||
+        (code >= 0xd800 && code <= 0xdfff))
+      return false;
+    i += extra + 1;
+  }
+  return true;
+}
+
 struct Input {
   std::string name;
   std::string datatype;
@@ -98,7 +135,7 @@ inline bool ParseInput(std::string_view data, Input* input) {
       continue;
     }
     // Parameters (shared memory) and typed contents are left to Triton's own front end.
-    if (type != kBytes || !r.Bytes(&s)) return false;
+    if (type != kBytes || !r.Bytes(&s) || !Utf8(s)) return false;
     if (field == 1) input->name.assign(s);
     else if (field == 2) input->datatype.assign(s);
     else return false;
@@ -111,7 +148,7 @@ inline bool ParseOutput(std::string_view data, std::string* name) {
   uint32_t field, type;
   std::string_view s;
   while (!r.Done()) {
-    if (!r.Tag(&field, &type) || type != kBytes || !r.Bytes(&s)) return false;
+    if (!r.Tag(&field, &type) || type != kBytes || !r.Bytes(&s) || !Utf8(s)) return false;
     if (field == 1) name->assign(s);
     else return false;  // parameters: classification, shared memory
   }
@@ -128,7 +165,7 @@ inline bool ParseParameter(std::string_view entry) {
   while (!r.Done()) {
     if (!r.Tag(&field, &type) || type != kBytes) return false;
     if (field == 1) {
-      if (!r.Bytes(&key)) return false;
+      if (!r.Bytes(&key) || !Utf8(key)) return false;
     } else if (field == 2) {
       if (!r.Bytes(&value)) return false;
       has_value = true;
@@ -166,9 +203,9 @@ inline bool ParseRequest(const char* data, size_t size, Request* request) {
   while (!r.Done()) {
     if (!r.Tag(&field, &type) || type != kBytes || !r.Bytes(&s)) return false;
     switch (field) {
-      case 1: request->model_name.assign(s); break;
+      case 1: if (!Utf8(s)) return false; request->model_name.assign(s); break;
       case 2: if (!ParseVersion(s, &request->model_version)) return false; break;
-      case 3: request->id.assign(s); break;
+      case 3: if (!Utf8(s)) return false; request->id.assign(s); break;
       case 4: if (!ParseParameter(s)) return false; break;
       case 5: request->inputs.emplace_back(); if (!ParseInput(s, &request->inputs.back())) return false; break;
       case 6: request->outputs.emplace_back(); if (!ParseOutput(s, &request->outputs.back())) return false; break;

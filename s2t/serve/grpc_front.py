@@ -66,8 +66,11 @@ def in_process_env(env: dict[str, str], public_port: int, upstream_port: int, ma
     for built in (library, hook):
         if not built.is_file():
             raise GrpcFrontError(f"the gRPC front {built} is not built: {BUILD_HINT}")
-    relay_only = any("inference" in restricted_apis.parse(arg[len(GRPC_RESTRICTED):])[0]
-                     for arg in triton_command if arg.startswith(GRPC_RESTRICTED))
+    if any(c in str(hook) for c in (":", " ")):  # LD_PRELOAD splits on both
+        raise GrpcFrontError(f"the gRPC front's hook {hook} is in a folder whose path has a ':' or a space, which "
+                             "LD_PRELOAD cannot name: install skill2triton elsewhere, or use --grpc-front-process")
+    relay_only = any(_restricts_grpc_inference(arg, following)
+                     for arg, following in zip(triton_command, [*triton_command[1:], ""]))
     args = command(Path("-"), public_port, upstream_port, max_message_bytes, max_calls, drain_seconds)[1:]
     env = dict(env)
     env["S2T_GRPC_FRONT_PRELOAD_REST"] = env.get("LD_PRELOAD", "")
@@ -75,6 +78,15 @@ def in_process_env(env: dict[str, str], public_port: int, upstream_port: int, ma
     env["S2T_GRPC_FRONT_LIBRARY"] = str(library)
     env["S2T_GRPC_FRONT_ARGS"] = " ".join(args + ["--relay-only", "1" if relay_only else "0"])
     return env
+
+
+def _restricts_grpc_inference(arg: str, following: str) -> bool:
+    """Whether `arg` (and, in the two-word form, the word after it) restricts Triton's gRPC inference to a key."""
+    if arg.startswith(GRPC_RESTRICTED):
+        return "inference" in restricted_apis.parse(arg[len(GRPC_RESTRICTED):])[0]
+    if arg == GRPC_RESTRICTED.rstrip("="):
+        return "inference" in restricted_apis.parse(following)[0]
+    return False
 
 
 def wait_reaches_triton(public_port: int, timeout_s: float) -> bool:

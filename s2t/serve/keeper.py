@@ -192,8 +192,9 @@ def keep(server, stop: threading.Event, replace: threading.Event, policy: Restar
          log=lambda message: print(message, file=sys.stderr, flush=True)) -> int:
     """`s2t serve`'s loop around a started TritonServer: start it again when it dies (a hung one is aborted by its
     supervisor), or when `replace` is set (a dead stub its supervisor cannot reload in it), after the policy's
-    delay, until `stop` is set or the policy gives up. The server's gRPC front stays up across its starts (calls
-    meanwhile refused UNAVAILABLE), and is started again should it die. The exit code."""
+    delay, until `stop` is set or the policy gives up. A gRPC front inside tritonserver ends and starts with it; one
+    in a process of its own (--grpc-front-process) stays up across its starts (calls meanwhile refused UNAVAILABLE),
+    and is started again should it die. The exit code."""
     while not stop.wait(0.1):
         try:
             front_code = server.restart_dead_grpc_front()

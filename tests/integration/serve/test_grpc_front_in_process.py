@@ -14,6 +14,7 @@ import grpc
 import numpy as np
 import psutil
 import pytest
+import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
@@ -80,6 +81,16 @@ def valid_requests(records: list[bytes]) -> dict[str, service_pb2.ModelInferRequ
         as_perf_analyzer, "a priority": with_priority, "packed tensors": scorer_request(5), "an ensemble": ensemble}
 
 
+class RawRequest:
+    """A request whose bytes no protobuf library would write (a string field that is not UTF-8)."""
+
+    def __init__(self, request: service_pb2.ModelInferRequest, placeholder: bytes, raw: bytes):
+        self.serialized = request.SerializeToString().replace(placeholder, raw)
+
+    def SerializeToString(self) -> bytes:
+        return self.serialized
+
+
 def refused_requests(records: list[bytes]) -> dict[str, service_pb2.ModelInferRequest]:
     cases = {"an unknown model": pipeline_request(records[:1], model="no_such_model"),
              "an unknown version": pipeline_request(records[:1], model_version="7"),
@@ -99,9 +110,11 @@ def refused_requests(records: list[bytes]) -> dict[str, service_pb2.ModelInferRe
     unknown_output = pipeline_request(records[:1])
     unknown_output.outputs.add(name="no_such_output")
     decoupled = pipeline_request(records[:1], model="risk_stream")
+    not_utf8 = RawRequest(pipeline_request(records[:1], id="XX"), b"\x1a\x02XX", b"\x1a\x02\xff\xfe")
     cases.update({"a wrong input name": wrong_name, "a wrong datatype": wrong_type, "a shape its data does not fill":
                   short, "a BYTES element past its end": torn, "no raw contents": no_contents,
-                  "typed contents": typed, "an unknown output": unknown_output, "a decoupled model": decoupled})
+                  "typed contents": typed, "an unknown output": unknown_output, "a decoupled model": decoupled,
+                  "an id that is not UTF-8": not_utf8})
     return cases
 
 
@@ -182,3 +195,61 @@ def test_the_front_lives_in_tritonserver_and_the_stubs_start_without_it(server):
     for stub in stubs:
         assert "libs2t_grpc_front" not in Path(f"/proc/{stub.pid}/maps").read_text()
         assert "libs2t_grpc_front" not in stub.environ().get("LD_PRELOAD", "")
+
+
+def _stream_record(records: list[bytes], sequence: str, place: int) -> grpcclient.InferInput:
+    record = {**json.loads(records[place]), "request_id": f"{sequence}/{place}", "stream_id": sequence,
+              "sequence_id": place}
+    payload = grpcclient.InferInput("payload", [1, 1], "BYTES")
+    payload.set_data_from_numpy(np.array([[json.dumps(record).encode()]], dtype=object))
+    return payload
+
+
+def _stop(tmp_path, records, open_stream: bool) -> tuple[int, float, str]:
+    """tritonserver stopped (with a risk_stream caller whose sequence has ended but whose stream stays open, or with
+    none): its exit code, how long the stop took, its log."""
+    log = tmp_path / "tritonserver.log"
+    server = triton_server([MODEL_REPOSITORY, ENSEMBLES], log, stop_gracefully=True, exit_timeout_seconds=3)
+    answers: list = []
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    with serving(server):
+        if open_stream:
+            client.start_stream(callback=lambda result, error: answers.append(error or result))
+            for place in (0, 1):
+                client.async_stream_infer("risk_stream", [_stream_record(records, "left-open", place)],
+                                          request_id=str(place), sequence_id="left-open",
+                                          sequence_start=place == 0, sequence_end=place == 1)
+            deadline = time.monotonic() + 30
+            while len(answers) < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert len(answers) == 2 and not any(isinstance(a, Exception) for a in answers), \
+                [str(a) for a in answers]
+        else:
+            assert client.is_server_ready()
+        began = time.monotonic()
+        code = server.stop()
+        stopped_after = time.monotonic() - began
+    if open_stream:
+        client.stop_stream()
+    client.close()
+    return code, stopped_after, log.read_text()
+
+
+def test_a_stop_ends_the_front_with_tritonserver_which_exits_0(built_artifacts, tmp_path, records):
+    code, _, text = _stop(tmp_path, records, open_stream=False)
+    assert code == 0, text[-3000:]
+    assert "s2t_grpc_front: stopping: 0 call(s) to tritonserver in flight" in text
+    assert "s2t_grpc_front: stopped\n" in text
+
+
+def test_a_stream_left_open_holds_tritons_stop_as_without_the_front_and_nothing_more(built_artifacts, tmp_path,
+                                                                                     records):
+    """Triton 2.51 may not unload a model while a stream to it is open, so its stop can run to the exit timeout and
+    exit 1, as it does on its own endpoint. The front adds nothing to that: it cancels the stream once Triton's stop
+    returns, rather than at its drain's deadline (the exit timeout and 5 s more), and neither hangs nor aborts the
+    exit (a negative code: a signal)."""
+    code, stopped_after, text = _stop(tmp_path, records, open_stream=True)
+    assert code == (1 if "Exit timeout expired" in text else 0), text[-3000:]
+    assert "s2t_grpc_front: stopping: 1 call(s) to tritonserver in flight" in text  # the open stream
+    assert "s2t_grpc_front: stopped" in text
+    assert stopped_after < 3 + 5, stopped_after

@@ -59,10 +59,12 @@ def test_inside_tritonserver_the_hook_is_preloaded_and_told_the_fronts_options(t
 @pytest.mark.parametrize("option_value, relay_only", [
     ("--grpc-restricted-protocol=shared-memory,logging,trace:admin-key=k", "0"),
     ("--grpc-restricted-protocol=inference,trace:admin-key=k", "1"),
-    ("--http-restricted-api=inference:admin-key=k", "0")])
+    ("--http-restricted-api=inference:admin-key=k", "0"),
+    ("--grpc-restricted-protocol inference:admin-key=k", "1"),
+    ("--grpc-restricted-protocol trace:admin-key=k", "0")])
 def test_where_grpc_inference_needs_a_key_modelinfer_is_relayed_for_triton_to_check_it(tmp_path, option_value,
                                                                                      relay_only):
-    made = in_process_env({}, 8001, 40000, 1000, 16, 35, ["tritonserver", option_value], **_built(tmp_path))
+    made = in_process_env({}, 8001, 40000, 1000, 16, 35, ["tritonserver", *option_value.split()], **_built(tmp_path))
     assert made["S2T_GRPC_FRONT_ARGS"].split()[-2:] == ["--relay-only", relay_only]
 
 
@@ -70,4 +72,12 @@ def test_a_missing_build_is_named_with_how_to_build_it(tmp_path):
     built = _built(tmp_path)
     built["hook"].unlink()
     with pytest.raises(GrpcFrontError, match=r"libs2t_grpc_front_hook.so is not built: `make native` builds it"):
+        in_process_env({}, 8001, 40000, 1000, 16, 35, ["tritonserver"], **built)
+
+
+def test_a_hook_path_ld_preload_cannot_name_is_refused_before_tritonserver_starts(tmp_path):
+    folder = tmp_path / "a folder"
+    folder.mkdir()
+    built = _built(folder)
+    with pytest.raises(GrpcFrontError, match=r"has a ':' or a space.*--grpc-front-process"):
         in_process_env({}, 8001, 40000, 1000, 16, 35, ["tritonserver"], **built)
