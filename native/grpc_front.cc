@@ -346,8 +346,11 @@ class Relay {
     TRITONSERVER_InferenceRequest* request = nullptr;
     TRITONSERVER_Error* error =
         TRITONSERVER_ServerModelTransactionProperties(g_server, r.model_name.c_str(), r.model_version, &txn, nullptr);
-    if (error == nullptr && (txn & TRITONSERVER_TXN_DECOUPLED)) error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, "");
-    if (error == nullptr) error = TRITONSERVER_InferenceRequestNew(&request, g_server, r.model_name.c_str(), r.model_version);
+    // A decoupled model's ModelInfer is refused by Triton's own front end: relayed to it for its words.
+    if (error == nullptr && (txn & TRITONSERVER_TXN_DECOUPLED))
+      error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, "");
+    if (error == nullptr)
+      error = TRITONSERVER_InferenceRequestNew(&request, g_server, r.model_name.c_str(), r.model_version);
     if (error == nullptr && !r.id.empty()) error = TRITONSERVER_InferenceRequestSetId(request, r.id.c_str());
     for (size_t i = 0; error == nullptr && i < r.inputs.size(); ++i) {
       const wire::Input& input = r.inputs[i];

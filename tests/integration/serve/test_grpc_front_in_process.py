@@ -82,12 +82,13 @@ def valid_requests(records: list[bytes]) -> dict[str, service_pb2.ModelInferRequ
 
 
 class RawRequest:
-    """A request whose bytes no protobuf library would write (a string field that is not UTF-8)."""
+    """A request whose bytes no protobuf library would write (a string field that is not UTF-8), sent as they are:
+    `call` asks it for its bytes as it asks a protobuf message."""
 
     def __init__(self, request: service_pb2.ModelInferRequest, placeholder: bytes, raw: bytes):
         self.serialized = request.SerializeToString().replace(placeholder, raw)
 
-    def SerializeToString(self) -> bytes:
+    def SerializeToString(self) -> bytes:  # noqa: N802 - protobuf's name for it
         return self.serialized
 
 
