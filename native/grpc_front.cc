@@ -18,7 +18,7 @@
 //   tritonserver starts (`s2t serve --grpc-front-process`):
 //
 //   s2t_grpc_front --listen 0.0.0.0:8001 --upstream 127.0.0.1:PORT --max-message-bytes N [--max-calls N]
-//                  [--threads N] [--drain-seconds S] [--ready-fd FD]
+//                  [--threads N] [--drain-seconds S] [--ready-fd FD] [--relay-only 0|1 (in tritonserver)]
 //
 // Each thread owns one completion queue; a call and its upstream call live on the same queue, so a relayed call's
 // state is only ever touched by one thread and needs no lock (a call answered in process is finished from Triton's
@@ -48,6 +48,7 @@
 #include <ctime>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -95,6 +96,8 @@ struct Options {
   long threads = 1;
   long drain_seconds = 30;
   long ready_fd = -1;
+  // Inside tritonserver: ModelInfer relayed too (where Triton's gRPC inference needs a key, which Triton checks).
+  bool relay_only = false;
 };
 
 void Log(const char* format, ...) __attribute__((format(printf, 1, 2)));
@@ -643,7 +646,7 @@ std::shared_ptr<grpc::Channel> UpstreamChannel(const std::string& target) {
   fprintf(stderr,
           "%s: %s\n"
           "usage: %s --listen HOST:PORT --upstream HOST:PORT --max-message-bytes N [--max-calls N] [--threads N]\n"
-          "       [--drain-seconds S] [--ready-fd FD]\n",
+          "       [--drain-seconds S] [--ready-fd FD] [--relay-only 0|1]\n",
           kName, problem.c_str(), kName);
   exit(2);
 }
@@ -686,6 +689,8 @@ Options Parse(int argc, char** argv) {
       options.drain_seconds = Number(name, value, 0, 86400);
     else if (name == "--ready-fd")
       options.ready_fd = Number(name, value, 0, INT_MAX);
+    else if (name == "--relay-only")
+      options.relay_only = Number(name, value, 0, 1) == 1;
     else
       Usage("unknown option " + name);
   }
@@ -789,33 +794,17 @@ TRITONSERVER_Error* ReleaseOutput(TRITONSERVER_ResponseAllocator*, void* buffer,
 
 }  // namespace
 
-// 0 once listening; otherwise the reason is logged. `args`: the binary's options, separated by spaces, and
-// --relay-only 1 to send ModelInfer to Triton's own front end as well (when its gRPC inference is restricted).
+// 0 once listening; otherwise the reason is logged. `args`: the binary's options, separated by spaces.
 extern "C" __attribute__((visibility("default"))) int s2t_grpc_front_start(TRITONSERVER_Server* server,
                                                                            const char* args) {
   std::vector<std::string> words{kName};
-  std::string word;
-  bool relay_only = false;
-  for (const char* p = args;; ++p) {
-    if (*p == ' ' || *p == '\0') {
-      if (!word.empty()) words.push_back(word);
-      word.clear();
-      if (*p == '\0') break;
-    } else {
-      word += *p;
-    }
-  }
-  for (size_t i = 1; i + 1 < words.size(); ++i)
-    if (words[i] == "--relay-only") {
-      relay_only = words[i + 1] == "1";
-      words.erase(words.begin() + i, words.begin() + i + 2);
-      break;
-    }
+  std::istringstream split(args);
+  for (std::string word; split >> word;) words.push_back(word);
   std::vector<char*> argv;
   for (auto& w : words) argv.push_back(w.data());
   g_options = Parse(static_cast<int>(argv.size()), argv.data());
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  if (!relay_only) {
+  if (!g_options.relay_only) {
     TRITONSERVER_Error* error = TRITONSERVER_ResponseAllocatorNew(&g_allocator, AllocateOutput, ReleaseOutput, nullptr);
     if (error != nullptr) {
       Log("cannot make a response allocator: %s", TRITONSERVER_ErrorMessage(error));
@@ -832,7 +821,6 @@ extern "C" __attribute__((visibility("default"))) void s2t_grpc_front_stop_accep
   if (g_endpoint->server != nullptr) StopAccepting();
 }
 
-// After Triton's own stop (every request answered): the workers end.
 // After Triton's own stop returned (every request answered, or its exit timeout passed): what is left is streams
 // relayed to Triton's endpoint, which it is about to close, and calls Triton will not answer any more; they are
 // cancelled now rather than at the drain's deadline. Bounded: a call that still does not end leaves the workers

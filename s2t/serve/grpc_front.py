@@ -47,13 +47,20 @@ class GrpcFrontError(S2TError, RuntimeError):
     pass
 
 
+def front_options(public_port: int, upstream_port: int, max_message_bytes: int, max_calls: int,
+                  drain_seconds: int) -> list[str]:
+    """The front listening on every address (as Triton's own gRPC endpoint does by default), Triton on loopback: the
+    options of the binary and of the front inside tritonserver alike."""
+    return ["--listen", f"0.0.0.0:{public_port}", "--upstream", f"127.0.0.1:{upstream_port}",
+            "--max-message-bytes", str(max_message_bytes), "--max-calls", str(max_calls),
+            "--drain-seconds", str(drain_seconds)]
+
+
 def command(binary: Path, public_port: int, upstream_port: int, max_message_bytes: int, max_calls: int,
             drain_seconds: int, ready_fd: int | None = None) -> list[str]:
-    """The front listening on every address (as Triton's own gRPC endpoint does by default), Triton on loopback."""
-    cmd = [str(binary), "--listen", f"0.0.0.0:{public_port}", "--upstream", f"127.0.0.1:{upstream_port}",
-           "--max-message-bytes", str(max_message_bytes), "--max-calls", str(max_calls),
-           "--drain-seconds", str(drain_seconds)]
-    return cmd + (["--ready-fd", str(ready_fd)] if ready_fd is not None else [])
+    """The front's binary with its options."""
+    return [str(binary), *front_options(public_port, upstream_port, max_message_bytes, max_calls, drain_seconds),
+            *(["--ready-fd", str(ready_fd)] if ready_fd is not None else [])]
 
 
 def in_process_env(env: dict[str, str], public_port: int, upstream_port: int, max_message_bytes: int,
@@ -71,7 +78,7 @@ def in_process_env(env: dict[str, str], public_port: int, upstream_port: int, ma
                              "LD_PRELOAD cannot name: install skill2triton elsewhere, or use --grpc-front-process")
     relay_only = any(_restricts_grpc_inference(arg, following)
                      for arg, following in zip(triton_command, [*triton_command[1:], ""]))
-    args = command(Path("-"), public_port, upstream_port, max_message_bytes, max_calls, drain_seconds)[1:]
+    args = front_options(public_port, upstream_port, max_message_bytes, max_calls, drain_seconds)
     env = dict(env)
     env["S2T_GRPC_FRONT_PRELOAD_REST"] = env.get("LD_PRELOAD", "")
     env["LD_PRELOAD"] = os.pathsep.join(p for p in (str(hook), env.get("LD_PRELOAD")) if p)

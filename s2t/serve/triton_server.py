@@ -379,19 +379,22 @@ class TritonServer:
             self.supervisor.start()
         return self
 
+    def _front_settings(self) -> tuple[int, int, int, int, int]:
+        """The front's ports, message limit, call limit and drain (Triton's exit timeout and 5 s), either way."""
+        return (self.grpc_port, self.triton_grpc_port, grpc_max_message_bytes(self.repositories),
+                self.grpc_max_calls or DEFAULT_MAX_CALLS, self.exit_timeout_seconds + 5)
+
     def _in_process_front_env(self, env: dict[str, str], command: list[str]) -> dict[str, str]:
         """`env` for a tritonserver that runs the front inside its process (a missing build fails the start here)."""
         try:
-            return in_process_env(env, self.grpc_port, self.triton_grpc_port, grpc_max_message_bytes(self.repositories),
-                                  self.grpc_max_calls or DEFAULT_MAX_CALLS, self.exit_timeout_seconds + 5, command)
+            return in_process_env(env, *self._front_settings(), command)
         except GrpcFrontError as err:
             raise ServerError(str(err)) from None
 
     def _start_grpc_front(self, stdout) -> None:
         """Started before Triton: a missing or broken front fails the start before anything else runs. Its port for
         Triton is kept for the server's whole life, so that a front that stays up finds every new server."""
-        self.front = GrpcFront(self.grpc_port, self.triton_grpc_port, grpc_max_message_bytes(self.repositories),
-                               self.grpc_max_calls or DEFAULT_MAX_CALLS, drain_seconds=self.exit_timeout_seconds + 5)
+        self.front = GrpcFront(*self._front_settings())
         try:
             self.front.start(stdout)
         except GrpcFrontError as err:
