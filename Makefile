@@ -104,17 +104,13 @@ test-python: models
 	$(PY_VENV)/bin/python -m pytest -p no:cacheprovider tests/unit tests/integration/pipeline/test_risk_pipeline.py
 
 system:
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
-	command -v kubectl >/dev/null || missing="$$missing $(KUBECTL_PACKAGE)"; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing $$missing"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
-	fi
+	@tools/debian_packages.sh install $(APT_PACKAGES)
+	@command -v kubectl >/dev/null || tools/debian_packages.sh install $(KUBECTL_PACKAGE)
 	@command -v promtool >/dev/null || { \
 	  echo "installing $(PROMTOOL) from Debian's prometheus package"; \
 	  tmp=$$(mktemp -d); \
-	  (cd $$tmp && { apt-get download -qq prometheus 2>/dev/null || { $(SUDO) apt-get update -qq && apt-get download -qq prometheus; }; } \
-	    && dpkg-deb -x prometheus_*.deb x) && $(SUDO) install -m 755 $$tmp/x/usr/bin/promtool $(PROMTOOL); \
+	  tools/debian_packages.sh download prometheus $$tmp && (cd $$tmp && dpkg-deb -x prometheus_*.deb x) \
+	    && $(SUDO) install -m 755 $$tmp/x/usr/bin/promtool $(PROMTOOL); \
 	  status=$$?; rm -rf $$tmp; exit $$status; }
 
 venv: $(VENV)/.installed

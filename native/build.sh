@@ -13,14 +13,10 @@ sources=(native/python_inprocess.cc native/backend_common.h native/triton_c_api.
 stale=$([ -f "$out" ] || echo missing)
 for source in "${sources[@]}"; do [ "$source" -nt "$out" ] && stale=newer; done
 [ -n "$stale" ] || exit 0
-sudo=$([ "$(id -u)" = 0 ] || echo sudo)
 missing=()
 command -v g++ >/dev/null || missing+=(g++)
 [ -f "$include/Python.h" ] || missing+=("python$version-dev")
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "installing ${missing[*]}"
-  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+[ ${#missing[@]} -eq 0 ] || tools/debian_packages.sh install "${missing[@]}"
 if [ "$shared" != 1 ]; then
   echo "$python has no shared libpython (built without --enable-shared): the in-process backend needs one" >&2
   exit 1

@@ -11,15 +11,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-s2t/serve/native}
 out=$dir/s2t_grpc_front library=$dir/libs2t_grpc_front.so hook=$dir/libs2t_grpc_front_hook.so
-sudo=$([ "$(id -u)" = 0 ] || echo sudo)
 missing=()
 command -v g++ >/dev/null || missing+=(g++)
 command -v pkg-config >/dev/null || missing+=(pkg-config)
 dpkg -s libgrpc++-dev >/dev/null 2>&1 || missing+=(libgrpc++-dev)
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "installing ${missing[*]}"
-  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+[ ${#missing[@]} -eq 0 ] || tools/debian_packages.sh install "${missing[@]}"
 sources=(native/grpc_front.cc native/grpc_front_hook.c native/model_infer_wire.h native/triton_c_api.h
   native/build_grpc_front.sh "$(pkg-config --variable=libdir grpc)/libgrpc.a")
 stale=

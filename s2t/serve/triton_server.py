@@ -29,6 +29,7 @@ from pathlib import Path
 import s2t.backends.runtime
 from s2t.serve.healing import STATE_FILE, HangSettings, SupervisorState
 from s2t.serve import leftovers
+from s2t.serve import server_hook
 from s2t.serve.grpc_front import DEFAULT_MAX_CALLS, GrpcFront, GrpcFrontError, in_process_env, wait_reaches_triton
 from s2t.serve.hidden_args import HiddenArgumentError
 from s2t.serve.keeper import reap_group, spawn
@@ -352,6 +353,8 @@ class TritonServer:
             command, env = self.command(backend_dir), server_env()
             if self.grpc_front and not self.grpc_front_process:
                 env = self._in_process_front_env(env, command)
+            else:
+                env = self._guarded_env(env)
             try:
                 self.process = spawn(command, env, stdout)
             except HiddenArgumentError as err:
@@ -389,6 +392,14 @@ class TritonServer:
         try:
             return in_process_env(env, *self._front_settings(), command)
         except GrpcFrontError as err:
+            raise ServerError(str(err)) from None
+
+    @staticmethod
+    def _guarded_env(env: dict[str, str]) -> dict[str, str]:
+        """`env` with only the hook's guard preloaded (no front inside tritonserver)."""
+        try:
+            return server_hook.preloaded(env)
+        except server_hook.ServerHookError as err:
             raise ServerError(str(err)) from None
 
     def _start_grpc_front(self, stdout) -> None:

@@ -1,0 +1,151 @@
+"""A caller that asks for the classification of a BYTES output must get an error for that request alone. Triton 2.51's
+front ends (HTTP and gRPC alike, src/classification.cc) divide by the datatype's byte size, 0 for BYTES, and die of
+SIGFPE; the hook preloaded into every tritonserver `s2t serve` starts (native/grpc_front_hook.c) makes them refuse it
+as later releases do. Attacked on every way in: the HTTP port, the public gRPC port (unary and streamed), and Triton's
+own gRPC endpoint behind the front, from several callers at once beside valid traffic, with the gRPC front inside
+tritonserver and as a process of its own."""
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+import requests
+from tritonclient.grpc import service_pb2
+
+from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
+from tests.integration.servers import serving, triton_server
+
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
+REFUSAL = "class result not available for output due to unsupported type 'BYTES'"
+CLASS_COUNT = 5
+
+
+@pytest.fixture(scope="module", params=["front inside tritonserver", "front process"])
+def server(request, built_artifacts, tmp_path_factory):
+    log = tmp_path_factory.mktemp("classification_guard") / "tritonserver.log"
+    with serving(triton_server([MODEL_REPOSITORY, ENSEMBLES], log,
+                               grpc_front_process=request.param == "front process")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def record(german_credit_data) -> bytes:
+    return json.dumps({"request_id": "r-1", "features": german_credit_data.records()[0]}).encode()
+
+
+def http_body(record: bytes, output: str | None = None) -> dict:
+    body = {"inputs": [{"name": "payload", "datatype": "BYTES", "shape": [1, 1], "data": [record.decode()]}]}
+    if output is not None:
+        body["outputs"] = [{"name": output, "parameters": {"classification": CLASS_COUNT}}]
+    return body
+
+
+def grpc_request(record: bytes, output: str | None = None) -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name="risk_pipeline", id="guard")
+    request.inputs.add(name="payload", datatype="BYTES", shape=[1, 1])
+    request.raw_input_contents.append(len(record).to_bytes(4, "little") + record)
+    if output is not None:
+        requested = request.outputs.add(name=output)
+        requested.parameters["classification"].int64_param = CLASS_COUNT
+    return request
+
+
+def unary(port: int, request: service_pb2.ModelInferRequest) -> tuple[grpc.StatusCode, str, bytes]:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary(INFER, request_serializer=lambda m: m.SerializeToString(),
+                                   response_deserializer=lambda b: b)
+        try:
+            return grpc.StatusCode.OK, "", call(request, timeout=30)
+        except grpc.RpcError as err:
+            return err.code(), err.details(), b""
+
+
+def streamed(port: int, requests_: list[service_pb2.ModelInferRequest]) -> list[service_pb2.ModelStreamInferResponse]:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.stream_stream(STREAM, request_serializer=lambda m: m.SerializeToString(),
+                                     response_deserializer=service_pb2.ModelStreamInferResponse.FromString)
+        return list(call(iter(requests_), timeout=30))
+
+
+def test_classification_of_a_numeric_output_is_still_answered(server, record):
+    answer = requests.post(f"http://{server.http_url}/v2/models/risk_pipeline/infer",
+                           json=http_body(record, "probability"), timeout=30)
+    assert answer.status_code == 200, answer.text
+    [output] = answer.json()["outputs"]
+    value, index = output["data"][0].split(":")
+    assert 0.0 <= float(value) <= 1.0 and index == "0"
+
+
+@pytest.mark.parametrize("way", ["http", "grpc front", "grpc front streamed", "triton's own grpc"])
+def test_classification_of_a_bytes_output_is_refused_for_that_request_alone(server, record, way):
+    if way == "http":
+        answer = requests.post(f"http://{server.http_url}/v2/models/risk_pipeline/infer",
+                               json=http_body(record, "decision"), timeout=30)
+        assert (answer.status_code, answer.json()) == (400, {"error": REFUSAL})
+    elif way == "grpc front streamed":
+        answers = streamed(server.grpc_port, [grpc_request(record, "decision"), grpc_request(record)])
+        assert [a.error_message for a in answers] == [REFUSAL, ""]
+        assert {o.name for o in answers[1].infer_response.outputs} == {"probability", "decision"}
+    else:
+        port = server.grpc_port if way == "grpc front" else server.triton_grpc_port
+        code, details, _ = unary(port, grpc_request(record, "decision"))
+        assert (code, details) == (grpc.StatusCode.INVALID_ARGUMENT, REFUSAL)
+    assert server.process.poll() is None
+
+
+def test_callers_asking_for_it_beside_valid_traffic_cost_no_valid_answer(server, record):
+    pid = server.process.pid
+    quiet_http = requests.post(f"http://{server.http_url}/v2/models/risk_pipeline/infer",
+                               json=http_body(record), timeout=30).json()
+    quiet_grpc = unary(server.grpc_port, grpc_request(record))
+    assert quiet_grpc[0] == grpc.StatusCode.OK
+    stop, failures, valid_answers = threading.Event(), queue.Queue(), queue.Queue()
+
+    def valid_caller() -> None:
+        with requests.Session() as session:
+            while not stop.is_set():
+                answer = session.post(f"http://{server.http_url}/v2/models/risk_pipeline/infer",
+                                      json=http_body(record), timeout=30)
+                if answer.status_code != 200 or answer.json() != quiet_http:
+                    failures.put(("http", answer.status_code, answer.text[:200]))
+                got = unary(server.grpc_port, grpc_request(record))
+                if got != quiet_grpc:
+                    failures.put(("grpc", got[0], got[1]))
+                valid_answers.put(1)
+
+    def hostile_caller(way: int) -> list:
+        refusals = []
+        for _ in range(25):
+            if way == 0:
+                answer = requests.post(f"http://{server.http_url}/v2/models/risk_pipeline/infer",
+                                       json=http_body(record, "decision"), timeout=30)
+                refusals.append((answer.status_code, answer.text))
+            elif way == 3:
+                refusals.append(tuple(a.error_message for a in streamed(
+                    server.grpc_port, [grpc_request(record, "decision")] * 3)))
+            else:
+                port = server.grpc_port if way == 1 else server.triton_grpc_port
+                refusals.append(unary(port, grpc_request(record, "decision"))[:2])
+        return refusals
+
+    callers = [threading.Thread(target=valid_caller) for _ in range(4)]
+    for caller in callers:
+        caller.start()
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            refusals = list(pool.map(hostile_caller, range(4)))
+    finally:
+        stop.set()
+        for caller in callers:
+            caller.join()
+    assert failures.empty(), list(failures.queue)[:5]
+    assert valid_answers.qsize() > 0
+    assert set(refusals[0]) == {(400, json.dumps({"error": REFUSAL}, separators=(",", ":")))}
+    assert set(refusals[1]) == set(refusals[2]) == {(grpc.StatusCode.INVALID_ARGUMENT, REFUSAL)}
+    assert set(refusals[3]) == {(REFUSAL,) * 3}
+    assert server.process.poll() is None and server.process.pid == pid
