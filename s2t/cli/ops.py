@@ -91,7 +91,7 @@ def soak(minutes, rate, data_csv, report, hostile, floods, latency_targets, http
     if hostile:
         return _hostile_soak(minutes, 4.0 if rate is None else rate, data_csv, report, floods,
                       _latency_targets(latency_targets), urls if given else None)
-    from s2t.bench.soak.supervised import supervised_soak
+    from s2t.soak.supervised import supervised_soak
     with progress("soak", "s") as on_progress:
         result = supervised_soak(list(DEFAULT_REPOSITORIES), data_csv, minutes * 60, rate or 100.0, report,
                                  starting=step, on_progress=on_progress)
@@ -103,7 +103,7 @@ def soak(minutes, rate, data_csv, report, hostile, floods, latency_targets, http
 
 
 def _latency_targets(items: tuple[str, ...]) -> dict[str, float]:
-    from s2t.bench.soak.hostile.valid_paths import LATENCY_TARGETS_MS
+    from s2t.soak.hostile.valid_paths import LATENCY_TARGETS_MS
     targets = {}
     for item in items:
         path, _, ms = item.partition("=")
@@ -119,8 +119,8 @@ def _latency_targets(items: tuple[str, ...]) -> dict[str, float]:
 
 
 def _hostile_soak(minutes, rate, data_csv, report, floods, targets, urls) -> None:
-    from s2t.bench.soak.hostile import runner
-    from s2t.bench.soak.hostile.report import table
+    from s2t.soak.hostile import runner
+    from s2t.soak.hostile.report import table
     from s2t.models import dataset
     with progress("soak", "s") as on_progress:
         result = runner.run(runner.Options(minutes * 60, rate, floods, targets),

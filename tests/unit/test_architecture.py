@@ -83,7 +83,7 @@ def imported_modules(path: Path) -> frozenset[str]:
 # Inside s2t/, lowest first: a module may import from its own layer and those before it, never from one after it.
 # The leaves (readers every layer shares) import no other s2t module; the command line, the package s2t/cli/ and
 # nothing else, sits on top of everything. The lower layers (LOWER) are below all of these.
-S2T_LAYERS = ("leaf", "models", "gate", "control", "serve", "bench", "cli")
+S2T_LAYERS = ("leaf", "models", "gate", "control", "serve", "bench", "soak", "cli")
 S2T_LEAVES = {"s2t", "s2t.errors", "s2t.on_progress", "s2t.project_imports", "s2t.prometheus_text",
               "s2t.triton_admin", "s2t.triton_config"}
 

@@ -5,9 +5,9 @@ import sys
 import threading
 import time
 
-from s2t.bench.soak.hostile import runner, watch as watching
-from s2t.bench.soak.hostile.report import ANSWERED, NOT_SENT, UNANSWERED
-from s2t.bench.soak.hostile.valid_paths import MAX_IN_FLIGHT, Clock, ValidPath
+from s2t.soak.hostile import runner, watch as watching
+from s2t.soak.hostile.report import ANSWERED, NOT_SENT, UNANSWERED
+from s2t.soak.hostile.valid_paths import MAX_IN_FLIGHT, Clock, ValidPath
 
 
 def test_a_valid_path_counts_ticks_over_its_in_flight_cap_as_not_sent_and_waits_for_every_request():

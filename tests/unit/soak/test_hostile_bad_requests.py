@@ -7,8 +7,8 @@ import pytest
 
 from s2t.backends.runtime import bytes_tensor
 from s2t.backends.records.record_decoder import RecordDecoder, RecordError, parse_record
-from s2t.bench.soak.hostile import bad_requests
-from s2t.bench.soak.hostile.bad_requests import INVALID_KINDS, Answer
+from s2t.soak.hostile import bad_requests
+from s2t.soak.hostile.bad_requests import INVALID_KINDS, Answer
 
 FEATURES = {"purpose": "car (new)", "duration_in_month": 6, "credit_amount": 1169}
 

@@ -7,9 +7,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from s2t.bench.soak.hostile import careless_callers, floods
-from s2t.bench.soak.hostile.valid_paths import Clock
-from s2t.bench.soak.hostile.watch import metrics_page
+from s2t.soak.hostile import careless_callers, floods
+from s2t.soak.hostile.valid_paths import Clock
+from s2t.soak.hostile.watch import metrics_page
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from s2t.bench.soak.hostile.valid_paths import Clock, host_port
+from s2t.soak.hostile.valid_paths import Clock, host_port
 from s2t.bench.harness.process_tree import rss_bytes
 from s2t.serve.leftovers import regions_of
 from s2t.serve.stub_command import SHM_DIR

@@ -2,8 +2,8 @@
 kept, and the printed table shows every path, phase and verdict."""
 import pytest
 
-from s2t.bench.soak.hostile import report as soak_report
-from s2t.bench.soak.hostile.report import ANSWERED, FAILED, NOT_SENT, PHASES, UNANSWERED, Sample
+from s2t.soak.hostile import report as soak_report
+from s2t.soak.hostile.report import ANSWERED, FAILED, NOT_SENT, PHASES, UNANSWERED, Sample
 
 
 @pytest.mark.parametrize("elapsed, phase", [(0.0, "before"), (9.99, "before"), (10.0, "during"), (29.9, "during"),

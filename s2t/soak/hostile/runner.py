@@ -20,12 +20,12 @@ from pathlib import Path
 
 import psutil
 
-from s2t.bench.soak.hostile import report as soak_report
-from s2t.bench.soak.hostile.patterns import CALLER_ERROR_FLOODS, FLOOD_SIZES, run_floods
-from s2t.bench.soak.hostile.report import ANSWERED
-from s2t.bench.soak.hostile.valid_paths import LATENCY_TARGETS_MS, VALID_TIMEOUT_S, Calls, Clock, ValidPath, guarded, \
+from s2t.soak.hostile import report as soak_report
+from s2t.soak.hostile.patterns import CALLER_ERROR_FLOODS, FLOOD_SIZES, run_floods
+from s2t.soak.hostile.report import ANSWERED
+from s2t.soak.hostile.valid_paths import LATENCY_TARGETS_MS, VALID_TIMEOUT_S, Calls, Clock, ValidPath, guarded, \
     host_port, path_calls
-from s2t.bench.soak.hostile.watch import Watch, leftovers, listening_pids, port_owner, run_processes, serving_pids, \
+from s2t.soak.hostile.watch import Watch, leftovers, listening_pids, port_owner, run_processes, serving_pids, \
     shm_entries, supervisor_counts
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve import service_process

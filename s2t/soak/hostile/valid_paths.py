@@ -16,8 +16,8 @@ import numpy as np
 from s2t.clients import stream_client
 from s2t.clients.legacy_record import to_protobuf
 from s2t.clients.llm_client import generate_stream
-from s2t.bench.soak.hostile import report
-from s2t.bench.soak.hostile.report import ANSWERED, FAILED, NOT_SENT, UNANSWERED, Sample
+from s2t.soak.hostile import report
+from s2t.soak.hostile.report import ANSWERED, FAILED, NOT_SENT, UNANSWERED, Sample
 from s2t.wire.names import PAYLOAD
 
 # Longest a valid request is waited for before it counts as unanswered.

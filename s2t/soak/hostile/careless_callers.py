@@ -21,10 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from s2t.backends.runtime import bytes_tensor
-from s2t.bench.soak.hostile import bad_requests
-from s2t.bench.soak.hostile.bad_requests import MALFORMED_BYTES, VALID, Answer
-from s2t.bench.soak.hostile.floods import REQUEST_TIMEOUT_S
-from s2t.bench.soak.hostile.valid_paths import host_port
+from s2t.soak.hostile import bad_requests
+from s2t.soak.hostile.bad_requests import MALFORMED_BYTES, VALID, Answer
+from s2t.soak.hostile.floods import REQUEST_TIMEOUT_S
+from s2t.soak.hostile.valid_paths import host_port
 from s2t.wire.names import PAYLOAD
 
 NOT_SENT = "not sent (flood time over)"

@@ -1,1 +1,0 @@
-"""Soaks: a fixed rate for minutes watching memory (supervised), and the hostile soak (hostile/)."""
