@@ -201,10 +201,13 @@ $(EXPLAINER_REASONS): $(LITE_ONNX)
 # against this venv's Python and Triton's C API as the tritonserver binary exports it, into s2t/serve/native/;
 # `s2t serve` puts it on the backend directory. And the gRPC front on the public gRPC port, which `s2t serve` runs
 # inside tritonserver (native/grpc_front.cc and its hook, against Debian's gRPC, installed with apt where missing).
+# And the HTTP front on the public HTTP port, also run inside tritonserver (native/http_front.cc, against Debian's
+# libevent and RapidJSON).
 # Always run: each script rebuilds only when a source is newer.
 native: $(VENV)/.installed
 	$(BUILD_NICE) native/build.sh $(BIN)/python
 	$(BUILD_NICE) native/build_grpc_front.sh
+	$(BUILD_NICE) native/build_http_front.sh
 
 models: $(ADAPTER_SPEC) $(ROUTER_SPEC) $(DRIFT_REFERENCE) $(LITE_ONNX) $(EXPLAINER_REASONS) native
 	$(call publish_if_new,risk_scorer,$(SCORER_ONNX),$(SAVED_MODEL))

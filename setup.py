@@ -1,7 +1,8 @@
 """The wheel carries the wire format's Python code, generated from s2t/wire/*.proto at build time (never committed), the
 in-process Triton backend (native/), compiled for the Python that builds it, and the gRPC front of the embedded
 server (native/grpc_front.cc: the library tritonserver loads, which needs Debian's libgrpc++1.51 where it runs, its
-hook, and the binary, gRPC linked in statically): a platform wheel."""
+hook, and the binary, gRPC linked in statically), and its HTTP front (native/http_front.cc, which needs Debian's
+libevent-2.1-7 where it runs): a platform wheel."""
 import subprocess
 import sys
 import sysconfig
@@ -31,6 +32,7 @@ class BuildWithWireFormat(build_py):
         subprocess.run(["bash", "native/build.sh", sys.executable, str(native.resolve())], check=True)
         front = Path(self.build_lib, "s2t", "serve", "native")
         subprocess.run(["bash", "native/build_grpc_front.sh", str(front.resolve())], check=True)
+        subprocess.run(["bash", "native/build_http_front.sh", str(front.resolve())], check=True)
 
 
 class CompiledDistribution(Distribution):

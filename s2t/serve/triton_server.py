@@ -32,6 +32,7 @@ from s2t.serve import leftovers
 from s2t.serve import server_hook
 from s2t.serve.grpc_front import DEFAULT_MAX_CALLS, GrpcFront, GrpcFrontError, in_process_env, wait_reaches_triton
 from s2t.serve.hidden_args import HiddenArgumentError
+from s2t.serve import http_front
 from s2t.serve.keeper import reap_group, spawn
 from s2t.serve.request_limits import grpc_max_message_bytes
 from s2t.serve.restricted_apis import restrict
@@ -273,6 +274,12 @@ class TritonServer:
     # Upstream calls the front has in flight at most (None: grpc_front.DEFAULT_MAX_CALLS).
     grpc_max_calls: int | None = None
     triton_grpc_port: int | None = None
+    # The public HTTP port is the HTTP front's, inside tritonserver's process (s2t/serve/http_front.py), Triton's own
+    # endpoint on `triton_http_port` on loopback behind it. Off only to measure the front against Triton's own
+    # endpoint: then Triton listens on `http_port` itself, and one request (classification of a BYTES output) can
+    # kill it.
+    http_front: bool = True
+    triton_http_port: int | None = None
     # Triton's latency summaries (LATENCY_SUMMARY_ARGS): off, as `s2t serve` runs by default and the benchmarks measure.
     latency_summaries: bool = False
     extra_args: list[str] = field(default_factory=list)
@@ -305,7 +312,9 @@ class TritonServer:
         cmd += [f"--model-repository={Path(r).resolve()}" for r in self.repositories]
         cmd += [
             f"--backend-directory={backend_dir}",
-            f"--http-port={self.http_port}", f"--metrics-port={self.metrics_port}",
+            *(["--http-address=127.0.0.1", f"--http-port={self.triton_http_port}"] if self.http_front
+              else [f"--http-port={self.http_port}"]),
+            f"--metrics-port={self.metrics_port}",
             f"--model-control-mode={self.model_control_mode}",
             f"--exit-timeout-secs={self.exit_timeout_seconds}",
             "--strict-readiness=true",
@@ -342,6 +351,8 @@ class TritonServer:
         try:
             if self.grpc_front and self.triton_grpc_port is None:
                 self.triton_grpc_port = free_port()
+            if self.http_front and self.triton_http_port is None:
+                self.triton_http_port = free_port()
             if self.grpc_front and self.grpc_front_process and not front_was_running:
                 self._start_grpc_front(stdout)
             precompile_models(self.repositories)
@@ -355,6 +366,8 @@ class TritonServer:
                 env = self._in_process_front_env(env, command)
             else:
                 env = self._guarded_env(env)
+            if self.http_front:
+                env = self._http_front_env(env, command)
             try:
                 self.process = spawn(command, env, stdout)
             except HiddenArgumentError as err:
@@ -392,6 +405,15 @@ class TritonServer:
         try:
             return in_process_env(env, *self._front_settings(), command)
         except GrpcFrontError as err:
+            raise ServerError(str(err)) from None
+
+    def _http_front_env(self, env: dict[str, str], command: list[str]) -> dict[str, str]:
+        """`env` for a tritonserver that runs the HTTP front inside its process (a missing build fails the start)."""
+        options = http_front.front_options(self.http_port, self.triton_http_port,
+                                           http_front.max_body_bytes(self.repositories), self.exit_timeout_seconds + 5)
+        try:
+            return http_front.in_process_env(env, options, command)
+        except http_front.HttpFrontError as err:
             raise ServerError(str(err)) from None
 
     @staticmethod

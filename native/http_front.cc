@@ -1,0 +1,1146 @@
+// s2t_http_front: the public HTTP endpoint of the embedded tritonserver, in front of Triton's own HTTP endpoint on a
+// loopback port, loaded into tritonserver's own process by the preloaded hook (native/grpc_front_hook.c), which
+// calls s2t_http_front_start once Triton's server exists and s2t_http_front_stop_accepting / s2t_http_front_end
+// around Triton's own stop.
+//
+// Triton 2.51's HTTP front end can be killed by a single request (the classification of a BYTES output divides by its
+// byte size, 0: SIGFPE). This front reads every request with libevent's HTTP server and:
+// - answers POST /v2/models/NAME[/versions/V]/infer (JSON, or JSON with the binary-data extension) through Triton's
+//   C API (TRITONSERVER_ServerInferAsync), writing the KServe v2 answer as Triton's own front end writes it
+//   (http_front_infer.h), after checking it against the model's configuration: an output the model does not have,
+//   the classification of a non-numeric output, more inputs or outputs than the model has, a shape the
+//   configuration cannot take, an unknown request parameter: each refused 400 naming the field;
+// - relays everything else unchanged to Triton's own HTTP endpoint (health, metadata, configuration, repository,
+//   statistics, logging, trace, shared memory, generate, compressed bodies, classification of numeric outputs,
+//   requests this reading does not take), and any infer Triton refuses before running it, so that Triton refuses it
+//   again in its own words.
+//
+// Bounded: a request's head and body have size limits (413 / 431 from libevent past them), a connection that sends
+// nothing for --idle-seconds is closed (a head or body that never completes included), connections are counted
+// overall and per peer address (past either limit a connection is answered 503 and closed), and requests to Triton
+// in flight are counted (past --max-calls, 503 at once). Objects the worker threads use are never destroyed: those
+// threads may still run while the process exits.
+//
+//   options: --listen HOST:PORT --upstream HOST:PORT --max-body-bytes N [--max-header-bytes N] [--threads N]
+//            [--idle-seconds S] [--max-connections N] [--max-connections-per-peer N] [--max-calls N]
+//            [--drain-seconds S] [--request-parameters NAME,...] [--relay-only 0|1]
+
+#include <arpa/inet.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <event2/listener.h>
+#include <event2/util.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "http_front_infer.h"
+#include "triton_c_api.h"
+
+namespace http_front {
+
+constexpr const char* kName = "s2t_http_front";
+
+struct Options {
+  std::string listen;
+  std::string upstream;
+  long max_body_bytes = 0;  // 0: required
+  long max_header_bytes = 16 * 1024;
+  long threads = 1;
+  long idle_seconds = 60;
+  long max_connections = 4096;
+  long max_connections_per_peer = 512;
+  long max_calls = 1024;
+  long drain_seconds = 30;
+  // Triton's HTTP inference needs a key (--http-restricted-api): infer relayed too, for Triton to check it.
+  bool relay_only = false;
+  // Custom request parameters the served models read, separated by commas ("-": none).
+  std::string request_parameters = "-";
+};
+
+void Log(const char* format, ...) __attribute__((format(printf, 1, 2)));
+void Log(const char* format, ...) {
+  char line[1024];
+  va_list args;
+  va_start(args, format);
+  vsnprintf(line, sizeof line, format, args);
+  va_end(args);
+  fprintf(stderr, "%s: %s\n", kName, line);
+  fflush(stderr);
+}
+
+double Now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec / 1e9;
+}
+
+// A counter with a ceiling, shared by every thread.
+class Slots {
+ public:
+  explicit Slots(long max) : max_(max) {}
+  bool Take() {
+    long held = held_.load(std::memory_order_relaxed);
+    do {
+      if (held >= max_) return false;
+    } while (!held_.compare_exchange_weak(held, held + 1, std::memory_order_relaxed));
+    return true;
+  }
+  void Give() { held_.fetch_sub(1, std::memory_order_relaxed); }
+  long held() const { return held_.load(std::memory_order_relaxed); }
+  long max() const { return max_; }
+
+ private:
+  const long max_;
+  std::atomic<long> held_{0};
+};
+
+// Refusals are logged at most once a second, each line counting those since the last.
+class RefusalLog {
+ public:
+  void Refused(const char* what) {
+    count_.fetch_add(1, std::memory_order_relaxed);
+    double now = Now();
+    double last = last_.load(std::memory_order_relaxed);
+    if (now - last < 1.0 || !last_.compare_exchange_strong(last, now)) return;
+    long count = count_.exchange(0);
+    if (count > 0) Log("refused %ld request(s) or connection(s): %s", count, what);
+  }
+
+ private:
+  std::atomic<long> count_{0};
+  std::atomic<double> last_{-1e9};
+};
+
+Options g_options;
+Slots* g_calls = nullptr;
+RefusalLog g_refusals;
+std::atomic<bool> g_stopping{false};
+TRITONSERVER_Server* g_server = nullptr;  // set unless relay_only: infer answered through the C API
+
+// Connections open, overall and per peer address (counted from a connection's first request; until then a
+// connection is bounded by --idle-seconds and the head's size).
+class Connections {
+ public:
+  bool Admit(const std::string& peer) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (total_ >= g_options.max_connections) return false;
+    long& mine = per_peer_[peer];
+    if (mine >= g_options.max_connections_per_peer) return false;
+    ++mine;
+    ++total_;
+    return true;
+  }
+  void Leave(const std::string& peer) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = per_peer_.find(peer);
+    if (it != per_peer_.end() && --it->second <= 0) per_peer_.erase(it);
+    --total_;
+  }
+
+ private:
+  std::mutex mutex_;
+  long total_ = 0;
+  std::unordered_map<std::string, long> per_peer_;
+};
+Connections& g_connections = *new Connections;
+
+// Headers that describe one hop, not the message: never passed on (RFC 9110 7.6.1), nor the ones libevent writes
+// itself for the next hop (Content-Length).
+bool HopHeader(const char* key) {
+  static const char* const kHop[] = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te",
+                                     "trailer", "upgrade", "proxy-authenticate", "proxy-authorization",
+                                     "content-length"};
+  for (const char* hop : kHop)
+    if (strcasecmp(key, hop) == 0) return true;
+  return false;
+}
+
+void AddErrorJson(evbuffer* out, const std::string& message);
+
+class Worker;
+
+// One client connection's bookkeeping, from its first request until libevent closes it.
+struct Connection {
+  Worker* worker;
+  std::string peer;
+  bool admitted;
+};
+
+// A request relayed to Triton's own HTTP endpoint.
+struct Relay {
+  Worker* worker;
+  evhttp_request* down;  // the client's request, answered when Triton answers (or fails)
+  evhttp_connection* up_connection;
+};
+
+class Worker {
+ public:
+  Worker();
+  void Run();
+  event_base* base() { return base_; }
+  evhttp* http() { return http_; }
+
+  void Handle(evhttp_request* request);
+  void RelayRequest(evhttp_request* request);
+  // From Triton's threads: `run` is called on this worker's thread.
+  void Post(void (*run)(void*), void* arg);
+  // The configuration of a model (version -1: the one Triton serves), as read within kShapeSeconds, or now (`fresh`);
+  // null where it cannot be read.
+  const ModelShape* Shape(const std::string& model, int64_t version, bool fresh);
+
+ private:
+  static void OnRequest(evhttp_request* request, void* worker) { static_cast<Worker*>(worker)->Handle(request); }
+  static void OnConnectionClosed(evhttp_connection* connection, void* arg);
+  static void OnRelayed(evhttp_request* up, void* relay);
+  static void OnPosted(evutil_socket_t fd, short, void* worker);
+  bool AdmitConnection(evhttp_request* request);
+  evhttp_connection* TakeUpstream();
+  void GiveUpstream(evhttp_connection* connection);
+
+  event_base* base_;
+  evhttp* http_;
+  std::unordered_map<std::string, std::pair<double, ModelShape>> shapes_;
+  std::unordered_set<evhttp_connection*> known_;  // client connections counted (their close is awaited)
+  int wake_fd_;
+  event* wake_;
+  std::mutex posted_mutex_;
+  std::vector<std::pair<void (*)(void*), void*>> posted_;
+};
+
+Worker::Worker() {
+  base_ = event_base_new();
+  http_ = evhttp_new(base_);
+  evhttp_set_max_body_size(http_, g_options.max_body_bytes);
+  evhttp_set_max_headers_size(http_, g_options.max_header_bytes);
+  evhttp_set_timeout(http_, static_cast<int>(g_options.idle_seconds));
+  // Every method reaches Triton's front end, which answers those it does not serve in its own words.
+  evhttp_set_allowed_methods(http_, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
+                                        EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE |
+                                        EVHTTP_REQ_CONNECT | EVHTTP_REQ_PATCH);
+  // An answer carries the Content-Type its writer gave it, or none, as Triton's.
+  evhttp_set_default_content_type(http_, nullptr);
+  evhttp_set_gencb(http_, OnRequest, this);
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  wake_ = event_new(base_, wake_fd_, EV_READ | EV_PERSIST, OnPosted, this);
+  event_add(wake_, nullptr);
+}
+
+void Worker::Run() { event_base_loop(base_, EVLOOP_NO_EXIT_ON_EMPTY); }
+
+void Worker::Post(void (*run)(void*), void* arg) {
+  bool first;
+  {
+    std::lock_guard<std::mutex> lock(posted_mutex_);
+    first = posted_.empty();
+    posted_.emplace_back(run, arg);
+  }
+  if (first) {
+    uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof one);
+  }
+}
+
+void Worker::OnPosted(evutil_socket_t fd, short, void* arg) {
+  auto* worker = static_cast<Worker*>(arg);
+  uint64_t count;
+  (void)!read(fd, &count, sizeof count);
+  std::vector<std::pair<void (*)(void*), void*>> posted;
+  {
+    std::lock_guard<std::mutex> lock(worker->posted_mutex_);
+    posted.swap(worker->posted_);
+  }
+  for (auto& [run, arg] : posted) run(arg);
+}
+
+void Worker::OnConnectionClosed(evhttp_connection* connection, void* arg) {
+  auto* state = static_cast<Connection*>(arg);
+  state->worker->known_.erase(connection);
+  if (state->admitted) g_connections.Leave(state->peer);
+  delete state;
+}
+
+// A connection is counted at its first request; one over a limit is answered 503 and closed.
+bool Worker::AdmitConnection(evhttp_request* request) {
+  evhttp_connection* connection = evhttp_request_get_connection(request);
+  if (connection == nullptr || known_.count(connection)) return true;
+  char* address = nullptr;
+  ev_uint16_t port = 0;
+  evhttp_connection_get_peer(connection, &address, &port);
+  auto* state = new Connection{this, address != nullptr ? address : "", false};
+  state->admitted = g_connections.Admit(state->peer);
+  known_.insert(connection);
+  evhttp_connection_set_closecb(connection, OnConnectionClosed, state);
+  if (state->admitted) return true;
+  g_refusals.Refused("too many connections (--max-connections or --max-connections-per-peer)");
+  evhttp_add_header(evhttp_request_get_output_headers(request), "Connection", "close");
+  evhttp_add_header(evhttp_request_get_output_headers(request), "Content-Type", "application/json");
+  AddErrorJson(evhttp_request_get_output_buffer(request),
+               "too many connections to the HTTP front of tritonserver; try again");
+  evhttp_send_reply(request, 503, "Service Unavailable", nullptr);
+  return false;
+}
+
+bool InferInProcess(Worker* worker, evhttp_request* request);
+
+void Worker::Handle(evhttp_request* request) {
+  if (!AdmitConnection(request)) return;
+  if (g_stopping.load(std::memory_order_relaxed)) {
+    evhttp_add_header(evhttp_request_get_output_headers(request), "Connection", "close");
+  }
+  if (!g_calls->Take()) {
+    g_refusals.Refused("too many requests to tritonserver in flight (--max-calls)");
+    evhttp_add_header(evhttp_request_get_output_headers(request), "Content-Type", "application/json");
+    AddErrorJson(evhttp_request_get_output_buffer(request),
+                 "the HTTP front of tritonserver holds " + std::to_string(g_calls->max()) +
+                     " requests to it, its limit; try again");
+    evhttp_send_reply(request, 503, "Service Unavailable", nullptr);
+    return;
+  }
+  if (g_server != nullptr && InferInProcess(this, request)) return;
+  RelayRequest(request);
+}
+
+// One connection to Triton's endpoint per relayed request, closed after it: when tritonserver stops, its HTTP front
+// end waits (up to the exit timeout) for every connection to it to close before Triton drains, and a connection kept
+// open here would spend that time. Relaying is off the hot path (inference is answered in process).
+evhttp_connection* Worker::TakeUpstream() {
+  static const std::string host = g_options.upstream.substr(0, g_options.upstream.rfind(':'));
+  static const int port = atoi(g_options.upstream.c_str() + g_options.upstream.rfind(':') + 1);
+  evhttp_connection* connection = evhttp_connection_base_new(base_, nullptr, host.c_str(), port);
+  if (connection == nullptr) return nullptr;
+  // A request is never sent twice: Triton may have run it. Triton takes as long as it takes (a queue, a slow
+  // model): no timeout here (libevent's default would cut a request after 50 s).
+  evhttp_connection_set_retries(connection, 0);
+  evhttp_connection_set_timeout(connection, 7 * 86400);
+  return connection;
+}
+
+void FreeConnection(evutil_socket_t, short, void* connection) {
+  evhttp_connection_free(static_cast<evhttp_connection*>(connection));
+}
+
+// Freed once libevent is done with the request that used it (not from within its callback).
+void Worker::GiveUpstream(evhttp_connection* connection) {
+  event_base_once(base_, -1, EV_TIMEOUT, FreeConnection, connection, nullptr);
+}
+
+void Worker::RelayRequest(evhttp_request* down) {
+  auto* relay = new Relay{this, down, TakeUpstream()};
+  evhttp_request* up = relay->up_connection != nullptr ? evhttp_request_new(OnRelayed, relay) : nullptr;
+  if (up == nullptr) {
+    OnRelayed(nullptr, relay);
+    return;
+  }
+  evkeyvalq* up_headers = evhttp_request_get_output_headers(up);
+  for (evkeyval* header = evhttp_request_get_input_headers(down)->tqh_first; header != nullptr;
+       header = header->next.tqe_next)
+    if (!HopHeader(header->key)) evhttp_add_header(up_headers, header->key, header->value);
+  evhttp_add_header(up_headers, "Connection", "close");
+  evbuffer* body = evhttp_request_get_input_buffer(down);
+  evhttp_cmd_type method = evhttp_request_get_command(down);
+  if (evbuffer_get_length(body) > 0 || method == EVHTTP_REQ_POST || method == EVHTTP_REQ_PUT ||
+      method == EVHTTP_REQ_PATCH)
+    evhttp_add_header(up_headers, "Content-Length", std::to_string(evbuffer_get_length(body)).c_str());
+  evbuffer_add_buffer(evhttp_request_get_output_buffer(up), body);
+  if (evhttp_make_request(relay->up_connection, up, method, evhttp_request_get_uri(down)) != 0) {
+    // libevent has freed `up` and will not call back.
+    OnRelayed(nullptr, relay);
+  }
+}
+
+void Worker::OnRelayed(evhttp_request* up, void* arg) {
+  auto* relay = static_cast<Relay*>(arg);
+  Worker* worker = relay->worker;
+  evhttp_request* down = relay->down;
+  int code = up != nullptr ? evhttp_request_get_response_code(up) : 0;
+  if (code == 0) {
+    if (relay->up_connection != nullptr) worker->GiveUpstream(relay->up_connection);
+    evhttp_add_header(evhttp_request_get_output_headers(down), "Content-Type", "application/json");
+    AddErrorJson(evhttp_request_get_output_buffer(down), "tritonserver's HTTP endpoint did not answer");
+    evhttp_send_reply(down, 502, "Bad Gateway", nullptr);
+  } else {
+    evkeyvalq* down_headers = evhttp_request_get_output_headers(down);
+    for (evkeyval* header = evhttp_request_get_input_headers(up)->tqh_first; header != nullptr;
+         header = header->next.tqe_next)
+      if (!HopHeader(header->key)) evhttp_add_header(down_headers, header->key, header->value);
+    const char* reason = evhttp_request_get_response_code_line(up);
+    evhttp_send_reply(down, code, reason != nullptr ? reason : "", evhttp_request_get_input_buffer(up));
+    worker->GiveUpstream(relay->up_connection);
+  }
+  g_calls->Give();
+  delete relay;
+}
+
+void AddErrorJson(evbuffer* out, const std::string& message) {
+  std::string json = ErrorJson(message.c_str());
+  evbuffer_add(out, json.data(), json.size());
+}
+
+// ---- inference through Triton's C API
+
+TRITONSERVER_ResponseAllocator* g_allocator = nullptr;
+// Request parameters passed on to the model besides those of the protocol (--request-parameters): the custom ones
+// the served models read. Any other is refused: it would do nothing, and a caller who sent it expects it to.
+std::unordered_set<std::string>& g_custom_parameters = *new std::unordered_set<std::string>;
+// The most dimensions an input may have: no configuration here comes near it, and a shape is copied per request.
+constexpr size_t kMaxRank = 16;
+// How long a model's configuration is taken as known (a reload may change it); a refusal always reads it afresh.
+constexpr double kShapeSeconds = 1.0;
+
+// One request answered in process: it lives until Triton has released the request and its answer has been sent.
+struct InferCall {
+  Worker* worker = nullptr;
+  evhttp_request* down = nullptr;
+  evbuffer* body = nullptr;  // the request's body, moved here once Triton has it: binary inputs point into it
+  std::vector<std::string> serialized;  // inputs given as JSON data, as Triton reads them
+  std::unordered_map<std::string, OutputKind> kinds;
+  OutputKind default_kind = OutputKind::kJson;
+  std::atomic<int> pending{2};  // Triton's release of the request, and the answer sent
+  int code = 200;
+  bool answered = false, has_binary = false;
+  size_t json_size = 0;
+  std::string answer;
+};
+
+void FinishCall(InferCall* call) {
+  if (call->pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  evbuffer_free(call->body);
+  delete call;
+}
+
+// On the worker's thread: the answer Triton's thread wrote.
+void SendAnswer(void* arg) {
+  auto* call = static_cast<InferCall*>(arg);
+  evkeyvalq* headers = evhttp_request_get_output_headers(call->down);
+  if (call->code == 200 && call->has_binary) {
+    evhttp_add_header(headers, "Content-Type", "application/octet-stream");
+    evhttp_add_header(headers, "Inference-Header-Content-Length", std::to_string(call->json_size).c_str());
+  } else if (call->code == 200) {
+    evhttp_add_header(headers, "Content-Type", "application/json");
+  } else {
+    // What Triton's front end answers a refusal of Triton's with (its server's default type).
+    evhttp_add_header(headers, "Content-Type", "text/plain");
+  }
+  evbuffer_add(evhttp_request_get_output_buffer(call->down), call->answer.data(), call->answer.size());
+  static const char* const kReasons[] = {"OK", "Bad Request", "Not Found", "Internal Server Error",
+                                         "Not Implemented", "Service Unavailable"};
+  int code = call->code;
+  const char* reason = code == 200 ? kReasons[0] : code == 400 ? kReasons[1] : code == 404 ? kReasons[2]
+                       : code == 500 ? kReasons[3] : code == 501 ? kReasons[4] : kReasons[5];
+  evhttp_send_reply(call->down, code, reason, nullptr);
+  g_calls->Give();
+  FinishCall(call);
+}
+
+void Released(TRITONSERVER_InferenceRequest* request, const uint32_t, void* userp) {
+  TRITONSERVER_InferenceRequestDelete(request);
+  FinishCall(static_cast<InferCall*>(userp));
+}
+
+// On Triton's thread: the answer written here, as Triton's front end writes it on its.
+void Answered(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp) {
+  auto* call = static_cast<InferCall*>(userp);
+  if (response != nullptr) {
+    TRITONSERVER_Error* error = nullptr;
+    if (call->answered) {
+      error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "expected a single response, got 2");
+    } else {
+      call->answered = true;
+      error = TRITONSERVER_InferenceResponseError(response);
+      if (error == nullptr)
+        error = WriteResponse(
+            response,
+            [call](const char* name) {
+              auto kind = call->kinds.find(name);
+              return kind != call->kinds.end() ? kind->second : call->default_kind;
+            },
+            &call->answer, &call->json_size, &call->has_binary);
+    }
+    TRITONSERVER_InferenceResponseDelete(response);
+    if (error != nullptr) {
+      call->code = HttpCode(error);
+      call->answer = ErrorJson(TRITONSERVER_ErrorMessage(error));
+      TRITONSERVER_ErrorDelete(error);
+    }
+  }
+  if (!(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)) return;
+  if (!call->answered) {
+    call->code = 500;
+    call->answer = ErrorJson("expected a single response, got 0");
+  }
+  call->worker->Post(SendAnswer, call);
+}
+
+void Refuse(evhttp_request* request, const std::string& message) {
+  g_refusals.Refused(message.c_str());
+  evhttp_add_header(evhttp_request_get_output_headers(request), "Content-Type", "application/json");
+  AddErrorJson(evhttp_request_get_output_buffer(request), message);
+  evhttp_send_reply(request, 400, "Bad Request", nullptr);
+  g_calls->Give();
+}
+
+const ModelShape* Worker::Shape(const std::string& model, int64_t version, bool fresh) {
+  std::string key = model + '\n' + std::to_string(version);
+  double now = Now();
+  auto known = shapes_.find(key);
+  if (known != shapes_.end() && !fresh && now - known->second.first < kShapeSeconds) return &known->second.second;
+  TRITONSERVER_Message* message = nullptr;
+  TRITONSERVER_Error* error = TRITONSERVER_ServerModelConfig(g_server, model.c_str(), version, 1, &message);
+  const char* json = nullptr;
+  size_t size = 0;
+  if (error == nullptr) error = TRITONSERVER_MessageSerializeToJson(message, &json, &size);
+  ModelShape shape;
+  bool read = error == nullptr && ReadModelShape(json, size, &shape);
+  if (error != nullptr) TRITONSERVER_ErrorDelete(error);
+  if (message != nullptr) TRITONSERVER_MessageDelete(message);
+  if (!read) {
+    shapes_.erase(key);
+    return nullptr;
+  }
+  // Names of models come from callers: the map is bounded by dropping all when full.
+  if (shapes_.size() >= 1024) shapes_.clear();
+  auto& entry = shapes_[key];
+  entry = {now, std::move(shape)};
+  return &entry.second;
+}
+
+// Why a request cannot be valid for `shape`, naming the field; empty when it may be.
+std::string Check(const rapidjson::Document& doc, const std::string& model, const ModelShape& shape,
+                  bool* classify_numeric) {
+  const auto& inputs = doc["inputs"];
+  if (!shape.inputs.empty() && inputs.Size() > shape.inputs.size())
+    return "inputs: " + std::to_string(inputs.Size()) + " given, and model '" + model + "' has " +
+           std::to_string(shape.inputs.size());
+  for (rapidjson::SizeType i = 0; i < inputs.Size(); ++i) {
+    const auto& input = inputs[i];
+    std::string field = "inputs[" + std::to_string(i) + "].shape";
+    const auto& dims = input["shape"];
+    if (dims.Size() > kMaxRank)
+      return field + ": " + std::to_string(dims.Size()) + " dimensions, more than the " + std::to_string(kMaxRank) +
+             " any input takes";
+    for (const auto& d : dims.GetArray())
+      if (!d.IsUint64() || d.GetUint64() > static_cast<uint64_t>(INT64_MAX))
+        return field + ": every dimension must be a whole number from 0";
+    auto config = shape.inputs.find(input["name"].GetString());
+    if (config == shape.inputs.end() || config->second.ragged || config->second.dims.empty()) continue;
+    const std::vector<int64_t>& want = config->second.dims;
+    size_t batch = shape.max_batch_size > 0 ? 1 : 0;
+    if (dims.Size() != want.size() + batch)
+      return field + ": " + std::to_string(dims.Size()) + " dimensions, and input '" + config->first + "' of model '" +
+             model + "' has " + std::to_string(want.size() + batch);
+    if (batch && static_cast<int64_t>(dims[0].GetUint64()) > shape.max_batch_size)
+      return field + ": a batch of " + std::to_string(dims[0].GetUint64()) + ", more than model '" + model +
+             "' takes (" + std::to_string(shape.max_batch_size) + ")";
+    for (size_t d = 0; d < want.size(); ++d)
+      if (want[d] >= 0 && static_cast<int64_t>(dims[batch + d].GetUint64()) != want[d])
+        return field + ": dimension " + std::to_string(batch + d) + " is " + std::to_string(dims[batch + d].GetUint64()) +
+               ", and input '" + config->first + "' of model '" + model + "' has " + std::to_string(want[d]);
+  }
+  auto outputs = doc.FindMember("outputs");
+  if (outputs == doc.MemberEnd()) return "";
+  if (!shape.outputs.empty() && outputs->value.Size() > shape.outputs.size())
+    return "outputs: " + std::to_string(outputs->value.Size()) + " requested, and model '" + model + "' has " +
+           std::to_string(shape.outputs.size());
+  for (rapidjson::SizeType i = 0; i < outputs->value.Size(); ++i) {
+    const auto& output = outputs->value[i];
+    std::string field = "outputs[" + std::to_string(i) + "]";
+    std::string name = output["name"].GetString();
+    auto config = shape.outputs.find(name);
+    if (!shape.outputs.empty() && config == shape.outputs.end())
+      return field + ".name: model '" + model + "' has no output '" + name + "'";
+    auto parameters = output.FindMember("parameters");
+    if (parameters == output.MemberEnd() || !parameters->value.HasMember("classification")) continue;
+    if (config == shape.outputs.end() || config->second.datatype == "BYTES" || config->second.datatype.empty())
+      return field + ".parameters.classification: output '" + name + "' of model '" + model + "' is " +
+             (config == shape.outputs.end() || config->second.datatype.empty() ? std::string("of unknown type")
+                                                                                : config->second.datatype) +
+             ", and classification needs a numeric output";
+    *classify_numeric = true;
+  }
+  return "";
+}
+
+// Why a request Triton will read cannot be valid because it asks for the classification of an output that is not
+// numeric; empty when it does not.
+std::string GuardClassification(const rapidjson::Document& doc, const std::string& model, int64_t version,
+                                Worker* worker) {
+  if (!doc.IsObject()) return "";
+  auto outputs = doc.FindMember("outputs");
+  if (outputs == doc.MemberEnd() || !outputs->value.IsArray()) return "";
+  const ModelShape* shape = nullptr;
+  for (rapidjson::SizeType i = 0; i < outputs->value.Size(); ++i) {
+    const auto& output = outputs->value[i];
+    if (!output.IsObject() || !output.HasMember("name") || !output["name"].IsString()) continue;
+    auto parameters = output.FindMember("parameters");
+    if (parameters == output.MemberEnd() || !parameters->value.IsObject() ||
+        !parameters->value.HasMember("classification"))
+      continue;
+    if (shape == nullptr && (shape = worker->Shape(model, version, true)) == nullptr) return "";
+    auto config = shape->outputs.find(output["name"].GetString());
+    if (config != shape->outputs.end() && config->second.datatype != "BYTES") continue;
+    return "outputs[" + std::to_string(i) + "].parameters.classification: output '" + output["name"].GetString() +
+           "' of model '" + model + "' is " +
+           (config == shape->outputs.end() ? std::string("not one of its outputs") : config->second.datatype) +
+           ", and classification needs a numeric output";
+  }
+  return "";
+}
+
+// The parts of a request this front reads itself; anything else sends the request to Triton's own front end.
+bool Readable(const rapidjson::Document& doc) {
+  if (!doc.IsObject()) return false;
+  auto inputs = doc.FindMember("inputs");
+  if (inputs == doc.MemberEnd() || !inputs->value.IsArray() || inputs->value.Empty()) return false;
+  for (const auto& input : inputs->value.GetArray()) {
+    if (!input.IsObject() || !input.HasMember("name") || !input["name"].IsString() || !input.HasMember("datatype") ||
+        !input["datatype"].IsString() || !input.HasMember("shape") || !input["shape"].IsArray())
+      return false;
+    auto parameters = input.FindMember("parameters");
+    bool binary = false;
+    if (parameters != input.MemberEnd()) {
+      if (!parameters->value.IsObject() || parameters->value.HasMember("shared_memory_region")) return false;
+      auto size = parameters->value.FindMember("binary_data_size");
+      if (size != parameters->value.MemberEnd()) {
+        if (!size->value.IsUint64()) return false;
+        binary = true;
+      }
+    }
+    if (binary == input.HasMember("data")) return false;
+  }
+  auto outputs = doc.FindMember("outputs");
+  if (outputs != doc.MemberEnd()) {
+    if (!outputs->value.IsArray()) return false;
+    for (const auto& output : outputs->value.GetArray()) {
+      if (!output.IsObject() || !output.HasMember("name") || !output["name"].IsString()) return false;
+      auto parameters = output.FindMember("parameters");
+      if (parameters == output.MemberEnd()) continue;
+      if (!parameters->value.IsObject() || parameters->value.HasMember("shared_memory_region")) return false;
+      auto binary = parameters->value.FindMember("binary_data");
+      if (binary != parameters->value.MemberEnd() && !binary->value.IsBool()) return false;
+    }
+  }
+  auto id = doc.FindMember("id");
+  if (id != doc.MemberEnd() && !id->value.IsString()) return false;
+  auto parameters = doc.FindMember("parameters");
+  if (parameters != doc.MemberEnd() && !parameters->value.IsObject()) return false;
+  return true;
+}
+
+// BYTES elements (strings, in nested arrays) as Triton serializes them; false where Triton would refuse.
+bool SerializeBytes(const rapidjson::Value& data, std::string* out) {
+  if (data.IsArray()) {
+    for (const auto& element : data.GetArray())
+      if (!SerializeBytes(element, out)) return false;
+    return true;
+  }
+  if (!data.IsString()) return false;
+  uint32_t length = data.GetStringLength();
+  out->append(reinterpret_cast<const char*>(&length), sizeof length);
+  out->append(data.GetString(), length);
+  return true;
+}
+
+template <typename T>
+bool SerializeNumbers(const rapidjson::Value& data, TRITONSERVER_DataType type, std::string* out) {
+  if (data.IsArray()) {
+    for (const auto& element : data.GetArray())
+      if (!SerializeNumbers<T>(element, type, out)) return false;
+    return true;
+  }
+  T value;
+  if (type == TRITONSERVER_TYPE_BOOL) {
+    if (!data.IsBool()) return false;
+    value = static_cast<T>(data.GetBool() ? 1 : 0);
+  } else if (type == TRITONSERVER_TYPE_FP32 || type == TRITONSERVER_TYPE_FP64) {
+    if (!data.IsNumber()) return false;
+    value = static_cast<T>(data.GetDouble());
+  } else if (type == TRITONSERVER_TYPE_UINT8 || type == TRITONSERVER_TYPE_UINT16 || type == TRITONSERVER_TYPE_UINT32 ||
+             type == TRITONSERVER_TYPE_UINT64) {
+    if (!data.IsUint64()) return false;
+    value = static_cast<T>(data.GetUint64());
+  } else {
+    if (!data.IsInt64()) return false;
+    value = static_cast<T>(data.GetInt64());
+  }
+  out->append(reinterpret_cast<const char*>(&value), sizeof value);
+  return true;
+}
+
+bool SerializeJsonData(const rapidjson::Value& data, TRITONSERVER_DataType type, int64_t elements, std::string* out) {
+  bool ok;
+  switch (type) {
+    case TRITONSERVER_TYPE_BYTES: return SerializeBytes(data, out);
+    case TRITONSERVER_TYPE_BOOL: case TRITONSERVER_TYPE_UINT8: ok = SerializeNumbers<uint8_t>(data, type, out); break;
+    case TRITONSERVER_TYPE_UINT16: ok = SerializeNumbers<uint16_t>(data, type, out); break;
+    case TRITONSERVER_TYPE_UINT32: ok = SerializeNumbers<uint32_t>(data, type, out); break;
+    case TRITONSERVER_TYPE_UINT64: ok = SerializeNumbers<uint64_t>(data, type, out); break;
+    case TRITONSERVER_TYPE_INT8: ok = SerializeNumbers<int8_t>(data, type, out); break;
+    case TRITONSERVER_TYPE_INT16: ok = SerializeNumbers<int16_t>(data, type, out); break;
+    case TRITONSERVER_TYPE_INT32: ok = SerializeNumbers<int32_t>(data, type, out); break;
+    case TRITONSERVER_TYPE_INT64: ok = SerializeNumbers<int64_t>(data, type, out); break;
+    case TRITONSERVER_TYPE_FP32: ok = SerializeNumbers<float>(data, type, out); break;
+    case TRITONSERVER_TYPE_FP64: ok = SerializeNumbers<double>(data, type, out); break;
+    default: return false;
+  }
+  return ok && static_cast<int64_t>(out->size()) == elements * TRITONSERVER_DataTypeByteSize(type);
+}
+
+// "/v2/models/NAME[/versions/V]/infer": the model's name and version (-1: Triton's choice); false for any other path,
+// and for names and versions Triton's own front end reads differently (escapes, versions that are no number).
+bool InferPath(const char* path, std::string* model, int64_t* version) {
+  static const char kPrefix[] = "/v2/models/";
+  if (path == nullptr || strncmp(path, kPrefix, sizeof kPrefix - 1) != 0) return false;
+  std::string rest = path + sizeof kPrefix - 1;
+  static const std::string kInfer = "/infer";
+  if (rest.size() <= kInfer.size() || rest.compare(rest.size() - kInfer.size(), kInfer.size(), kInfer) != 0)
+    return false;
+  rest.resize(rest.size() - kInfer.size());
+  size_t slash = rest.find('/');
+  *model = rest.substr(0, slash);
+  *version = -1;
+  if (model->empty() || model->find('%') != std::string::npos) return false;
+  if (slash == std::string::npos) return true;
+  static const std::string kVersions = "/versions/";
+  if (rest.compare(slash, kVersions.size(), kVersions) != 0) return false;
+  std::string digits = rest.substr(slash + kVersions.size());
+  if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos)
+    return false;
+  *version = std::stoll(digits);
+  return true;
+}
+
+// True when the request is answered here: through Triton's C API, or refused (400) as one that cannot be valid.
+// False sends it to Triton's own front end: any request this reading does not take, and any Triton refuses before
+// running it (refused there again, in Triton's words).
+bool InferInProcess(Worker* worker, evhttp_request* request) {
+  if (evhttp_request_get_command(request) != EVHTTP_REQ_POST) return false;
+  const evhttp_uri* uri = evhttp_request_get_evhttp_uri(request);
+  std::string model;
+  int64_t version;
+  if (uri == nullptr || evhttp_uri_get_query(uri) != nullptr || !InferPath(evhttp_uri_get_path(uri), &model, &version))
+    return false;
+  evkeyvalq* headers = evhttp_request_get_input_headers(request);
+  // Compressed bodies and answers are Triton's to decompress and compress.
+  if (evhttp_find_header(headers, "Content-Encoding") != nullptr) return false;
+  const char* accept = evhttp_find_header(headers, "Accept-Encoding");
+  bool compress = accept != nullptr && (strstr(accept, "gzip") != nullptr || strstr(accept, "deflate") != nullptr);
+  evbuffer* input = evhttp_request_get_input_buffer(request);
+  size_t body_size = evbuffer_get_length(input);
+  size_t header_size = body_size;
+  const char* header_length = evhttp_find_header(headers, "Inference-Header-Content-Length");
+  if (header_length != nullptr) {
+    char* end = nullptr;
+    errno = 0;
+    unsigned long long parsed = strtoull(header_length, &end, 10);
+    if (errno != 0 || end == header_length || *end != '\0' || header_length[0] == '-' || parsed == 0 ||
+        parsed > body_size)
+      return false;
+    header_size = parsed;
+  }
+  if (header_size == 0) return false;
+  const char* body = reinterpret_cast<const char*>(evbuffer_pullup(input, -1));
+  rapidjson::Document doc;
+  doc.Parse(body, header_size);
+  if (doc.HasParseError()) return false;
+  if (!Readable(doc)) {
+    // Triton's to read, but never a classification of an output that is not numeric (Triton 2.51 dies of it).
+    std::string refusal = GuardClassification(doc, model, version, worker);
+    if (refusal.empty()) return false;
+    Refuse(request, refusal);
+    return true;
+  }
+
+  const ModelShape* shape = worker->Shape(model, version, false);
+  if (shape == nullptr) return false;
+  bool classify_numeric = false;
+  std::string refusal = Check(doc, model, *shape, &classify_numeric);
+  if (!refusal.empty() || classify_numeric) {
+    // Before refusing, or letting a classification through, the configuration as it is now (a reload may have
+    // changed it).
+    shape = worker->Shape(model, version, true);
+    if (shape == nullptr) return false;
+    classify_numeric = false;
+    refusal = Check(doc, model, *shape, &classify_numeric);
+  }
+  if (!refusal.empty()) {
+    Refuse(request, refusal);
+    return true;
+  }
+  auto* call = new InferCall;
+  call->worker = worker;
+  call->down = request;
+  auto parameters = doc.FindMember("parameters");
+  if (parameters != doc.MemberEnd()) {
+    for (const auto& p : parameters->value.GetObject()) {
+      std::string key = p.name.GetString();
+      if (key == "binary_data_output" && p.value.IsBool()) {
+        call->default_kind = p.value.GetBool() ? OutputKind::kBinary : OutputKind::kJson;
+      } else if (key == "priority" || key == "timeout" || key == "binary_data_output" ||
+                 key.compare(0, 7, "triton_") == 0 || key.compare(0, 9, "sequence_") == 0) {
+        // Triton's to apply (sequences), or to refuse in its words.
+        if (!(key == "priority" || key == "timeout") || !p.value.IsUint64()) {
+          delete call;
+          return false;
+        }
+      } else if (!g_custom_parameters.count(key)) {
+        delete call;
+        std::string known;
+        for (const auto& name : g_custom_parameters) known += (known.empty() ? "" : ", ") + name;
+        Refuse(request, "parameters." + key + ": not a parameter of the protocol nor one the served models read (" +
+                            (known.empty() ? std::string("none") : known) + ")");
+        return true;
+      } else if (!(p.value.IsString() || p.value.IsInt64() || p.value.IsBool() || p.value.IsNumber())) {
+        delete call;
+        return false;
+      }
+    }
+  }
+  auto outputs = doc.FindMember("outputs");
+  if (outputs != doc.MemberEnd())
+    for (const auto& output : outputs->value.GetArray()) {
+      auto parameters = output.FindMember("parameters");
+      OutputKind kind = OutputKind::kJson;
+      if (parameters != output.MemberEnd()) {
+        auto binary = parameters->value.FindMember("binary_data");
+        if (binary != parameters->value.MemberEnd() && binary->value.GetBool()) kind = OutputKind::kBinary;
+      }
+      call->kinds[output["name"].GetString()] = kind;
+    }
+  if (compress || classify_numeric) {
+    delete call;
+    return false;
+  }
+
+  TRITONSERVER_InferenceRequest* irequest = nullptr;
+  uint32_t txn = 0;
+  TRITONSERVER_Error* error =
+      TRITONSERVER_ServerModelTransactionProperties(g_server, model.c_str(), version, &txn, nullptr);
+  if (error == nullptr && (txn & TRITONSERVER_TXN_DECOUPLED))
+    error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, "");
+  if (error == nullptr) error = TRITONSERVER_InferenceRequestNew(&irequest, g_server, model.c_str(), version);
+  auto id = doc.FindMember("id");
+  if (error == nullptr && id != doc.MemberEnd())
+    error = TRITONSERVER_InferenceRequestSetId(irequest, id->value.GetString());
+  if (error == nullptr && parameters != doc.MemberEnd())
+    for (const auto& p : parameters->value.GetObject()) {
+      std::string key = p.name.GetString();
+      if (error != nullptr) break;
+      if (key == "priority")
+        error = TRITONSERVER_InferenceRequestSetPriorityUInt64(irequest, p.value.GetUint64());
+      else if (key == "timeout")
+        error = TRITONSERVER_InferenceRequestSetTimeoutMicroseconds(irequest, p.value.GetUint64());
+      else if (key == "binary_data_output")
+        continue;
+      else if (p.value.IsString())
+        error = TRITONSERVER_InferenceRequestSetStringParameter(irequest, key.c_str(), p.value.GetString());
+      else if (p.value.IsInt64())
+        error = TRITONSERVER_InferenceRequestSetIntParameter(irequest, key.c_str(), p.value.GetInt64());
+      else if (p.value.IsBool())
+        error = TRITONSERVER_InferenceRequestSetBoolParameter(irequest, key.c_str(), p.value.GetBool());
+      else
+        error = TRITONSERVER_InferenceRequestSetDoubleParameter(irequest, key.c_str(), p.value.GetDouble());
+    }
+  size_t offset = header_size;
+  const auto& inputs = doc["inputs"];
+  call->serialized.reserve(inputs.Size());
+  for (rapidjson::SizeType i = 0; error == nullptr && i < inputs.Size(); ++i) {
+    const auto& input = inputs[i];
+    const char* name = input["name"].GetString();
+    TRITONSERVER_DataType type = TRITONSERVER_StringToDataType(input["datatype"].GetString());
+    std::vector<int64_t> dims;
+    int64_t elements = 1;
+    for (const auto& d : input["shape"].GetArray()) {
+      dims.push_back(static_cast<int64_t>(d.GetUint64()));
+      if (__builtin_mul_overflow(elements, dims.back(), &elements)) elements = -1;
+    }
+    if (elements < 0 || type == TRITONSERVER_TYPE_INVALID || type == TRITONSERVER_TYPE_FP16 ||
+        type == TRITONSERVER_TYPE_BF16) {
+      error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "");
+      break;
+    }
+    error = TRITONSERVER_InferenceRequestAddInput(irequest, name, type, dims.data(), dims.size());
+    if (error != nullptr) break;
+    auto parameters = input.FindMember("parameters");
+    auto binary_size = parameters != input.MemberEnd() ? parameters->value.FindMember("binary_data_size")
+                                                       : input.MemberEnd();
+    if (parameters != input.MemberEnd() && binary_size != parameters->value.MemberEnd()) {
+      uint64_t size = binary_size->value.GetUint64();
+      if (size > body_size - offset) {
+        error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "");
+        break;
+      }
+      error = TRITONSERVER_InferenceRequestAppendInputData(irequest, name, size > 0 ? body + offset : nullptr, size,
+                                                           TRITONSERVER_MEMORY_CPU, 0);
+      offset += size;
+    } else if (elements == 0) {
+      error = TRITONSERVER_InferenceRequestAppendInputData(irequest, name, nullptr, 0, TRITONSERVER_MEMORY_CPU, 0);
+    } else {
+      call->serialized.emplace_back();
+      std::string& data = call->serialized.back();
+      if (!SerializeJsonData(input["data"], type, elements, &data)) {
+        error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "");
+        break;
+      }
+      error = TRITONSERVER_InferenceRequestAppendInputData(irequest, name, data.data(), data.size(),
+                                                           TRITONSERVER_MEMORY_CPU, 0);
+    }
+  }
+  if (error == nullptr && offset != body_size) error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "");
+  for (auto& [name, kind] : call->kinds)
+    if (error == nullptr) error = TRITONSERVER_InferenceRequestAddRequestedOutput(irequest, name.c_str());
+  if (error == nullptr) error = TRITONSERVER_InferenceRequestSetReleaseCallback(irequest, Released, call);
+  if (error == nullptr)
+    error = TRITONSERVER_InferenceRequestSetResponseCallback(irequest, g_allocator, nullptr, Answered, call);
+  if (error == nullptr) {
+    call->body = evbuffer_new();
+    error = TRITONSERVER_ServerInferAsync(g_server, irequest, nullptr);
+    if (error == nullptr) {
+      // Moved, not copied: the binary inputs Triton reads stay where they are.
+      evbuffer_add_buffer(call->body, input);
+      return true;
+    }
+    evbuffer_free(call->body);
+  }
+  TRITONSERVER_ErrorDelete(error);
+  if (irequest != nullptr) TRITONSERVER_InferenceRequestDelete(irequest);
+  delete call;
+  return false;
+}
+
+TRITONSERVER_Error* AllocateOutput(TRITONSERVER_ResponseAllocator*, const char*, size_t byte_size,
+                                   TRITONSERVER_MemoryType, int64_t, void*, void** buffer, void** buffer_userp,
+                                   TRITONSERVER_MemoryType* actual_memory_type, int64_t* actual_memory_type_id) {
+  *buffer = byte_size == 0 ? nullptr : malloc(byte_size);
+  *buffer_userp = nullptr;
+  *actual_memory_type = TRITONSERVER_MEMORY_CPU;
+  *actual_memory_type_id = 0;
+  if (byte_size != 0 && *buffer == nullptr)
+    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "out of memory for an output");
+  return nullptr;
+}
+
+TRITONSERVER_Error* ReleaseOutput(TRITONSERVER_ResponseAllocator*, void* buffer, void*, size_t,
+                                  TRITONSERVER_MemoryType, int64_t) {
+  free(buffer);
+  return nullptr;
+}
+
+[[noreturn]] void Usage(const std::string& problem) {
+  Log("%s", problem.c_str());
+  Log("options: --listen HOST:PORT --upstream HOST:PORT --max-body-bytes N [--max-header-bytes N] [--threads N] "
+      "[--idle-seconds S] [--max-connections N] [--max-connections-per-peer N] [--max-calls N] [--drain-seconds S] "
+      "[--request-parameters NAME,...] [--relay-only 0|1]");
+  throw std::invalid_argument(problem);
+}
+
+long Number(const std::string& name, const char* text, long min, long max) {
+  char* end = nullptr;
+  errno = 0;
+  long value = strtol(text, &end, 10);
+  if (errno != 0 || end == text || *end != '\0' || value < min || value > max)
+    Usage(name + " needs a whole number from " + std::to_string(min) + " to " + std::to_string(max) + ", got '" +
+          text + "'");
+  return value;
+}
+
+bool LooksLikeAddress(const std::string& address) {
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) return false;
+  for (size_t i = colon + 1; i < address.size(); ++i)
+    if (address[i] < '0' || address[i] > '9') return false;
+  return true;
+}
+
+Options Parse(const std::vector<std::string>& words) {
+  Options options;
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string& name = words[i];
+    if (i + 1 >= words.size()) Usage(name + " needs a value");
+    const char* value = words[++i].c_str();
+    if (name == "--listen")
+      options.listen = value;
+    else if (name == "--upstream")
+      options.upstream = value;
+    else if (name == "--max-body-bytes")
+      options.max_body_bytes = Number(name, value, 1, LONG_MAX / 2);
+    else if (name == "--max-header-bytes")
+      options.max_header_bytes = Number(name, value, 1024, 1 << 20);
+    else if (name == "--threads")
+      options.threads = Number(name, value, 1, 64);
+    else if (name == "--idle-seconds")
+      options.idle_seconds = Number(name, value, 1, 86400);
+    else if (name == "--max-connections")
+      options.max_connections = Number(name, value, 1, 1000000);
+    else if (name == "--max-connections-per-peer")
+      options.max_connections_per_peer = Number(name, value, 1, 1000000);
+    else if (name == "--max-calls")
+      options.max_calls = Number(name, value, 1, 1000000);
+    else if (name == "--drain-seconds")
+      options.drain_seconds = Number(name, value, 0, 86400);
+    else if (name == "--request-parameters")
+      options.request_parameters = value;
+    else if (name == "--relay-only")
+      options.relay_only = Number(name, value, 0, 1) == 1;
+    else
+      Usage("unknown option " + name);
+  }
+  if (!LooksLikeAddress(options.listen)) Usage("--listen needs HOST:PORT, got '" + options.listen + "'");
+  if (!LooksLikeAddress(options.upstream)) Usage("--upstream needs HOST:PORT, got '" + options.upstream + "'");
+  if (options.max_body_bytes == 0) Usage("--max-body-bytes is required");
+  return options;
+}
+
+// The listening socket (shared by every worker's HTTP server), the workers, and their threads. Never destroyed.
+struct Endpoint {
+  evutil_socket_t listener = -1;
+  std::vector<Worker*> workers;
+  std::vector<evhttp_bound_socket*> bound;
+  std::atomic<int> running{0};
+};
+Endpoint& g_endpoint = *new Endpoint;
+
+evutil_socket_t OpenListener(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  std::string port = address.substr(address.rfind(':') + 1);
+  evutil_addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = EVUTIL_AI_PASSIVE | EVUTIL_AI_NUMERICHOST;
+  evutil_addrinfo* found = nullptr;
+  if (evutil_getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) return -1;
+  evutil_socket_t fd = socket(found->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int one = 1;
+  // Not SO_REUSEPORT: a port held by another process is an error here, not a port shared with it.
+  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+      bind(fd, found->ai_addr, found->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+  evutil_freeaddrinfo(found);
+  return fd;
+}
+
+bool Listen() {
+  g_calls = new Slots(g_options.max_calls);
+  g_endpoint.listener = OpenListener(g_options.listen);
+  if (g_endpoint.listener < 0) {
+    Log("cannot listen on %s: %s", g_options.listen.c_str(), strerror(errno));
+    return false;
+  }
+  for (long i = 0; i < g_options.threads; ++i) {
+    auto* worker = new Worker;
+    // Every worker accepts on the one socket: whichever is free takes the next connection.
+    // Each its own descriptor of the socket: libevent closes the one it was given when that worker stops accepting.
+    evutil_socket_t fd = i == 0 ? g_endpoint.listener : fcntl(g_endpoint.listener, F_DUPFD_CLOEXEC, 0);
+    evhttp_bound_socket* bound = fd >= 0 ? evhttp_accept_socket_with_handle(worker->http(), fd) : nullptr;
+    if (bound == nullptr) {
+      Log("cannot accept on %s", g_options.listen.c_str());
+      return false;
+    }
+    g_endpoint.bound.push_back(bound);
+    g_endpoint.workers.push_back(worker);
+  }
+  for (Worker* worker : g_endpoint.workers) {
+    ++g_endpoint.running;
+    std::thread([worker] {
+      worker->Run();
+      --g_endpoint.running;
+    }).detach();
+  }
+  Log("listening on %s%s, forwarding to tritonserver at %s: bodies up to %ld bytes, heads up to %ld, %ld thread(s), "
+      "at most %ld requests in flight, %ld connections (%ld per peer), idle connections closed after %ld s",
+      g_options.listen.c_str(),
+      g_server != nullptr ? " in tritonserver's process (infer through its C API)" : " in tritonserver's process",
+      g_options.upstream.c_str(), g_options.max_body_bytes, g_options.max_header_bytes, g_options.threads,
+      g_options.max_calls, g_options.max_connections, g_options.max_connections_per_peer, g_options.idle_seconds);
+  return true;
+}
+
+void DeleteBound(void* arg) {
+  auto* pair = static_cast<std::pair<Worker*, evhttp_bound_socket*>*>(arg);
+  evhttp_del_accept_socket(pair->first->http(), pair->second);
+  delete pair;
+}
+
+void ExitLoop(void* arg) { event_base_loopexit(static_cast<Worker*>(arg)->base(), nullptr); }
+
+}  // namespace http_front
+
+using namespace http_front;
+
+// ---- entry points for the preloaded hook (grpc_front_hook.c)
+
+// 0 once listening; otherwise the reason is logged. `args`: the options, separated by spaces.
+extern "C" __attribute__((visibility("default"))) int s2t_http_front_start(TRITONSERVER_Server* server,
+                                                                           const char* args) {
+  std::vector<std::string> words;
+  std::istringstream split(args != nullptr ? args : "");
+  for (std::string word; split >> word;) words.push_back(word);
+  try {
+    g_options = Parse(words);
+  } catch (const std::invalid_argument&) {
+    return 2;
+  }
+  if (!g_options.relay_only) {
+    std::istringstream names(g_options.request_parameters);
+    for (std::string name; std::getline(names, name, ',');)
+      if (!name.empty() && name != "-") g_custom_parameters.insert(name);
+    TRITONSERVER_Error* error = TRITONSERVER_ResponseAllocatorNew(&g_allocator, AllocateOutput, ReleaseOutput, nullptr);
+    if (error != nullptr) {
+      Log("cannot make a response allocator: %s", TRITONSERVER_ErrorMessage(error));
+      TRITONSERVER_ErrorDelete(error);
+      return 1;
+    }
+    g_server = server;
+  }
+  return Listen() ? 0 : 1;
+}
+
+// Before Triton's own stop: no new connections; requests in flight are answered while Triton drains, and each
+// answer closes its connection. Triton's own front end keeps answering until its stop returns.
+extern "C" __attribute__((visibility("default"))) void s2t_http_front_stop_accepting() {
+  if (g_endpoint.workers.empty() || g_stopping.exchange(true)) return;
+  Log("stopping: %ld request(s) to tritonserver in flight", g_calls->held());
+  for (size_t i = 0; i < g_endpoint.workers.size(); ++i)
+    g_endpoint.workers[i]->Post(DeleteBound, new std::pair<Worker*, evhttp_bound_socket*>(g_endpoint.workers[i],
+                                                                                         g_endpoint.bound[i]));
+}
+
+// After Triton's own stop returned: requests still in flight get what is left of --drain-seconds (bounded by 5 s
+// here: Triton answers nothing more), then the workers' loops end. The workers and their objects stay (never freed).
+extern "C" __attribute__((visibility("default"))) void s2t_http_front_end() {
+  if (!g_stopping.load()) return;
+  double deadline = Now() + std::min<long>(5, g_options.drain_seconds);
+  while (g_calls->held() > 0 && Now() < deadline) usleep(10 * 1000);
+  for (Worker* worker : g_endpoint.workers) worker->Post(ExitLoop, worker);
+  deadline = Now() + 2;
+  while (g_endpoint.running.load() > 0 && Now() < deadline) usleep(10 * 1000);
+  if (g_calls->held() > 0)
+    Log("stopped with %ld request(s) to tritonserver unanswered", g_calls->held());
+  else
+    Log("stopped");
+}

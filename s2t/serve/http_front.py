@@ -1,0 +1,82 @@
+"""The HTTP front of the embedded tritonserver: the public HTTP port, in front of Triton's own HTTP endpoint on a
+loopback port (native/http_front.cc, built by `make native` into s2t/serve/native/). It runs inside tritonserver's
+own process: the preloaded hook (s2t/serve/server_hook.py) opens it once Triton's server exists and stops it around
+Triton's own stop.
+
+Triton 2.51's HTTP front end can be killed by one request (the classification of a BYTES output: SIGFPE). The front
+answers inference (POST /v2/models/NAME[/versions/V]/infer, JSON and the binary-data extension) through Triton's C
+API after checking the request against the model's configuration, refusing with 400 and the field's name what would
+harm the server or cannot be valid; it relays everything else unchanged to Triton's own endpoint. Where Triton's HTTP
+inference answers only callers with a key (`--http-restricted-api` listing `inference`), inference is relayed too, so
+that Triton checks the key.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from s2t.errors import S2TError
+from s2t.serve import restricted_apis
+from s2t.serve.request_limits import http_max_input_bytes
+
+LIBRARY = Path(__file__).resolve().parent / "native" / "libs2t_http_front.so"
+BUILD_HINT = "`make native` builds it (native/build_http_front.sh alone)"
+HTTP_RESTRICTED = "--http-restricted-api="
+# The most a byte of a tensor can take in a JSON body (a control character written as \u00XX), and what a request
+# holds besides its tensors (model name, tensor names, shapes, parameters).
+JSON_BYTES_PER_BYTE = 6
+JSON_ENVELOPE_BYTES = 64 * 1024
+# Requests to Triton in flight through the front at most, and open connections at most, overall and per peer.
+DEFAULT_MAX_CALLS = 1024
+DEFAULT_MAX_CONNECTIONS = 4096
+DEFAULT_MAX_CONNECTIONS_PER_PEER = 512
+# Custom request parameters passed on to the models (the protocol's own are always taken): the ones a served model
+# reads. risk_router reads `route` (a caller's choice of scorer, which it checks). Any other is refused 400 by name: no
+# model would read it, and its sender expects it to do something.
+CUSTOM_REQUEST_PARAMETERS = ("route",)
+# A connection that sends nothing for this long is closed: an idle keep-alive connection, or a request's head or body
+# that stopped arriving.
+DEFAULT_IDLE_SECONDS = 60
+
+
+class HttpFrontError(S2TError, RuntimeError):
+    pass
+
+
+def max_body_bytes(repositories: list[Path]) -> int:
+    """The largest valid request body: the largest batch of the largest records, written as JSON strings."""
+    return http_max_input_bytes(repositories) * JSON_BYTES_PER_BYTE + JSON_ENVELOPE_BYTES
+
+
+def front_options(public_port: int, upstream_port: int, body_bytes: int, drain_seconds: int,
+                  max_calls: int = DEFAULT_MAX_CALLS, threads: int = 1) -> list[str]:
+    """The front listening on every address (as Triton's own HTTP endpoint does by default), Triton on loopback."""
+    return ["--listen", f"0.0.0.0:{public_port}", "--upstream", f"127.0.0.1:{upstream_port}",
+            "--max-body-bytes", str(body_bytes), "--max-calls", str(max_calls),
+            "--max-connections", str(DEFAULT_MAX_CONNECTIONS),
+            "--max-connections-per-peer", str(DEFAULT_MAX_CONNECTIONS_PER_PEER),
+            "--idle-seconds", str(DEFAULT_IDLE_SECONDS), "--drain-seconds", str(drain_seconds),
+            "--threads", str(threads), "--request-parameters", ",".join(CUSTOM_REQUEST_PARAMETERS) or "-"]
+
+
+def in_process_env(env: dict[str, str], options: list[str], triton_command: list[str],
+                   library: Path | None = None) -> dict[str, str]:
+    """`env` (whose LD_PRELOAD already names the hook) for a tritonserver started with `triton_command` that runs the
+    front inside its process with `options` (front_options)."""
+    library = library or LIBRARY
+    if not library.is_file():
+        raise HttpFrontError(f"the HTTP front {library} is not built: {BUILD_HINT}")
+    relay_only = any(_restricts_http_inference(arg, following)
+                     for arg, following in zip(triton_command, [*triton_command[1:], ""]))
+    env = dict(env)
+    env["S2T_HTTP_FRONT_LIBRARY"] = str(library)
+    env["S2T_HTTP_FRONT_ARGS"] = " ".join([*options, "--relay-only", "1" if relay_only else "0"])
+    return env
+
+
+def _restricts_http_inference(arg: str, following: str) -> bool:
+    """Whether `arg` (and, in the two-word form, the word after it) restricts Triton's HTTP inference to a key."""
+    if arg.startswith(HTTP_RESTRICTED):
+        return "inference" in restricted_apis.parse(arg[len(HTTP_RESTRICTED):])[0]
+    if arg == HTTP_RESTRICTED.rstrip("="):
+        return "inference" in restricted_apis.parse(following)[0]
+    return False
