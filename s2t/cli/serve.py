@@ -58,7 +58,8 @@ def envvars(name: str) -> list[str]:
 @click.option("--llm", "with_llm", is_flag=True,
               help=f"also serve {LLM_REPOSITORY}/ (llm, llm_router, risk_explainer)")
 @click.option("--openai-port", type=int, envvar=envvars("OPENAI_PORT"), default=9000, show_default=True,
-              help="with --llm: the OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models); 0: none")
+              help="with --llm: the OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models), "
+                   "answering before `ready:` is printed; 0: none")
 def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mode, repositories, exit_timeout,
           rate_limit, max_restarts, hang_seconds, grpc_max_calls, grpc_front_process, latency_summaries, with_llm,
           openai_port) -> None:

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import logging
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import aiohttp
 from aiohttp import web
@@ -231,12 +234,36 @@ class OpenAIFrontend:
         return response
 
     def start(self, timeout: float = 30.0) -> "OpenAIFrontend":
-        """Serves from a thread of its own until stop()."""
+        """Serves from a thread of its own until stop(); returns once the port has answered a request, so that
+        whoever is told the API is ready (`s2t serve`'s `ready:` line) finds it answering."""
+        deadline = time.monotonic() + timeout
         self._thread = threading.Thread(target=self._run, name="openai-frontend", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout) or self._failure is not None:
             raise RuntimeError(f"the OpenAI API could not start on port {self.port}: {self._failure}")
+        try:
+            self._wait_answering(deadline)
+        except RuntimeError:
+            self.stop()
+            raise
         return self
+
+    def _wait_answering(self, deadline: float) -> None:
+        """Until /v1/models answers on the port, whatever its status (503 while Triton is not ready): a bound
+        socket is not yet a served one, and the first request also sets up what every later one uses."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
+        url = f"http://{f'[{host}]' if ':' in host else host}:{self.port}/v1/models"
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through an HTTP_PROXY
+        while True:
+            try:
+                with direct.open(url, timeout=max(0.1, deadline - time.monotonic())):
+                    return
+            except urllib.error.HTTPError:
+                return
+            except (OSError, http.client.HTTPException) as err:
+                if time.monotonic() >= deadline or self._failure is not None:
+                    raise RuntimeError(f"the OpenAI API does not answer on port {self.port}: {err}") from None
+                time.sleep(0.01)
 
     def _run(self) -> None:
         self._loop = asyncio.new_event_loop()
@@ -247,6 +274,7 @@ class OpenAIFrontend:
                                          shutdown_timeout=SHUTDOWN_TIMEOUT)
             self._loop.run_until_complete(self._runner.setup())
             self._loop.run_until_complete(web.TCPSite(self._runner, self.host, self.port).start())
+            self.port = self._runner.addresses[0][1]  # the port the system chose for 0
         except BaseException as err:  # noqa: BLE001 - reported by start() to its caller
             self._failure = err
             self._ready.set()
