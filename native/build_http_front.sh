@@ -2,10 +2,10 @@
 # Builds the HTTP front of the embedded tritonserver (native/http_front.cc), `native/build_http_front.sh [DIR]`, by
 # default into s2t/serve/native/, where `s2t serve` finds it, when a source is newer: libs2t_http_front.so, which the
 # preloaded hook (native/grpc_front_hook.c) opens inside tritonserver. Needs g++, libevent-dev (its HTTP server and
-# client) and rapidjson-dev, installed with apt where missing. It links Debian's shared libevent (its static archive is
-# not position-independent), so it needs libevent-2.1-7 where it runs; tritonserver exports no libevent symbols of
-# its own (it links libevhtp inside itself), and the hook opens the library with its symbols kept to itself.
-# RapidJSON is headers only.
+# client), rapidjson-dev and zlib1g-dev, installed with apt where missing. It links Debian's shared libevent (its
+# static archive is not position-independent), so it needs libevent-2.1-7 where it runs; tritonserver exports no
+# libevent symbols of its own (it links libevhtp inside itself), and the hook opens the library with its symbols kept
+# to itself. RapidJSON is headers only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-s2t/serve/native}
@@ -14,6 +14,7 @@ missing=()
 command -v g++ >/dev/null || missing+=(g++)
 dpkg -s libevent-dev >/dev/null 2>&1 || missing+=(libevent-dev)
 dpkg -s rapidjson-dev >/dev/null 2>&1 || missing+=(rapidjson-dev)
+dpkg -s zlib1g-dev >/dev/null 2>&1 || missing+=(zlib1g-dev)
 [ ${#missing[@]} -eq 0 ] || tools/debian_packages.sh install "${missing[@]}"
 libdir=/usr/lib/$(gcc -print-multiarch)
 sources=(native/http_front.cc native/http_front_infer.h native/triton_c_api.h native/build_http_front.sh
@@ -24,6 +25,6 @@ for source in "${sources[@]}"; do [ ! -e "$source" ] || [ "$source" -nt "$librar
 mkdir -p "$dir"
 # Only the three entry points are exported; Triton's C API is resolved from tritonserver's process when loaded.
 g++ -std=c++17 -O2 -Wall -Wextra -Werror -shared -fPIC -fvisibility=hidden -fvisibility-inlines-hidden \
-  native/http_front.cc -o "$library.tmp" -levent_extra -levent_core -pthread -s
+  native/http_front.cc -o "$library.tmp" -levent_extra -levent_core -lz -pthread -s
 mv "$library.tmp" "$library"
 echo "built $library"

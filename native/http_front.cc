@@ -39,6 +39,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <atomic>
 #include <cerrno>
@@ -305,6 +306,7 @@ bool Worker::AdmitConnection(evhttp_request* request) {
 }
 
 bool InferInProcess(Worker* worker, evhttp_request* request);
+bool GuardBody(evhttp_request* request);
 
 void Worker::Handle(evhttp_request* request) {
   if (!AdmitConnection(request)) return;
@@ -320,6 +322,7 @@ void Worker::Handle(evhttp_request* request) {
     evhttp_send_reply(request, 503, "Service Unavailable", nullptr);
     return;
   }
+  if (!GuardBody(request)) return;
   if (g_server != nullptr && InferInProcess(this, request)) return;
   RelayRequest(request);
 }
@@ -398,6 +401,110 @@ void Worker::OnRelayed(evhttp_request* up, void* arg) {
 void AddErrorJson(evbuffer* out, const std::string& message) {
   std::string json = ErrorJson(message.c_str());
   evbuffer_add(out, json.data(), json.size());
+}
+
+// ---- what no route of Triton's may be sent: JSON nested past a depth (Triton's parser and its reading of "data"
+// recurse once a level: a body of a million '[' exhausts its stack), and a compressed body that inflates past the body
+// limit (Triton inflates it whole, and 2.51 reads its length as a 32-bit number).
+
+constexpr int kMaxJsonDepth = 64;
+
+class DepthCheck : public rapidjson::BaseReaderHandler<rapidjson::UTF8<>, DepthCheck> {
+ public:
+  bool StartObject() { return Deeper(); }
+  bool EndObject(rapidjson::SizeType) { return Shallower(); }
+  bool StartArray() { return Deeper(); }
+  bool EndArray(rapidjson::SizeType) { return Shallower(); }
+  bool too_deep() const { return too_deep_; }
+
+ private:
+  bool Deeper() { return !(too_deep_ = ++depth_ > kMaxJsonDepth); }
+  bool Shallower() {
+    --depth_;
+    return true;
+  }
+  int depth_ = 0;
+  bool too_deep_ = false;
+};
+
+// Whether `size` bytes at `json` nest deeper than kMaxJsonDepth (read as far as they are JSON, without recursion).
+bool TooDeep(const char* json, size_t size) {
+  rapidjson::MemoryStream stream(json, size);
+  DepthCheck check;
+  rapidjson::Reader reader;
+  reader.Parse<rapidjson::kParseIterativeFlag | rapidjson::kParseStopWhenDoneFlag>(stream, check);
+  return check.too_deep();
+}
+
+void RefuseWith(evhttp_request* request, int code, const char* reason, const std::string& message) {
+  g_refusals.Refused(message.c_str());
+  evhttp_add_header(evhttp_request_get_output_headers(request), "Content-Type", "application/json");
+  AddErrorJson(evhttp_request_get_output_buffer(request), message);
+  evhttp_send_reply(request, code, reason, nullptr);
+  g_calls->Give();
+}
+
+// The body inflated in place (Content-Encoding gzip or deflate, as Triton reads them); false when it inflates past
+// the body limit. A body that is not what it says is left for Triton to refuse.
+bool Inflate(evhttp_request* request, const char* encoding) {
+  evbuffer* input = evhttp_request_get_input_buffer(request);
+  size_t size = evbuffer_get_length(input);
+  z_stream stream{};
+  if (inflateInit2(&stream, 15 | 32) != Z_OK) return true;
+  stream.next_in = evbuffer_pullup(input, -1);
+  stream.avail_in = static_cast<uInt>(size);
+  evbuffer* inflated = evbuffer_new();
+  size_t limit = static_cast<size_t>(g_options.max_body_bytes);
+  int status = Z_OK;
+  while (status == Z_OK && evbuffer_get_length(inflated) <= limit) {
+    evbuffer_iovec space;
+    if (evbuffer_reserve_space(inflated, 64 * 1024, &space, 1) < 1) break;
+    stream.next_out = static_cast<Bytef*>(space.iov_base);
+    stream.avail_out = static_cast<uInt>(space.iov_len);
+    status = inflate(&stream, Z_NO_FLUSH);
+    space.iov_len -= stream.avail_out;
+    evbuffer_commit_space(inflated, &space, 1);
+    if (status == Z_BUF_ERROR && stream.avail_in == 0) break;
+  }
+  inflateEnd(&stream);
+  bool over = evbuffer_get_length(inflated) > limit;
+  if (status == Z_STREAM_END && !over) {
+    evbuffer_drain(input, size);
+    evbuffer_add_buffer(input, inflated);
+    evhttp_remove_header(evhttp_request_get_input_headers(request), "Content-Encoding");
+  }
+  evbuffer_free(inflated);
+  if (over)
+    RefuseWith(request, 413, "Payload Too Large",
+               std::string("body: more than ") + std::to_string(limit) + " bytes once inflated (Content-Encoding " +
+                   encoding + ")");
+  return !over;
+}
+
+// False when the request was refused here.
+bool GuardBody(evhttp_request* request) {
+  evbuffer* input = evhttp_request_get_input_buffer(request);
+  if (evbuffer_get_length(input) == 0) return true;
+  evkeyvalq* headers = evhttp_request_get_input_headers(request);
+  const char* encoding = evhttp_find_header(headers, "Content-Encoding");
+  if (encoding != nullptr && (strcmp(encoding, "gzip") == 0 || strcmp(encoding, "deflate") == 0)) {
+    std::string named = encoding;
+    if (!Inflate(request, named.c_str())) return false;
+    if (evhttp_find_header(headers, "Content-Encoding") != nullptr) return true;  // not inflated: Triton's to refuse
+  }
+  size_t size = evbuffer_get_length(input);
+  // With binary data after it, only the JSON head is Triton's to parse.
+  const char* head = evhttp_find_header(headers, "Inference-Header-Content-Length");
+  if (head != nullptr) {
+    char* end = nullptr;
+    unsigned long long parsed = strtoull(head, &end, 10);
+    if (end != head && *end == '\0' && parsed > 0 && parsed < size) size = parsed;
+  }
+  const char* body = reinterpret_cast<const char*>(evbuffer_pullup(input, -1));
+  if (!TooDeep(body, size)) return true;
+  RefuseWith(request, 400, "Bad Request",
+             "body: JSON nested more than " + std::to_string(kMaxJsonDepth) + " levels deep");
+  return false;
 }
 
 // ---- inference through Triton's C API
@@ -495,13 +602,7 @@ void Answered(TRITONSERVER_InferenceResponse* response, const uint32_t flags, vo
   call->worker->Post(SendAnswer, call);
 }
 
-void Refuse(evhttp_request* request, const std::string& message) {
-  g_refusals.Refused(message.c_str());
-  evhttp_add_header(evhttp_request_get_output_headers(request), "Content-Type", "application/json");
-  AddErrorJson(evhttp_request_get_output_buffer(request), message);
-  evhttp_send_reply(request, 400, "Bad Request", nullptr);
-  g_calls->Give();
-}
+void Refuse(evhttp_request* request, const std::string& message) { RefuseWith(request, 400, "Bad Request", message); }
 
 const ModelShape* Worker::Shape(const std::string& model, int64_t version, bool fresh) {
   std::string key = model + '\n' + std::to_string(version);
@@ -557,8 +658,9 @@ std::string Check(const rapidjson::Document& doc, const std::string& model, cons
              "' takes (" + std::to_string(shape.max_batch_size) + ")";
     for (size_t d = 0; d < want.size(); ++d)
       if (want[d] >= 0 && static_cast<int64_t>(dims[batch + d].GetUint64()) != want[d])
-        return field + ": dimension " + std::to_string(batch + d) + " is " + std::to_string(dims[batch + d].GetUint64()) +
-               ", and input '" + config->first + "' of model '" + model + "' has " + std::to_string(want[d]);
+        return field + ": dimension " + std::to_string(batch + d) + " is " +
+               std::to_string(dims[batch + d].GetUint64()) + ", and input '" + config->first + "' of model '" + model +
+               "' has " + std::to_string(want[d]);
   }
   auto outputs = doc.FindMember("outputs");
   if (outputs == doc.MemberEnd()) return "";

@@ -5,11 +5,13 @@ cannot be valid is refused 400 by the front, naming the field; and a request tha
 classification of a BYTES output) is refused while valid callers keep getting their answers from the same server."""
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import struct
 import threading
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -280,3 +282,34 @@ def test_classification_of_bytes_beside_valid_traffic_is_refused_and_the_valid_a
 def test_the_front_lives_in_tritonserver(server):
     maps = open(f"/proc/{server.process.pid}/maps").read()
     assert "libs2t_http_front.so" in maps
+
+
+def nested(depth: int) -> bytes:
+    return b'{"inputs":[{"name":"payload","datatype":"BYTES","shape":[1,1],"data":' + b"[" * depth + b"]" * depth + b"}]}"
+
+
+@pytest.mark.parametrize("path", ["/v2/models/risk_pipeline/infer", "/v2/models/risk_pipeline/generate",
+                                  "/v2/repository/models/risk_pipeline/load", "/v2/trace/setting"])
+def test_json_nested_a_million_deep_is_refused_on_every_route(server, path):
+    status, _, _, answer = post(server.http_port, path, b"[" * 1_000_000 + b"]" * 1_000_000)
+    assert status == 400 and b"body: JSON nested more than 64 levels deep" in answer, answer
+    status, _, _, answer = post(server.http_port, path, nested(1_000_000))
+    assert status == 400 and b"nested more than" in answer, answer
+    assert server.process.poll() is None
+
+
+def test_a_compressed_body_is_answered_as_triton_answers_it(server, records):
+    body = gzip.compress(json.dumps(payload(records[:2], id="zipped")).encode())
+    for encoding, data in (("gzip", body), ("deflate", zlib.compress(json.dumps(payload(records[:1])).encode()))):
+        headers = {"Content-Encoding": encoding}
+        ours = post(server.http_port, "/v2/models/risk_pipeline/infer", data, headers)
+        assert ours[0] == 200, ours
+        assert ours == post(server.triton_http_port, "/v2/models/risk_pipeline/infer", data, headers)
+
+
+def test_a_body_that_inflates_past_the_limit_is_refused(server):
+    bomb = zlib.compressobj(9, zlib.DEFLATED, 31)
+    data = b"".join(bomb.compress(bytes(16 << 20)) for _ in range(8)) + bomb.flush()  # 128 MiB of zeros
+    status, _, _, answer = post(server.http_port, "/v2/models/risk_pipeline/infer", data, {"Content-Encoding": "gzip"})
+    assert status == 413 and b"once inflated" in answer, answer
+    assert server.process.poll() is None
