@@ -1,8 +1,9 @@
 """`s2t soak`: a fixed request rate on risk_pipeline for minutes, watching the memory of every process serving it.
 
-RSS is sampled for tritonserver and each python stub (by model instance); growth is the last sample against the
-first one taken after a warm-up minute (or a tenth of the run when shorter), so that allocator warm-up is not
-counted as a leak.
+RSS is sampled for tritonserver and each python stub (by model instance) and summed for the serving tree; each
+series is fitted over time and projected to 72 hours (rss_trend: the one memory rule of every soak). The run holds
+when every request was answered, tritonserver is the same process at the end as at the start, and no projected
+growth reaches 5%.
 """
 from __future__ import annotations
 
@@ -21,8 +22,12 @@ import psutil
 from s2t.models import dataset
 from s2t.bench.harness.process_tree import process_rss
 from s2t.on_progress import OnProgress, no_progress
+from s2t.soak import rss_trend
 from s2t.serve.supervisor import stubs_of
 from s2t.wire.names import PAYLOAD
+
+
+SERVING_TREE = "serving tree"
 
 
 def serving_rss(server_pid: int) -> dict[str, int]:
@@ -33,7 +38,13 @@ def serving_rss(server_pid: int) -> dict[str, int]:
             sizes[f"{stub.instance}@{stub.version}"] = process_rss(stub.pid)
         except psutil.NoSuchProcess:
             continue
+    sizes[SERVING_TREE] = sum(sizes.values())
     return sizes
+
+
+def sample_every_s(seconds: float) -> float:
+    """Ten seconds between RSS samples, less in a run under five minutes so that its fit has 30 points."""
+    return min(10.0, max(0.2, seconds / 30))
 
 
 @dataclass
@@ -44,41 +55,80 @@ class SoakReport:
     answered: int = 0
     errors: list[str] = field(default_factory=list)
     samples: list[dict] = field(default_factory=list)  # {"at": s, "rss": {process: bytes}}
+    # tritonserver's pid at the start and the end (None: gone), and whether the end's is the start's process.
+    tritonserver: dict = field(default_factory=dict)
 
-    def growth(self) -> dict[str, float]:
-        """Per process: (last - baseline) / baseline, baseline being the first sample after warm-up."""
-        warm = min(60.0, self.seconds / 10)
-        baseline = next((s for s in self.samples if s["at"] >= warm), self.samples[0])
-        last = self.samples[-1]
-        return {name: (last["rss"][name] - size) / size for name, size in baseline["rss"].items()
-                if name in last["rss"] and size}
+    def rss_trend(self) -> dict[str, dict]:
+        """Per process and for the serving tree: the least-squares fit of its RSS after the warm-up, projected to
+        72 hours (rss_trend.trend)."""
+        names = {name for sample in self.samples for name in sample["rss"]}
+        return rss_trend.trends({name: [(s["at"], s["rss"][name]) for s in self.samples if name in s["rss"]]
+                                 for name in sorted(names)}, self.seconds)
+
+    def verdicts(self) -> dict[str, dict]:
+        unanswered = self.sent - self.answered - len(self.errors)
+        same = self.tritonserver.get("same_process")
+        return {
+            "every_request_answered": {
+                "holds": self.sent > 0 and not self.errors and unanswered == 0,
+                "detail": f"{self.answered} of {self.sent} answered, {len(self.errors)} errors, "
+                          f"{unanswered} unanswered"},
+            "same_tritonserver_process": {
+                "holds": same, "detail": "not watched" if same is None else
+                f"pid {self.tritonserver.get('start')} at the start, {self.tritonserver.get('end')} at the end"
+                + ("" if same else " (restarted)")},
+            "rss_projection": rss_trend.verdict(self.rss_trend()),
+        }
+
+    def holds(self) -> bool:
+        return all(v["holds"] is True for v in self.verdicts().values())
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "errors": self.errors[:20], "error_count": len(self.errors),
-                           "growth": self.growth()}, indent=2)
+                           "rss_trend": self.rss_trend(), "verdicts": self.verdicts()}, indent=2)
 
     def table(self) -> str:
-        growth = self.growth()
+        fits = self.rss_trend()
         last = self.samples[-1]["rss"]
         lines = [f"soak: {self.seconds:.0f} s at {self.rate:g} records/s: sent {self.sent}, answered {self.answered}, "
                  f"errors {len(self.errors)}",
-                 f"{'process':<28} {'RSS MB':>8} {'growth':>8}"]
-        for name in sorted(last):
-            lines.append(f"{name:<28} {last[name] / 2**20:>8.1f} {growth.get(name, 0) * 100:>7.2f}%")
-        lines.append(f"{'total':<28} {sum(last.values()) / 2**20:>8.1f}")
+                 f"{'process':<28} {'RSS MB':>8} {'MiB/h':>8} {'72 h':>8}"]
+        for name in sorted(last, key=lambda n: (n == SERVING_TREE, n)):
+            fit = fits.get(name, {})
+            slope, growth = fit.get("slope_bytes_per_hour"), fit.get("projected_growth")
+            lines.append(f"{name:<28} {last[name] / 2**20:>8.1f} "
+                         f"{'-' if slope is None else f'{slope / 2**20:+.1f}':>8} "
+                         f"{'-' if growth is None else f'{growth * 100:+.1f}%':>8}")
+        lines.append("verdicts:")
+        for name, verdict in self.verdicts().items():
+            mark = {True: "holds", False: "FAILS", None: "not measured"}[verdict["holds"]]
+            lines.append(f"  {name:<26} {mark:<13} {verdict['detail']}")
         return "\n".join(lines)
 
 
+def same_process(pid: int, created: float) -> bool:
+    try:
+        return psutil.Process(pid).create_time() == created
+    except psutil.NoSuchProcess:
+        return False
+
+
 def soak(server_pid: int, grpc_url: str, data_csv: Path, seconds: float, rate: float,
-         sample_every: float = 10.0, on_progress: OnProgress = no_progress) -> SoakReport:
+         sample_every: float | None = None, on_progress: OnProgress = no_progress,
+         current_server_pid: Callable[[], int | None] | None = None) -> SoakReport:
     """Open loop: a request every 1/rate s whatever the answers do, so that slow answers cannot lower the load.
 
     `on_progress` hears the whole seconds gone out of `seconds`, with the requests and errors so far, once a second.
+    `current_server_pid` says which tritonserver serves at the end (a supervisor may have started another); the
+    RSS samples follow `server_pid` alone, and stop when it is gone.
     """
     import tritonclient.grpc as grpc
 
     records = [json.dumps({"features": r}).encode() for r in dataset.load(data_csv).records()]
     report = SoakReport(seconds, rate)
+    sample_every = sample_every or sample_every_s(seconds)
+    created = psutil.Process(server_pid).create_time()
+    report.tritonserver = {"start": server_pid, "end": None, "same_process": None}
     lock = threading.Lock()
     client = grpc.InferenceServerClient(grpc_url)
 
@@ -101,8 +151,8 @@ def soak(server_pid: int, grpc_url: str, data_csv: Path, seconds: float, rate: f
             if int(now - started) > shown:
                 shown = int(now - started)
                 on_progress(shown, planned, counts())
-            if now >= next_sample:
-                report.samples.append({"at": round(now - started, 1), "rss": serving_rss(server_pid)})
+            if now >= next_sample and same_process(server_pid, created):
+                report.samples.append({"at": round(now - started, 2), "rss": serving_rss(server_pid)})
                 next_sample += sample_every
             tensor = grpc.InferInput(PAYLOAD, [1, 1], "BYTES")
             tensor.set_data_from_numpy(np.array([[records[report.sent % len(records)]]], dtype=object))
@@ -113,7 +163,10 @@ def soak(server_pid: int, grpc_url: str, data_csv: Path, seconds: float, rate: f
         deadline = time.monotonic() + 30
         while report.answered + len(report.errors) < report.sent and time.monotonic() < deadline:
             time.sleep(0.05)
-        report.samples.append({"at": round(time.monotonic() - started, 1), "rss": serving_rss(server_pid)})
+        if same_process(server_pid, created):
+            report.samples.append({"at": round(time.monotonic() - started, 2), "rss": serving_rss(server_pid)})
+        end = current_server_pid() if current_server_pid is not None else server_pid
+        report.tritonserver.update(end=end, same_process=end == server_pid and same_process(server_pid, created))
         on_progress(planned, planned, counts())
     finally:
         client.close()
@@ -132,6 +185,7 @@ def supervised_soak(repositories: list[Path], data_csv: Path, seconds: float, ra
     with starting("starting tritonserver (supervised)"):
         server.start()
     try:
-        return soak(server.process.pid, server.grpc_url, data_csv, seconds, rate, on_progress=on_progress)
+        return soak(server.process.pid, server.grpc_url, data_csv, seconds, rate, on_progress=on_progress,
+                    current_server_pid=lambda: server.process.pid if server.process is not None else None)
     finally:
         server.stop()

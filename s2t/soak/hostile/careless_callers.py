@@ -150,16 +150,14 @@ def malformed_bytes(http_url: str, records: Sequence[Mapping], count: int, calle
 
 def grpc_deadlines(grpc_url: str, records: Sequence[Mapping], count: int, callers: int, deadline: float,
                    rate_per_s: float = 0.0) -> dict:
-    """`count` valid risk_pipeline requests over gRPC from `callers` threads, each with a deadline in GIVE_UP_S,
-    so that most expire while the server works on them; at most `rate_per_s` a second (0: as fast as they go)."""
+    """Up to `count` valid risk_pipeline requests over gRPC from `callers` threads, each with a deadline in
+    GIVE_UP_S, so that most expire while the server works on them; at most `rate_per_s` a second (0: as fast as they
+    go), and none sent, nor waited for, after `deadline`: what was sent by then is what is reported."""
     clients = _GrpcClients(grpc_url)
-    started = time.monotonic()
+    started, lock, next_k = time.monotonic(), threading.Lock(), [0]
+    outcomes: Counter = Counter()
 
     def one(k: int) -> str:
-        if rate_per_s > 0:
-            time.sleep(max(0.0, started + k / rate_per_s - time.monotonic()))
-        if time.monotonic() > deadline:
-            return NOT_SENT
         low, high = GIVE_UP_S
         timeout_s = low + (high - low) * ((k * 7919) % 1000) / 1000
         payload = json.dumps({"request_id": f"soak-gives-up-{k}", "features": records[k % len(records)]}).encode()
@@ -168,12 +166,35 @@ def grpc_deadlines(grpc_url: str, records: Sequence[Mapping], count: int, caller
             return "answered within its deadline"
         return "gave up (its deadline expired)" if status == "DEADLINE_EXCEEDED" else f"{status} {message[:80]}"
 
+    def caller() -> None:
+        while True:
+            with lock:
+                k = next_k[0]
+                next_k[0] += 1
+            if k >= count:
+                return
+            # The pace never carries a caller past the flood's end: a call due after it is not made.
+            due = started + k / rate_per_s if rate_per_s > 0 else started
+            if due >= deadline:
+                return
+            time.sleep(max(0.0, due - time.monotonic()))
+            if time.monotonic() >= deadline:
+                return
+            outcome = one(k)
+            with lock:
+                outcomes[outcome] += 1
+
+    threads = [threading.Thread(target=caller, name=f"soak-gives-up-{i}", daemon=True) for i in range(callers)]
     try:
-        with ThreadPoolExecutor(callers) as pool:
-            outcomes = Counter(pool.map(one, range(count)))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     finally:
         clients.close()
-    return {"sent": count - outcomes.get(NOT_SENT, 0), "outcomes": dict(outcomes), "unanswered": 0}
+    with lock:
+        sent = sum(outcomes.values())
+        return {"sent": sent, "outcomes": dict(outcomes), "unanswered": 0, "planned": count}
 
 
 def _stream_records(records: Sequence[Mapping], stream: str, k: int) -> list[bytes]:

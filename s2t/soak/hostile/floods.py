@@ -206,9 +206,10 @@ def bogus_routes(grpc_url: str, records: Sequence[Mapping], count: int, deadline
 
 def oversized_bodies(http_url: str, count: int, size_bytes: int, deadline: float) -> dict:
     """`count` HTTP infer requests on risk_pipeline whose body is `size_bytes` of JSON padding, sent one after
-    another: each should be refused (413 or 400) without the server keeping the bytes."""
+    another: each should be refused (413 or 400) without the server keeping the bytes. The result's "answers" holds
+    the first body of each status that came back."""
     chunk = b" " * (1 << 20)
-    outcomes, unanswered = Counter(), 0
+    outcomes, unanswered, said = Counter(), 0, {}
     for _ in range(count):
         if time.monotonic() > deadline:
             outcomes["not sent (flood time over)"] += 1
@@ -227,14 +228,15 @@ def oversized_bodies(http_url: str, count: int, size_bytes: int, deadline: float
             except (BrokenPipeError, ConnectionResetError):
                 pass  # refused while sending: the status may still be readable
             response = connection.getresponse()
-            response.read()
+            # What the server said, once per status: the report shows the words of a refusal (or of a failure).
+            said.setdefault(f"HTTP {response.status}", response.read()[:200].decode(errors="replace"))
             outcomes[f"HTTP {response.status}"] += 1
         except (OSError, http.client.HTTPException) as err:
             outcomes[f"no answer: {type(err).__name__}"] += 1
             unanswered += 1
         finally:
             connection.close()
-    return _result(count, outcomes, unanswered)
+    return {**_result(count, outcomes, unanswered), "answers": said}
 
 
 def _http_status(http_url: str, method: str, path: str, body: dict | None = None) -> tuple[int | None, str]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from s2t.bench.scenarios.llm import percentile
 from s2t.prometheus_text import parse_metrics, samples_named
+from s2t.soak import rss_trend
 
 PHASES = ("before", "during", "after")
 # A valid request is answered (with a result), failed (answered with an error status) or unanswered (the client
@@ -20,9 +21,6 @@ ANSWERED, FAILED, UNANSWERED = "answered", "failed", "unanswered"
 OUTCOMES = (ANSWERED, FAILED, UNANSWERED)
 # A tick of the valid load skipped because the path already had its cap of requests in flight (a slow server).
 NOT_SENT = "not_sent"
-# RSS at the end of the run may exceed RSS at the end of the quiet first phase by this fraction before it counts
-# as growth: allocator arenas and caches settle for a while.
-RSS_GROWTH_TOLERANCE = 0.25
 # What `s2t serve`'s supervisor counts when it steps in: reloads of a model (by model and reason), restarts of
 # tritonserver, hung servers aborted. A caller's mistake must move none of them.
 SUPERVISOR_COUNTERS = ("s2t_supervisor_reloads_total", "s2t_server_restarts_total", "s2t_server_hangs_total")
@@ -38,6 +36,7 @@ class Sample:
     outcome: str
     latency_s: float | None = None
     detail: str = ""
+    at_s: float | None = None  # when it was sent, in seconds into the run
 
 
 def phase_of(elapsed_s: float, before_s: float, during_s: float) -> str:
@@ -46,8 +45,28 @@ def phase_of(elapsed_s: float, before_s: float, during_s: float) -> str:
     return "during" if elapsed_s < before_s + during_s else "after"
 
 
+# The width of the windows of a path's latency timeline: short enough to tell a burst from a queue that builds.
+WINDOW_S = 5.0
+
+
+def timeline(samples: Iterable[Sample], window_s: float = WINDOW_S) -> list[dict]:
+    """p50/p99 in ms and the count of the answered requests sent in each `window_s` window (by when they were sent),
+    to tell a latency spike at one moment (a burst) from one that lasts (a queue that builds)."""
+    windows: dict[int, list[float]] = {}
+    for s in samples:
+        if s.outcome == ANSWERED and s.latency_s is not None and s.at_s is not None:
+            windows.setdefault(int(s.at_s // window_s), []).append(s.latency_s * 1000)
+    return [{"from_s": w * window_s, "answered": len(ms), "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99)}
+            for w, ms in sorted(windows.items())]
+
+
+def worst_window(line: Sequence[Mapping]) -> Mapping | None:
+    return max(line, key=lambda w: w["p99_ms"], default=None)
+
+
 def path_summary(samples: Iterable[Sample]) -> dict:
-    """Per phase: counts of each outcome, p50/p99 in ms of the answered ones, and up to 5 distinct error details."""
+    """Per phase: counts of each outcome, p50/p99 in ms of the answered ones, and up to 5 distinct error details;
+    and the timeline of the whole run."""
     out = {}
     samples = list(samples)
     for phase in PHASES:
@@ -56,6 +75,7 @@ def path_summary(samples: Iterable[Sample]) -> dict:
         details = sorted({s.detail[:200] for s in mine if s.outcome in (FAILED, UNANSWERED) and s.detail})
         out[phase] = {**{o: sum(s.outcome == o for s in mine) for o in (*OUTCOMES, NOT_SENT)},
                       "p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99), "errors": details[:5]}
+    out["timeline"] = timeline(samples)
     return out
 
 
@@ -112,23 +132,6 @@ def no_restarts(before: Mapping[str, int], after: Mapping[str, int]) -> dict:
         return _verdict(None, "no serving process was seen")
     return _verdict(not changed, "same pids" if not changed else "changed: " + ", ".join(
         f"{name} {before.get(name)} -> {after.get(name)}" for name in changed))
-
-
-def rss_flat(rss: Mapping[str, Mapping[str, Mapping[str, int]]], tolerance: float = RSS_GROWTH_TOLERANCE) -> dict:
-    """Per process group, RSS at the end of `after` within `tolerance` of RSS at the end of `before`.
-    `rss` is {group: {phase: {"max": bytes, "last": bytes}}}."""
-    grown, unmeasured = [], []
-    for group, phases in sorted(rss.items()):
-        start, end = phases.get("before", {}).get("last"), phases.get("after", {}).get("last")
-        if not start or end is None:
-            unmeasured.append(group)
-        elif end > start * (1 + tolerance):
-            grown.append(f"{group} {start / 2**20:.0f} -> {end / 2**20:.0f} MiB")
-    if grown:
-        return _verdict(False, "; ".join(grown))
-    if unmeasured:
-        return _verdict(None, "not sampled: " + ", ".join(unmeasured))
-    return _verdict(True, f"within {tolerance:.0%} of the quiet phase")
 
 
 def nothing_left(kind: str, left: Sequence[str]) -> dict:
@@ -199,6 +202,40 @@ def caller_errors_answered_alone(floods: Mapping[str, Mapping], valid_succeeded:
                           "scored; the valid paths unharmed")
 
 
+def oversized_bodies_refused(flood: Mapping | None) -> dict:
+    """Every oversized HTTP body refused as the caller's error (a 4xx: 413 or 400), none failing the server (5xx)
+    or going unanswered."""
+    counted = {k: v for k, v in (flood or {}).get("outcomes", {}).items() if k.startswith(("HTTP ", "no answer"))}
+    if not counted:
+        return _verdict(None, "no oversized body was sent")
+    wrong = {k: v for k, v in counted.items() if not k.startswith("HTTP 4")}
+    if wrong:
+        said = (flood.get("answers") or {})
+        return _verdict(False, "; ".join(f"{n} x {k}" + (f" ({said[k][:120]!r})" if k in said else "")
+                                         for k, n in sorted(wrong.items())) + ", not a 4xx")
+    return _verdict(True, ", ".join(f"{n} x {k}" for k, n in sorted(counted.items())))
+
+
+def flood_answered_alone(flood: Mapping | None, holds_when: str) -> dict:
+    """A flood of wire_attacks (a result with "hostile" and "valid" counts): holds when every hostile request came
+    back as it must, every valid request beside it was scored, and nothing went unanswered."""
+    if not flood or not flood.get("sent") or "hostile" not in flood:
+        return _verdict(None, "not run" if not flood else
+                        f"nothing sent: {', '.join(flood.get('outcomes', {})) or 'no outcome'}"[:300])
+    wrong = []
+    for side in ("hostile", "valid"):
+        sent, right = flood[side]["sent"], flood[side]["as_expected"]
+        if right != sent:
+            wrong.append(f"{sent - right} of {sent} {side} requests not as they must be")
+    if flood.get(UNANSWERED):
+        wrong.append(f"{flood[UNANSWERED]} unanswered")
+    if not flood["valid"]["sent"]:
+        wrong.append("no valid request beside it")
+    if wrong:
+        return _verdict(False, "; ".join(wrong) + ": " + "; ".join(flood.get("unexpected", [])[:3]))
+    return _verdict(True, f"{holds_when} ({flood['hostile']['sent']} hostile, {flood['valid']['sent']} valid)")
+
+
 def table(report: Mapping) -> str:
     """The printed form: latency and counts per path and phase, RSS per phase, then the verdicts."""
     phases_s = report["phases_s"]
@@ -215,11 +252,31 @@ def table(report: Mapping) -> str:
             lines.append(f"{path:<20} {phase:<7} {ms(row['p50_ms']):>8} {ms(row['p99_ms']):>8} "
                          f"{report['latency_targets_ms'][path]:>7.0f} {row[ANSWERED]:>9} {row[FAILED]:>7} "
                          f"{row[UNANSWERED]:>10} {row[NOT_SENT]:>8}")
+    for path, summary in report["paths"].items():
+        worst = worst_window(summary.get("timeline", []))
+        if worst is not None and worst["p99_ms"] > report["latency_targets_ms"][path]:
+            lines.append(f"{path:<20} worst {WINDOW_S:.0f} s window: sent at {worst['from_s']:.0f}-"
+                         f"{worst['from_s'] + WINDOW_S:.0f} s, p50 {worst['p50_ms']:.0f} ms, p99 "
+                         f"{worst['p99_ms']:.0f} ms ({worst['answered']} answered)")
     lines.append(f"{'RSS MiB (max/last)':<20} " + " ".join(f"{phase:>15}" for phase in PHASES))
     for group, phases in report["rss"].items():
         lines.append(f"{group:<20} " + " ".join(
             f"{phases[p]['max'] / 2**20:>7.0f}/{phases[p]['last'] / 2**20:<7.0f}" if p in phases else f"{'-':>15}"
             for p in PHASES))
+    fits = report.get("rss_trend", {})
+    if fits:
+        lines.append("RSS fitted after the warm-up, projected to 72 h:")
+        for group, fit in fits.items():
+            lines.append(f"  {group:<18} {rss_trend.describe(fit)}")
+        by_process = report.get("rss_trend_by_process", {})
+        grown = sorted(((name, fit) for name, fit in by_process.items() if fit.get("slope_bytes_per_hour")),
+                       key=lambda item: -item[1]["slope_bytes_per_hour"])[:3]
+        for name, fit in grown:
+            lines.append(f"    {name[:40]:<40} {rss_trend.describe(fit)}")
+    load = report.get("load_average")
+    if load:
+        lines.append("load average (1, 5, 15 min): at the start " + " ".join(f"{v:.2f}" for v in load["start"])
+                     + ", at the end " + " ".join(f"{v:.2f}" for v in load["end"]) + f" on {load['cpus']} CPUs")
     grpc_port = report.get("services", {}).get("grpc_port_served_by")
     if grpc_port:
         lines.append(f"public gRPC port served by: {grpc_port}")
@@ -231,6 +288,8 @@ def table(report: Mapping) -> str:
     for name, flood in report["floods"].items():
         counts = ", ".join(f"{v} x {k}" for k, v in sorted(flood.get("outcomes", {}).items()))
         lines.append(f"  {name:<22} sent {flood.get('sent', 0)}: {counts}")
+        if "held" in flood:
+            lines.append(f"  {'':<22} held: " + ", ".join(f"{v} x {k}" for k, v in sorted(flood["held"]["ended"].items())))
     lines.append("verdicts:")
     for name, verdict in report["verdicts"].items():
         mark = {True: "holds", False: "FAILS", None: "not measured"}[verdict["holds"]]

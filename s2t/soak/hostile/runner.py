@@ -10,6 +10,7 @@ assumed fixed.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -21,13 +22,15 @@ from pathlib import Path
 import psutil
 
 from s2t.soak.hostile import report as soak_report
-from s2t.soak.hostile.patterns import CALLER_ERROR_FLOODS, FLOOD_SIZES, run_floods
+from s2t.soak.hostile.patterns import CALLER_ERROR_FLOODS, FLOOD_NAMES, FLOOD_SIZES, WIRE_ATTACK_FLOODS, \
+    run_floods
 from s2t.soak.hostile.report import ANSWERED
 from s2t.soak.hostile.valid_paths import LATENCY_TARGETS_MS, VALID_TIMEOUT_S, Calls, Clock, ValidPath, guarded, \
     host_port, path_calls
 from s2t.soak.hostile.watch import Watch, leftovers, listening_pids, port_owner, run_processes, serving_pids, \
     shm_entries, supervisor_counts
 from s2t.on_progress import OnProgress, no_progress
+from s2t.soak import rss_trend
 from s2t.serve import service_process
 from s2t.serve.triton_server import free_port
 
@@ -39,6 +42,13 @@ class Options:
     floods: str = "full"
     latency_targets_ms: Mapping[str, float] | None = None
     sample_every_s: float = 2.0
+    # Floods left out (patterns.FLOOD_NAMES): the verdicts they decide are then not measured.
+    skip_floods: frozenset[str] = frozenset()
+
+    def __post_init__(self):
+        unknown = sorted(set(self.skip_floods) - set(FLOOD_NAMES))
+        if unknown:
+            raise ValueError(f"no flood named {', '.join(unknown)}; the floods are {', '.join(FLOOD_NAMES)}")
 
 
 @dataclass
@@ -99,6 +109,7 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
     """Soak the services at `urls` ("http", "grpc", "metrics", "gateway", and optionally "supervisor"), or start
     them (and stop them) when None (their output then next to `log_base`); the report as a dict (JSON-ready)."""
     planned = int(options.seconds)
+    load_start = os.getloadavg()
     shm_before, processes_before = shm_entries(), run_processes()
     if urls is None:
         with started_services(on_progress, planned, log_base) as services:
@@ -114,7 +125,8 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
     bogus = flood_results.get("bogus_routes", {})
     report = {
         "seconds": options.seconds, "rate": options.rate, "floods_size": options.floods,
-        "flood_sizes": asdict(FLOOD_SIZES[options.floods]), "phases_s": watch.clock.phases_s,
+        "flood_sizes": asdict(FLOOD_SIZES[options.floods]), "skipped_floods": sorted(options.skip_floods),
+        "phases_s": watch.clock.phases_s,
         "services": {"urls": dict(services.urls), "started_by_the_soak": services.started,
                      "serving_pid": services.serving_pid, "gateway_pid": services.gateway_pid,
                      "grpc_port_served_by": measured.grpc_port_served_by},
@@ -123,6 +135,11 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
                              for name, out in measured.warm_up.items() if out},
         "rss": {group: {p: phases[p] for p in soak_report.PHASES if p in phases}
                 for group, phases in watch.rss.items()},
+        "rss_trend": rss_trend.trends(watch.series, options.seconds),
+        "rss_trend_by_process": rss_trend.trends(watch.process_series, options.seconds),
+        "rss_samples": {group: points for group, points in watch.series.items()},
+        "load_average": {"start": [round(v, 2) for v in load_start],
+                         "end": [round(v, 2) for v in os.getloadavg()], "cpus": os.cpu_count()},
         "pids": {"before": measured.pids_before, "after": measured.pids_after},
         "supervisor_before": measured.supervisor_before, "supervisor": measured.supervisor_after,
         "exit_codes": services.exit_codes,
@@ -144,10 +161,13 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
             soak_report.supervisor_totals(measured.supervisor_after)),
         "caller_errors_answered_alone": soak_report.caller_errors_answered_alone(
             {name: flood_results.get(name, {}) for name in CALLER_ERROR_FLOODS}, valid_succeeded),
-        "rss_flat": soak_report.rss_flat(report["rss"]),
+        "rss_projection": rss_trend.verdict(report["rss_trend"]),
         "metric_labels_from_configuration": soak_report.labels_from_configuration(bogus.get("leaked_labels", 0),
                                                                                   bogus.get("sent", 0)),
         "admin_apis_restricted": soak_report.apis_restricted(flood_results["api_probes"]["probes"]),
+        "oversized_bodies_refused": soak_report.oversized_bodies_refused(flood_results.get("oversized_bodies")),
+        **{f"{name}_answered_alone": soak_report.flood_answered_alone(flood_results.get(name), holds_when)
+           for name, holds_when in WIRE_ATTACK_FLOODS.items()},
         "no_shm_region_left": soak_report.nothing_left("shared-memory regions", regions_left)
         if services.started else not_stopped,
         "no_process_left": soak_report.nothing_left("processes", left + report["processes"]["after"])
@@ -196,7 +216,8 @@ def _soak(options: Options, records: Sequence[Mapping], services: Services, on_p
             path.start()
         _wait_for_phase(clock, "during", on_progress, planned)
         flooding = ThreadPoolExecutor(1, thread_name_prefix="soak-floods")
-        flood_results = flooding.submit(run_floods, FLOOD_SIZES[options.floods], urls, records, clock)
+        flood_results = flooding.submit(run_floods, FLOOD_SIZES[options.floods], urls, records, clock,
+                                        frozenset(options.skip_floods))
         _wait_for_phase(clock, None, on_progress, planned)
         flood_results = flood_results.result()
         flooding.shutdown()

@@ -93,7 +93,7 @@ class ValidPath(threading.Thread):
                     full = self._in_flight >= MAX_IN_FLIGHT
                     self._in_flight += not full
                 if full:
-                    self._add([Sample(phase, NOT_SENT)])
+                    self._add([Sample(phase, NOT_SENT, at_s=k / self.rate)])
                 else:
                     pool.submit(self._one, k, phase)
                 k += 1
@@ -104,7 +104,7 @@ class ValidPath(threading.Thread):
         finally:
             with self._lock:
                 self._in_flight -= 1
-        self._add([Sample(phase, *o) for o in outcomes])
+        self._add([Sample(phase, *o, at_s=k / self.rate) for o in outcomes])
 
     def _add(self, samples: list[Sample]) -> None:
         with self._lock:

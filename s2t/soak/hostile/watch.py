@@ -1,5 +1,5 @@
-"""What the hostile soak watches of the services it soaks: the RSS of the serving tree and of the gateway per phase,
-every process of both trees and every stub's shared-memory region (to find what outlives the shutdown), the pids
+"""What the hostile soak watches of the services it soaks: the RSS of the serving tree and of the gateway, per phase
+and as time series (the serving tree's processes one by one too, for the fit projected to 72 hours), every process of both trees and every stub's shared-memory region (to find what outlives the shutdown), the pids
 that tell a restart, and the supervisor's counters."""
 from __future__ import annotations
 
@@ -45,6 +45,9 @@ class Watch(threading.Thread):
         super().__init__(name="soak-watch", daemon=True)
         self.serve_pid, self.gateway_pid, self.clock, self.every_s = serve_pid, gateway_pid, clock, every_s
         self.rss: dict[str, dict[str, dict[str, int]]] = {"serving": {}, "gateway": {}}
+        # (seconds into the run, bytes) per group and per process of the serving tree.
+        self.series: dict[str, list[tuple[float, int]]] = {"serving": [], "gateway": []}
+        self.process_series: dict[str, list[tuple[float, int]]] = {}
         self.seen: dict[int, Seen] = {}
         self.regions: set[str] = set()
         self.stop = threading.Event()
@@ -67,7 +70,7 @@ class Watch(threading.Thread):
             self.regions |= regions_of(stubs_of(server))
 
     def sample(self) -> None:
-        phase = self.clock.phase()
+        phase, at = self.clock.phase(), round(self.clock.elapsed(), 2)
         for group, pid in (("serving", self.serve_pid), ("gateway", self.gateway_pid)):
             if pid is None:
                 continue
@@ -77,12 +80,33 @@ class Watch(threading.Thread):
                 continue
             row = self.rss[group].setdefault(phase, {"max": 0, "last": 0, "samples": 0})
             row.update(max=max(row["max"], size), last=size, samples=row["samples"] + 1)
+            self.series[group].append((at, size))
+        for name, size in _tree_rss(self.serve_pid).items():
+            self.process_series.setdefault(name, []).append((at, size))
 
     def run(self) -> None:
         while not self.stop.is_set():
             self.look()
             self.sample()
             self.stop.wait(self.every_s)
+
+
+def _tree_rss(root: int | None) -> dict[str, int]:
+    """RSS of each process of the tree under `root`, by name (a stub by its model instance)."""
+    if root is None:
+        return {}
+    try:
+        tree = [psutil.Process(root)] + psutil.Process(root).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return {}
+    sizes: dict[str, int] = {}
+    for proc in tree:
+        try:
+            name = "tritonserver" if proc.name() == "tritonserver" else _name(proc)
+            sizes[name] = sizes.get(name, 0) + proc.memory_info().rss
+        except psutil.NoSuchProcess:
+            continue
+    return sizes
 
 
 def _name(proc: psutil.Process) -> str:

@@ -108,3 +108,19 @@ def test_services_pointed_at_are_found_by_the_port_they_listen_on_and_not_starte
         listener.close()
     assert services.serving_pid == os.getpid() and services.gateway_pid is None
     assert services.started is False and services.exit_codes == {}
+
+
+def test_paced_deadline_callers_stop_at_the_end_of_the_flood_and_report_what_they_sent():
+    """Paced at 50 a second, 10,000 calls would take 200 s: the flood must end with its window (0.6 s here) and count
+    what it sent, not sleep towards calls that are past the window (which left the flood unreported and still
+    calling after the floods were over)."""
+    from s2t.soak.hostile import careless_callers
+    from tests.conftest import free_port
+    started = time.monotonic()
+    result = careless_callers.grpc_deadlines(f"127.0.0.1:{free_port()}", [{"x": 1}], count=10_000, callers=4,
+                                             deadline=started + 0.6, rate_per_s=50.0)
+    took = time.monotonic() - started
+    assert took < 5, f"the flood ran {took:.1f} s past a 0.6 s window"
+    # Nothing listens on the port: every call is answered UNAVAILABLE by the client's channel, and counted.
+    assert 10 <= result["sent"] <= 40 and sum(result["outcomes"].values()) == result["sent"], result
+    assert result["unanswered"] == 0

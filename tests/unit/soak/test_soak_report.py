@@ -71,16 +71,6 @@ def test_no_restarts_compares_the_pids_of_the_server_and_every_stub(before, afte
 MIB = 2**20
 
 
-@pytest.mark.parametrize("before_last, after_last, holds", [
-    (100 * MIB, 120 * MIB, True), (100 * MIB, 125 * MIB, True), (100 * MIB, 126 * MIB, False),
-    (100 * MIB, None, None)])
-def test_rss_is_flat_when_the_end_of_the_run_is_within_tolerance_of_the_quiet_phase(before_last, after_last, holds):
-    rss = {"gateway": {"before": {"max": before_last, "last": before_last}}}
-    if after_last is not None:
-        rss["gateway"]["after"] = {"max": after_last, "last": after_last}
-    assert soak_report.rss_flat(rss)["holds"] is holds
-
-
 @pytest.mark.parametrize("probes, holds", [
     ([{"probe": "HTTP GET /v2/logging", "refused": True}], True),
     ([{"probe": "HTTP GET /v2/logging", "refused": True}, {"probe": "gRPC LogSettings", "refused": False}], False),
@@ -172,13 +162,31 @@ def test_table_shows_every_path_phase_rss_flood_and_verdict():
               "rss": {"serving": {p: {"max": 300 * MIB, "last": 290 * MIB} for p in PHASES}},
               "floods": {"bogus_routes": {"sent": 100, "outcomes": {"StatusCode.INVALID_ARGUMENT": 100}}},
               "services": {"grpc_port_served_by": "s2t_grpc_front (pid 42)"},
+              "rss_trend": {"serving": {"samples": 30, "from_s": 6.0, "to_s": 60.0, "start_bytes": 300 * MIB,
+                                        "end_bytes": 301 * MIB, "slope_bytes_per_hour": 66 * MIB,
+                                        "projected_growth": 15.84, "projected_hours": 72.0}},
+              "load_average": {"start": [0.5, 0.4, 0.3], "end": [3.25, 1.0, 0.5], "cpus": 2},
               "supervisor_before": ["s2t_server_restarts_total 0"], "supervisor": ["s2t_server_restarts_total 1"],
-              "verdicts": {"rss_flat": {"holds": True, "detail": "ok"}, "admin_apis_restricted":
+              "verdicts": {"rss_projection": {"holds": True, "detail": "ok"}, "admin_apis_restricted":
                            {"holds": False, "detail": "open"}, "latency_targets_kept": {"holds": None, "detail": "-"}}}
     text = soak_report.table(report)
     assert sum(line.startswith("risk_pipeline_http") for line in text.splitlines()) == 3
     assert "300/290" in text and "bogus_routes" in text and "100 x StatusCode.INVALID_ARGUMENT" in text
     assert "admin_apis_restricted                   FAILS" in text and "not measured" in text
     assert "public gRPC port served by: s2t_grpc_front (pid 42)" in text
+    assert "serving            300.0 -> 301.0 MiB fitted over 6-60 s, +66.0 MiB/h, +1584.0% at 72 h" in text
+    assert "load average (1, 5, 15 min): at the start 0.50 0.40 0.30, at the end 3.25 1.00 0.50 on 2 CPUs" in text
     assert "supervisor at the start: s2t_server_restarts_total 0" in text
     assert "supervisor at the end: s2t_server_restarts_total 1" in text
+
+
+@pytest.mark.parametrize("outcomes, holds, in_detail", [
+    ({"HTTP 413": 9, "HTTP 400": 1}, True, "9 x HTTP 413"),
+    ({"HTTP 500": 10}, False, "10 x HTTP 500 ('{\"error\":\"failed to parse\"}'), not a 4xx"),
+    ({"HTTP 413": 9, "no answer: ConnectionResetError": 1}, False, "1 x no answer"),
+    ({"not sent (flood time over)": 2}, None, "no oversized body"),
+])
+def test_oversized_bodies_must_each_be_refused_with_a_4xx(outcomes, holds, in_detail):
+    flood = {"sent": sum(outcomes.values()), "outcomes": outcomes, "answers": {"HTTP 500": '{"error":"failed to parse"}'}}
+    verdict = soak_report.oversized_bodies_refused(flood)
+    assert verdict["holds"] is holds and in_detail in verdict["detail"], verdict

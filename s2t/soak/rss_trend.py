@@ -1,0 +1,91 @@
+"""The one memory rule of every soak: RSS sampled over the run, fitted by least squares over time, and projected to
+72 hours of the same load; a process (or process tree) whose projected growth is 5% or more of its fitted size at
+the start of the fit fails it.
+
+A line through every sample after the warm-up, rather than the last sample against one baseline: one late spike
+or a quiet moment at the end cannot decide alone, and the slope says what a run of days would add, which is what a
+soak of minutes is asked. The warm-up (a minute, or a tenth of a shorter run) is left out so that allocator arenas
+and caches filling once are not read as a leak. A step that stays (memory taken during a burst and never returned)
+counts: a soak cannot tell it from a leak, so it is reported as the growth it would be if it went on.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+PROJECTION_HOURS = 72.0
+# Projected growth at PROJECTION_HOURS, of the fitted size at the start of the fit, from which a soak fails.
+MAX_PROJECTED_GROWTH = 0.05
+# Samples a fit needs: two always make a line, so a third is the least that can disagree with it.
+MIN_SAMPLES = 3
+WARM_UP_MAX_S = 60.0
+
+Points = Sequence[tuple[float, float]]  # (seconds into the run, RSS bytes)
+
+
+def warm_up_s(run_seconds: float) -> float:
+    """Seconds left out at the start of a run's fit: a minute, or a tenth of a run shorter than ten minutes."""
+    return min(WARM_UP_MAX_S, run_seconds / 10)
+
+
+def least_squares(points: Points) -> tuple[float, float]:
+    """(slope per second, value at t = 0) of the least-squares line through `points` (at least two distinct t)."""
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    spread = sum((t - mean_t) ** 2 for t, _ in points)
+    if spread == 0:
+        raise ValueError("a line needs samples at two different times at least")
+    slope = sum((t - mean_t) * (y - mean_y) for t, y in points) / spread
+    return slope, mean_y - slope * mean_t
+
+
+def trend(points: Points, warm_up: float = 0.0, hours: float = PROJECTION_HOURS) -> dict:
+    """The fit of the samples at or after `warm_up` s: sizes fitted at the first and last of them, the slope in
+    bytes an hour, and the growth projected to `hours` past the first, as a fraction of the size fitted there
+    (None with fewer than MIN_SAMPLES samples)."""
+    fitted = sorted((t, y) for t, y in points if t >= warm_up)
+    out = {"samples": len(fitted), "from_s": fitted[0][0] if fitted else None,
+           "to_s": fitted[-1][0] if fitted else None, "start_bytes": None, "end_bytes": None,
+           "slope_bytes_per_hour": None, "projected_growth": None, "projected_hours": hours}
+    if len(fitted) < MIN_SAMPLES or fitted[0][0] == fitted[-1][0]:
+        return out
+    slope, at_zero = least_squares(fitted)
+    start, end = at_zero + slope * fitted[0][0], at_zero + slope * fitted[-1][0]
+    out.update(start_bytes=round(start), end_bytes=round(end), slope_bytes_per_hour=round(slope * 3600),
+               projected_growth=slope * hours * 3600 / start if start > 0 else None)
+    return out
+
+
+def trends(series: Mapping[str, Points], run_seconds: float) -> dict[str, dict]:
+    """`trend` of every named series, with the warm-up of a run of `run_seconds`."""
+    warm = warm_up_s(run_seconds)
+    return {name: trend(points, warm) for name, points in series.items()}
+
+
+def verdict(fits: Mapping[str, Mapping], limit: float = MAX_PROJECTED_GROWTH) -> dict:
+    """{"holds", "detail"}: holds when every fit's projected growth is under `limit`; None when one could not be
+    fitted (too few samples), and never True then."""
+    grown, unfitted = [], []
+    for name, fit in sorted(fits.items()):
+        growth = fit.get("projected_growth")
+        if growth is None:
+            unfitted.append(f"{name} ({fit.get('samples', 0)} samples)")
+        elif growth >= limit:
+            grown.append(f"{name} {describe(fit)}")
+    hours = next(iter(fits.values()), {}).get("projected_hours", PROJECTION_HOURS)
+    if grown:
+        return {"holds": False, "detail": f"projected {hours:.0f} h growth {limit:.0%} or more: " + "; ".join(grown)}
+    if unfitted or not fits:
+        return {"holds": None, "detail": "too few samples to fit: " + (", ".join(unfitted) or "no series")}
+    worst = max(fits.items(), key=lambda item: item[1]["projected_growth"])
+    return {"holds": True, "detail": f"every projected {hours:.0f} h growth under {limit:.0%} (largest: "
+                                     f"{worst[0]} {describe(worst[1])})"}
+
+
+def describe(fit: Mapping) -> str:
+    """'1084 -> 1141 MiB fitted over 12-120 s, +28.5 MiB/h, +190.1% at 72 h' (or why there is no fit)."""
+    if fit.get("projected_growth") is None:
+        return f"not fitted ({fit.get('samples', 0)} samples)"
+    return (f"{fit['start_bytes'] / 2**20:.1f} -> {fit['end_bytes'] / 2**20:.1f} MiB fitted over "
+            f"{fit['from_s']:.0f}-{fit['to_s']:.0f} s, {fit['slope_bytes_per_hour'] / 2**20:+.1f} MiB/h, "
+            f"{fit['projected_growth'] * 100:+.1f}% at {fit['projected_hours']:.0f} h")

@@ -1,0 +1,81 @@
+"""The one memory rule of every soak: RSS fitted by least squares after the warm-up and projected to 72 hours."""
+import json
+
+import pytest
+
+from s2t.soak import rss_trend
+from s2t.soak.supervised import SERVING_TREE, SoakReport
+
+MIB = 2**20
+
+
+def test_least_squares_finds_the_line_through_noisy_points():
+    points = [(t, 100 + 2 * t + (1 if t % 2 else -1)) for t in range(10)]
+    slope, at_zero = rss_trend.least_squares(points)
+    assert slope == pytest.approx(2.0, abs=0.1) and at_zero == pytest.approx(100, abs=1)
+    with pytest.raises(ValueError):
+        rss_trend.least_squares([(1.0, 5.0), (1.0, 6.0)])
+
+
+def test_the_projection_is_the_slope_over_72_hours_as_a_share_of_the_fitted_start():
+    # 1 MiB an hour on 1,000 MiB: 72 MiB at 72 h, 7.2%.
+    points = [(t, 1000 * MIB + t * MIB / 3600) for t in range(0, 600, 10)]
+    fit = rss_trend.trend(points)
+    assert fit["projected_growth"] == pytest.approx(0.072, rel=1e-6)
+    assert fit["slope_bytes_per_hour"] == pytest.approx(MIB, rel=1e-6) and fit["samples"] == 60
+    assert rss_trend.verdict({"serving": fit})["holds"] is False
+    flat = rss_trend.trend([(t, 1000 * MIB + (t % 20) * 1000) for t in range(0, 600, 10)])
+    assert rss_trend.verdict({"serving": flat})["holds"] is True
+
+
+def test_the_warm_up_is_left_out_of_the_fit():
+    # Arenas filling in the first minute, flat after: no growth once the warm-up is left out.
+    points = [(t, (500 + min(t, 60)) * MIB) for t in range(0, 600, 5)]
+    assert rss_trend.warm_up_s(600) == 60 and rss_trend.warm_up_s(120) == 12
+    assert rss_trend.trend(points, rss_trend.warm_up_s(600))["projected_growth"] == pytest.approx(0.0, abs=1e-9)
+    assert rss_trend.trend(points, 0)["projected_growth"] > 1
+
+
+def test_a_step_that_stays_is_growth_and_one_that_returns_is_not():
+    stays = [(t, (1000 if t < 300 else 1050) * MIB) for t in range(60, 1200, 10)]
+    returns = [(t, (1050 if 300 <= t < 900 else 1000) * MIB) for t in range(60, 1140, 10)]
+    assert rss_trend.verdict({"serving": rss_trend.trend(stays)})["holds"] is False
+    assert abs(rss_trend.trend(returns)["projected_growth"]) < rss_trend.MAX_PROJECTED_GROWTH
+
+
+@pytest.mark.parametrize("points", [[], [(10.0, 5.0)], [(10.0, 5.0), (20.0, 6.0)], [(10.0, 5.0)] * 3])
+def test_too_few_samples_are_not_measured_never_kept(points):
+    fit = rss_trend.trend(points)
+    assert fit["projected_growth"] is None
+    verdict = rss_trend.verdict({"serving": fit})
+    assert verdict["holds"] is None and "too few samples" in verdict["detail"]
+
+
+def test_the_plain_soak_applies_the_same_rule_and_checks_the_process_and_every_answer():
+    samples = [{"at": float(t), "rss": {"tritonserver": 400 * MIB, "risk_scorer_0_0@1": 100 * MIB + t * MIB,
+                                         SERVING_TREE: 500 * MIB + t * MIB}} for t in range(0, 60, 2)]
+    report = SoakReport(60.0, 100.0, sent=6000, answered=6000, samples=samples,
+                        tritonserver={"start": 7, "end": 7, "same_process": True})
+    verdicts = report.verdicts()
+    assert verdicts["every_request_answered"]["holds"] is True
+    assert verdicts["same_tritonserver_process"]["holds"] is True
+    assert verdicts["rss_projection"]["holds"] is False and "risk_scorer_0_0@1" in verdicts["rss_projection"]["detail"]
+    assert "tritonserver" not in verdicts["rss_projection"]["detail"].split("risk_scorer")[0].split(": ", 1)[1]
+    assert not report.holds()
+    parsed = json.loads(report.to_json())
+    assert set(parsed["rss_trend"]) == {"tritonserver", "risk_scorer_0_0@1", SERVING_TREE}
+    assert parsed["rss_trend"]["tritonserver"]["projected_growth"] == 0
+    assert "72 h" in report.table() and "FAILS" in report.table()
+
+
+def test_the_plain_soak_fails_on_a_restarted_server_and_on_an_unanswered_request():
+    samples = [{"at": float(t), "rss": {SERVING_TREE: 500 * MIB}} for t in range(0, 60, 2)]
+    restarted = SoakReport(60.0, 100.0, sent=10, answered=10, samples=samples,
+                           tritonserver={"start": 7, "end": 9, "same_process": False})
+    assert restarted.verdicts()["same_tritonserver_process"]["holds"] is False and not restarted.holds()
+    lost = SoakReport(60.0, 100.0, sent=10, answered=9, samples=samples,
+                      tritonserver={"start": 7, "end": 7, "same_process": True})
+    assert lost.verdicts()["every_request_answered"]["holds"] is False and not lost.holds()
+    whole = SoakReport(60.0, 100.0, sent=10, answered=10, samples=samples,
+                       tritonserver={"start": 7, "end": 7, "same_process": True})
+    assert whole.holds()
