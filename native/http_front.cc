@@ -444,13 +444,16 @@ void RefuseWith(evhttp_request* request, int code, const char* reason, const std
   g_calls->Give();
 }
 
-// The body inflated in place (Content-Encoding gzip or deflate, as Triton reads them); false when it inflates past
-// the body limit. A body that is not what it says is left for Triton to refuse.
+// The body inflated in place (Content-Encoding gzip or deflate, as Triton reads them); false when it was refused: it
+// inflates past the body limit, or it is not what it says (Triton 2.51 keeps what it inflated of such a body).
 bool Inflate(evhttp_request* request, const char* encoding) {
   evbuffer* input = evhttp_request_get_input_buffer(request);
   size_t size = evbuffer_get_length(input);
   z_stream stream{};
-  if (inflateInit2(&stream, 15 | 32) != Z_OK) return true;
+  if (inflateInit2(&stream, 15 | 32) != Z_OK) {
+    RefuseWith(request, 503, "Service Unavailable", "body: cannot be inflated now; try again");
+    return false;
+  }
   stream.next_in = evbuffer_pullup(input, -1);
   stream.avail_in = static_cast<uInt>(size);
   evbuffer* inflated = evbuffer_new();
@@ -478,19 +481,55 @@ bool Inflate(evhttp_request* request, const char* encoding) {
     RefuseWith(request, 413, "Payload Too Large",
                std::string("body: more than ") + std::to_string(limit) + " bytes once inflated (Content-Encoding " +
                    encoding + ")");
-  return !over;
+  else if (status != Z_STREAM_END)
+    RefuseWith(request, 400, "Bad Request",
+               std::string("body: not a whole ") + encoding + " stream (Content-Encoding " + encoding + ")");
+  return status == Z_STREAM_END && !over;
+}
+
+// RFC 9110 12.4.2: a weight is "q=" and 0 to 1 with at most three decimals. Triton 2.51 reads it with std::stod and
+// dies of the exception a value like 1e999 throws.
+bool ValidWeight(std::string weight) {
+  while (!weight.empty() && (weight.back() == ' ' || weight.back() == '\t')) weight.pop_back();
+  size_t start = weight.find_first_not_of(" \t");
+  weight = start == std::string::npos ? "" : weight.substr(start);
+  if (weight.size() < 2 || (weight[0] != 'q' && weight[0] != 'Q') || weight[1] != '=') return true;  // not a weight
+  std::string value = weight.substr(2);
+  if (value.empty() || value.size() > 5 || (value[0] != '0' && value[0] != '1')) return false;
+  if (value.size() == 1) return true;
+  if (value[1] != '.') return false;
+  for (size_t i = 2; i < value.size(); ++i)
+    if (value[i] < '0' || value[i] > '9' || (value[0] == '1' && value[i] != '0')) return false;
+  return true;
+}
+
+bool ValidAcceptEncoding(const char* header) {
+  std::istringstream codings(header);
+  for (std::string coding; std::getline(codings, coding, ',');) {
+    std::istringstream parameters(coding);
+    std::string parameter;
+    std::getline(parameters, parameter, ';');  // the coding itself
+    while (std::getline(parameters, parameter, ';'))
+      if (!ValidWeight(parameter)) return false;
+  }
+  return true;
 }
 
 // False when the request was refused here.
 bool GuardBody(evhttp_request* request) {
+  evkeyvalq* headers = evhttp_request_get_input_headers(request);
+  const char* accept = evhttp_find_header(headers, "Accept-Encoding");
+  if (accept != nullptr && !ValidAcceptEncoding(accept)) {
+    RefuseWith(request, 400, "Bad Request",
+               "Accept-Encoding: a weight (q=) must be a number from 0 to 1 with at most three decimals");
+    return false;
+  }
   evbuffer* input = evhttp_request_get_input_buffer(request);
   if (evbuffer_get_length(input) == 0) return true;
-  evkeyvalq* headers = evhttp_request_get_input_headers(request);
   const char* encoding = evhttp_find_header(headers, "Content-Encoding");
   if (encoding != nullptr && (strcmp(encoding, "gzip") == 0 || strcmp(encoding, "deflate") == 0)) {
     std::string named = encoding;
     if (!Inflate(request, named.c_str())) return false;
-    if (evhttp_find_header(headers, "Content-Encoding") != nullptr) return true;  // not inflated: Triton's to refuse
   }
   size_t size = evbuffer_get_length(input);
   // With binary data after it, only the JSON head is Triton's to parse.
@@ -629,6 +668,14 @@ const ModelShape* Worker::Shape(const std::string& model, int64_t version, bool 
   return &entry.second;
 }
 
+// The values in a tensor's "data" (nested arrays: nested no deeper than kMaxJsonDepth, checked before).
+uint64_t CountValues(const rapidjson::Value& data) {
+  if (!data.IsArray()) return 1;
+  uint64_t count = 0;
+  for (const auto& element : data.GetArray()) count += CountValues(element);
+  return count;
+}
+
 // Why a request cannot be valid for `shape`, naming the field; empty when it may be.
 std::string Check(const rapidjson::Document& doc, const std::string& model, const ModelShape& shape,
                   bool* classify_numeric) {
@@ -647,20 +694,31 @@ std::string Check(const rapidjson::Document& doc, const std::string& model, cons
       if (!d.IsUint64() || d.GetUint64() > static_cast<uint64_t>(INT64_MAX))
         return field + ": every dimension must be a whole number from 0";
     auto config = shape.inputs.find(input["name"].GetString());
-    if (config == shape.inputs.end() || config->second.ragged || config->second.dims.empty()) continue;
-    const std::vector<int64_t>& want = config->second.dims;
+    const bool configured = config != shape.inputs.end() && !config->second.ragged && !config->second.dims.empty();
+    const std::vector<int64_t> none;
+    const std::vector<int64_t>& want = configured ? config->second.dims : none;
     size_t batch = shape.max_batch_size > 0 ? 1 : 0;
-    if (dims.Size() != want.size() + batch)
+    if (configured && dims.Size() != want.size() + batch)
       return field + ": " + std::to_string(dims.Size()) + " dimensions, and input '" + config->first + "' of model '" +
              model + "' has " + std::to_string(want.size() + batch);
-    if (batch && static_cast<int64_t>(dims[0].GetUint64()) > shape.max_batch_size)
+    if (configured && batch && static_cast<int64_t>(dims[0].GetUint64()) > shape.max_batch_size)
       return field + ": a batch of " + std::to_string(dims[0].GetUint64()) + ", more than model '" + model +
              "' takes (" + std::to_string(shape.max_batch_size) + ")";
-    for (size_t d = 0; d < want.size(); ++d)
+    for (size_t d = 0; configured && d < want.size(); ++d)
       if (want[d] >= 0 && static_cast<int64_t>(dims[batch + d].GetUint64()) != want[d])
         return field + ": dimension " + std::to_string(batch + d) + " is " +
                std::to_string(dims[batch + d].GetUint64()) + ", and input '" + config->first + "' of model '" + model +
                "' has " + std::to_string(want[d]);
+    auto data = input.FindMember("data");
+    if (data != input.MemberEnd()) {
+      // Triton sizes the tensor from its shape before it counts the values (a shape of 2^40 rows: std::bad_alloc).
+      uint64_t elements = 1, values = CountValues(data->value);
+      for (const auto& d : dims.GetArray())
+        if (__builtin_mul_overflow(elements, d.GetUint64(), &elements)) elements = UINT64_MAX;
+      if (elements != values)
+        return "inputs[" + std::to_string(i) + "].data: " + std::to_string(values) + " values, and its shape holds " +
+               (elements == UINT64_MAX ? std::string("more than 2^64") : std::to_string(elements));
+    }
   }
   auto outputs = doc.FindMember("outputs");
   if (outputs == doc.MemberEnd()) return "";

@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
+from tests.integration.serve.triton_crash_requests import HTTP_CRASHES, send_http
 from tests.integration.servers import serving, triton_server
 
 # requests asks for compressed answers by default; a compressed answer is Triton's to write (the front relays it).
@@ -111,8 +112,6 @@ def triton_refusals(records: list[str]) -> dict[str, tuple[str, bytes | dict, di
                                                       "data": records[:1]}]}, {}),
         "a wrong datatype": (pipeline, {"inputs": [{"name": "payload", "datatype": "FP32", "shape": [1, 1],
                                                     "data": [1.0]}]}, {}),
-        "a shape its data does not fill": (pipeline, {"inputs": [{"name": "payload", "datatype": "BYTES",
-                                                                  "shape": [2, 1], "data": records[:1]}]}, {}),
         "data that is no string": (pipeline, {"inputs": [{"name": "payload", "datatype": "BYTES", "shape": [1, 1],
                                                           "data": [5]}]}, {}),
         "binary data cut short": (pipeline, torn, torn_header),
@@ -159,6 +158,10 @@ def front_refusals(records: list[str]) -> dict[str, tuple[dict, str]]:
                                         "inputs[0].shape: a batch of 1000, more than model 'risk_pipeline' takes"),
         "an unknown parameter": ({"inputs": one, "parameters": {"colour": "red"}},
                                  "parameters.colour: not a parameter of the protocol"),
+        "a shape its data does not fill": ({"inputs": [{**one[0], "shape": [2, 1]}]},
+                                           "inputs[0].data: 1 values, and its shape holds 2"),
+        "a shape past memory": ({"inputs": [{**one[0], "shape": [1 << 40, 1]}]},
+                                "inputs[0].shape: a batch of 1099511627776, more than model 'risk_pipeline'"),
     }
 
 
@@ -305,6 +308,34 @@ def test_a_compressed_body_is_answered_as_triton_answers_it(server, records):
         ours = post(server.http_port, "/v2/models/risk_pipeline/infer", data, headers)
         assert ours[0] == 200, ours
         assert ours == post(server.triton_http_port, "/v2/models/risk_pipeline/infer", data, headers)
+
+
+def test_a_body_that_is_not_the_stream_it_says_is_refused(server, records):
+    data = gzip.compress(json.dumps(payload(records[:1])).encode())[:-12]
+    status, _, _, answer = post(server.http_port, "/v2/models/risk_pipeline/infer", data, {"Content-Encoding": "gzip"})
+    assert status == 400 and b"body: not a whole gzip stream" in answer, answer
+
+
+@pytest.mark.parametrize("weight", ["1e999", "2", "0.0001", "1.5", "-1", "x"])
+def test_an_accept_encoding_weight_out_of_range_is_refused(server, records, weight):
+    for path in ("/v2/models/risk_pipeline/infer", "/v2/models/risk_pipeline/generate", "/v2/health/ready"):
+        status, _, _, answer = post(server.http_port, path, payload(records[:1]),
+                                    {"Accept-Encoding": f"gzip;q={weight}"})
+        assert status == 400 and answer.startswith(b'{"error":"Accept-Encoding: a weight'), answer
+    assert post(server.http_port, "/v2/models/risk_pipeline/infer", payload(records[:1]),
+                {"Accept-Encoding": "gzip;q=0.5, identity;q=1"})[0] == 200
+
+
+@pytest.mark.parametrize("crash", [c.name for c in HTTP_CRASHES])
+def test_no_request_known_to_kill_triton_reaches_it(server, crash):
+    request = next(c for c in HTTP_CRASHES if c.name == crash)
+    pid = server.process.pid
+    answer = send_http(request, "127.0.0.1", server.http_port, timeout=120)
+    # Refused, or read whole and answered (a valid body sent in a million chunks; a body that inflates to no JSON,
+    # which Triton refuses in its own words).
+    assert answer.startswith(b"HTTP/1.1 "), answer[:300]
+    assert server.process.poll() is None and server.process.pid == pid
+    assert requests.get(f"http://127.0.0.1:{server.http_port}/v2/health/ready", timeout=10).status_code == 200
 
 
 def test_a_body_that_inflates_past_the_limit_is_refused(server):
