@@ -65,7 +65,7 @@ def serve(options: ServeOptions, environ: Mapping[str, str], log: Callable[[str]
     from s2t.control.version_store import VersionStore
     from s2t.gate.model_config import check_repositories
     from s2t.serve.healing import STATE_FILE, SupervisorState
-    from s2t.serve.keeper import RestartPolicy, keep, start_metrics
+    from s2t.serve.keeper import RestartPolicy, keep, reap_orphans, start_metrics
     from s2t.serve.shutdown import stop_on_signals
     key = admin_key(options.model_control_mode, environ)
     check_llm_runtime(options.repositories)
@@ -78,6 +78,8 @@ def serve(options: ServeOptions, environ: Mapping[str, str], log: Callable[[str]
     server = triton_server(options, admin_key=key, supervise=True, supervisor_state=state,
                            on_replace=lambda why: replace.set())
     stop = stop_on_signals()
+    # As a container's PID 1 (or a subreaper) the stubs of a server that died come to this process: reaped here.
+    reap_orphans()
     server.start()  # a ServerError says why it could not
     # Stopped in this order: the server first (it drains), then what talks to it.
     stoppers = [server.stop]

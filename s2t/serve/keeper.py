@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import http.server
 import os
 import signal
@@ -33,6 +34,10 @@ from s2t.control.version_store import VersionStore
 from s2t.triton_admin import ADMIN_KEY_ENV, TritonAdmin, wait_until_ready
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
+# How often the orphan reaper looks for zombies among this process's children.
+ORPHAN_REAP_INTERVAL_S = 0.5
 # Written in a command (e.g. a Kubernetes manifest, as `$$(S2T_ADMIN_KEY)` so that the kubelet leaves it alone),
 # replaced by the key from the keeper's environment and never shown on a command line.
 ADMIN_KEY_REFERENCE = f"$({ADMIN_KEY_ENV})"
@@ -75,6 +80,95 @@ def with_admin_key(command: list[str], env: dict[str, str]) -> list[str]:
     if not key:
         raise SystemExit(f"the command refers to {ADMIN_KEY_REFERENCE} but {ADMIN_KEY_ENV} is not set")
     return [arg.replace(ADMIN_KEY_REFERENCE, key) for arg in command]
+
+
+def adopts_orphans() -> bool:
+    """Whether the kernel hands orphaned descendants to this process: it is the init of its PID namespace (a
+    container's PID 1) or a subreaper."""
+    if os.getpid() == 1:
+        return True
+    flag = ctypes.c_int(0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and flag.value != 0
+
+
+def children(pid: int | None = None) -> set[int]:
+    """The children of process `pid` (this one by default), from each of its threads' lists."""
+    folder = Path(f"/proc/{pid or os.getpid()}/task")
+    found = set()
+    try:
+        threads = list(folder.iterdir())
+    except OSError:
+        return found
+    for thread in threads:
+        try:
+            found.update(int(child) for child in (thread / "children").read_text().split())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def waited_for() -> set[int]:
+    """The pids a Popen of this process has not collected yet (subprocess's, and multiprocessing's and asyncio's,
+    which are alike): their owners wait for them by pid, and would lose the exit status to anyone else's wait."""
+    pids = set()
+    for thing in gc.get_objects():
+        if type(thing).__name__ == "Popen" and getattr(thing, "returncode", 0) is None:
+            pid = getattr(thing, "pid", None)
+            if isinstance(pid, int):
+                pids.add(pid)
+    return pids
+
+
+class OrphanReaper(threading.Thread):
+    """What init does, for a process that is one (`s2t serve` or the keeper as a container's PID 1) or a subreaper:
+    the processes the kernel hands it (the stubs of a server that died, and their own children) are waited for
+    once they exit, so that no zombie of theirs piles up. Its own children it leaves to whoever started them: a
+    zombie is reaped only when it was one on two looks in a row and no Popen of this process has its pid."""
+
+    def __init__(self, interval_s: float = ORPHAN_REAP_INTERVAL_S):
+        super().__init__(name="s2t-orphan-reaper", daemon=True)
+        self.interval_s = interval_s
+        self.reaped: list[int] = []
+        self._zombies_last_look: set[int] = set()
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval_s):
+            self.reap()
+
+    def reap(self) -> list[int]:
+        zombies = {pid for pid in children() if _state(pid) == "Z"}
+        # The second look: a Popen sets its pid moments after the fork, before its child can have exited twice.
+        due, self._zombies_last_look = zombies & self._zombies_last_look, zombies
+        if not due:
+            return []
+        reaped = []
+        for pid in sorted(due - waited_for()):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    reaped.append(pid)
+            except ChildProcessError:
+                continue
+        self.reaped += reaped
+        return reaped
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+
+def _state(pid: int) -> str | None:
+    stat = leftovers.read_stat(Path(f"/proc/{pid}"))
+    return stat.state if stat is not None else None
+
+
+def reap_orphans() -> OrphanReaper | None:
+    """An OrphanReaper started where the kernel hands this process orphans; None elsewhere (none ever come)."""
+    if not adopts_orphans():
+        return None
+    reaper = OrphanReaper()
+    reaper.start()
+    return reaper
 
 
 def reap_group(pid: int) -> None:
@@ -243,6 +337,8 @@ def run(command: list[str], supervisor_port: int | None, state_dir: Path | None,
     state_path = (state_dir or (VersionStore(Path(repositories[0])).control if repositories else None))
     state = SupervisorState(path=state_path / STATE_FILE if state_path else None)
     metrics = start_metrics(supervisor_port, state, log)
+    # Usually the container's PID 1: the stubs of a server that died come to it, and nobody else would reap them.
+    reaper = reap_orphans()
     # A container restarted in place (same /dev/shm) starts without the previous server's stubs and regions.
     leftovers.clean(repositories)
     process = spawn(command, dict(os.environ))
@@ -295,6 +391,8 @@ def run(command: list[str], supervisor_port: int | None, state_dir: Path | None,
         supervisor.stop()
     if metrics is not None:
         metrics.stop()
+    if reaper is not None:
+        reaper.stop()
     if stopping.is_set() and not gave_up.is_set():
         return exit_code(returncode)
     log(f"s2t keeper: tritonserver exited with code {returncode}")

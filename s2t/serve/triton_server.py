@@ -476,7 +476,10 @@ class TritonServer:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-                self.process.wait()
+                try:
+                    self.process.wait(leftovers.GROUP_GONE_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    pass  # stuck in the kernel past SIGKILL: its group is reaped and a new server starts all the same
         self.reap()
         if not keep_grpc_front:
             self._stop_grpc_front()
