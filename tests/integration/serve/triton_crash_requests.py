@@ -6,7 +6,9 @@ says what happened to that process. `fixed_in` names the upstream change that re
 Triton 2.60 (NGC 25.08) still has it, and `refuse` how a front can turn the request away without understanding more
 of it than the wire.
 
-Bodies that are large or slow to build are functions, so importing this module costs nothing. `send_http` speaks
+Bodies that are large or slow to build are functions, so importing this module costs nothing. Two are heavy to
+replay: gzip_body_past_2_gib takes about 15 s of CPU to build and makes the receiver inflate 2 GiB, and
+gzip_body_that_fails_leaks_its_inflated_size costs its receiver 300 MB a send. `send_http` speaks
 raw HTTP/1.1 over a socket because several entries are malformed in ways that HTTP clients would correct (a chunked
 body cut into a million pieces, a header value no client would write).
 """
