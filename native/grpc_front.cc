@@ -10,15 +10,22 @@
 // Built two ways from this file (native/build_grpc_front.sh):
 // - libs2t_grpc_front.so, loaded into tritonserver's own process (by grpc_front_hook.c) once Triton has started, and
 //   what `s2t serve` runs: there a ModelInfer is answered through Triton's C API (TRITONSERVER_ServerInferAsync),
-//   with no second process, no second gRPC hop and no gRPC front end of Triton's in its path; its protobuf is read
-//   and written here (model_infer_wire.h). Requests that reading does not take (shared memory, typed contents,
-//   request parameters, decoupled models) and any Triton refuses before running are relayed to Triton's own front
-//   end, which answers them in its own words, as are all other methods. Triton is never told that a caller left.
+//   with no second process, no second gRPC hop and no gRPC front end of Triton's in its path. Requests the C API
+//   path does not take (shared memory, typed contents, request parameters, decoupled models) are relayed to Triton's
+//   own front end, as are all other methods; a refusal from the C API is answered with Triton's error, as Triton's own
+//   front end would answer it. Triton is never told that a caller left.
 // - the s2t_grpc_front binary, a process of its own that relays every method, whose port stays open while a new
 //   tritonserver starts (`s2t serve --grpc-front-process`):
 //
 //   s2t_grpc_front --listen 0.0.0.0:8001 --upstream 127.0.0.1:PORT --max-message-bytes N [--max-calls N]
 //                  [--threads N] [--drain-seconds S] [--ready-fd FD] [--relay-only 0|1 (in tritonserver)]
+//
+// Every ModelInfer request and every ModelStreamInfer message is parsed by protobuf, with the C++ classes protoc makes
+// from Triton's own grpc_service.proto (native/proto), and checked (native/infer_request_check.h: counts bounded from
+// its tags before it is parsed, then its parameters, datatypes and shapes, then, inside tritonserver, what its model
+// declares) before Triton sees it. A request that fails is refused INVALID_ARGUMENT naming the field; a stream whose
+// message fails ends INVALID_ARGUMENT once the answers to the messages before it have come back. What is relayed is
+// the message protobuf read, written again: bytes no parser would read the same way never reach Triton.
 //
 // Each thread owns one completion queue; a call and its upstream call live on the same queue, so a relayed call's
 // state is only ever touched by one thread and needs no lock (a call answered in process is finished from Triton's
@@ -53,8 +60,26 @@
 #include <thread>
 #include <vector>
 
-#include "model_infer_wire.h"
+#include <google/protobuf/arena.h>
+#include <google/protobuf/stubs/logging.h>
+
+#include <mutex>
+#include <unordered_map>
+
+#include "grpc_service.pb.h"
+#include "infer_request_check.h"
 #include "triton_c_api.h"
+
+#ifdef S2T_IN_TRITONSERVER
+#include <google/protobuf/util/json_util.h>
+
+// The parts of Triton's C API (server 2.51) the front uses beyond triton_c_api.h's.
+extern "C" {
+TRITONSERVER_Error* TRITONSERVER_ServerModelConfig(TRITONSERVER_Server* server, const char* model_name,
+                                                   const int64_t model_version, const uint32_t config_version,
+                                                   TRITONSERVER_Message** model_config);
+}
+#endif
 
 namespace {
 
@@ -166,8 +191,10 @@ Options g_options;
 TRITONSERVER_Server* g_server = nullptr;
 #ifdef S2T_IN_TRITONSERVER
 TRITONSERVER_ResponseAllocator* g_allocator = nullptr;  // outputs in plain CPU memory, freed with the response
-const char* const kModelInfer = "/inference.GRPCInferenceService/ModelInfer";
 #endif
+const char* const kModelInfer = "/inference.GRPCInferenceService/ModelInfer";
+const char* const kModelStreamInfer = "/inference.GRPCInferenceService/ModelStreamInfer";
+const infer_check::Limits kLimits;
 Slots* g_slots = nullptr;
 RefusalLog g_refusals;
 grpc::AsyncGenericService& g_service = *new grpc::AsyncGenericService;
@@ -188,6 +215,189 @@ bool Forwardable(grpc::string_ref key, grpc::string_ref value) {
 }
 
 std::string Str(grpc::string_ref s) { return std::string(s.data(), s.size()); }
+
+// What protobuf says of a message it refuses (which string field is not UTF-8, say): kept for the refusal, and never
+// logged (a flood of bad requests must not become a flood of log lines).
+thread_local std::string t_protobuf_said;
+void KeepProtobufMessage(google::protobuf::LogLevel, const char*, int, const std::string& message) {
+  t_protobuf_said = message;
+}
+
+// An arena whose first block is the caller's: a message that fits costs the arena no allocation of its own.
+google::protobuf::ArenaOptions FirstBlock(char* block, size_t size) {
+  google::protobuf::ArenaOptions options;
+  options.initial_block = block;
+  options.initial_block_size = size;
+  return options;
+}
+
+// A ModelInferRequest as protobuf read it, its parts in an arena that lives as long as Triton may read them.
+struct ParsedRequest {
+  alignas(8) char block[4096];
+  google::protobuf::Arena arena{FirstBlock(block, sizeof block)};
+  inference::ModelInferRequest* message =
+      google::protobuf::Arena::CreateMessage<inference::ModelInferRequest>(&arena);
+};
+
+// "" with `parsed` filled, or why the message is refused: its counts from its tags first, so that protobuf never
+// builds a message of a million parts; then protobuf's parse; then what holds for any model.
+std::string ReadInferRequest(const grpc::ByteBuffer& buffer, ParsedRequest* parsed) {
+  grpc::Slice slice;
+  if (!buffer.DumpToSingleSlice(&slice).ok()) return "ModelInferRequest: no message";
+  const char* data = reinterpret_cast<const char*>(slice.begin());
+  std::string refusal = infer_check::CountRefusal(data, slice.size(), kLimits);
+  if (!refusal.empty()) return refusal;
+  t_protobuf_said.clear();
+  if (!parsed->message->ParseFromArray(data, static_cast<int>(slice.size())))
+    return "ModelInferRequest: not a message protobuf can parse" +
+           (t_protobuf_said.empty() ? std::string() : " (" + t_protobuf_said + ")");
+  return infer_check::RequestRefusal(*parsed->message, kLimits);
+}
+
+grpc::ByteBuffer Serialized(const google::protobuf::MessageLite& message) {
+  const size_t size = message.ByteSizeLong();
+  grpc::Slice slice(grpc_slice_malloc(size), grpc::Slice::STEAL_REF);
+  message.SerializeWithCachedSizesToArray(const_cast<uint8_t*>(slice.begin()));
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+#ifdef S2T_IN_TRITONSERVER
+// A model version as Triton's front end reads it (std::stol): empty is the latest (-1); false where Triton refuses it.
+bool ParseVersion(const std::string& text, int64_t* version) {
+  if (text.empty()) {
+    *version = -1;
+    return true;
+  }
+  errno = 0;
+  char* end = nullptr;
+  long value = strtol(text.c_str(), &end, 10);
+  if (end == text.c_str() || errno == ERANGE || value < 0) return false;
+  *version = value;
+  return true;
+}
+
+// Calls into Triton's C API from the front's threads, against Triton's end: once Triton's stop has returned, its
+// server may be deleted at any moment, so no call starts after the front's end, and the end waits (bounded) for those
+// under way. A call that comes later is relayed, and Triton's closed endpoint refuses it.
+class TritonGate {
+ public:
+  bool Enter() {
+    inside_.fetch_add(1);
+    if (!closed_.load()) return true;
+    inside_.fetch_sub(1);
+    return false;
+  }
+  void Leave() { inside_.fetch_sub(1); }
+  void Close(double seconds) {
+    closed_ = true;
+    const double deadline = Now() + seconds;
+    while (inside_.load() > 0 && Now() < deadline) usleep(1000);
+  }
+
+ private:
+  std::atomic<int> inside_{0};
+  std::atomic<bool> closed_{false};
+};
+TritonGate& g_gate = *new TritonGate;
+
+// Each model's description from its configuration as Triton holds it (TRITONSERVER_ServerModelConfig), kept for a
+// second: a model loaded again with another configuration is seen within a second. Until then a request is checked
+// against the old description: one the new model takes may be refused here, one it does not is refused by Triton's
+// own checks, which see the new model. Those checks miss one thing: a classification of a BYTES output, which ends
+// tritonserver; a request that asks for a classification is checked against a description read for it alone. The
+// race left (a reload completing between that read and Triton's own look-up of the model, microseconds) is Triton's.
+// Entries are keyed by the model's name and version as numbers Triton reads, and only for models Triton has: a
+// caller cannot grow the cache beyond the models loaded (and it is emptied past kMaxEntries).
+class ModelDescriptions {
+ public:
+  using Description = std::shared_ptr<const infer_check::ModelDescription>;
+
+  // nullptr where Triton has no such model ready: Triton refuses the request in its own words.
+  Description Get(const std::string& name, int64_t version, bool fresh) {
+    std::string key = name;
+    key.push_back('\0');
+    key += std::to_string(version);
+    const double now = Now();
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(key);
+    if (!fresh && it != entries_.end() && now - it->second.read_at < kFreshSeconds) return it->second.model;
+    bool found = false;
+    Description model = Read(name, version, &found);
+    if (!found) {
+      if (it != entries_.end()) entries_.erase(it);
+      return nullptr;
+    }
+    if (entries_.size() >= kMaxEntries) entries_.clear();
+    entries_[key] = Entry{model, now};  // nullptr where its configuration could not be read: unchecked
+    return model;
+  }
+
+ private:
+  static constexpr double kFreshSeconds = 1.0;
+  static constexpr size_t kMaxEntries = 4096;
+  struct Entry {
+    Description model;
+    double read_at;
+  };
+
+  static Description Read(const std::string& name, int64_t version, bool* found) {
+    TRITONSERVER_Message* message = nullptr;
+    TRITONSERVER_Error* error = TRITONSERVER_ServerModelConfig(g_server, name.c_str(), version, 1, &message);
+    if (error != nullptr) {
+      TRITONSERVER_ErrorDelete(error);
+      return nullptr;
+    }
+    *found = true;
+    const char* json = nullptr;
+    size_t size = 0;
+    Description model;
+    error = TRITONSERVER_MessageSerializeToJson(message, &json, &size);
+    if (error == nullptr) {
+      inference::ModelConfig config;
+      google::protobuf::util::JsonParseOptions options;
+      options.ignore_unknown_fields = true;
+      auto status = google::protobuf::util::JsonStringToMessage(std::string(json, size), &config, options);
+      if (status.ok())
+        model = std::make_shared<const infer_check::ModelDescription>(infer_check::Describe(config));
+      else
+        Log("the configuration of model '%s' could not be read (%s): its requests go to Triton unchecked",
+            name.c_str(), status.ToString().c_str());
+    } else {
+      TRITONSERVER_ErrorDelete(error);
+    }
+    TRITONSERVER_MessageDelete(message);
+    return model;
+  }
+
+  std::mutex mu_;
+  std::unordered_map<std::string, Entry> entries_;
+};
+ModelDescriptions& g_models = *new ModelDescriptions;
+
+// What the model a request names refuses of it (infer_request_check.h's ModelRefusal); "" where Triton has no such
+// model, or cannot read its version: Triton refuses those in its own words.
+std::string ModelRefusalFor(const inference::ModelInferRequest& request) {
+  int64_t version;
+  if (!ParseVersion(request.model_version(), &version)) return "";
+  bool classification = false;
+  for (const auto& output : request.outputs()) classification |= output.parameters().count("classification") > 0;
+  auto model = g_models.Get(request.model_name(), version, classification);
+  return model != nullptr ? infer_check::ModelRefusal(request, *model) : "";
+}
+
+// Whether Triton's stream handler takes `request` as a decoupled model's: a model it has, of a version it reads,
+// whose transaction policy is decoupled. Any other (a model it does not have included) is answered by its other path.
+bool StreamedAsDecoupled(const inference::ModelInferRequest& request) {
+  int64_t version;
+  if (!ParseVersion(request.model_version(), &version)) return false;
+  uint32_t txn = 0;
+  TRITONSERVER_Error* error =
+      TRITONSERVER_ServerModelTransactionProperties(g_server, request.model_name().c_str(), version, &txn, nullptr);
+  if (error == nullptr) return (txn & TRITONSERVER_TXN_DECOUPLED) != 0;
+  TRITONSERVER_ErrorDelete(error);
+  return false;
+}
+#endif
 
 class Worker;
 
@@ -267,6 +477,7 @@ class Relay {
     }
     if (!g_stopping.load()) new Relay(worker_);
     unary_ = kUnaryMethods.count(server_context_.method()) > 0;
+    checked_stream_ = server_context_.method() == kModelStreamInfer;
     if (!g_slots->Take()) {
       g_refusals.Refused(g_slots->held());
       FinishClient(grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -316,9 +527,7 @@ class Relay {
       FinishClient(grpc::Status(grpc::StatusCode::INTERNAL, "No message returned for unary request"));
       return;
     }
-#ifdef S2T_IN_TRITONSERVER
-    if (g_server != nullptr && server_context_.method() == kModelInfer && InferInProcess()) return;
-#endif
+    if (server_context_.method() == kModelInfer && ModelInferAnswered()) return;
     PrepareUpstreamContext();
     up_unary_ = worker_->stub().PrepareUnaryCall(&client_context_, server_context_.method(), in_, worker_->cq());
     in_.Clear();
@@ -326,49 +535,73 @@ class Relay {
     up_unary_->Finish(&out_, &status_, Start(kUpFinish));
   }
 
+  // A ModelInfer read, checked and answered here (refused, or through Triton's C API inside tritonserver); false
+  // when it is to be relayed, and then `in_` holds the message protobuf read, written again.
+  bool ModelInferAnswered() {
+    auto parsed = std::make_unique<ParsedRequest>();
+    std::string refusal = ReadInferRequest(in_, parsed.get());
+#ifdef S2T_IN_TRITONSERVER
+    if (refusal.empty() && g_server != nullptr && g_gate.Enter()) {
+      refusal = ModelRefusalFor(*parsed->message);
+      bool answered = refusal.empty() && InferInProcess(parsed);
+      g_gate.Leave();
+      if (answered) return true;
+    }
+#endif
+    if (!refusal.empty()) {
+      ReleaseSlot();
+      FinishClient(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, refusal));
+      return true;
+    }
+    in_ = Serialized(*parsed->message);
+    return false;
+  }
+
 #ifdef S2T_IN_TRITONSERVER
   // ---- ModelInfer through Triton's C API. Triton is never told of a client that goes away: its answer is dropped.
 
-  struct Submitted {
-    grpc::Slice message;  // the raw inputs point into it: kept until Triton releases the request
-    wire::Request request;
-  };
+  // Whether the C API path takes `r` as Triton's own front end would read it. Request parameters (but
+  // triton_enable_empty_final_response, which Triton reads only for decoupled models' streams), input and output
+  // parameters (shared memory, classification) and typed contents are Triton's front end's to apply.
+  static bool Takes(const inference::ModelInferRequest& r, int64_t* version) {
+    for (const auto& [key, value] : r.parameters())
+      if (key != "triton_enable_empty_final_response") return false;
+    for (const auto& input : r.inputs())
+      if (input.parameters_size() > 0 || input.has_contents()) return false;
+    for (const auto& output : r.outputs())
+      if (output.parameters_size() > 0) return false;
+    return !r.model_name().empty() && r.raw_input_contents_size() == r.inputs_size() &&
+           ParseVersion(r.model_version(), version);
+  }
 
-  // False when the request is one for Triton's own front end: anything this reading does not take, and anything
-  // Triton refuses before running it (it is refused again there, in Triton's own words).
-  bool InferInProcess() {
-    auto* submitted = new Submitted;
-    if (!in_.DumpToSingleSlice(&submitted->message).ok() ||
-        !wire::ParseRequest(reinterpret_cast<const char*>(submitted->message.begin()), submitted->message.size(),
-                            &submitted->request)) {
-      delete submitted;
-      return false;
-    }
-    const wire::Request& r = submitted->request;
+  // True when the request went to Triton, or Triton refused it (answered with Triton's error, as its own front end
+  // answers it: a refusal such as a full queue is not tried a second time through Triton's endpoint). False when it
+  // is one for Triton's own front end: what Takes does not take, and a decoupled model's (refused there in its words).
+  bool InferInProcess(std::unique_ptr<ParsedRequest>& parsed) {
+    const inference::ModelInferRequest& r = *parsed->message;
+    int64_t version;
+    if (!Takes(r, &version)) return false;
     uint32_t txn = 0;
     TRITONSERVER_InferenceRequest* request = nullptr;
     TRITONSERVER_Error* error =
-        TRITONSERVER_ServerModelTransactionProperties(g_server, r.model_name.c_str(), r.model_version, &txn, nullptr);
-    // A decoupled model's ModelInfer is refused by Triton's own front end: relayed to it for its words.
-    if (error == nullptr && (txn & TRITONSERVER_TXN_DECOUPLED))
-      error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, "");
+        TRITONSERVER_ServerModelTransactionProperties(g_server, r.model_name().c_str(), version, &txn, nullptr);
+    if (error == nullptr && (txn & TRITONSERVER_TXN_DECOUPLED)) return false;
     if (error == nullptr)
-      error = TRITONSERVER_InferenceRequestNew(&request, g_server, r.model_name.c_str(), r.model_version);
-    if (error == nullptr && !r.id.empty()) error = TRITONSERVER_InferenceRequestSetId(request, r.id.c_str());
-    for (size_t i = 0; error == nullptr && i < r.inputs.size(); ++i) {
-      const wire::Input& input = r.inputs[i];
-      TRITONSERVER_DataType datatype = TRITONSERVER_StringToDataType(input.datatype.c_str());
-      if (datatype == TRITONSERVER_TYPE_INVALID) error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "");
+      error = TRITONSERVER_InferenceRequestNew(&request, g_server, r.model_name().c_str(), version);
+    if (error == nullptr && !r.id().empty()) error = TRITONSERVER_InferenceRequestSetId(request, r.id().c_str());
+    for (int i = 0; error == nullptr && i < r.inputs_size(); ++i) {
+      const auto& input = r.inputs(i);
+      error = TRITONSERVER_InferenceRequestAddInput(request, input.name().c_str(),
+                                                    TRITONSERVER_StringToDataType(input.datatype().c_str()),
+                                                    input.shape().data(), input.shape_size());
       if (error == nullptr)
-        error = TRITONSERVER_InferenceRequestAddInput(request, input.name.c_str(), datatype, input.shape.data(),
-                                                      input.shape.size());
-      if (error == nullptr)
-        error = TRITONSERVER_InferenceRequestAppendInputData(request, input.name.c_str(), r.raw[i].data(),
-                                                             r.raw[i].size(), TRITONSERVER_MEMORY_CPU, 0);
+        error = TRITONSERVER_InferenceRequestAppendInputData(request, input.name().c_str(),
+                                                             r.raw_input_contents(i).data(),
+                                                             r.raw_input_contents(i).size(), TRITONSERVER_MEMORY_CPU, 0);
     }
-    for (size_t i = 0; error == nullptr && i < r.outputs.size(); ++i)
-      error = TRITONSERVER_InferenceRequestAddRequestedOutput(request, r.outputs[i].c_str());
-    if (error == nullptr) error = TRITONSERVER_InferenceRequestSetReleaseCallback(request, Released, submitted);
+    for (int i = 0; error == nullptr && i < r.outputs_size(); ++i)
+      error = TRITONSERVER_InferenceRequestAddRequestedOutput(request, r.outputs(i).name().c_str());
+    if (error == nullptr) error = TRITONSERVER_InferenceRequestSetReleaseCallback(request, Released, parsed.get());
     if (error == nullptr)
       error = TRITONSERVER_InferenceRequestSetResponseCallback(request, g_allocator, nullptr, Answered, this);
     if (error == nullptr) {
@@ -376,16 +609,19 @@ class Relay {
       error = TRITONSERVER_ServerInferAsync(g_server, request, nullptr);
       if (error != nullptr) pending_.fetch_sub(1, std::memory_order_relaxed);
     }
-    if (error == nullptr) return true;
-    TRITONSERVER_ErrorDelete(error);
+    if (error == nullptr) {
+      parsed.release();  // Triton's until it releases the request
+      return true;
+    }
     if (request != nullptr) TRITONSERVER_InferenceRequestDelete(request);
-    delete submitted;
-    return false;
+    ReleaseSlot();
+    FinishClient(ErrorStatus(error));
+    return true;
   }
 
   static void Released(TRITONSERVER_InferenceRequest* request, const uint32_t, void* userp) {
     TRITONSERVER_InferenceRequestDelete(request);
-    delete static_cast<Submitted*>(userp);
+    delete static_cast<ParsedRequest*>(userp);
   }
 
   // On Triton's thread (or, for an answer Triton has at once, inside ServerInferAsync on the queue's). Nothing else
@@ -394,7 +630,11 @@ class Relay {
   static void Answered(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp) {
     auto* relay = static_cast<Relay*>(userp);
     if (response != nullptr) {
-      if (!relay->answered_) relay->TakeAnswer(response);
+      if (!relay->answered_)
+        relay->TakeAnswer(response);
+      else  // a second response: the model was loaded again as a decoupled one after the check above
+        relay->status_ = grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                      "ModelInfer RPC doesn't support models with decoupled transaction policy");
       TRITONSERVER_InferenceResponseDelete(response);
     }
     if (!(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)) return;
@@ -419,38 +659,60 @@ class Relay {
     int64_t model_version = -1;
     const char* id = "";
     uint32_t count = 0;
-    std::vector<wire::Parameter> parameters;
-    std::vector<wire::Output> outputs;
+    alignas(8) char block[4096];
+    google::protobuf::Arena arena(FirstBlock(block, sizeof block));
+    auto* answer = google::protobuf::Arena::CreateMessage<inference::ModelInferResponse>(&arena);
     error = TRITONSERVER_InferenceResponseModel(response, &model_name, &model_version);
     if (error == nullptr) error = TRITONSERVER_InferenceResponseId(response, &id);
-    if (error == nullptr) error = TRITONSERVER_InferenceResponseParameterCount(response, &count);
+    if (error == nullptr) {
+      answer->set_model_name(model_name);
+      answer->set_model_version(std::to_string(model_version));
+      answer->set_id(id);
+      error = TRITONSERVER_InferenceResponseParameterCount(response, &count);
+    }
     for (uint32_t i = 0; error == nullptr && i < count; ++i) {
-      wire::Parameter p{};
-      error = TRITONSERVER_InferenceResponseParameter(response, i, &p.name, &p.type, &p.value);
-      if (error == nullptr && !wire::SizeParameter(p))  // as Triton's own front end answers it
-        error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED,
-                                      "Response parameter of type 'TRITONSERVER_PARAMETER_BYTES' is not currently "
-                                      "supported");
-      parameters.push_back(p);
+      const char* name;
+      TRITONSERVER_ParameterType type;
+      const void* value;
+      error = TRITONSERVER_InferenceResponseParameter(response, i, &name, &type, &value);
+      if (error != nullptr) break;
+      inference::InferParameter& parameter = (*answer->mutable_parameters())[name];
+      switch (type) {
+        case TRITONSERVER_PARAMETER_BOOL: parameter.set_bool_param(*static_cast<const bool*>(value)); break;
+        case TRITONSERVER_PARAMETER_INT: parameter.set_int64_param(*static_cast<const int64_t*>(value)); break;
+        case TRITONSERVER_PARAMETER_STRING: parameter.set_string_param(static_cast<const char*>(value)); break;
+        case TRITONSERVER_PARAMETER_DOUBLE: parameter.set_double_param(*static_cast<const double*>(value)); break;
+        default:  // as Triton's own front end answers it
+          error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED,
+                                        "Response parameter of type 'TRITONSERVER_PARAMETER_BYTES' is not currently "
+                                        "supported");
+      }
     }
     if (error == nullptr) error = TRITONSERVER_InferenceResponseOutputCount(response, &count);
     for (uint32_t i = 0; error == nullptr && i < count; ++i) {
-      wire::Output o{};
+      const char* name;
       TRITONSERVER_DataType datatype;
+      const int64_t* shape;
+      uint64_t dims;
+      const void* base;
+      size_t size;
       TRITONSERVER_MemoryType memory_type;
       int64_t memory_type_id;
       void* userp;
-      error = TRITONSERVER_InferenceResponseOutput(response, i, &o.name, &datatype, &o.shape, &o.dims, &o.base, &o.size,
+      error = TRITONSERVER_InferenceResponseOutput(response, i, &name, &datatype, &shape, &dims, &base, &size,
                                                    &memory_type, &memory_type_id, &userp);
-      if (error == nullptr) o.datatype = TRITONSERVER_DataTypeString(datatype);
-      outputs.push_back(o);
+      if (error != nullptr) break;
+      auto* output = answer->add_outputs();
+      output->set_name(name);
+      output->set_datatype(TRITONSERVER_DataTypeString(datatype));
+      for (uint64_t d = 0; d < dims; ++d) output->add_shape(shape[d]);
+      answer->add_raw_output_contents()->assign(static_cast<const char*>(base), size);
     }
     if (error != nullptr) {
       status_ = ErrorStatus(error);
       return;
     }
-    grpc::Slice slice(wire::Response(model_name, model_version, id, parameters, outputs), grpc::Slice::STEAL_REF);
-    out_ = grpc::ByteBuffer(&slice, 1);
+    out_ = Serialized(*answer);
   }
 
   static grpc::Status ErrorStatus(TRITONSERVER_Error* error) {
@@ -502,12 +764,62 @@ class Relay {
 
   void StreamClientRead(bool ok) {
     down_read_pending_ = false;
-    if (ok)
-      in_ready_ = true;
-    else
+    if (!ok) {
       client_done_ = true;  // half-closed: upstream is half-closed (a cancel or an over-size message: ClientCallDone)
+    } else if (!checked_stream_) {
+      in_ready_ = true;
+    } else {
+      ++messages_;
+      std::string refusal = CheckStreamMessage();
+      if (refusal.empty()) {
+        in_ready_ = true;
+      } else {
+        // Nothing more is read or relayed: upstream is half-closed, and once it has answered what it was sent, the
+        // client's call ends with the refusal.
+        refusal_ = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                "message " + std::to_string(messages_) + " of the stream: " + refusal);
+        client_done_ = true;
+        in_.Clear();
+      }
+    }
     PumpClientToUpstream();
   }
+
+  // A ModelStreamInfer message checked as a ModelInfer request is; `in_` then holds it as protobuf read it, written
+  // again. Inside tritonserver also: one stream takes requests for decoupled models or for others, not both.
+  std::string CheckStreamMessage() {
+    ParsedRequest parsed;
+    std::string refusal = ReadInferRequest(in_, &parsed);
+#ifdef S2T_IN_TRITONSERVER
+    if (refusal.empty() && g_server != nullptr && g_gate.Enter()) {
+      refusal = ModelRefusalFor(*parsed.message);
+      if (refusal.empty()) refusal = StreamKindRefusal(*parsed.message);
+      g_gate.Leave();
+    }
+#endif
+    if (refusal.empty()) in_ = Serialized(*parsed.message);
+    return refusal;
+  }
+
+#ifdef S2T_IN_TRITONSERVER
+  // Triton 2.51's stream handler writes a decoupled model's answers and any other answer (a model it does not have
+  // included) by two paths that do not wait for each other: one stream with both aborts tritonserver
+  // (proto_buffer_writer.h:65, two writes at once on the stream). The stream's first request decides which it takes.
+  // A model loaded again with the other transaction policy between this look and Triton's is the race left.
+  std::string StreamKindRefusal(const inference::ModelInferRequest& request) {
+    const bool decoupled = StreamedAsDecoupled(request);
+    if (stream_model_.empty()) {
+      stream_model_ = request.model_name().empty() ? "''" : "'" + request.model_name() + "'";
+      stream_decoupled_ = decoupled;
+      return "";
+    }
+    if (decoupled == stream_decoupled_) return "";
+    return "model_name: '" + request.model_name() + "' is " +
+           (decoupled ? "a decoupled model" : "not a decoupled model tritonserver has ready") +
+           ", and the stream's first request went to " + (stream_decoupled_ ? "decoupled model " : "model ") +
+           stream_model_ + ": one stream takes requests for decoupled models or for others, not both";
+  }
+#endif
 
   void StreamUpstreamStarted(bool ok) {
     if (!ok) {  // the call never started: Finish says why
@@ -582,7 +894,7 @@ class Relay {
     if (!up_finished_ || down_write_pending_ || down_finish_requested_) return;
     CopyUpstreamInitialMetadata();
     CopyUpstreamTrailingMetadata();
-    FinishClient(status_);
+    FinishClient(refusal_.ok() ? status_ : refusal_);
   }
 
   void CopyUpstreamTrailingMetadata() {
@@ -604,6 +916,12 @@ class Relay {
   std::unique_ptr<grpc::GenericClientAsyncReaderWriter> up_stream_;
   grpc::ByteBuffer in_, out_;
   grpc::Status status_;
+  // ModelStreamInfer: its messages are checked; the refusal the call ends with once Triton has answered the rest.
+  bool checked_stream_ = false;
+  long messages_ = 0;
+  grpc::Status refusal_;
+  std::string stream_model_;
+  bool stream_decoupled_ = false;
 
   bool down_read_pending_ = false, down_write_pending_ = false, down_finish_requested_ = false;
   std::atomic<bool> down_finished_{false};
@@ -712,6 +1030,7 @@ Endpoint* g_endpoint = new Endpoint;
 
 bool Listen() {
   g_slots = new Slots(g_options.max_calls);
+  google::protobuf::SetLogHandler(KeepProtobufMessage);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(g_options.listen, grpc::InsecureServerCredentials(), &port);
@@ -827,6 +1146,8 @@ extern "C" __attribute__((visibility("default"))) void s2t_grpc_front_stop_accep
 // running (their queues are not shut while a call may still post to them) and tritonserver exits anyway.
 extern "C" __attribute__((visibility("default"))) void s2t_grpc_front_end() {
   if (!g_stopping.load()) return;
+  // Triton's server may be deleted once this returns: a request read from now on is not given to its C API.
+  g_gate.Close(2);
   grpc_server_cancel_all_calls(g_endpoint->server->c_server());
   double deadline = Now() + 5;
   while (!g_shut.load() && Now() < deadline) usleep(10 * 1000);

@@ -5,9 +5,16 @@ around Triton's own stop), where it answers ModelInfer through Triton's C API, w
 gRPC hop; the rest it relays to Triton's own endpoint. `GrpcFront` runs it as a process of its own instead, which
 relays everything and keeps the port open while a new tritonserver starts.
 
+Every ModelInfer request and every ModelStreamInfer message is parsed by protobuf (classes made from Triton's own
+grpc_service.proto) and checked before Triton sees it (native/infer_request_check.h): counts bounded before it is
+parsed, parameters known and typed, shapes sane, and inside tritonserver what its model declares (outputs it has, no
+classification of a BYTES output, one kind of model, decoupled or not, per stream). A request that fails is refused
+INVALID_ARGUMENT naming the field; a stream whose message fails ends INVALID_ARGUMENT after the answers to the
+messages before it. What is relayed is the message as protobuf read it, written again.
+
 Triton 2.51's gRPC front end can crash the whole server (Signal 11) when a client cancels a ModelInfer in flight or
 its deadline expires while Triton works on it; later releases (the NGC image the containers run) fixed it. The front
-forwards every method as raw bytes and never lets Triton see a unary call's cancellation: such a call carries no
+relays the other methods as raw bytes and never lets Triton see a unary call's cancellation: such a call carries no
 deadline upstream and is never cancelled, and a client that goes away leaves it to finish unread. A stream is
 half-closed upstream when its client half-closes and cancelled when its client cancels or goes away (safe in 2.51;
 a decoupled model stops generating for it). At most `max_calls` upstream calls run at once, abandoned ones included;

@@ -357,9 +357,16 @@ def _answers(client, records) -> bool:
 
 # ---- what Triton cannot show, read from a server standing in for it
 
+def infer_message(word: str) -> bytes:
+    """A ModelInferRequest whose id carries `word` to the stand-in: the front relays only what protobuf reads as
+    one (and writes it again)."""
+    return service_pb2.ModelInferRequest(model_name="m", id=word).SerializeToString()
+
+
 class Upstream(grpc.GenericRpcHandler):
-    """Records what each call arrives with and how it ended; unary calls sleep for the seconds their body says and
-    answer with metadata of their own, streams answer each message and two more after the client's half-close."""
+    """Records what each call arrives with and how it ended; unary calls sleep for the seconds their word (a
+    ModelInferRequest's id, or the body of another method) says and answer with metadata of their own, streams
+    answer each message's word and two more after the client's half-close."""
 
     def __init__(self):
         self.calls: list[dict] = []
@@ -370,7 +377,8 @@ class Upstream(grpc.GenericRpcHandler):
         if method == STREAM_INFER:
             return grpc.stream_stream_rpc_method_handler(lambda requests, context: self.stream(method, requests,
                                                                                                context))
-        return grpc.unary_unary_rpc_method_handler(lambda request, context: self.unary(method, request, context))
+        return grpc.unary_unary_rpc_method_handler(lambda request, context: self.unary(method, _word(
+            method, request), context))
 
     def _record(self, method: str, context) -> dict:
         call = {"method": method, "metadata": dict(context.invocation_metadata()),
@@ -400,13 +408,18 @@ class Upstream(grpc.GenericRpcHandler):
         context.add_callback(lambda: call.update(ended="answered" if answered.is_set() else "cancelled"))
         try:
             for request in requests:
-                yield b"echo:" + request
+                yield b"echo:" + _word(method, request)
         except grpc.RpcError:  # gRPC Python's request iterator says so when the call is cancelled
             return
         time.sleep(0.3)
         yield b"after half-close 1"
         yield b"after half-close 2"
         answered.set()
+
+
+def _word(method: str, request: bytes) -> bytes:
+    return service_pb2.ModelInferRequest.FromString(request).id.encode() if method in (INFER, STREAM_INFER) \
+        else request
 
 
 def no_deadline(call: dict) -> bool:
@@ -439,13 +452,13 @@ def test_metadata_reaches_upstream_and_its_answer_comes_back_but_never_the_clien
     upstream, url, _ = stand_in
     with grpc.insecure_channel(url) as channel:
         answer, call = channel.unary_unary(INFER).with_call(
-            b"0", timeout=20, metadata=(("x-custom", "v"), (GRPC_KEY_HEADER, "k"), ("x-blob-bin", b"\x01\x02")))
+            infer_message("0"), timeout=20, metadata=(("x-custom", "v"), (GRPC_KEY_HEADER, "k"), ("x-blob-bin", b"\x01\x02")))
         assert answer == b"answer:0"
         assert dict(call.initial_metadata())["x-upstream-initial"] == "i"
         trailing = dict(call.trailing_metadata())
         assert trailing["x-upstream-trailing"] == "t" and trailing["x-upstream-bin"] == b"\x00\xff"
         with pytest.raises(grpc.RpcError) as refused:
-            channel.unary_unary(INFER)(b"0.01", timeout=20)
+            channel.unary_unary(INFER)(infer_message("0.01"), timeout=20)
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert refused.value.details() == "upstream says no"
     received = upstream.calls[0]
@@ -463,19 +476,19 @@ def test_a_unary_call_whose_client_leaves_is_answered_upstream_and_holds_its_slo
     with grpc.insecure_channel(url) as channel:
         infer = channel.unary_unary(INFER)
         with pytest.raises(grpc.RpcError) as expired:
-            infer(b"1.5", timeout=0.05)
+            infer(infer_message("1.5"), timeout=0.05)
         assert expired.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        leaving = infer.future(b"1.5")
+        leaving = infer.future(infer_message("1.5"))
         time.sleep(0.1)
         leaving.cancel()
         # Three slots: the two left behind still hold theirs, so one call fits and the next is refused.
-        held = infer.future(b"hold")
+        held = infer.future(infer_message("hold"))
         wait_until(lambda: len(upstream.calls) == 3, 5)
         with pytest.raises(grpc.RpcError) as refused:
-            infer(b"0", timeout=5)
+            infer(infer_message("0"), timeout=5)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE and "3 calls" in refused.value.details()
         wait_until(lambda: upstream.calls[0]["ended"] and upstream.calls[1]["ended"], 5)
-        assert infer(b"0", timeout=5) == b"answer:0"
+        assert infer(infer_message("0"), timeout=5) == b"answer:0"
         upstream.release.set()
         assert held.result(timeout=5) == b"answer:hold"
     assert [c["ended"] for c in upstream.calls] == ["answered"] * 4
@@ -485,12 +498,12 @@ def test_a_stream_is_half_closed_upstream_when_its_client_half_closes_and_cancel
     upstream, url, _ = stand_in
     with grpc.insecure_channel(url) as channel:
         stream = channel.stream_stream(STREAM_INFER)
-        assert list(stream(iter([b"a", b"b"]), timeout=20)) == [b"echo:a", b"echo:b", b"after half-close 1",
+        assert list(stream(iter([infer_message("a"), infer_message("b")]), timeout=20)) == [b"echo:a", b"echo:b", b"after half-close 1",
                                                                  b"after half-close 2"]
         outgoing = threading.Event()
 
         def requests():
-            yield b"c"
+            yield infer_message("c")
             outgoing.wait(10)
 
         leaving = stream(requests())
@@ -517,11 +530,11 @@ def test_hostile_clients_leave_the_front_running_and_answering(stand_in):
                 channel.unary_unary(INFER)(bytes(rng.randrange(256) for _ in range(rng.randrange(2000))),
                                            timeout=rng.uniform(0.001, 0.05))
             elif way == 1:  # a unary method called with no message, or two
-                list(channel.stream_stream(INFER)(iter([b"0"] * rng.randrange(3)), timeout=1))
+                list(channel.stream_stream(INFER)(iter([infer_message("0")] * rng.randrange(3)), timeout=1))
             elif way == 2:
                 channel.stream_stream(STREAM_INFER)(iter([b"x"] * rng.randrange(50))).cancel()
             elif way == 3:
-                channel.unary_unary(INFER).future(b"0.05", metadata=(("x-" + "k" * rng.randrange(1, 2000), "v"),))
+                channel.unary_unary(INFER).future(infer_message("0.05"), metadata=(("x-" + "k" * rng.randrange(1, 2000), "v"),))
             else:
                 channel.stream_stream(STREAM_INFER)(iter([b"y" * 5000]))
         except grpc.RpcError:
@@ -536,7 +549,7 @@ def test_hostile_clients_leave_the_front_running_and_answering(stand_in):
 
 def _stand_in_answers(channel) -> bool:
     try:
-        return channel.unary_unary(INFER)(b"0", timeout=5) == b"answer:0"
+        return channel.unary_unary(INFER)(infer_message("0"), timeout=5) == b"answer:0"
     except grpc.RpcError:
         return False
 

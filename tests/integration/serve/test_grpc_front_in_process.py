@@ -129,9 +129,14 @@ def test_every_answer_is_the_one_tritons_own_front_end_gives(server, records):
     assert typed is not None and typed.model_name == "risk_pipeline"
 
 
+# Bytes protobuf does not parse: Triton's endpoint refuses them INTERNAL, the front INVALID_ARGUMENT with protobuf's
+# reason (test_grpc_edge_requests.py).
+NOT_PARSED = ("an id that is not UTF-8",)
+
+
 def test_every_refusal_is_tritons_own_code_and_words(server, records):
     for name, request in refused_requests(records).items():
-        if name == "typed contents":
+        if name == "typed contents" or name in NOT_PARSED:
             continue
         ours, triton = call(server.grpc_url, request), call(server.triton_grpc_url, request)
         assert ours[0] != "OK", (name, ours)
