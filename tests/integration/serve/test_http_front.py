@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import requests
 
+from s2t.serve import http_front
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
 from tests.integration.serve.triton_crash_requests import HTTP_CRASHES, send_http
 from tests.integration.servers import serving, triton_server
@@ -344,3 +345,66 @@ def test_a_body_that_inflates_past_the_limit_is_refused(server):
     status, _, _, answer = post(server.http_port, "/v2/models/risk_pipeline/infer", data, {"Content-Encoding": "gzip"})
     assert status == 413 and b"once inflated" in answer, answer
     assert server.process.poll() is None
+
+
+@pytest.fixture(scope="module")
+def tight_server(built_artifacts, tmp_path_factory):
+    """A server whose front closes a connection idle for 2 s and holds at most 6 connections per peer."""
+    log = tmp_path_factory.mktemp("http_front_tight") / "tritonserver.log"
+    patch = pytest.MonkeyPatch()
+    patch.setattr(http_front, "DEFAULT_IDLE_SECONDS", 2)
+    patch.setattr(http_front, "DEFAULT_MAX_CONNECTIONS_PER_PEER", 6)
+    try:
+        with serving(triton_server([MODEL_REPOSITORY, ENSEMBLES], log)) as running:
+            yield running
+    finally:
+        patch.undo()
+
+
+READY = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def test_a_head_or_body_that_never_completes_is_timed_out(tight_server):
+    for partial in (b"POST /v2/models/risk_pipeline/infer HTTP/1.1\r\nHost: x\r\nContent-Le",
+                    b"POST /v2/models/risk_pipeline/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"in"):
+        with socket.create_connection(("127.0.0.1", tight_server.http_port), timeout=10) as sock:
+            sock.sendall(partial)
+            started = time.monotonic()
+            assert sock.recv(4096) == b""  # closed after the idle time (2 s here), unanswered
+            assert time.monotonic() - started < 6
+
+
+def admitted(port: int) -> socket.socket:
+    """A connection the front answered (the server closes those just closed by this test a moment later)."""
+    deadline = time.monotonic() + 5
+    while True:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(READY)
+        answer = sock.recv(4096)
+        if answer.startswith(b"HTTP/1.1 200"):
+            return sock
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 503") and time.monotonic() < deadline, answer
+        time.sleep(0.1)
+
+
+def test_connections_per_peer_are_bounded_and_given_back_when_closed(tight_server):
+    port = tight_server.http_port
+    for _ in range(5):  # opened, used, closed in every way a client does: the count comes back down each time
+        held = [admitted(port) for _ in range(6)]
+        extra = socket.create_connection(("127.0.0.1", port), timeout=10)
+        extra.sendall(READY)
+        answer = extra.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 503") and b"too many connections" in answer, answer
+        extra.close()
+        held[0].sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        held[0].recv(4096)
+        held[1].shutdown(socket.SHUT_WR)
+        held[2].sendall(b"POST /v2/models/risk_pipeline/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n{")
+        for sock in held:
+            sock.close()
+    # An idle connection is closed after its idle time and given back too.
+    idle = [admitted(port) for _ in range(6)]
+    time.sleep(3)
+    assert all(sock.recv(4096) == b"" for sock in idle)
+    admitted(port).close()
