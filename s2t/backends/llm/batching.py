@@ -3,10 +3,14 @@
 The engine (llama.cpp's server) evaluates the prompts of every slot admitted together in one batch, so a short
 prompt admitted beside a long one gets its first token only once the long prompt has been evaluated. Length-aware
 admission keeps such requests apart: a group never holds prompts whose token counts differ by more than
-`max_length_ratio`, holds at most `max_group_size` requests, and waits at most `max_queue_delay_ms` for
-batch-mates; one group's prompts are evaluated at a time. When a group is full or has waited the delay, the group
-with the shortest prompts is admitted (a group that has waited ten delays goes first, so long prompts are never
-starved).
+`max_length_ratio` and holds at most `max_group_size` requests; one group's prompts are evaluated at a time.
+
+Admission is work-conserving: whenever no prompt is being evaluated, the waiting group with the shortest prompts
+goes as soon as some group is full or holds a request that has waited its hold: `hold_per_prompt_token_ms` per
+prompt token (at most `max_queue_delay_ms`), a small fraction of what evaluating that prompt costs. A lone short prompt is
+admitted at once; a long one waits a little for shorter prompts that may come just after it, which would otherwise
+wait out its whole evaluation. Ordering by length applies only among the requests actually waiting. A group that has
+waited ten delays goes first, so long prompts are delayed, never starved.
 
 `fifo` admission, the baseline, takes the oldest requests whatever their lengths.
 """
@@ -33,7 +37,12 @@ class BatchingSettings:
     policy: str = parameter("batching_policy", LENGTH_AWARE)
     max_length_ratio: float = parameter("max_length_ratio", 3.0)
     max_group_size: int = parameter("max_group_size", 32)
+    # The longest a request waits for batch-mates while no prompt is being evaluated, and the unit of starvation.
     max_queue_delay_ms: float = parameter("max_queue_delay_ms", 200.0)
+    # A waiting request's hold per prompt token: about a tenth of what one llama.cpp thread takes to evaluate a
+    # token (~1.5 ms), so a long prompt pays at most ~10% of its own evaluation for the chance that a shorter one
+    # arrives just after it and goes first, and a short prompt is admitted nearly at once.
+    hold_per_prompt_token_ms: float = parameter("hold_per_prompt_token_ms", 0.15)
     # Requests waiting for a slot; one more is refused at once, so a flood cannot hold everyone else for minutes.
     max_queue_size: int = parameter("max_queue_size", 64)
     # Prompt tokens admitted for evaluation at once (one prompt at least): the engine cannot stop a prompt's
@@ -49,6 +58,8 @@ class BatchingSettings:
             raise BatchingSettingsError(f"max_group_size must be at least 1, got {self.max_group_size}")
         if not self.max_queue_delay_ms >= 0:
             raise BatchingSettingsError(f"max_queue_delay_ms must be >= 0, got {self.max_queue_delay_ms}")
+        if not self.hold_per_prompt_token_ms >= 0:
+            raise BatchingSettingsError(f"hold_per_prompt_token_ms must be >= 0, got {self.hold_per_prompt_token_ms}")
         if self.max_queue_size < 1:
             raise BatchingSettingsError(f"max_queue_size must be at least 1, got {self.max_queue_size}")
         if self.max_prefill_tokens < 1:
@@ -60,6 +71,8 @@ class Queued:
     key: object
     prompt_tokens: int
     arrived_ms: float
+    # When this request is admitted even if no batch-mate has come (arrival plus its hold).
+    due_ms: float
 
 
 @dataclass
@@ -77,7 +90,9 @@ class LengthAwareQueue:
         return len(self._waiting) >= self.settings.max_queue_size
 
     def add(self, key: object, prompt_tokens: int, now_ms: float) -> None:
-        self._waiting.append(Queued(key, max(int(prompt_tokens), 1), now_ms))
+        tokens = max(int(prompt_tokens), 1)
+        hold = min(tokens * self.settings.hold_per_prompt_token_ms, self.settings.max_queue_delay_ms)
+        self._waiting.append(Queued(key, tokens, now_ms, now_ms + hold))
 
     def remove(self, gone: Callable[[object], bool]) -> list[Queued]:
         """Takes out every waiting request whose key `gone` says has left (its client disconnected)."""
@@ -106,11 +121,11 @@ class LengthAwareQueue:
         """The requests to admit now (oldest first within their group), at most `free_slots` of them.
 
         `prefilling`: admitted requests whose prompt is still being evaluated. Length-aware admission lets one
-        group's prompts be evaluated at a time. It admits when some group is full or has waited
-        `max_queue_delay_ms`, and then takes the group with the shortest prompts, unless a group has waited
-        `STARVATION_DELAYS` times the delay: the oldest such group goes first. FIFO admits the oldest requests
-        whenever a slot is free. Either way the requests taken hold at most `max_prefill_tokens` prompt tokens
-        together (at least one request).
+        group's prompts be evaluated at a time: while none is and some group is due (full, or holding a request
+        past its hold), the group with the shortest prompts goes, unless a group has waited `STARVATION_DELAYS` times
+        `max_queue_delay_ms`: the oldest such group goes first. FIFO admits the oldest requests whenever a slot is
+        free. Either way the requests taken hold at most `max_prefill_tokens` prompt tokens together (at least one
+        request).
         """
         if free_slots <= 0 or not self._waiting:
             return []
@@ -119,15 +134,18 @@ class LengthAwareQueue:
         else:
             if prefilling:
                 return []
-            delay = self.settings.max_queue_delay_ms
 
             def oldest(group):
                 return min(q.arrived_ms for q in group)
             groups = self.groups()
-            if not any(len(g) >= self.settings.max_group_size or now_ms - oldest(g) >= delay for g in groups):
+            starving = [g for g in groups if now_ms - oldest(g) >= self.settings.max_queue_delay_ms * STARVATION_DELAYS]
+            if starving:
+                group = min(starving, key=oldest)
+            elif any(len(g) >= self.settings.max_group_size or q.due_ms <= now_ms for g in groups for q in g):
+                # The shortest prompts waiting go first, even if their own hold has not ended.
+                group = groups[0]
+            else:
                 return []
-            starving = [g for g in groups if now_ms - oldest(g) >= delay * STARVATION_DELAYS]
-            group = min(starving, key=oldest) if starving else groups[0]
             chosen = sorted(group, key=lambda q: q.arrived_ms)[:free_slots]
         chosen = self._within_prefill_budget(chosen)
         taken = {id(q) for q in chosen}
@@ -150,7 +168,7 @@ class LengthAwareQueue:
         return waiting
 
     def next_deadline_ms(self) -> float | None:
-        """When the oldest waiting request reaches the delay (the scheduler wakes then)."""
+        """When the first waiting request's hold ends (the scheduler wakes then)."""
         if not self._waiting:
             return None
-        return min(q.arrived_ms for q in self._waiting) + self.settings.max_queue_delay_ms
+        return min(q.due_ms for q in self._waiting)

@@ -3,7 +3,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from s2t.backends.runtime.model_parameters import ParameterError, read_parameters
-from s2t.backends.llm.batching import FIFO, BatchingSettings, LengthAwareQueue
+from s2t.backends.llm.batching import FIFO, STARVATION_DELAYS, BatchingSettings, LengthAwareQueue
+from tests.unit.fake_clock import Clock
 
 AWARE = BatchingSettings()
 
@@ -42,11 +43,95 @@ def test_every_group_respects_the_ratio_and_the_size_bound(lengths, ratio, size)
         assert max(tokens) <= min(tokens) * ratio
 
 
-def test_nothing_is_admitted_before_a_group_is_full_or_has_waited_the_delay():
+HOLD_MS_PER_TOKEN = AWARE.hold_per_prompt_token_ms
+
+
+@pytest.mark.parametrize("tokens, hold_ms", [
+    # A short prompt on an idle engine goes at once (well under the old fixed 200 ms); a long one waits a fraction of
+    # its own evaluation for shorter company; no request ever waits more than the delay.
+    (1, 1 * HOLD_MS_PER_TOKEN),
+    (30, 30 * HOLD_MS_PER_TOKEN),
+    (480, 480 * HOLD_MS_PER_TOKEN),
+    (100_000, 200.0),
+])
+def test_a_lone_request_on_an_idle_engine_waits_only_its_hold(tokens, hold_ms):
+    clock = Clock(0.0)
+    queue = LengthAwareQueue(AWARE)
+    queue.add("lone", tokens, clock() * 1000)
+    assert queue.next_deadline_ms() == pytest.approx(hold_ms)
+    clock.now = (hold_ms - 0.01) / 1000
+    assert queue.take(free_slots=8, prefilling=0, now_ms=clock() * 1000) == []
+    clock.now = hold_ms / 1000
+    assert keys(queue.take(free_slots=8, prefilling=0, now_ms=clock() * 1000)) == ["lone"]
+
+
+def test_a_short_prompt_arriving_during_a_long_ones_hold_goes_first():
+    # The burst length-aware admission is built for: long prompts sent just before short ones, on an idle engine.
+    clock = Clock(0.0)
+    queue = LengthAwareQueue(AWARE)
+    queue.add("long-1", 480, clock() * 1000)
+    queue.add("long-2", 480, clock() * 1000)
+    clock.now = 0.020
+    for n in range(6):
+        queue.add(f"short-{n}", 37, clock() * 1000)
+    clock.now = 0.020 + 37 * HOLD_MS_PER_TOKEN / 1000
+    assert keys(queue.take(free_slots=8, prefilling=0, now_ms=clock() * 1000)) == [f"short-{n}" for n in range(6)]
+    # The long prompts wait for the short ones' evaluation, then go together.
+    clock.now = 0.5
+    assert queue.take(free_slots=2, prefilling=6, now_ms=clock() * 1000) == []
+    assert keys(queue.take(free_slots=2, prefilling=0, now_ms=clock() * 1000)) == ["long-1", "long-2"]
+
+
+def test_when_a_long_prompts_hold_ends_a_shorter_one_waiting_goes_before_it():
+    queue = LengthAwareQueue(AWARE)
+    queue.add("long", 800, 0.0)
+    queue.add("short", 10, 119.0)
+    assert keys(queue.take(free_slots=8, prefilling=0, now_ms=800 * HOLD_MS_PER_TOKEN)) == ["short"]
+
+
+@pytest.mark.parametrize("hold_per_token, lengths, admitted_at_ms", [
+    # The old fixed delay is one setting away: a hold per token large enough that every hold is the delay.
+    (1000.0, [10, 11], 200.0),
+    (0.0, [10, 11], 0.0),
+    (0.5, [10, 11], 5.0),
+])
+def test_the_hold_per_token_sets_when_an_idle_engine_admits(hold_per_token, lengths, admitted_at_ms):
+    queue = queue_of(lengths, BatchingSettings(hold_per_prompt_token_ms=hold_per_token), arrived_ms=0.0)
+    if admitted_at_ms > 0:
+        assert queue.take(free_slots=8, prefilling=0, now_ms=admitted_at_ms - 0.01) == []
+    assert len(queue.take(free_slots=8, prefilling=0, now_ms=admitted_at_ms)) == 2
+
+
+@given(st.lists(st.tuples(st.integers(1, 2000), st.floats(0, 1000)), min_size=1, max_size=40),
+       st.floats(0, 2.0), st.floats(0, 500), st.integers(0, 3))
+@settings(max_examples=300, deadline=None)
+def test_admission_is_work_conserving_and_orders_only_the_requests_waiting(arrivals, hold_per_token, delay,
+                                                                          prefilling):
+    """Nothing is admitted while a prompt is evaluated; otherwise, once the earliest hold has ended, a request is
+    admitted at once, and it belongs to the shortest group waiting (or to a starving one); no request ever waits
+    past its deadline for company while the engine is free."""
+    settings_ = BatchingSettings(hold_per_prompt_token_ms=hold_per_token, max_queue_delay_ms=delay)
+    queue = LengthAwareQueue(settings_)
+    for i, (tokens, at) in enumerate(sorted(arrivals, key=lambda a: a[1])):
+        queue.add(f"r{i}", tokens, at)
+    last = max(at for _, at in arrivals)
+    deadline = queue.next_deadline_ms()
+    assert deadline == pytest.approx(min(at + min(tokens * hold_per_token, delay) for tokens, at in arrivals))
+    now = max(last, deadline)
+    shortest = queue.groups()[0]
+    taken = queue.take(free_slots=8, prefilling=prefilling, now_ms=now)
+    if prefilling:
+        assert taken == []
+        return
+    assert taken
+    starving = any(now - q.arrived_ms >= delay * STARVATION_DELAYS for q in taken)
+    assert starving or {q.key for q in taken} <= {q.key for q in shortest}
+
+
+def test_nothing_is_admitted_while_a_prompt_is_evaluated_even_past_every_hold():
     queue = queue_of([10, 11])
-    assert queue.take(free_slots=8, prefilling=0, now_ms=150) == []
-    assert queue.next_deadline_ms() == 200
-    assert keys(queue.take(free_slots=8, prefilling=0, now_ms=200)) == ["r0", "r1"]
+    assert queue.take(free_slots=8, prefilling=1, now_ms=150) == []
+    assert len(queue.take(free_slots=8, prefilling=0, now_ms=150)) == 2
 
 
 def test_once_a_group_is_due_the_shortest_prompts_go_first_even_if_they_came_later():
@@ -98,6 +183,7 @@ def test_drain_returns_everyone_oldest_first():
     ({"max_group_size": {"string_value": "0"}}, "max_group_size"),
     ({"max_queue_delay_ms": {"string_value": "soon"}}, "max_queue_delay_ms: expected a number"),
     ({"max_queue_size": {"string_value": "0"}}, "max_queue_size must be at least 1"),
+    ({"hold_per_prompt_token_ms": {"string_value": "-1"}}, "hold_per_prompt_token_ms must be >= 0"),
     ({"max_prefill_tokens": {"string_value": "0"}}, "max_prefill_tokens must be at least 1"),
 ])
 def test_bad_batching_parameters_refuse_to_load(parameters, message):
@@ -106,7 +192,7 @@ def test_bad_batching_parameters_refuse_to_load(parameters, message):
 
 
 def test_batching_parameters_default_to_the_design():
-    assert read_parameters(BatchingSettings, {}) == BatchingSettings("length_aware", 3.0, 32, 200.0, 64, 1024)
+    assert read_parameters(BatchingSettings, {}) == BatchingSettings("length_aware", 3.0, 32, 200.0, 0.15, 64, 1024)
 
 
 def test_the_queue_is_full_at_its_configured_size():
