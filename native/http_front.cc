@@ -16,14 +16,15 @@
 //   again in its own words.
 //
 // Bounded: a request's head and body have size limits (413 / 431 from libevent past them), a connection that sends
-// nothing for --idle-seconds is closed (a head or body that never completes included), connections are counted
-// overall and per peer address (past either limit a connection is answered 503 and closed), and requests to Triton
+// nothing for --idle-seconds is closed, a request's head and body must have arrived --request-seconds after their
+// first byte (a trickle is cut), connections are counted from their accept, overall and per peer address (past either
+// limit a connection is answered 503 and closed), and requests to Triton
 // in flight are counted (past --max-calls, 503 at once). Objects the worker threads use are never destroyed: those
 // threads may still run while the process exits.
 //
 //   options: --listen HOST:PORT --upstream HOST:PORT --max-body-bytes N [--max-header-bytes N] [--threads N]
-//            [--idle-seconds S] [--max-connections N] [--max-connections-per-peer N] [--max-calls N]
-//            [--drain-seconds S] [--request-parameters NAME,...] [--relay-only 0|1]
+//            [--idle-seconds S] [--request-seconds S] [--max-connections N] [--max-connections-per-peer N]
+//            [--max-calls N] [--drain-seconds S] [--request-parameters NAME,...] [--relay-only 0|1]
 
 #include <arpa/inet.h>
 #include <event2/buffer.h>
@@ -72,6 +73,7 @@ struct Options {
   long max_header_bytes = 16 * 1024;
   long threads = 1;
   long idle_seconds = 60;
+  long request_seconds = 60;
   long max_connections = 4096;
   long max_connections_per_peer = 512;
   long max_calls = 1024;
@@ -142,8 +144,7 @@ RefusalLog g_refusals;
 std::atomic<bool> g_stopping{false};
 TRITONSERVER_Server* g_server = nullptr;  // set unless relay_only: infer answered through the C API
 
-// Connections open, overall and per peer address (counted from a connection's first request; until then a
-// connection is bounded by --idle-seconds and the head's size).
+// Connections open, overall and per peer address, counted from their accept.
 class Connections {
  public:
   bool Admit(const std::string& peer) {
@@ -184,11 +185,20 @@ void AddErrorJson(evbuffer* out, const std::string& message);
 
 class Worker;
 
-// One client connection's bookkeeping, from its first request until libevent closes it.
+// One client connection, from its accept until libevent frees it. libevent 2.1 tells a server of a connection only
+// with its first complete request; this front makes each connection's bufferevent itself (evhttp_set_bevcb), keeps a
+// reference to it, and learns of the connection libevent built on it from the callback argument libevent gives it
+// (the connection), just after the accept: so a connection is counted from its accept, and its close is seen even when
+// libevent frees it without calling its close callback.
 struct Connection {
-  Worker* worker;
+  Worker* worker = nullptr;
+  bufferevent* bev = nullptr;
+  evbuffer_cb_entry* watch = nullptr;  // on its input: when a request's first bytes arrive
+  evhttp_connection* connection = nullptr;  // once adopted
   std::string peer;
-  bool admitted;
+  bool admitted = false;
+  bool busy = false;  // a request read whole and not yet answered
+  double reading_since = 0;  // when the head or body being read began to arrive (0: none is)
 };
 
 // A request relayed to Triton's own HTTP endpoint.
@@ -215,7 +225,16 @@ class Worker {
 
  private:
   static void OnRequest(evhttp_request* request, void* worker) { static_cast<Worker*>(worker)->Handle(request); }
+  static bufferevent* NewConnection(event_base* base, void* worker);
   static void OnConnectionClosed(evhttp_connection* connection, void* arg);
+  static void OnInput(evbuffer* input, const evbuffer_cb_info* info, void* state);
+  static void OnAnswered(evhttp_request* request, void* state);
+  static void OnAdopt(evutil_socket_t, short, void* worker);
+  static void OnSweep(evutil_socket_t, short, void* worker);
+  // The connection libevent built on `state`'s bufferevent, counted (or closed, over a limit); false when libevent
+  // has already freed it.
+  bool Adopt(Connection* state, bool from_request);
+  void Forget(Connection* state);
   static void OnRelayed(evhttp_request* up, void* relay);
   static void OnPosted(evutil_socket_t fd, short, void* worker);
   bool AdmitConnection(evhttp_request* request);
@@ -225,7 +244,10 @@ class Worker {
   event_base* base_;
   evhttp* http_;
   std::unordered_map<std::string, std::pair<double, ModelShape>> shapes_;
-  std::unordered_set<evhttp_connection*> known_;  // client connections counted (their close is awaited)
+  std::unordered_map<bufferevent*, Connection*> connections_;
+  std::vector<Connection*> unadopted_;
+  event* adopt_;
+  event* sweep_;
   int wake_fd_;
   event* wake_;
   std::mutex posted_mutex_;
@@ -245,6 +267,11 @@ Worker::Worker() {
   // An answer carries the Content-Type its writer gave it, or none, as Triton's.
   evhttp_set_default_content_type(http_, nullptr);
   evhttp_set_gencb(http_, OnRequest, this);
+  evhttp_set_bevcb(http_, NewConnection, this);
+  adopt_ = evtimer_new(base_, OnAdopt, this);
+  sweep_ = event_new(base_, -1, EV_PERSIST, OnSweep, this);
+  timeval second{1, 0};
+  event_add(sweep_, &second);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   wake_ = event_new(base_, wake_fd_, EV_READ | EV_PERSIST, OnPosted, this);
   event_add(wake_, nullptr);
@@ -277,25 +304,119 @@ void Worker::OnPosted(evutil_socket_t fd, short, void* arg) {
   for (auto& [run, arg] : posted) run(arg);
 }
 
-void Worker::OnConnectionClosed(evhttp_connection* connection, void* arg) {
-  auto* state = static_cast<Connection*>(arg);
-  state->worker->known_.erase(connection);
+// No CLOSE_ON_FREE: libevent closes the socket itself the moment it frees the connection, while the reference kept here
+// only keeps the bufferevent's memory until this front has seen that.
+bufferevent* Worker::NewConnection(event_base* base, void* arg) {
+  auto* worker = static_cast<Worker*>(arg);
+  bufferevent* bev = bufferevent_socket_new(base, -1, 0);
+  if (bev == nullptr) return nullptr;
+  bufferevent_incref(bev);
+  auto* state = new Connection;
+  state->worker = worker;
+  state->bev = bev;
+  state->watch = evbuffer_add_cb(bufferevent_get_input(bev), OnInput, state);
+  worker->connections_[bev] = state;
+  worker->unadopted_.push_back(state);
+  timeval now{0, 0};
+  event_add(worker->adopt_, &now);
+  return bev;
+}
+
+void Worker::OnAdopt(evutil_socket_t, short, void* arg) {
+  auto* worker = static_cast<Worker*>(arg);
+  std::vector<Connection*> unadopted;
+  unadopted.swap(worker->unadopted_);
+  for (Connection* state : unadopted)
+    if (state != nullptr && state->connection == nullptr && !worker->Adopt(state, false)) worker->Forget(state);
+}
+
+bool Worker::Adopt(Connection* state, bool from_request) {
+  bufferevent_event_cb error_callback = nullptr;
+  void* argument = nullptr;
+  bufferevent_getcb(state->bev, nullptr, nullptr, &error_callback, &argument);
+  if (error_callback == nullptr || argument == nullptr) return false;  // freed by libevent already
+  state->connection = static_cast<evhttp_connection*>(argument);
+  char* address = nullptr;
+  ev_uint16_t port = 0;
+  evhttp_connection_get_peer(state->connection, &address, &port);
+  state->peer = address != nullptr ? address : "";
+  state->admitted = g_connections.Admit(state->peer);
+  evhttp_connection_set_closecb(state->connection, OnConnectionClosed, state);
+  if (state->admitted || from_request) return true;
+  // Over a limit before its first request: told so in a few bytes and closed.
+  g_refusals.Refused("too many connections (--max-connections or --max-connections-per-peer)");
+  static const std::string kRefusal = [] {
+    std::string body = ErrorJson("too many connections to the HTTP front of tritonserver; try again");
+    return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+           "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  }();
+  (void)!send(bufferevent_getfd(state->bev), kRefusal.data(), kRefusal.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  evhttp_connection_free(state->connection);  // calls OnConnectionClosed
+  return true;
+}
+
+void Worker::Forget(Connection* state) {
   if (state->admitted) g_connections.Leave(state->peer);
+  connections_.erase(state->bev);
+  for (Connection*& waiting : unadopted_)
+    if (waiting == state) waiting = nullptr;
+  evbuffer_remove_cb_entry(bufferevent_get_input(state->bev), state->watch);
+  bufferevent_decref(state->bev);
   delete state;
 }
 
-// A connection is counted at its first request; one over a limit is answered 503 and closed.
+void Worker::OnConnectionClosed(evhttp_connection*, void* arg) {
+  auto* state = static_cast<Connection*>(arg);
+  state->worker->Forget(state);
+}
+
+// A request's first bytes start its deadline (--request-seconds).
+void Worker::OnInput(evbuffer*, const evbuffer_cb_info* info, void* arg) {
+  auto* state = static_cast<Connection*>(arg);
+  if (info->n_added > 0 && !state->busy && state->reading_since == 0) state->reading_since = Now();
+}
+
+void Worker::OnAnswered(evhttp_request*, void* arg) {
+  auto* state = static_cast<Connection*>(arg);
+  state->busy = false;
+  // A pipelined request already waiting starts its deadline now.
+  state->reading_since = evbuffer_get_length(bufferevent_get_input(state->bev)) > 0 ? Now() : 0;
+}
+
+// Once a second: connections libevent freed without a word are forgotten; a head or body that has been arriving for
+// longer than --request-seconds (a trickle that the idle time never ends) closes its connection.
+void Worker::OnSweep(evutil_socket_t, short, void* arg) {
+  auto* worker = static_cast<Worker*>(arg);
+  double now = Now();
+  std::vector<Connection*> gone, late;
+  for (auto& [bev, state] : worker->connections_) {
+    bufferevent_event_cb error_callback = nullptr;
+    bufferevent_getcb(bev, nullptr, nullptr, &error_callback, nullptr);
+    if (state->connection != nullptr && error_callback == nullptr)
+      gone.push_back(state);
+    else if (state->connection != nullptr && state->reading_since > 0 &&
+             now - state->reading_since > g_options.request_seconds)
+      late.push_back(state);
+  }
+  for (Connection* state : gone) worker->Forget(state);
+  if (!late.empty()) g_refusals.Refused("a request's head or body did not arrive within --request-seconds");
+  for (Connection* state : late) evhttp_connection_free(state->connection);  // calls OnConnectionClosed
+}
+
+// A connection is counted from its accept; one over a limit is answered 503 and closed.
 bool Worker::AdmitConnection(evhttp_request* request) {
   evhttp_connection* connection = evhttp_request_get_connection(request);
-  if (connection == nullptr || known_.count(connection)) return true;
-  char* address = nullptr;
-  ev_uint16_t port = 0;
-  evhttp_connection_get_peer(connection, &address, &port);
-  auto* state = new Connection{this, address != nullptr ? address : "", false};
-  state->admitted = g_connections.Admit(state->peer);
-  known_.insert(connection);
-  evhttp_connection_set_closecb(connection, OnConnectionClosed, state);
-  if (state->admitted) return true;
+  auto found = connection != nullptr ? connections_.find(evhttp_connection_get_bufferevent(connection))
+                                     : connections_.end();
+  if (found == connections_.end()) return true;
+  Connection* state = found->second;
+  if (state->connection == nullptr && !Adopt(state, true)) return true;
+  if (state->admitted) {
+    state->busy = true;
+    state->reading_since = 0;
+    evhttp_request_set_on_complete_cb(request, OnAnswered, state);
+    return true;
+  }
   g_refusals.Refused("too many connections (--max-connections or --max-connections-per-peer)");
   evhttp_add_header(evhttp_request_get_output_headers(request), "Connection", "close");
   evhttp_add_header(evhttp_request_get_output_headers(request), "Content-Type", "application/json");
@@ -1112,7 +1233,8 @@ TRITONSERVER_Error* ReleaseOutput(TRITONSERVER_ResponseAllocator*, void* buffer,
 [[noreturn]] void Usage(const std::string& problem) {
   Log("%s", problem.c_str());
   Log("options: --listen HOST:PORT --upstream HOST:PORT --max-body-bytes N [--max-header-bytes N] [--threads N] "
-      "[--idle-seconds S] [--max-connections N] [--max-connections-per-peer N] [--max-calls N] [--drain-seconds S] "
+      "[--idle-seconds S] [--request-seconds S] [--max-connections N] [--max-connections-per-peer N] [--max-calls N] "
+      "[--drain-seconds S] "
       "[--request-parameters NAME,...] [--relay-only 0|1]");
   throw std::invalid_argument(problem);
 }
@@ -1153,6 +1275,8 @@ Options Parse(const std::vector<std::string>& words) {
       options.threads = Number(name, value, 1, 64);
     else if (name == "--idle-seconds")
       options.idle_seconds = Number(name, value, 1, 86400);
+    else if (name == "--request-seconds")
+      options.request_seconds = Number(name, value, 1, 86400);
     else if (name == "--max-connections")
       options.max_connections = Number(name, value, 1, 1000000);
     else if (name == "--max-connections-per-peer")

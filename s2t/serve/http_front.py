@@ -40,6 +40,9 @@ CUSTOM_REQUEST_PARAMETERS = ("route",)
 # A connection that sends nothing for this long is closed: an idle keep-alive connection, or a request's head or body
 # that stopped arriving.
 DEFAULT_IDLE_SECONDS = 60
+# A request's head and body must have arrived this long after their first byte: a trickle of bytes, each within the
+# idle time, is cut here.
+DEFAULT_REQUEST_SECONDS = 60
 
 
 class HttpFrontError(S2TError, RuntimeError):
@@ -58,7 +61,8 @@ def front_options(public_port: int, upstream_port: int, body_bytes: int, drain_s
             "--max-body-bytes", str(body_bytes), "--max-calls", str(max_calls),
             "--max-connections", str(DEFAULT_MAX_CONNECTIONS),
             "--max-connections-per-peer", str(DEFAULT_MAX_CONNECTIONS_PER_PEER),
-            "--idle-seconds", str(DEFAULT_IDLE_SECONDS), "--drain-seconds", str(drain_seconds),
+            "--idle-seconds", str(DEFAULT_IDLE_SECONDS), "--request-seconds", str(DEFAULT_REQUEST_SECONDS),
+            "--drain-seconds", str(drain_seconds),
             "--threads", str(threads), "--request-parameters", ",".join(CUSTOM_REQUEST_PARAMETERS) or "-"]
 
 

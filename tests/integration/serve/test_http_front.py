@@ -35,7 +35,8 @@ def server(built_artifacts, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def records(german_credit_data) -> list[str]:
-    return [json.dumps({"request_id": f"r-{i}", "features": r}) for i, r in enumerate(german_credit_data.records()[:64])]
+    return [json.dumps({"request_id": f"r-{i}", "features": r})
+            for i, r in enumerate(german_credit_data.records()[:64])]
 
 
 def post(port: int, path: str, body: bytes | str | dict, headers: dict | None = None) -> tuple:
@@ -289,7 +290,8 @@ def test_the_front_lives_in_tritonserver(server):
 
 
 def nested(depth: int) -> bytes:
-    return b'{"inputs":[{"name":"payload","datatype":"BYTES","shape":[1,1],"data":' + b"[" * depth + b"]" * depth + b"}]}"
+    head = b'{"inputs":[{"name":"payload","datatype":"BYTES","shape":[1,1],"data":'
+    return head + b"[" * depth + b"]" * depth + b"}]}"
 
 
 @pytest.mark.parametrize("path", ["/v2/models/risk_pipeline/infer", "/v2/models/risk_pipeline/generate",
@@ -349,10 +351,12 @@ def test_a_body_that_inflates_past_the_limit_is_refused(server):
 
 @pytest.fixture(scope="module")
 def tight_server(built_artifacts, tmp_path_factory):
-    """A server whose front closes a connection idle for 2 s and holds at most 6 connections per peer."""
+    """A server whose front closes a connection idle for 2 s or whose request has not arrived 4 s after its first
+    byte, and holds at most 6 connections per peer."""
     log = tmp_path_factory.mktemp("http_front_tight") / "tritonserver.log"
     patch = pytest.MonkeyPatch()
     patch.setattr(http_front, "DEFAULT_IDLE_SECONDS", 2)
+    patch.setattr(http_front, "DEFAULT_REQUEST_SECONDS", 4)
     patch.setattr(http_front, "DEFAULT_MAX_CONNECTIONS_PER_PEER", 6)
     try:
         with serving(triton_server([MODEL_REPOSITORY, ENSEMBLES], log)) as running:
@@ -372,6 +376,44 @@ def test_a_head_or_body_that_never_completes_is_timed_out(tight_server):
             started = time.monotonic()
             assert sock.recv(4096) == b""  # closed after the idle time (2 s here), unanswered
             assert time.monotonic() - started < 6
+
+
+def test_a_head_that_trickles_in_is_cut_at_the_request_deadline(tight_server):
+    head = b"POST /v2/models/risk_pipeline/infer HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: a\r\n" * 100
+    with socket.create_connection(("127.0.0.1", tight_server.http_port), timeout=10) as sock:
+        started, closed = time.monotonic(), False
+        for i in range(len(head)):
+            try:
+                sock.sendall(head[i:i + 1])
+            except OSError:
+                closed = True
+                break
+            time.sleep(0.25)  # one byte each quarter second: never idle for 2 s
+            if time.monotonic() - started > 8:
+                break
+        if not closed:
+            sock.settimeout(2)
+            try:
+                closed = sock.recv(4096) == b""
+            except ConnectionResetError:
+                closed = True
+        assert closed and time.monotonic() - started < 8
+    admitted(tight_server.http_port).close()
+
+
+def test_connections_over_the_limit_are_refused_before_their_first_request(tight_server):
+    port = tight_server.http_port
+    silent = []
+    deadline = time.monotonic() + 5
+    while len(silent) < 6 and time.monotonic() < deadline:  # connections that send nothing still count
+        silent.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+    time.sleep(0.3)
+    extra = socket.create_connection(("127.0.0.1", port), timeout=10)
+    answer = extra.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 503") and b"too many connections" in answer, answer
+    for sock in [extra, *silent]:
+        sock.close()
+    admitted(port).close()
 
 
 def admitted(port: int) -> socket.socket:
