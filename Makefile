@@ -223,6 +223,24 @@ models: $(ADAPTER_SPEC) $(ROUTER_SPEC) $(DRIFT_REFERENCE) $(LITE_ONNX) $(EXPLAIN
 	$(call publish_if_new,risk_scorer_lite,$(LITE_ONNX),$(LITE_SAVED_MODEL))
 	$(S2T) check-config
 
+# libFuzzer on the gRPC front's request checks (native/infer_request_check.h, its harness in native/fuzz/) under
+# AddressSanitizer and UndefinedBehaviorSanitizer for FUZZ_SECONDS, from a seed corpus the request generators write
+# (s2t/gate/hostile_requests.py) and the corpus of earlier runs; a finding lands in FUZZ_DIR as crash-* (or leak-*,
+# timeout-*) and fails the target. `make fuzz FUZZ_SECONDS=15` is the integration level's short run; a long one:
+# `make fuzz FUZZ_SECONDS=3600`.
+FUZZ_SECONDS ?= 60
+FUZZ_DIR := artifacts/fuzz
+FUZZ_TARGET := $(FUZZ_DIR)/infer_request_fuzz
+FUZZ_CONFIGS := $(shell echo model_repository/*/config.pbtxt ensembles/*/config.pbtxt | tr ' ' :)
+
+.PHONY: fuzz
+fuzz: $(VENV)/.installed
+	native/fuzz/build.sh $(FUZZ_TARGET)
+	$(BIN)/python native/fuzz/seed_corpus.py $(FUZZ_DIR)/seeds
+	mkdir -p $(FUZZ_DIR)/corpus
+	S2T_FUZZ_CONFIGS=$(FUZZ_CONFIGS) $(FUZZ_TARGET) -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
+	  -artifact_prefix=$(FUZZ_DIR)/ -print_final_stats=1 $(FUZZ_DIR)/corpus $(FUZZ_DIR)/seeds
+
 clean:
 	rm -rf artifacts model_repository/risk_scorer/[0-9]* model_repository/risk_scorer_lite/[0-9]* $(ADAPTER_SPEC) $(ROUTER_SPEC) $(EXPLAINER_REASONS) $(DRIFT_REFERENCE) .model_repository.s2t
 	rm -rf model_repository_gpu/*/[0-9]* .model_repository_gpu.s2t

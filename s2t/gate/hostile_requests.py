@@ -18,6 +18,7 @@ import random
 import struct
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
+from urllib.parse import quote
 
 # KServe v2's datatypes and the struct format of one element (BF16: the high half of an FP32).
 STRUCT_FORMATS = {"BOOL": "?", "UINT8": "B", "INT8": "b", "UINT16": "H", "INT16": "h", "UINT32": "I", "INT32": "i",
@@ -168,7 +169,7 @@ def _pick_input(spec: dict, rng: random.Random) -> dict:
 
 def _output(spec: dict, model: Model, rng: random.Random, name: str | None = None) -> dict:
     outputs = spec.setdefault("outputs", [])
-    entry = {"name": name or rng.choice(model.outputs).name, "parameters": {}}
+    entry = {"name": rng.choice(model.outputs).name if name is None else name, "parameters": {}}
     outputs.append(entry)
     return entry
 
@@ -224,8 +225,9 @@ def _batch_over_limit(spec, model, rng, payloads):
 
 
 def _missing_input(spec, model, rng, payloads):
-    if spec["inputs"]:
-        spec["inputs"].pop(rng.randrange(len(spec["inputs"])))
+    name = rng.choice(model.inputs).name
+    # a name with a NUL after it is that name to Triton (a C string)
+    spec["inputs"] = [t for t in spec["inputs"] if t["name"].split("\x00")[0] != name]
 
 
 def _duplicate_input(spec, model, rng, payloads):
@@ -233,7 +235,12 @@ def _duplicate_input(spec, model, rng, payloads):
 
 
 def _unknown_input_name(spec, model, rng, payloads):
-    _pick_input(spec, rng)["name"] = rng.choice(("record", "", "PAYLOAD", "payload ", "x" * 5000, "payload\x00"))
+    _pick_input(spec, rng)["name"] = rng.choice(("record", "", "PAYLOAD", "payload ", "x" * 5000, "\x00payload"))
+
+
+def _name_with_nul(spec, model, rng, payloads):
+    tensor = _pick_input(spec, rng)
+    tensor["name"] += "\x00" + rng.choice(("", "x", "\x00"))
 
 
 def _extra_input(spec, model, rng, payloads):
@@ -313,8 +320,8 @@ def _classification_numeric(spec, model, rng, payloads):
 
 
 def _classification_bytes(spec, model, rng, payloads):
-    words = [t for t in model.outputs if t.datatype == "BYTES"]
-    entry = _output(spec, model, rng, rng.choice(words).name if words else None)
+    words = [t.name for t in model.outputs if t.datatype == "BYTES"]
+    entry = _output(spec, model, rng, rng.choice(words) if words else "decision")
     entry["parameters"]["classification"] = rng.choice((1, 5, 0, -1, 2**31))
 
 
@@ -355,12 +362,21 @@ def _id_edge(spec, model, rng, payloads):
 
 
 def _version_edge(spec, model, rng, payloads):
-    spec["model_version"] = rng.choice(("0", "2", "-1", "99999999999999999999", "abc", "1.0", " 1", "1 ", "+1"))
+    spec["model_version"] = rng.choice(("0", "2", "-1", "99999999999999999999", "abc", "x"))
+
+
+def _version_spelling(spec, model, rng, payloads):
+    # Triton's gRPC front end reads a version with std::stoll: these may name version 1 there
+    spec["model_version"] = rng.choice(("1.0", " 1", "1 ", "+1", "01", "1abc"))
 
 
 def _model_edge(spec, model, rng, payloads):
     spec["model_name"] = rng.choice(("no_such_model", "risk_stream", "RISK_PIPELINE", "risk_pipeline/1",
-                                     "../risk_pipeline", "m" * 3000, "risk_pipeline\x00"))
+                                     "../risk_pipeline", "m" * 3000, "\x00" + model.name))
+
+
+def _model_name_with_nul(spec, model, rng, payloads):
+    spec["model_name"] += "\x00" + rng.choice(("", "x"))
 
 
 # (name, edge, must be refused, Triton 2.51's own answer is defined). The names are the kinds the suites count.
@@ -377,6 +393,7 @@ SPEC_EDGES: Sequence[tuple[str, Callable, bool, bool]] = (
     ("duplicate input", _duplicate_input, True, True),
     ("unknown input name", _unknown_input_name, True, True),
     ("extra input", _extra_input, True, True),
+    ("input name with a NUL after it", _name_with_nul, False, True),
     ("input parameters", _input_parameters, False, True),
     ("shared memory input", _shared_memory_input, True, True),
     ("BYTES element past the end", _bytes_element_past_end, True, True),
@@ -396,16 +413,26 @@ SPEC_EDGES: Sequence[tuple[str, Callable, bool, bool]] = (
     ("unknown request parameters", _unknown_parameters, False, True),
     ("id edge", _id_edge, False, True),
     ("model version edge", _version_edge, True, True),
+    ("model version spelled oddly", _version_spelling, False, True),
     ("model name edge", _model_edge, True, True),
+    ("model name with a NUL after it", _model_name_with_nul, False, True),
 )
 SPEC_EDGE_NAMES = tuple(name for name, *_ in SPEC_EDGES)
+
+
+def _edge_field(name: str) -> str:
+    return "model version" if "model version" in name else "model name" if "model name" in name else name
 
 
 def _made(model: Model, rng: random.Random, payloads: Sequence[bytes]) -> _Made:
     """A valid request with none, one or two edges."""
     made = _Made(valid_spec(model, rng, payloads))
-    for _ in range(rng.choice((0, 1, 1, 1, 2))):
-        name, edge, refused, defined = rng.choice(SPEC_EDGES)
+    # distinct edges, each of its own field: one applied twice, or two to one field, can undo each other (a datatype
+    # changed back, a bad version replaced by an odd spelling of a good one)
+    chosen = rng.sample(SPEC_EDGES, rng.choice((0, 1, 1, 1, 2)))
+    if len(chosen) == 2 and _edge_field(chosen[0][0]) == _edge_field(chosen[1][0]):
+        chosen = chosen[:1]
+    for name, edge, refused, defined in chosen:
         edge(made.spec, model, rng, payloads)
         made.names.append(name)
         made.refused |= refused
@@ -454,7 +481,10 @@ def http_body(spec: dict, binary_inputs: Sequence[int] = ()) -> tuple[bytes, dic
 
 
 def infer_path(model: str, version: str = "") -> str:
-    return f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
+    """The infer route of `model` (and `version`), each percent-encoded: a name with a space or a NUL still names
+    the model it names in the request line."""
+    path = f"/v2/models/{quote(model, safe='')}"
+    return path + (f"/versions/{quote(version, safe='')}" if version else "") + "/infer"
 
 
 def _json_cut(body: bytes, headers: dict, rng: random.Random) -> bytes:
@@ -518,7 +548,13 @@ def _replace_json_value(body: bytes, headers: dict, key: bytes, new: bytes) -> b
     return text + tail
 
 
-# HTTP-level edges: (name, edge(body, headers, rng) -> body (headers changed in place), must be refused).
+# What a server must do with a request after a damage: REFUSE it; answer it as it would the undamaged one (SAME: the
+# same request to a reader that follows the protocol); or ANY: it may be any request now (or readers differ on it,
+# and only a differential judges it).
+REFUSE, SAME, ANY = "refuse", "same", "any"
+
+
+# HTTP-level edges: (name, edge(body, headers, rng) -> body (headers changed in place), what a server must do).
 def _header_length(value: Callable[[bytes, dict, random.Random], str]):
     def edge(body, headers, rng):
         headers[BINARY_HEADER] = value(body, headers, rng)
@@ -526,52 +562,52 @@ def _header_length(value: Callable[[bytes, dict, random.Random], str]):
     return edge
 
 
-HTTP_BODY_EDGES: Sequence[tuple[str, Callable, bool]] = (
-    ("header length past the body", _header_length(lambda b, h, r: str(len(b) + r.randint(1, 10**6))), True),
+HTTP_BODY_EDGES: Sequence[tuple[str, Callable, str]] = (
+    ("header length past the body", _header_length(lambda b, h, r: str(len(b) + r.randint(1, 10**6))), REFUSE),
     ("header length inside the JSON", _header_length(
-        lambda b, h, r: str(r.randrange(1, max(2, int(h.get(BINARY_HEADER, len(b))) - 1)))), True),
+        lambda b, h, r: str(r.randrange(1, max(2, int(h.get(BINARY_HEADER, len(b))) - 1)))), REFUSE),
     # Triton reads the length with atoi: 0 (and what atoi reads as 0) means the whole body is JSON.
-    ("header length zero", _header_length(lambda b, h, r: "0"), False),
-    ("header length negative", _header_length(lambda b, h, r: str(-r.randint(1, 2**31 - 1))), True),
+    ("header length zero", _header_length(lambda b, h, r: "0"), ANY),
+    ("header length negative", _header_length(lambda b, h, r: str(-r.randint(1, 2**31 - 1))), REFUSE),
     ("header length not a number", _header_length(
-        lambda b, h, r: r.choice(("abc", "", "1e3", "0x10", " 12", "99999999999999999999999"))), False),
+        lambda b, h, r: r.choice(("abc", "", "1e3", "0x10", " 12", "99999999999999999999999"))), ANY),
     ("binary_data_size past the end", lambda b, h, r: _replace_json_value(
-        b, h, b"binary_data_size", str(r.randint(len(b), 2**40)).encode()), True),
+        b, h, b"binary_data_size", str(r.randint(len(b), 2**40)).encode()), REFUSE),
     ("binary_data_size negative or wrong", lambda b, h, r: _replace_json_value(
-        b, h, b"binary_data_size", r.choice((b"-1", b"-9223372036854775808", b"1.5", b'"8"', b"null", b"[]"))), True),
-    ("truncated JSON", lambda b, h, r: _json_cut(b, h, r), True),
-    ("bit flips", lambda b, h, r: _flip_bits(b, r), False),
-    ("chunk edit", lambda b, h, r: _chunk_edit(b, r), False),
-    ("not UTF-8 in a string", lambda b, h, r: b.replace(b'"name": "', b'"name": "\xff\xc3\x28', 1), False),
-    ("deep nesting in data", lambda b, h, r: _replace_json_value(b, h, b"data", _deep(r).encode()), True),
+        b, h, b"binary_data_size", r.choice((b"-1", b"-9223372036854775808", b"1.5", b'"8"', b"null", b"[]"))), REFUSE),
+    ("truncated JSON", lambda b, h, r: _json_cut(b, h, r), REFUSE),
+    ("bit flips", lambda b, h, r: _flip_bits(b, r), ANY),
+    ("chunk edit", lambda b, h, r: _chunk_edit(b, r), ANY),
+    ("not UTF-8 in a string", lambda b, h, r: b.replace(b'"name": "', b'"name": "\xff\xc3\x28', 1), ANY),
+    ("deep nesting in data", lambda b, h, r: _replace_json_value(b, h, b"data", _deep(r).encode()), REFUSE),
     ("deep nesting in parameters", lambda b, h, r: _replace_json_value(
-        b, h, b"parameters", b'{"x": ' + _deep(r).encode() + b"}"), False),
-    ("deep nesting in shape", lambda b, h, r: _replace_json_value(b, h, b"shape", _deep(r).encode()), True),
+        b, h, b"parameters", b'{"x": ' + _deep(r).encode() + b"}"), ANY),
+    ("deep nesting in shape", lambda b, h, r: _replace_json_value(b, h, b"shape", _deep(r).encode()), REFUSE),
     ("shape numbers that fit nothing", lambda b, h, r: _replace_json_value(b, h, b"shape", r.choice((
         b"[1e400, 1]", b"[18446744073709551616, 1]", b"[1.5, 1]", b'["1", 1]', b"[-0, 1]", b"[null]", b"{}",
-        b"[true]", b"[" + b"1, " * 10_000 + b"1]"))), True),
+        b"[true]", b"[" + b"1, " * 10_000 + b"1]"))), REFUSE),
     ("inputs not a list", lambda b, h, r: _replace_json_value(b, h, b"inputs", r.choice(
-        (b"{}", b"null", b'"payload"', b"1", b"[1]", b"[[]]", b"[null]"))), True),
+        (b"{}", b"null", b'"payload"', b"1", b"[1]", b"[[]]", b"[null]"))), REFUSE),
     ("data not a list", lambda b, h, r: _replace_json_value(b, h, b"data", r.choice(
-        (b"{}", b"null", b'"x"', b"1", b"[[1], 2]", b"[{}]", b"[null]", b"[true, false]", b"[1e400]"))), True),
+        (b"{}", b"null", b'"x"', b"1", b"[[1], 2]", b"[{}]", b"[null]", b"[true, false]", b"[1e400]"))), REFUSE),
     ("parameters not an object", lambda b, h, r: _replace_json_value(
-        b, h, b"parameters", r.choice((b"[]", b"1", b'"x"', b"null", b'{"a": [1, {"b": null}]}'))), False),
-    ("body not an object", lambda b, h, r: r.choice((b"[]", b"null", b"1", b'"infer"', b"[{}]", b"true")), True),
-    ("empty body", lambda b, h, r: b"", True),
+        b, h, b"parameters", r.choice((b"[]", b"1", b'"x"', b"null", b'{"a": [1, {"b": null}]}'))), ANY),
+    ("body not an object", lambda b, h, r: r.choice((b"[]", b"null", b"1", b'"infer"', b"[{}]", b"true")), REFUSE),
+    ("empty body", lambda b, h, r: b"", REFUSE),
     ("trailing garbage", lambda b, h, r: b if BINARY_HEADER in h else b + r.choice((b"}", b"]]", b" x", b"\x00")),
-     False),
-    ("duplicate keys", lambda b, h, r: b.replace(b"{", b'{"inputs": [], ', 1), False),
-    ("byte order mark", lambda b, h, r: b"\xef\xbb\xbf" + b if BINARY_HEADER not in h else b, False),
+     ANY),
+    ("duplicate keys", lambda b, h, r: b.replace(b"{", b'{"inputs": [], ', 1), ANY),
+    ("byte order mark", lambda b, h, r: b"\xef\xbb\xbf" + b if BINARY_HEADER not in h else b, ANY),
     ("content type", lambda b, h, r: h.update({"Content-Type": r.choice((
         "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "",
-        "application/json; charset=latin-1", "application/json\x7f"))}) or b, False),
+        "application/json; charset=latin-1", "application/json\x7f"))}) or b, SAME),
     ("gzip that is not gzip", lambda b, h, r: h.update({"Content-Encoding": r.choice(("gzip", "deflate"))}) or b,
-     True),
-    ("gzip body", lambda b, h, r: h.update({"Content-Encoding": "gzip"}) or gzip.compress(b, mtime=0), False),
+     REFUSE),
+    ("gzip body", lambda b, h, r: h.update({"Content-Encoding": "gzip"}) or gzip.compress(b, mtime=0), SAME),
     ("gzip bomb", lambda b, h, r: h.update({"Content-Encoding": "gzip"}) or gzip.compress(
-        b"[" * 2_000_000, mtime=0), True),
+        b"[" * 2_000_000, mtime=0), REFUSE),
     ("unknown content encoding", lambda b, h, r: h.update({"Content-Encoding": r.choice(("br", "zstd", "x"))}) or b,
-     False),
+     REFUSE),
 )
 HTTP_BODY_EDGE_NAMES = tuple(name for name, *_ in HTTP_BODY_EDGES)
 
@@ -603,12 +639,13 @@ def http_request(models: Sequence[Model], payloads: Sequence[bytes], seed: int, 
     method, path = "POST", infer_path(spec["model_name"], spec.get("model_version", ""))
     roll = rng.random()
     if roll < 0.25:
-        name, edge, refused = rng.choice(HTTP_BODY_EDGES)
+        name, edge, claim = rng.choice(HTTP_BODY_EDGES)
         before = (body, dict(headers))
         body = edge(body, headers, rng)
         made.names.append(name)
-        # an edge that found nothing to change (binary_data_size in a JSON-only body) proves nothing
-        made.refused |= refused and (body, headers) != before
+        # an edge that found nothing to change (binary_data_size in a JSON-only body) changes no claim
+        if (body, headers) != before:
+            made.refused = claim == REFUSE or (claim == SAME and made.refused)
     elif roll < 0.32:
         method, path = rng.choice(ROUTES)
         path = path.replace("{m}", model.name)
@@ -822,27 +859,27 @@ def _truncate(data: bytes, rng: random.Random) -> bytes:
     return data[: rng.randrange(len(data))] if data else data
 
 
-# (name, damage, must be refused: None where protobuf readers differ, and only the differential judges it)
-WIRE_DAMAGE: Sequence[tuple[str, Callable[[bytes, random.Random], bytes], bool | None]] = (
-    ("truncated", _truncate, False),
-    ("bit flips", _flip_bits, False),
-    ("chunk edit", _chunk_edit, False),
-    ("overlong tag within 5 bytes", _overlong_tag(2, 5), None),
-    ("overlong tag of 6 to 10 bytes", _overlong_tag(6, 10), None),
-    ("overlong length within 5 bytes", _overlong_length(2, 5), None),
-    ("overlong length of 6 to 10 bytes", _overlong_length(6, 10), None),
-    ("varint past 10 bytes", _too_many_continuations, True),
-    ("length past the end", _length_past_end, True),
-    ("invalid wire type", _invalid_wire_type, True),
-    ("field number 0", _field_zero, True),
-    ("unknown field", _unknown_field, None),
-    ("varint where a string is", _wrong_wire_type_for_field, None),
-    ("string that is not UTF-8", _not_utf8_string, True),
-    ("nested overlong tag", _nested(_overlong_tag(6, 10)), None),
-    ("nested length past the end", _nested(_length_past_end), True),
-    ("nested invalid wire type", _nested(_invalid_wire_type), True),
-    ("nested truncated", _nested(_truncate), False),
-    ("empty message", lambda d, r: b"", True),
+# (name, damage, what a server must do with the damaged message, as for HTTP_BODY_EDGES)
+WIRE_DAMAGE: Sequence[tuple[str, Callable[[bytes, random.Random], bytes], str]] = (
+    ("truncated", _truncate, ANY),
+    ("bit flips", _flip_bits, ANY),
+    ("chunk edit", _chunk_edit, ANY),
+    ("overlong tag within 5 bytes", _overlong_tag(2, 5), SAME),
+    ("overlong tag of 6 to 10 bytes", _overlong_tag(6, 10), ANY),
+    ("overlong length within 5 bytes", _overlong_length(2, 5), SAME),
+    ("overlong length of 6 to 10 bytes", _overlong_length(6, 10), ANY),
+    ("varint past 10 bytes", _too_many_continuations, REFUSE),
+    ("length past the end", _length_past_end, REFUSE),
+    ("invalid wire type", _invalid_wire_type, REFUSE),
+    ("field number 0", _field_zero, REFUSE),
+    ("unknown field", _unknown_field, SAME),
+    ("varint where a string is", _wrong_wire_type_for_field, ANY),
+    ("string that is not UTF-8", _not_utf8_string, REFUSE),
+    ("nested overlong tag", _nested(_overlong_tag(6, 10)), ANY),
+    ("nested length past the end", _nested(_length_past_end), REFUSE),
+    ("nested invalid wire type", _nested(_invalid_wire_type), REFUSE),
+    ("nested truncated", _nested(_truncate), ANY),
+    ("empty message", lambda d, r: b"", REFUSE),
 )
 WIRE_DAMAGE_NAMES = tuple(name for name, *_ in WIRE_DAMAGE)
 _DAMAGE = {name: damage for name, damage, _ in WIRE_DAMAGE}
@@ -868,10 +905,10 @@ def grpc_request(models: Sequence[Model], payloads: Sequence[bytes], seed: int, 
         made.names.append("typed contents")
     damage, damage_seed, refused = None, 0, made.refused
     if rng.random() < 0.35:
-        damage, _, must_refuse = rng.choice(WIRE_DAMAGE)
+        damage, _, claim = rng.choice(WIRE_DAMAGE)
         damage_seed = rng.randrange(2**32)
         made.names.append(damage)
-        refused = bool(must_refuse) or (made.refused and must_refuse is not False)
+        refused = claim == REFUSE or (claim == SAME and made.refused)
     return GrpcRequest(" + ".join(made.names) or "valid", grpc_fields(made.spec, typed), damage, damage_seed,
                        refused, made.triton_defined)
 
