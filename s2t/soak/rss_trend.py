@@ -46,13 +46,18 @@ def trend(points: Points, warm_up: float = 0.0, hours: float = PROJECTION_HOURS)
     fitted = sorted((t, y) for t, y in points if t >= warm_up)
     out = {"samples": len(fitted), "from_s": fitted[0][0] if fitted else None,
            "to_s": fitted[-1][0] if fitted else None, "start_bytes": None, "end_bytes": None,
-           "slope_bytes_per_hour": None, "projected_growth": None, "projected_hours": hours}
+           "slope_bytes_per_hour": None, "projected_growth": None, "projected_hours": hours,
+           "limit_over_the_fit_bytes": None}
     if len(fitted) < MIN_SAMPLES or fitted[0][0] == fitted[-1][0]:
         return out
     slope, at_zero = least_squares(fitted)
     start, end = at_zero + slope * fitted[0][0], at_zero + slope * fitted[-1][0]
+    span = fitted[-1][0] - fitted[0][0]
+    # How fine the run can see: the growth over the fitted span that projects to the limit. A short run must be
+    # flat to within it (a few hundred KiB in 90 s of a 400 MiB tree), a long one less so.
     out.update(start_bytes=round(start), end_bytes=round(end), slope_bytes_per_hour=round(slope * 3600),
-               projected_growth=slope * hours * 3600 / start if start > 0 else None)
+               projected_growth=slope * hours * 3600 / start if start > 0 else None,
+               limit_over_the_fit_bytes=round(MAX_PROJECTED_GROWTH * start * span / (hours * 3600)))
     return out
 
 
@@ -83,9 +88,12 @@ def verdict(fits: Mapping[str, Mapping], limit: float = MAX_PROJECTED_GROWTH) ->
 
 
 def describe(fit: Mapping) -> str:
-    """'1084 -> 1141 MiB fitted over 12-120 s, +28.5 MiB/h, +190.1% at 72 h' (or why there is no fit)."""
+    """'1084.0 -> 1141.0 MiB fitted over 12-120 s, +28.5 MiB/h, +190.1% at 72 h (5% there is 106 KiB over the
+    fit)' (or why there is no fit)."""
     if fit.get("projected_growth") is None:
         return f"not fitted ({fit.get('samples', 0)} samples)"
     return (f"{fit['start_bytes'] / 2**20:.1f} -> {fit['end_bytes'] / 2**20:.1f} MiB fitted over "
             f"{fit['from_s']:.0f}-{fit['to_s']:.0f} s, {fit['slope_bytes_per_hour'] / 2**20:+.1f} MiB/h, "
-            f"{fit['projected_growth'] * 100:+.1f}% at {fit['projected_hours']:.0f} h")
+            f"{fit['projected_growth'] * 100:+.1f}% at {fit['projected_hours']:.0f} h"
+            + (f" ({MAX_PROJECTED_GROWTH:.0%} there is {fit['limit_over_the_fit_bytes'] / 2**10:.0f} KiB over the fit)"
+               if fit.get("limit_over_the_fit_bytes") else ""))

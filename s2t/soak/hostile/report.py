@@ -268,6 +268,8 @@ def table(report: Mapping) -> str:
         lines.append("RSS fitted after the warm-up, projected to 72 h:")
         for group, fit in fits.items():
             lines.append(f"  {group:<18} {rss_trend.describe(fit)}")
+        for group, fit in report.get("rss_trend_after_floods", {}).items():
+            lines.append(f"  {group + ' (after)':<18} {rss_trend.describe(fit)}")
         by_process = report.get("rss_trend_by_process", {})
         grown = sorted(((name, fit) for name, fit in by_process.items() if fit.get("slope_bytes_per_hour")),
                        key=lambda item: -item[1]["slope_bytes_per_hour"])[:3]

@@ -137,6 +137,11 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
                 for group, phases in watch.rss.items()},
         "rss_trend": rss_trend.trends(watch.series, options.seconds),
         "rss_trend_by_process": rss_trend.trends(watch.process_series, options.seconds),
+        # Information beside the rule: the quiet phase after the floods alone. Flat there while the whole run's
+        # fit grows is memory taken during the floods and kept (a high-water mark or a leak: one flood window
+        # cannot tell which); growing there is growth that goes on without the floods.
+        "rss_trend_after_floods": {group: rss_trend.trend(points, watch.clock.during_ends() - watch.clock.started)
+                                   for group, points in watch.series.items()},
         "rss_samples": {group: points for group, points in watch.series.items()},
         "load_average": {"start": [round(v, 2) for v in load_start],
                          "end": [round(v, 2) for v in os.getloadavg()], "cpus": os.cpu_count()},

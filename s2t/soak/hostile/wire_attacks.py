@@ -41,8 +41,6 @@ BYTES_OUTPUT, CLASS_COUNT = "decision", 5
 # What a refused request comes back as, per way in. UNAVAILABLE is not among them: it is a server that could not
 # take the call (full, or gone), never the answer to a caller's mistake.
 REFUSED = frozenset({"HTTP 400", "INVALID_ARGUMENT"})
-# Wire damage whose every message protobuf refuses; the other kinds may or may not parse (hostile_requests marks
-# which), so for them any answer that is no server failure will do.
 STREAM_MESSAGES = (1, 30)
 # A stream in every ABSURD_EVERY carries one message with an absurd part (a dimension or an element length no
 # buffer can have).
@@ -253,7 +251,7 @@ def damaged_stream(records: Sequence[Mapping], seed: int, k: int) -> tuple[list[
         what, messages[chosen[0]] = _absurd(_record(records, k, "soak-absurd"), rng)
         return messages, True, f"{size} messages, {what} in message {chosen[0] + 1}"
     kinds = BYTE_DAMAGE if way == "byte damage" else tuple(
-        name for name, _, refused in hostile_requests.WIRE_DAMAGE if refused)
+        name for name, _, must in hostile_requests.WIRE_DAMAGE if must == hostile_requests.REFUSE)
     for i in chosen:
         messages[i] = hostile_requests.damaged(messages[i], rng.choice(kinds), rng.randrange(2**32))
     sure = way == "byte damage"
@@ -301,33 +299,35 @@ def damaged_streams(grpc_url: str, records: Sequence[Mapping], count: int, calle
 
 # ---- overlong varints
 
-def overlong_varint_request(records: Sequence[Mapping], seed: int, k: int) -> tuple[str, bytes, bytes, bool | None]:
-    """Request `k` of `seed`: (the damage's name, the damaged message, the message before it, whether it must be
-    refused: True, False, or None where protobuf readers differ)."""
+def overlong_varint_request(records: Sequence[Mapping], seed: int, k: int) -> tuple[str, bytes, bytes, str]:
+    """Request `k` of `seed`: (the damage's name, the damaged message, the message before it, what a server must
+    do with it: hostile_requests.REFUSE, SAME (answer it as the plain message) or ANY (answer or refuse))."""
     rng = random.Random(seed * 1_000_003 + k)
     plain = infer_message(_record(records, k, "soak-overlong")).SerializeToString()
     name = OVERLONG_DAMAGE[k % len(OVERLONG_DAMAGE)]
-    must_refuse = {n: refused for n, _, refused in hostile_requests.WIRE_DAMAGE}[name]
-    return name, hostile_requests.damaged(plain, name, rng.randrange(2**32)), plain, must_refuse
+    must = {n: must for n, _, must in hostile_requests.WIRE_DAMAGE}[name]
+    return name, hostile_requests.damaged(plain, name, rng.randrange(2**32)), plain, must
 
 
 def overlong_varints(grpc_url: str, records: Sequence[Mapping], count: int, callers: int, deadline: float,
                      seed: int = 0) -> dict:
     """`count` unary ModelInfer messages, each with one varint overlong in one of OVERLONG_DAMAGE's ways, every
-    fourth a valid message instead. Past 10 bytes a varint is no varint: refused. Within 10 bytes, an answer that
-    is the plain message's (where the reader takes it) or a refusal (where it does not) will do: never a server
-    failure, a dropped call or silence."""
+    fourth a valid message instead. Past 10 bytes a varint is no varint: refused. Within 5 bytes every protobuf
+    reader takes it: answered as the plain message. From 6 to 10 bytes readers differ: answered or refused, never
+    a server failure, a dropped call or silence."""
     channels = _RawChannels(grpc_url)
 
     def one(k: int) -> Attempt:
-        name, data, plain, must_refuse = overlong_varint_request(records, seed, k)
+        name, data, plain, must = overlong_varint_request(records, seed, k)
         if k % 4 == 3:
             status, details, _ = channels.unary(INFER, plain)
             return Attempt("valid", f"valid: {status}", status == "OK", not _gave_up(status, details), details[:100])
         status, details, _ = channels.unary(INFER, data)
         answered = not _gave_up(status, details)
-        if must_refuse:
+        if must == hostile_requests.REFUSE:
             right = status not in ("OK", "UNAVAILABLE", "UNKNOWN") and answered
+        elif must == hostile_requests.SAME:
+            right = status == "OK"
         else:
             right = status in ("OK", "INVALID_ARGUMENT", "INTERNAL") and answered
         return Attempt("hostile", f"{name}: {status}", right, answered, details[:100])

@@ -91,6 +91,7 @@ def test_hostile_soak_reports_every_path_phase_and_guarantee_and_leaves_nothing_
     assert set(result["rss_trend"]) == {"serving", "gateway"}
     assert all(fit["samples"] >= 5 and fit["projected_growth"] is not None for fit in result["rss_trend"].values())
     assert "tritonserver" in result["rss_trend_by_process"] and len(result["load_average"]["start"]) == 3
+    assert set(result["rss_trend_after_floods"]) == {"serving", "gateway"}
     assert all(v["holds"] in (True, False, None) and v["detail"] for v in verdicts.values())
 
     # Asserted: every valid request on the risk paths and the gateway answered, in every phase.
@@ -132,8 +133,11 @@ def test_hostile_soak_reports_every_path_phase_and_guarantee_and_leaves_nothing_
     assert classification["hostile"]["sent"] == classification["hostile"]["as_expected"] > 0, classification
     damaged = result["floods"]["damaged_streams"]
     assert damaged["unanswered"] == 0 and damaged["valid"]["sent"] == damaged["valid"]["as_expected"] > 0, damaged
+    # The greedy client opened every call; the server may hold them or end them (a call whose message never comes
+    # may be cut), as long as the second client is answered (ASSERTED).
     greedy = result["floods"]["greedy_client"]
-    assert greedy["held"]["ended"].get("held ModelInfer: held to the end") == greedy["held"]["calls"], greedy
+    assert sum(greedy["held"]["ended"].values()) == greedy["held"]["calls"] + greedy["held"]["silent_streams"], greedy
+    assert not any("failed" in outcome for outcome in greedy["held"]["ended"]), greedy
     # Asserted: same server and stubs throughout, and after shutdown no process of the run and no stub's
     # shared-memory region left.
     assert result["processes"]["before"] == [] and result["processes"]["after"] == []

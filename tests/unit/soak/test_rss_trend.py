@@ -54,14 +54,15 @@ def test_too_few_samples_are_not_measured_never_kept(points):
 def test_the_plain_soak_applies_the_same_rule_and_checks_the_process_and_every_answer():
     samples = [{"at": float(t), "rss": {"tritonserver": 400 * MIB, "risk_scorer_0_0@1": 100 * MIB + t * MIB,
                                          SERVING_TREE: 500 * MIB + t * MIB}} for t in range(0, 60, 2)]
+    # The rule holds the tree; the processes' fits say which one grew.
     report = SoakReport(60.0, 100.0, sent=6000, answered=6000, samples=samples,
                         tritonserver={"start": 7, "end": 7, "same_process": True})
     verdicts = report.verdicts()
     assert verdicts["every_request_answered"]["holds"] is True
     assert verdicts["same_tritonserver_process"]["holds"] is True
-    assert verdicts["rss_projection"]["holds"] is False and "risk_scorer_0_0@1" in verdicts["rss_projection"]["detail"]
-    assert "tritonserver" not in verdicts["rss_projection"]["detail"].split("risk_scorer")[0].split(": ", 1)[1]
+    assert verdicts["rss_projection"]["holds"] is False and "serving tree" in verdicts["rss_projection"]["detail"]
     assert not report.holds()
+    assert report.rss_trend()["risk_scorer_0_0@1"]["projected_growth"] > 0.05
     parsed = json.loads(report.to_json())
     assert set(parsed["rss_trend"]) == {"tritonserver", "risk_scorer_0_0@1", SERVING_TREE}
     assert parsed["rss_trend"]["tritonserver"]["projected_growth"] == 0
@@ -79,3 +80,10 @@ def test_the_plain_soak_fails_on_a_restarted_server_and_on_an_unanswered_request
     whole = SoakReport(60.0, 100.0, sent=10, answered=10, samples=samples,
                        tritonserver={"start": 7, "end": 7, "same_process": True})
     assert whole.holds()
+
+
+def test_the_fit_says_how_much_growth_over_the_run_reaches_the_limit():
+    # 1,000 MiB for 720 s: 5% at 72 h is 0.05 * 1,000 MiB * 720 / 259,200 = 142 KiB over the run.
+    fit = rss_trend.trend([(t, 1000 * MIB) for t in range(0, 721, 10)])
+    assert fit["limit_over_the_fit_bytes"] == round(0.05 * 1000 * MIB * 720 / (72 * 3600))
+    assert rss_trend.describe(fit).endswith("+0.0% at 72 h (5% there is 142 KiB over the fit)")

@@ -4,6 +4,7 @@ import pytest
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
+from s2t.gate import hostile_requests
 from s2t.soak.hostile import report as soak_report
 from s2t.soak.hostile import wire_attacks
 from s2t.soak.hostile.report import ANSWERED, Sample
@@ -50,13 +51,14 @@ def test_damaged_streams_are_made_again_from_their_seed_and_damaged_as_their_tur
 def test_overlong_varints_decode_to_the_plain_message_within_ten_bytes_and_not_past_them():
     seen = set()
     for k in range(24):
-        name, data, plain, must_refuse = wire_attacks.overlong_varint_request(RECORDS, seed=3, k=k)
+        name, data, plain, must = wire_attacks.overlong_varint_request(RECORDS, seed=3, k=k)
         seen.add(name)
         assert data != plain
         if name == "varint past 10 bytes":
-            assert must_refuse is True and not parses(data)
+            assert must == hostile_requests.REFUSE and not parses(data)
         elif name in ("overlong tag within 5 bytes", "overlong length within 5 bytes"):
-            # Python's protobuf reads them as the message they pad.
+            # Python's protobuf reads them as the message they pad: a server must answer them so.
+            assert must == hostile_requests.SAME
             assert service_pb2.ModelInferRequest.FromString(data) == service_pb2.ModelInferRequest.FromString(plain)
     assert seen == set(wire_attacks.OVERLONG_DAMAGE)
 
