@@ -60,7 +60,7 @@ class Caller:
             if response.will_close:
                 self.close()
             status = response.status
-            outcome = ("answered" if 200 <= status < 300 else "refused" if 400 <= status < 500
+            outcome = ("answered" if 200 <= status < 300 else "refused" if 400 <= status < 500 or expired(status, data)
                        else "server error")
             return outcome, status, data
         raise AssertionError("unreachable")
@@ -69,6 +69,12 @@ class Caller:
         if self.connection is not None:
             self.connection.close()
             self.connection = None
+
+
+def expired(status: int, body: bytes) -> bool:
+    """Triton's 503 for a request whose own `timeout` parameter expired in the queue: an answer to what the caller
+    asked, not a server error."""
+    return status == 503 and body == b'{"error":"Request timeout expired"}'
 
 
 def pipeline_body(record: bytes, request_id: str) -> bytes:
