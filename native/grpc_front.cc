@@ -18,7 +18,8 @@
 //   tritonserver starts (`s2t serve --grpc-front-process`):
 //
 //   s2t_grpc_front --listen 0.0.0.0:8001 --upstream 127.0.0.1:PORT --max-message-bytes N [--max-calls N]
-//                  [--threads N] [--drain-seconds S] [--ready-fd FD] [--relay-only 0|1 (in tritonserver)]
+//                  [--threads N] [--drain-seconds S] [--ready-fd FD] [--message-seconds S]
+//                  [--relay-only 0|1 (in tritonserver)]
 //
 // Every ModelInfer request and every ModelStreamInfer message is parsed by protobuf, with the C++ classes protoc makes
 // from Triton's own grpc_service.proto (native/proto), and checked (native/infer_request_check.h: counts bounded from
@@ -37,6 +38,7 @@
 #include <absl/synchronization/mutex.h>
 #include <grpc/grpc.h>
 #include <grpc/slice.h>
+#include <grpcpp/alarm.h>
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -44,6 +46,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdarg>
@@ -121,6 +124,7 @@ struct Options {
   long threads = 1;
   long drain_seconds = 30;
   long ready_fd = -1;
+  long message_seconds = 10;  // a call whose first message has not come by then is ended
   // Inside tritonserver: ModelInfer relayed too (where Triton's gRPC inference needs a key, which Triton checks).
   bool relay_only = false;
 };
@@ -143,25 +147,43 @@ double Now() {
 }
 
 // Upstream calls in flight, abandoned ones included: a slot is taken when a call is accepted and given back when
-// Triton has answered it (or when it never reached Triton).
+// Triton has answered it (or when it never reached Triton). No one peer holds more than a quarter of them (or 16,
+// where that is more: a small pool is not split into shares too small to use), so that one client opening calls it
+// never sends leaves the rest to others. A peer is one connection, the address and port gRPC names it by: clients
+// behind one proxy or gateway share its address, and the address alone would give them all one share. Per-peer counts
+// live only while a peer holds a call.
 class Slots {
  public:
-  explicit Slots(long max) : max_(max) {}
+  explicit Slots(long max) : max_(max), share_(std::max(max / 4, std::min(max, 16L))) {}
 
-  bool Take() {
-    long held = held_.load(std::memory_order_relaxed);
-    do {
-      if (held >= max_) return false;
-    } while (!held_.compare_exchange_weak(held, held + 1, std::memory_order_relaxed));
-    return true;
+  enum Taken { kTaken, kFull, kPeerFull };
+  Taken Take(const std::string& peer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (held_ >= max_) return kFull;
+    long& mine = peers_[peer];
+    if (mine >= share_) return kPeerFull;
+    ++mine;
+    ++held_;
+    return kTaken;
   }
-  void Give() { held_.fetch_sub(1, std::memory_order_relaxed); }
-  long held() const { return held_.load(std::memory_order_relaxed); }
+  void Give(const std::string& peer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --held_;
+    auto it = peers_.find(peer);
+    if (it != peers_.end() && --it->second <= 0) peers_.erase(it);
+  }
+  long held() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_;
+  }
   long max() const { return max_; }
+  long share() const { return share_; }
 
  private:
-  const long max_;
-  std::atomic<long> held_{0};
+  const long max_, share_;
+  std::mutex mu_;
+  long held_ = 0;
+  std::unordered_map<std::string, long> peers_;
 };
 
 // Refusals are logged at most once a second (a flood of refused calls must not become a flood of log lines); the
@@ -195,7 +217,15 @@ TRITONSERVER_ResponseAllocator* g_allocator = nullptr;  // outputs in plain CPU 
 const char* const kModelInfer = "/inference.GRPCInferenceService/ModelInfer";
 const char* const kModelStreamInfer = "/inference.GRPCInferenceService/ModelStreamInfer";
 const infer_check::Limits kLimits;
+// Inference calls (ModelInfer, ModelStreamInfer, methods the front does not know) and the others (health, metadata,
+// readiness, configuration, statistics, the repository, shared memory, trace and log settings) draw on separate
+// slots: inference load never refuses a readiness or metadata call.
 Slots* g_slots = nullptr;
+Slots* g_control_slots = nullptr;
+long CallsHeld() { return g_slots->held() + g_control_slots->held(); }
+// Accepted calls whose state still exists: while one does, it may start an operation on its queue (its upstream call
+// ends after its client's did), so the queues are not shut.
+std::atomic<long> g_live_calls{0};
 RefusalLog g_refusals;
 grpc::AsyncGenericService& g_service = *new grpc::AsyncGenericService;
 std::atomic<bool> g_stopping{false};
@@ -403,7 +433,7 @@ class Worker;
 
 enum Op {
   kAccept, kDownRead, kDownWrite, kDownFinish, kDownDone, kUpStart, kUpRead, kUpWrite, kUpWritesDone, kUpFinish,
-  kTriton, kOps
+  kTriton, kAlarm, kOps
 };
 
 class Relay;
@@ -448,6 +478,7 @@ class Relay {
       case kUpWrite: StreamUpstreamWritten(ok); break;
       case kUpWritesDone: up_write_pending_ = false; MaybeFinishUpstream(); break;
       case kUpFinish: UpstreamFinished(); break;
+      case kAlarm: FirstMessageAlarm(ok); break;
       case kTriton: case kOps: break;
     }
     Unpend();
@@ -455,7 +486,8 @@ class Relay {
 
  private:
   ~Relay() {
-    if (holds_slot_) g_slots->Give();
+    if (holds_slot_) slots_->Give(peer_);
+    if (accepted_) g_live_calls.fetch_sub(1);
   }
 
   void* Start(Op op) {
@@ -476,16 +508,36 @@ class Relay {
       return;
     }
     if (!g_stopping.load()) new Relay(worker_);
+    accepted_ = true;
+    g_live_calls.fetch_add(1);
     unary_ = kUnaryMethods.count(server_context_.method()) > 0;
     checked_stream_ = server_context_.method() == kModelStreamInfer;
-    if (!g_slots->Take()) {
-      g_refusals.Refused(g_slots->held());
-      FinishClient(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                "the gRPC front of tritonserver holds " + std::to_string(g_slots->max()) +
-                                    " calls to it, its limit; try again"));
+    if (checked_stream_ && server_context_.client_metadata().count("triton_grpc_error") > 0) {
+      // In that mode tritonserver 2.51 frees a stream's state at its first error while its other requests are in
+      // flight, and their answers then write to freed memory.
+      FinishClient(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                "metadata 'triton_grpc_error': not taken here (tritonserver 2.51 crashes in that "
+                                "mode); each request's error comes in its own answer on the stream"));
+      return;
+    }
+    slots_ = unary_ && server_context_.method() != kModelInfer ? g_control_slots : g_slots;
+    peer_ = server_context_.peer();
+    Slots::Taken taken = slots_->Take(peer_);
+    if (taken != Slots::kTaken) {
+      g_refusals.Refused(slots_->held());
+      FinishClient(grpc::Status(
+          grpc::StatusCode::UNAVAILABLE,
+          taken == Slots::kFull ? "the gRPC front of tritonserver holds " + std::to_string(slots_->max()) +
+                                      " calls to it, its limit; try again"
+                                : "this connection holds " + std::to_string(slots_->share()) +
+                                      " calls to tritonserver, its share of the gRPC front's " +
+                                      std::to_string(slots_->max()) + "; try again"));
       return;
     }
     holds_slot_ = true;
+    // A call whose first message does not come in time is ended: it would hold its slot for nothing.
+    alarm_.Set(worker_->cq(), std::chrono::system_clock::now() + std::chrono::seconds(g_options.message_seconds),
+               Start(kAlarm));
     if (unary_) {
       down_.Read(&in_, Start(kDownRead));
       return;
@@ -503,8 +555,18 @@ class Relay {
   }
 
   void ReleaseSlot() {
-    if (holds_slot_) g_slots->Give();
+    if (holds_slot_) slots_->Give(peer_);
     holds_slot_ = false;
+  }
+
+  void FirstMessageAlarm(bool ok) {
+    if (ok && !first_message_) server_context_.TryCancel();  // the pending read ends, and the call with it
+  }
+
+  void FirstMessageCame() {
+    if (first_message_) return;
+    first_message_ = true;
+    alarm_.Cancel();
   }
 
   void CopyUpstreamInitialMetadata() {
@@ -522,6 +584,7 @@ class Relay {
   // ---- unary: read the one request, send it upstream, answer with what Triton answered.
 
   void UnaryRequestRead(bool ok) {
+    FirstMessageCame();
     if (!ok) {  // gone before sending its request, or the request was over the size limit
       ReleaseSlot();
       FinishClient(grpc::Status(grpc::StatusCode::INTERNAL, "No message returned for unary request"));
@@ -764,6 +827,7 @@ class Relay {
 
   void StreamClientRead(bool ok) {
     down_read_pending_ = false;
+    FirstMessageCame();
     if (!ok) {
       client_done_ = true;  // half-closed: upstream is half-closed (a cancel or an over-size message: ClientCallDone)
     } else if (!checked_stream_) {
@@ -904,6 +968,11 @@ class Relay {
 
   Worker* worker_;
   Tag tags_[kOps];
+  Slots* slots_ = nullptr;
+  bool accepted_ = false;
+  std::string peer_;
+  grpc::Alarm alarm_;
+  bool first_message_ = false;
   std::atomic<int> pending_{0};
   bool answered_ = false;
   bool holds_slot_ = false;
@@ -964,7 +1033,7 @@ std::shared_ptr<grpc::Channel> UpstreamChannel(const std::string& target) {
   fprintf(stderr,
           "%s: %s\n"
           "usage: %s --listen HOST:PORT --upstream HOST:PORT --max-message-bytes N [--max-calls N] [--threads N]\n"
-          "       [--drain-seconds S] [--ready-fd FD] [--relay-only 0|1]\n",
+          "       [--drain-seconds S] [--ready-fd FD] [--message-seconds S] [--relay-only 0|1]\n",
           kName, problem.c_str(), kName);
   exit(2);
 }
@@ -1007,6 +1076,8 @@ Options Parse(int argc, char** argv) {
       options.drain_seconds = Number(name, value, 0, 86400);
     else if (name == "--ready-fd")
       options.ready_fd = Number(name, value, 0, INT_MAX);
+    else if (name == "--message-seconds")
+      options.message_seconds = Number(name, value, 1, 3600);
     else if (name == "--relay-only")
       options.relay_only = Number(name, value, 0, 1) == 1;
     else
@@ -1030,12 +1101,18 @@ Endpoint* g_endpoint = new Endpoint;
 
 bool Listen() {
   g_slots = new Slots(g_options.max_calls);
+  g_control_slots = new Slots(std::max(64L, g_options.max_calls / 4));
   google::protobuf::SetLogHandler(KeepProtobufMessage);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(g_options.listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterAsyncGenericService(&g_service);
   builder.SetMaxReceiveMessageSize(static_cast<int>(g_options.max_message_bytes));
+  // What gRPC holds for the calls' messages, both ways (a slow reader's answers included), is bounded: past it gRPC
+  // takes no more from its connections until memory is given back.
+  grpc::ResourceQuota quota("s2t_grpc_front");
+  quota.Resize(static_cast<size_t>(64 << 20) + 4 * static_cast<size_t>(g_options.max_message_bytes));
+  builder.SetResourceQuota(quota);
   builder.SetMaxSendMessageSize(-1);
   // A port held by another process is an error here, not a port shared with it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -1073,7 +1150,7 @@ std::atomic<bool> g_shut{false};  // every call has ended (answered, or cancelle
 
 void StopAccepting() {
   g_stopping = true;
-  Log("stopping: %ld call(s) to tritonserver in flight", g_slots->held());
+  Log("stopping: %ld call(s) to tritonserver in flight", CallsHeld());
   std::thread([] {
     g_endpoint->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(g_options.drain_seconds));
     g_shut = true;
@@ -1081,8 +1158,8 @@ void StopAccepting() {
 }
 
 void LogStopped() {
-  g_refusals.Flush(g_slots->held());
-  if (g_slots->held() > 0) Log("stopped with %ld call(s) to tritonserver unanswered", g_slots->held());
+  g_refusals.Flush(CallsHeld());
+  if (CallsHeld() > 0) Log("stopped with %ld call(s) to tritonserver unanswered", CallsHeld());
   else Log("stopped");
 }
 
@@ -1150,8 +1227,8 @@ extern "C" __attribute__((visibility("default"))) void s2t_grpc_front_end() {
   g_gate.Close(2);
   grpc_server_cancel_all_calls(g_endpoint->server->c_server());
   double deadline = Now() + 5;
-  while (!g_shut.load() && Now() < deadline) usleep(10 * 1000);
-  if (!g_shut.load()) {
+  while (!(g_shut.load() && g_live_calls.load() == 0) && Now() < deadline) usleep(10 * 1000);
+  if (!(g_shut.load() && g_live_calls.load() == 0)) {
     LogStopped();
     return;
   }
@@ -1170,10 +1247,10 @@ void Drain(const sigset_t& signals) {
   double deadline = Now() + g_options.drain_seconds;
   StopAccepting();
   timespec tick{0, 20 * 1000 * 1000};
-  while (Now() < deadline && !(g_shut && g_slots->held() == 0)) {
+  while (Now() < deadline && !(g_shut && CallsHeld() == 0)) {
     if (sigtimedwait(&signals, nullptr, &tick) == SIGINT) {
-      Log("stopped at once by a second signal, %ld call(s) in flight", g_slots->held());
-      g_refusals.Flush(g_slots->held());
+      Log("stopped at once by a second signal, %ld call(s) in flight", CallsHeld());
+      g_refusals.Flush(CallsHeld());
       _exit(1);
     }
   }

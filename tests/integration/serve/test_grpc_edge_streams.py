@@ -204,3 +204,19 @@ def test_what_the_front_relays_is_reserialised_so_a_valid_stream_is_answered_in_
     code, details, answers = run_stream(server.grpc_url, [extra, twice])
     assert (code, answers) == ("OK", 2), (code, details)
     assert time.monotonic() - started < STREAM_DEADLINE_S
+
+
+def test_a_stream_in_tritons_grpc_error_mode_is_refused_naming_the_metadata(server):
+    """Relayed, two such streams with failing requests crash tritonserver 2.51 (its error mode frees the stream's
+    state while its other requests are in flight)."""
+    from tests.integration.serve.triton_crash_requests import GRPC_CRASHES
+    crash = next(c for c in GRPC_CRASHES if c.name == "stream_in_triton_grpc_error_mode_with_failing_requests")
+    for _ in range(2):
+        with grpc.insecure_channel(server.grpc_url) as channel:
+            call = channel.stream_stream(crash.method)(iter([r.SerializeToString() for r in crash.requests()]),
+                                                       metadata=crash.metadata, timeout=STREAM_DEADLINE_S)
+            with pytest.raises(grpc.RpcError) as refused:
+                list(call)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "'triton_grpc_error'" in refused.value.details()
+    assert server.process.poll() is None

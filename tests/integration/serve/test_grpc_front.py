@@ -334,8 +334,8 @@ def test_calls_past_the_limit_are_refused_at_once_while_the_held_ones_are_answer
                 client.infer("risk_pipeline", pipeline_inputs(records[:1]))
             assert time.monotonic() - began < 2.0
             assert "UNAVAILABLE" in str(refused.value) and "4 calls" in str(refused.value)
-            with pytest.raises(InferenceServerException, match="UNAVAILABLE"):
-                client.is_server_ready()
+            # Readiness draws on slots of its own: inference load never refuses it.
+            assert client.is_server_ready()
             answers = finish()
         for each in answers:
             assert not isinstance(each[1], InferenceServerException), each[1]
