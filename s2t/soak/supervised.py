@@ -1,9 +1,10 @@
 """`s2t soak`: a fixed request rate on risk_pipeline for minutes, watching the memory of every process serving it.
 
-RSS is sampled for tritonserver and each python stub (by model instance) and summed for the serving tree; each
-series is fitted over time and projected to 72 hours (rss_trend). The run holds when every request was answered,
-tritonserver is the same process at the end as at the start, and the serving tree's projected growth is under 5%
-(the one memory rule of every soak); each process's projection says where growth is.
+Resident memory (RSS less file-backed pages, resident.py) is sampled for tritonserver and each python stub (by model
+instance) and summed for the serving tree; each series is fitted over time and projected to 72 hours (rss_trend).
+The run holds when every request was answered, tritonserver is the same process at the end as at the start, and the
+serving tree's projected growth is under 5% (the one memory rule of every soak); each process's projection says
+where growth is.
 """
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ import numpy as np
 import psutil
 
 from s2t.models import dataset
-from s2t.bench.harness.process_tree import process_rss
 from s2t.on_progress import OnProgress, no_progress
 from s2t.soak import rss_trend
+from s2t.soak.resident import owned_bytes
 from s2t.serve.supervisor import stubs_of
 from s2t.wire.names import PAYLOAD
 
@@ -31,11 +32,12 @@ SERVING_TREE = "serving tree"
 
 
 def serving_rss(server_pid: int) -> dict[str, int]:
-    """RSS by process: `tritonserver` and one entry per stub, `instance@version`."""
-    sizes = {"tritonserver": process_rss(server_pid)}
+    """Resident memory by process (resident.owned_bytes: RSS less file-backed pages): `tritonserver`, one entry per
+    stub, `instance@version`, and their sum, SERVING_TREE."""
+    sizes = {"tritonserver": owned_bytes(server_pid)}
     for stub in stubs_of(server_pid).values():
         try:
-            sizes[f"{stub.instance}@{stub.version}"] = process_rss(stub.pid)
+            sizes[f"{stub.instance}@{stub.version}"] = owned_bytes(stub.pid)
         except psutil.NoSuchProcess:
             continue
     sizes[SERVING_TREE] = sum(sizes.values())

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import psutil
 
 from s2t.soak.hostile.valid_paths import Clock, host_port
-from s2t.bench.harness.process_tree import rss_bytes
 from s2t.serve.leftovers import regions_of
+from s2t.soak.resident import owned_bytes, tree_owned_bytes
 from s2t.serve.stub_command import SHM_DIR
 from s2t.serve.supervisor import stubs_of
 
@@ -75,7 +75,7 @@ class Watch(threading.Thread):
             if pid is None:
                 continue
             try:
-                size = rss_bytes(pid)
+                size = tree_owned_bytes(pid)
             except psutil.NoSuchProcess:
                 continue
             row = self.rss[group].setdefault(phase, {"max": 0, "last": 0, "samples": 0})
@@ -92,7 +92,8 @@ class Watch(threading.Thread):
 
 
 def _tree_rss(root: int | None) -> dict[str, int]:
-    """RSS of each process of the tree under `root`, by name (a stub by its model instance)."""
+    """Resident memory (resident.owned_bytes) of each process of the tree under `root`, by name (a stub by its model
+    instance)."""
     if root is None:
         return {}
     try:
@@ -103,7 +104,7 @@ def _tree_rss(root: int | None) -> dict[str, int]:
     for proc in tree:
         try:
             name = "tritonserver" if proc.name() == "tritonserver" else _name(proc)
-            sizes[name] = sizes.get(name, 0) + proc.memory_info().rss
+            sizes[name] = sizes.get(name, 0) + owned_bytes(proc.pid)
         except psutil.NoSuchProcess:
             continue
     return sizes

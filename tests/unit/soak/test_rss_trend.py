@@ -87,3 +87,40 @@ def test_the_fit_says_how_much_growth_over_the_run_reaches_the_limit():
     fit = rss_trend.trend([(t, 1000 * MIB) for t in range(0, 721, 10)])
     assert fit["limit_over_the_fit_bytes"] == round(0.05 * 1000 * MIB * 720 / (72 * 3600))
     assert rss_trend.describe(fit).endswith("+0.0% at 72 h (5% there is 142 KiB over the fit)")
+
+
+def test_owned_memory_counts_what_a_process_allocates_and_not_its_file_pages(tmp_path):
+    import subprocess
+    import sys
+
+    import psutil
+
+    from s2t.soak.resident import owned_bytes, tree_owned_bytes
+    # A child that maps a 64 MiB file and reads it (file pages, counted in RSS) and then allocates 64 MiB of its own.
+    data = tmp_path / "pages"
+    data.write_bytes(b"\1" * (64 * MIB))
+    child = subprocess.Popen([sys.executable, "-c", f"""
+import mmap, sys, time
+with open({str(data)!r}, 'rb') as f:
+    pages = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    sum(pages[i] for i in range(0, len(pages), 4096))
+print('mapped', flush=True)
+sys.stdin.readline()
+mine = bytearray(b'x' * {64 * MIB})
+print('allocated', flush=True)
+time.sleep(60)
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "mapped"
+        mapped_rss, mapped_owned = psutil.Process(child.pid).memory_info().rss, owned_bytes(child.pid)
+        assert mapped_rss - mapped_owned >= 60 * MIB, "the file's pages are in RSS, not in what the process owns"
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "allocated"
+        assert owned_bytes(child.pid) - mapped_owned >= 60 * MIB
+        assert tree_owned_bytes(child.pid) >= owned_bytes(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    with pytest.raises(psutil.NoSuchProcess):
+        owned_bytes(child.pid)
