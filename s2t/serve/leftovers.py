@@ -50,6 +50,8 @@ PROC_READ_TIMEOUT_S = 2.0
 PROC_WALK_DEADLINE_S = 6.0
 # A process given up as stuck is read again after this long.
 PROC_RETRY_S = 30.0
+# How long a server's start waits on a clean-up (clean_within); one still running goes on without it.
+CLEAN_WAIT_S = 3.0
 DEAD_STATES = frozenset("ZX")
 
 
@@ -344,3 +346,17 @@ def clean(repositories, shm_dir: Path = SHM_DIR, proc: Path = PROC) -> tuple[lis
     stubs = kill_orphaned_stubs(repositories, proc)
     wait_dead(stubs, proc=proc)
     return stubs, remove_orphaned_regions(shm_dir, proc)
+
+
+def clean_within(repositories, timeout_s: float | None = None, shm_dir: Path = SHM_DIR,
+                 proc: Path = PROC) -> tuple[list[int], list[str]] | None:
+    """clean() in a thread of its own, waited for `timeout_s` (CLEAN_WAIT_S) at most: what it did, or None while
+    it goes on. Nothing a new server needs waits on it (its stubs make regions of their own, and an orphaned stub
+    holds none of its descriptors); it frees memory, and a clean-up that runs on beside a starting server takes
+    nothing of it (a region is judged in two looks, a stub by its parent)."""
+    done: list[tuple[list[int], list[str]]] = []
+    worker = threading.Thread(target=lambda: done.append(clean(repositories, shm_dir, proc)),
+                              name="s2t-leftovers-clean", daemon=True)
+    worker.start()
+    worker.join(CLEAN_WAIT_S if timeout_s is None else timeout_s)
+    return done[0] if done else None

@@ -291,6 +291,8 @@ class TritonServer:
     process: subprocess.Popen | None = None
     front: GrpcFront | None = None
     _workdir: tempfile.TemporaryDirectory | None = None
+    # The server process whose leftovers reap() has cleaned (a dead server's are cleaned once).
+    _reaped_pid: int | None = None
     _log_file: object = None
     supervisor: StubSupervisor | None = None
 
@@ -359,7 +361,7 @@ class TritonServer:
             self._workdir = tempfile.TemporaryDirectory(prefix="s2t-triton-")
             backend_dir = assemble_backend_dir(Path(self._workdir.name) / "backends")
             # What a server that died before this one left (its stubs, its shared-memory regions) goes first.
-            leftovers.clean(self.repositories)
+            leftovers.clean_within(self.repositories)
             # Own process group: the stubs are reaped with the server, whatever happens to this process.
             command, env = self.command(backend_dir), server_env()
             if self.grpc_front and not self.grpc_front_process:
@@ -444,11 +446,13 @@ class TritonServer:
 
     def reap(self) -> None:
         """After the server died: kill the stubs it left behind (they stay in its process group), then remove the
-        shared-memory regions nobody holds any more (a server that died unlinked none of its own)."""
-        if self.process is not None:
+        shared-memory regions nobody holds any more (a server that died unlinked none of its own). Once per server
+        process, each wait bounded: a new server's start waits seconds at most on what the old one left."""
+        if self.process is not None and self._reaped_pid != self.process.pid:
+            self._reaped_pid = self.process.pid
             reap_group(self.process.pid)
             leftovers.wait_group_gone(self.process.pid)
-            leftovers.clean(self.repositories)
+            leftovers.clean_within(self.repositories)
 
     def wait_ready(self, timeout: float) -> None:
         if wait_until_ready(TritonAdmin(self.http_url), lambda: self.process.poll() is None, timeout):

@@ -175,3 +175,23 @@ def test_walks_that_run_at_once_from_several_threads_each_see_every_process(tmp_
     for thread in threads:
         thread.join(10)
     assert all(sorted(s) == list(range(200, 240)) for s in seen)
+
+
+def test_a_start_waits_on_a_slow_clean_up_no_longer_than_its_bound_and_the_clean_up_goes_on(tmp_path, fifos,
+                                                                                             monkeypatch):
+    monkeypatch.setattr(leftovers, "PROC_READ_TIMEOUT_S", 1.0)
+    shm = shm_with(tmp_path, REGION)
+    proc = tmp_path / "proc"
+    fake_process(proc, 200, "sh", stuck="maps", fifos=fifos)
+    outcome, seconds = timed(lambda: leftovers.clean_within([tmp_path], 0.3, shm, proc))
+    assert outcome is None and seconds < 0.6, seconds
+    # Meanwhile the clean-up gives the stuck process up and removes the region nobody holds.
+    assert wait_for(lambda: not (shm / REGION).exists(), 5)
+    assert leftovers.clean_within([tmp_path], 5, shm, proc) == ([], [])
+
+
+def wait_for(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
