@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import requests
 
+from s2t.backends.runtime import fault_points
 from s2t.serve import http_front
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
 from tests.integration.serve.triton_crash_requests import HTTP_CRASHES, send_http
@@ -352,11 +353,12 @@ def test_a_body_that_inflates_past_the_limit_is_refused(server):
 @pytest.fixture(scope="module")
 def tight_server(built_artifacts, tmp_path_factory):
     """A server whose front closes a connection idle for 2 s or whose request has not arrived 4 s after its first
-    byte, and holds at most 6 connections per peer."""
+    byte, and holds at most 6 connections per peer; its skill_adapter never answers (it hangs)."""
     log = tmp_path_factory.mktemp("http_front_tight") / "tritonserver.log"
     patch = pytest.MonkeyPatch()
     patch.setattr(http_front, "DEFAULT_IDLE_SECONDS", 2)
     patch.setattr(http_front, "DEFAULT_REQUEST_SECONDS", 4)
+    patch.setenv(fault_points.ENVIRONMENT_VARIABLE, "skill_adapter.execute=hang")
     patch.setattr(http_front, "DEFAULT_MAX_CONNECTIONS_PER_PEER", 6)
     try:
         with serving(triton_server([MODEL_REPOSITORY, ENSEMBLES], log)) as running:
@@ -403,6 +405,7 @@ def test_a_head_that_trickles_in_is_cut_at_the_request_deadline(tight_server):
 
 def test_connections_over_the_limit_are_refused_before_their_first_request(tight_server):
     port = tight_server.http_port
+    time.sleep(0.5)  # the connections earlier tests closed are given back by now
     silent = []
     deadline = time.monotonic() + 5
     while len(silent) < 6 and time.monotonic() < deadline:  # connections that send nothing still count
@@ -450,3 +453,14 @@ def test_connections_per_peer_are_bounded_and_given_back_when_closed(tight_serve
     time.sleep(3)
     assert all(sock.recv(4096) == b"" for sock in idle)
     admitted(port).close()
+
+
+def test_a_request_triton_works_on_longer_than_the_idle_time_keeps_its_connection(tight_server, records):
+    """Last of the module: the hung request's connection counts against its peer until Triton answers (never)."""
+    body = json.dumps(payload(records[:1])).encode()
+    with socket.create_connection(("127.0.0.1", tight_server.http_port), timeout=10) as sock:
+        sock.sendall(b"POST /v2/models/skill_adapter/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(body), body))
+        sock.settimeout(5)  # more than twice the idle time
+        with pytest.raises(socket.timeout):
+            sock.recv(4096)  # neither answered (the model hangs) nor closed
