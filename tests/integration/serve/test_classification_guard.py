@@ -1,9 +1,10 @@
 """A caller that asks for the classification of a BYTES output must get an error for that request alone. Triton 2.51's
 front ends (HTTP and gRPC alike, src/classification.cc) divide by the datatype's byte size, 0 for BYTES, and die of
-SIGFPE; the hook preloaded into every tritonserver `s2t serve` starts (native/grpc_front_hook.c) makes them refuse it
-as later releases do. Attacked on every way in: the HTTP port, the public gRPC port (unary and streamed), and Triton's
-own gRPC endpoint behind the front, from several callers at once beside valid traffic, with the gRPC front inside
-tritonserver and as a process of its own."""
+SIGFPE. The fronts refuse it before Triton sees it, naming the output; behind them, the hook preloaded into every
+tritonserver `s2t serve` starts (native/grpc_front_hook.c) makes Triton's own front ends refuse it as later releases
+do (the gRPC front's own process, which cannot see the model, relays it there). Attacked on every way in: the HTTP
+port, the public gRPC port (unary and streamed), and Triton's own gRPC endpoint behind the front, from several callers
+at once beside valid traffic, with the gRPC front inside tritonserver and as a process of its own."""
 from __future__ import annotations
 
 import json
@@ -21,7 +22,13 @@ from tests.integration.servers import serving, triton_server
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
+# Triton's own words, as later releases and the hook give them.
 REFUSAL = "class result not available for output due to unsupported type 'BYTES'"
+# The fronts' words: the field, the output and why.
+HTTP_REFUSAL = ("outputs[0].parameters.classification: output 'decision' of model 'risk_pipeline' is BYTES, and "
+                "classification needs a numeric output")
+GRPC_REFUSAL = ("outputs[0].parameters['classification']: output 'decision' of model 'risk_pipeline' is BYTES, and "
+                "only a numeric output can be classified")
 CLASS_COUNT = 5
 
 
@@ -65,11 +72,31 @@ def unary(port: int, request: service_pb2.ModelInferRequest) -> tuple[grpc.Statu
             return err.code(), err.details(), b""
 
 
-def streamed(port: int, requests_: list[service_pb2.ModelInferRequest]) -> list[service_pb2.ModelStreamInferResponse]:
+def streamed(port: int, requests_: list[service_pb2.ModelInferRequest]) -> tuple[list[str], grpc.StatusCode, str]:
+    """Each answer's error message (empty for an answer), and how the stream ended."""
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         call = channel.stream_stream(STREAM, request_serializer=lambda m: m.SerializeToString(),
                                      response_deserializer=service_pb2.ModelStreamInferResponse.FromString)
-        return list(call(iter(requests_), timeout=30))
+        answers = []
+        try:
+            for answer in call(iter(requests_), timeout=30):
+                answers.append(answer.error_message)
+        except grpc.RpcError as err:
+            return answers, err.code(), err.details()
+        return answers, grpc.StatusCode.OK, ""
+
+
+def streamed_refusal(server, asks: list[bool]) -> tuple[list[str], grpc.StatusCode, str]:
+    """How a stream whose first message asks for it (of those `asks` says do) ends: inside tritonserver the front
+    ends the stream at that message; its own process relays the stream, and Triton answers each such message alone
+    with its refusal."""
+    if server.grpc_front_process:
+        return [REFUSAL if ask else "" for ask in asks], grpc.StatusCode.OK, ""
+    return [], grpc.StatusCode.INVALID_ARGUMENT, f"message 1 of the stream: {GRPC_REFUSAL}"
+
+
+def grpc_front_refusal(server) -> str:
+    return REFUSAL if server.grpc_front_process else GRPC_REFUSAL
 
 
 def test_classification_of_a_numeric_output_is_still_answered(server, record):
@@ -86,15 +113,15 @@ def test_classification_of_a_bytes_output_is_refused_for_that_request_alone(serv
     if way == "http":
         answer = requests.post(f"http://{server.http_url}/v2/models/risk_pipeline/infer",
                                json=http_body(record, "decision"), timeout=30)
-        assert (answer.status_code, answer.json()) == (400, {"error": REFUSAL})
+        assert (answer.status_code, answer.json()) == (400, {"error": HTTP_REFUSAL})
     elif way == "grpc front streamed":
-        answers = streamed(server.grpc_port, [grpc_request(record, "decision"), grpc_request(record)])
-        assert [a.error_message for a in answers] == [REFUSAL, ""]
-        assert {o.name for o in answers[1].infer_response.outputs} == {"probability", "decision"}
+        got = streamed(server.grpc_port, [grpc_request(record, "decision"), grpc_request(record)])
+        assert got == streamed_refusal(server, [True, False])
     else:
         port = server.grpc_port if way == "grpc front" else server.triton_grpc_port
         code, details, _ = unary(port, grpc_request(record, "decision"))
-        assert (code, details) == (grpc.StatusCode.INVALID_ARGUMENT, REFUSAL)
+        refusal = grpc_front_refusal(server) if way == "grpc front" else REFUSAL
+        assert (code, details) == (grpc.StatusCode.INVALID_ARGUMENT, refusal)
     assert server.process.poll() is None
 
 
@@ -126,8 +153,8 @@ def test_callers_asking_for_it_beside_valid_traffic_cost_no_valid_answer(server,
                                        json=http_body(record, "decision"), timeout=30)
                 refusals.append((answer.status_code, answer.text))
             elif way == 3:
-                refusals.append(tuple(a.error_message for a in streamed(
-                    server.grpc_port, [grpc_request(record, "decision")] * 3)))
+                answers, code, details = streamed(server.grpc_port, [grpc_request(record, "decision")] * 3)
+                refusals.append((tuple(answers), code, details))
             else:
                 port = server.grpc_port if way == 1 else server.triton_grpc_port
                 refusals.append(unary(port, grpc_request(record, "decision"))[:2])
@@ -145,7 +172,9 @@ def test_callers_asking_for_it_beside_valid_traffic_cost_no_valid_answer(server,
             caller.join()
     assert failures.empty(), list(failures.queue)[:5]
     assert valid_answers.qsize() > 0
-    assert set(refusals[0]) == {(400, json.dumps({"error": REFUSAL}, separators=(",", ":")))}
-    assert set(refusals[1]) == set(refusals[2]) == {(grpc.StatusCode.INVALID_ARGUMENT, REFUSAL)}
-    assert set(refusals[3]) == {(REFUSAL,) * 3}
+    assert [(code, json.loads(text)) for code, text in refusals[0]] == [(400, {"error": HTTP_REFUSAL})] * 25
+    assert set(refusals[1]) == {(grpc.StatusCode.INVALID_ARGUMENT, grpc_front_refusal(server))}
+    assert set(refusals[2]) == {(grpc.StatusCode.INVALID_ARGUMENT, REFUSAL)}
+    answers, code, details = streamed_refusal(server, [True] * 3)
+    assert set(refusals[3]) == {(tuple(answers), code, details)}
     assert server.process.poll() is None and server.process.pid == pid
