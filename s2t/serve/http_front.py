@@ -29,10 +29,13 @@ JSON_ENVELOPE_BYTES = 64 * 1024
 DEFAULT_MAX_CALLS = 1024
 DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_MAX_CONNECTIONS_PER_PEER = 512
-# Event loops sharing the public port. Two: measured with wrk at 16 connections beside Triton's own endpoint on a
-# loaded 2-core machine, one loop served 2,200-2,800 req/s, two 4,600-5,500, four 3,400-5,600, at about the same CPU
-# per request as Triton's own front end (140-150 us per request for the whole server).
-DEFAULT_THREADS = 2
+# Event loops sharing the public port: as many as Triton's own HTTP front end runs by default (--http-thread-count 8).
+# Measured with wrk at 16 connections, risk_pipeline JSON, taking turns with Triton's own endpoint of the same server
+# on a 2-core machine loaded by other work (load average 14-25, 2026-12-06): one loop 2,200-2,800 req/s, two
+# 2,700-5,100, eight 2,300-7,100 against Triton's 5,000-8,800 in the same runs, mostly at less CPU per request than
+# Triton's (130-165 against 158-185 us for the whole server) and a lower p99. Figures that noisy decide nothing:
+# re-measure on a quiet machine before changing it.
+DEFAULT_THREADS = 8
 # Custom request parameters passed on to the models (the protocol's own are always taken): the ones a served model
 # reads. risk_router reads `route` (a caller's choice of scorer, which it checks). Any other is refused 400 by name: no
 # model would read it, and its sender expects it to do something.
