@@ -1,8 +1,8 @@
 """The wheel carries the wire format's Python code, generated from s2t/wire/*.proto at build time (never committed), the
 in-process Triton backend (native/), compiled for the Python that builds it, and the gRPC front of the embedded
-server (native/grpc_front.cc: the library tritonserver loads, which needs Debian's libgrpc++1.51 where it runs, its
-hook, and the binary, gRPC linked in statically), and its HTTP front (native/http_front.cc, which needs Debian's
-libevent-2.1-7 where it runs): a platform wheel."""
+server (native/grpc_front.cc: the library tritonserver loads, which needs Debian's libgrpc++1.51 and libprotobuf32
+where it runs, its hook, and the binary, gRPC and protobuf linked in statically), and its HTTP front
+(native/http_front.cc, which needs Debian's libevent-2.1-7 where it runs): a platform wheel."""
 import subprocess
 import sys
 import sysconfig
