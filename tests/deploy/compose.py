@@ -20,7 +20,7 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 
 
 TRITON_IMAGE_DIR = ROOT / "deploy" / "triton"
-TRITON_IMAGE_SOURCES = (TRITON_IMAGE_DIR, ROOT / "native")
+TRITON_IMAGE_SOURCES = (TRITON_IMAGE_DIR, ROOT / "native", ROOT / "tools" / "debian_packages.sh")
 
 
 def _docker_compose() -> str:
@@ -58,11 +58,12 @@ IMAGE_PYTHON = ".".join(map(str, runtime_imports.IMAGE_PYTHON))
 
 
 def triton_image_tag() -> str:
-    """The NGC release and a digest of the files the image is built from (deploy/triton, and native/ for the
-    in-process backend): a changed image is a new tag everywhere, so no host or cluster keeps running an old build
+    """The NGC release and a digest of the files the image is built from (deploy/triton, and native/ and the apt
+    script for the in-process backend): a changed image is a new tag everywhere, so no host or cluster keeps running an old build
     under the current name."""
     digest = hashlib.sha256()
-    for path in sorted(p for folder in TRITON_IMAGE_SOURCES for p in folder.rglob("*") if p.is_file()):
+    files = (p for source in TRITON_IMAGE_SOURCES for p in (source.rglob("*") if source.is_dir() else [source]))
+    for path in sorted(p for p in files if p.is_file()):
         digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
     return f"{NGC_RELEASE}-{digest.hexdigest()[:12]}"
 
