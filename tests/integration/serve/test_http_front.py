@@ -464,3 +464,24 @@ def test_a_request_triton_works_on_longer_than_the_idle_time_keeps_its_connectio
         sock.settimeout(5)  # more than twice the idle time
         with pytest.raises(socket.timeout):
             sock.recv(4096)  # neither answered (the model hangs) nor closed
+
+
+def test_where_inference_needs_a_key_triton_checks_it(built_artifacts, records, tmp_path):
+    """With --http-restricted-api listing inference, inference is relayed for Triton to check the key."""
+    restricted = "--http-restricted-api=inference:infer-key=secret"
+    with serving(triton_server([MODEL_REPOSITORY, ENSEMBLES], tmp_path / "tritonserver.log",
+                               extra_args=[restricted])) as server:
+        path, body = "/v2/models/risk_pipeline/infer", payload(records[:1], id="keyed")
+        ours, triton = post(server.http_port, path, body), post(server.triton_http_port, path, body)
+        assert ours[0] >= 400 and ours == triton
+        keyed = {"infer-key": "secret"}
+        ours, triton = post(server.http_port, path, body, keyed), post(server.triton_http_port, path, body, keyed)
+        assert ours[0] == 200 and ours == triton
+
+
+def test_without_the_front_triton_listens_on_the_public_port_itself(built_artifacts, records, tmp_path):
+    with serving(triton_server([MODEL_REPOSITORY, ENSEMBLES], tmp_path / "tritonserver.log",
+                               http_front=False)) as server:
+        assert server.triton_http_port is None
+        assert "libs2t_http_front.so" not in open(f"/proc/{server.process.pid}/maps").read()
+        assert post(server.http_port, "/v2/models/risk_pipeline/infer", payload(records[:1]))[0] == 200
