@@ -8,7 +8,7 @@ import pytest
 from s2t.backends.runtime.decoupled_sender import StreamSender
 from s2t.backends.llm.stream_timing import LlmMetrics
 from s2t.backends.llm.generation_request import GenerationRequest
-from s2t.backends.llm.token_stream import PROBE_AFTER_S, GenerationStream, LiveStreams
+from s2t.backends.llm.token_stream import CLIENT_CHECK_S, PROBE_AFTER_S, GenerationStream, LiveStreams
 from tests.unit import python_backend as backend
 from tests.unit.fake_clock import Clock
 
@@ -92,3 +92,51 @@ def test_a_submitted_stream_is_live_until_it_finishes_and_one_the_engine_refuses
     with pytest.raises(QueueFull):
         live.submit(refused, full)
     assert len(live) == 1 and [job.request for job in jobs] == [accepted.generation]
+
+
+class InlineOutbox:
+    """Runs each task at once, on the caller's thread (the outbox's order without its thread)."""
+
+    def put(self, task):
+        task()
+
+
+@pytest.mark.parametrize("gap_s, tokens, asks", [
+    # A token every 12 ms: the client is asked on the first token and then once per CLIENT_CHECK_S, not per token.
+    (0.012, 20, 4),
+    # Tokens further apart than CLIENT_CHECK_S: asked on each.
+    (0.06, 5, 5),
+])
+def test_while_tokens_flow_the_client_is_asked_about_once_per_interval_not_per_token(clock, gap_s, tokens, asks):
+    calls = []
+    pb = backend.backend_utils()
+    sender = backend.ResponseSender()
+    made = GenerationStream(GenerationRequest("Say hi.", max_tokens=tokens, stream=True), 5, StreamSender(sender, pb),
+                            outbox=InlineOutbox(),
+                            metrics=LlmMetrics(pb.MetricFamily, {"model": "llm", "version": "1"}, clock),
+                            client_cancelled=lambda: calls.append(clock.now) or False, tensor=pb.Tensor, clock=clock)
+    job = made.job()
+    for n in range(tokens):
+        job.on_token(f"t{n}")
+        clock.now += gap_s
+    assert texts(sender) == [f"t{n}" for n in range(tokens)]
+    assert len(calls) == asks
+    assert all(b - a >= CLIENT_CHECK_S - 1e-9 for a, b in zip(calls, calls[1:]))
+
+
+def test_a_client_that_leaves_while_tokens_flow_stops_its_generation_within_the_interval(clock):
+    gone = [False]
+    pb = backend.backend_utils()
+    sender = backend.ResponseSender()
+    made = GenerationStream(GenerationRequest("Say hi.", max_tokens=64, stream=True), 5, StreamSender(sender, pb),
+                            outbox=InlineOutbox(),
+                            metrics=LlmMetrics(pb.MetricFamily, {"model": "llm", "version": "1"}, clock),
+                            client_cancelled=lambda: gone[0], tensor=pb.Tensor, clock=clock)
+    job = made.job()
+    job.on_token("a")
+    gone[0] = True
+    left_at = clock.now
+    while not job.is_cancelled():
+        clock.now += 0.012
+        job.on_token("b")
+        assert clock.now - left_at <= CLIENT_CHECK_S + 0.012
