@@ -50,6 +50,11 @@ def envvars(name: str) -> list[str]:
               help="run the gRPC front in a process of its own, which relays every call to Triton's gRPC endpoint "
                    "and keeps the gRPC port open while a new tritonserver starts; by default it runs inside "
                    "tritonserver and answers ModelInfer through Triton's C API, at about half the CPU per call")
+@click.option("--no-http-front", "no_http_front", is_flag=True, envvar="S2T_NO_HTTP_FRONT",
+              default=not ServeOptions.http_front,
+              help="serve the HTTP port with Triton's own HTTP front end, as a comparison; by default the HTTP front "
+                   "inside tritonserver answers it, which refuses requests that crash Triton 2.51 and relays the "
+                   "rest to Triton's own endpoint on loopback")
 @click.option("--latency-summaries", is_flag=True, envvar="S2T_LATENCY_SUMMARIES",
               default=ServeOptions.latency_summaries,
               help="Triton's latency quantiles (nv_inference_*_summary_us: p50 and p99, which the p99 alert rule and "
@@ -61,8 +66,8 @@ def envvars(name: str) -> list[str]:
               help="with --llm: the OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models), "
                    "answering before `ready:` is printed; 0: none")
 def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mode, repositories, exit_timeout,
-          rate_limit, max_restarts, hang_seconds, grpc_max_calls, grpc_front_process, latency_summaries, with_llm,
-          openai_port) -> None:
+          rate_limit, max_restarts, hang_seconds, grpc_max_calls, grpc_front_process, no_http_front,
+          latency_summaries, with_llm, openai_port) -> None:
     """Run the embedded tritonserver until SIGINT/SIGTERM, then drain in-flight requests.
 
     Supervised: a model whose stub died or that fails over 10% of its requests for 5 s (its own failures, never
@@ -76,7 +81,7 @@ def serve(http_port, grpc_port, metrics_port, supervisor_port, model_control_mod
                            exit_timeout_s=exit_timeout, rate_limit_slots=rate_limit, max_restarts=max_restarts,
                            openai_port=openai_port if with_llm else 0, hang_seconds=hang_seconds,
                            grpc_max_calls=grpc_max_calls, grpc_front_process=grpc_front_process,
-                           latency_summaries=latency_summaries)
+                           http_front=not no_http_front, latency_summaries=latency_summaries)
     sys.exit(run_serve(options, os.environ, log_to_stderr))
 
 

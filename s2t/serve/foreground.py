@@ -57,6 +57,7 @@ def triton_server(options: ServeOptions, **process: Any) -> TritonServer:
                         options.model_control_mode, exit_timeout_seconds=options.exit_timeout_s,
                         rate_limit_slots=options.rate_limit_slots, hang_seconds=options.hang_seconds,
                         grpc_max_calls=options.grpc_max_calls, grpc_front_process=options.grpc_front_process,
+                        http_front=options.http_front,
                         latency_summaries=options.latency_summaries, **process)
 
 

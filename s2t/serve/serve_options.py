@@ -26,6 +26,10 @@ class ServeOptions:
     # The gRPC front in a process of its own (relays everything; its port stays open across a new tritonserver)
     # rather than inside tritonserver (ModelInfer through Triton's C API): s2t/serve/grpc_front.py.
     grpc_front_process: bool = False
+    # The public HTTP port answered by the HTTP front inside tritonserver (inference through Triton's C API, checked
+    # first; the rest relayed to Triton's own endpoint on loopback): s2t/serve/http_front.py. Off only to compare
+    # with Triton's own HTTP front end on the public port.
+    http_front: bool = True
     # Triton's latency summaries (nv_inference_*_summary_us, quantiles the p99 alert rule and dashboard panel read):
     # off by default, because Triton updates them on the model's own thread for every request, at a measured cost
     # (docs/observability.md, "Latency quantiles and what they cost").
