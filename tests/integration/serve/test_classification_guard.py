@@ -106,6 +106,11 @@ def test_classification_of_a_numeric_output_is_still_answered(server, record):
     [output] = answer.json()["outputs"]
     value, index = output["data"][0].split(":")
     assert 0.0 <= float(value) <= 1.0 and index == "0"
+    for port in (server.grpc_port, server.triton_grpc_port):
+        code, details, answer = unary(port, grpc_request(record, "probability"))
+        assert code == grpc.StatusCode.OK, details
+        [output] = service_pb2.ModelInferResponse.FromString(answer).outputs
+        assert (output.name, output.datatype) == ("probability", "BYTES")
 
 
 @pytest.mark.parametrize("way", ["http", "grpc front", "grpc front streamed", "triton's own grpc"])
