@@ -68,7 +68,7 @@ unit: $(VENV)/.installed-dev proto
 # Two workers, a file's tests on one of them (its module's server with them): most tests wait on a server, so two
 # fit on 2 cores. `make integration WORKERS=1` runs them one after another.
 WORKERS ?= 2
-integration-builds: $(SCORER_ONNX) $(LITE_ONNX) native $(VENV)/.installed-test $(GENAI_VENV)/.installed
+integration-builds: $(SCORER_ONNX) $(LITE_ONNX) native $(VENV)/.installed-test $(GENAI_VENV)/.installed fuzz-build
 integration: models $(VENV)/.installed-test $(GENAI_VENV)/.installed
 	$(call pytest,integration,--ignore=tests/unit $(if $(filter-out 1,$(WORKERS)),-n $(WORKERS) --dist loadfile) --durations=25)
 
@@ -233,9 +233,12 @@ FUZZ_DIR := artifacts/fuzz
 FUZZ_TARGET := $(FUZZ_DIR)/infer_request_fuzz
 FUZZ_CONFIGS := $(shell echo model_repository/*/config.pbtxt ensembles/*/config.pbtxt | tr ' ' :)
 
-.PHONY: fuzz
-fuzz: $(VENV)/.installed
-	native/fuzz/build.sh $(FUZZ_TARGET)
+# The target alone (rebuilt when a source is newer): `make test` builds it beside the unit level.
+.PHONY: fuzz fuzz-build
+fuzz-build:
+	$(BUILD_NICE) native/fuzz/build.sh $(FUZZ_TARGET)
+
+fuzz: fuzz-build $(VENV)/.installed
 	$(BIN)/python native/fuzz/seed_corpus.py $(FUZZ_DIR)/seeds
 	mkdir -p $(FUZZ_DIR)/corpus
 	S2T_FUZZ_CONFIGS=$(FUZZ_CONFIGS) $(FUZZ_TARGET) -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
