@@ -9,22 +9,34 @@
 //   C API (TRITONSERVER_ServerInferAsync), writing the KServe v2 answer as Triton's own front end writes it
 //   (http_front_infer.h), after checking it against the model's configuration: an output the model does not have,
 //   the classification of a non-numeric output, more inputs or outputs than the model has, a shape the
-//   configuration cannot take, an unknown request parameter: each refused 400 naming the field;
+//   configuration cannot take, an unknown request parameter, a field of the wrong JSON type (Triton answers those
+//   500), data short of its shape, inference of a decoupled model (Triton: 501): each refused 400 naming the field;
+// - refuses on every route a POST body that is not strict JSON (Triton's reader takes NaN and Infinity, and answers
+//   what it cannot parse 500), a content coding Triton does not read (415; Triton: 501), a Content-Length or
+//   Content-Encoding given twice, and a model name longer than any model's;
 // - relays everything else unchanged to Triton's own HTTP endpoint (health, metadata, configuration, repository,
 //   statistics, logging, trace, shared memory, generate, compressed bodies, classification of numeric outputs,
 //   requests this reading does not take), and any infer Triton refuses before running it, so that Triton refuses it
 //   again in its own words.
 //
+// A relayed request goes over its client connection's own connection to Triton's endpoint, open as long as the
+// client's is: Triton sees each client come and go as when its port was public (a client that leaves cancels its
+// generation; stopping, Triton waits for the connections open to it), and a streamed (chunked) answer is passed on
+// chunk by chunk as Triton writes it. Before Triton's HTTP front end stops waiting at SIGTERM, the relays still
+// running are cut, so that no generation asked through it still answers after it is gone (Worker::Release).
+//
 // Bounded: a request's head and body have size limits (413 / 431 from libevent past them), a connection that sends
 // nothing for --idle-seconds is closed, a request's head and body must have arrived --request-seconds after their
 // first byte (a trickle is cut), connections are counted from their accept, overall and per peer address (past either
 // limit a connection is answered 503 and closed), and requests to Triton
-// in flight are counted (past --max-calls, 503 at once). Objects the worker threads use are never destroyed: those
+// in flight are counted (past --max-calls, 503 at once), and so are the bytes of their bodies held in memory, raw and
+// inflated (past --max-body-memory-bytes, 503 at once). Objects the worker threads use are never destroyed: those
 // threads may still run while the process exits.
 //
 //   options: --listen HOST:PORT --upstream HOST:PORT --max-body-bytes N [--max-header-bytes N] [--threads N]
 //            [--idle-seconds S] [--request-seconds S] [--max-connections N] [--max-connections-per-peer N]
-//            [--max-calls N] [--drain-seconds S] [--request-parameters NAME,...] [--relay-only 0|1]
+//            [--max-calls N] [--max-body-memory-bytes N] [--drain-seconds S] [--request-parameters NAME,...]
+//            [--relay-only 0|1]
 
 #include <arpa/inet.h>
 #include <event2/buffer.h>
@@ -37,6 +49,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -77,6 +90,7 @@ struct Options {
   long max_connections = 4096;
   long max_connections_per_peer = 512;
   long max_calls = 1024;
+  long max_body_memory_bytes = 1L << 30;  // request bodies held in flight, raw and inflated, overall
   long drain_seconds = 30;
   // Triton's HTTP inference needs a key (--http-restricted-api): infer relayed too, for Triton to check it.
   bool relay_only = false;
@@ -140,8 +154,34 @@ class RefusalLog {
 
 Options g_options;
 Slots* g_calls = nullptr;
+BodyMemory* g_body_memory = nullptr;
+// The bytes of g_body_memory each request of this thread's worker holds (every request is read, refused and relayed
+// on its worker's thread; one answered in process takes its share into its InferCall). Never destroyed.
+thread_local std::unordered_map<evhttp_request*, long>* t_body_bytes = nullptr;
+
+bool HoldBody(evhttp_request* request, long bytes) {
+  if (!g_body_memory->Take(bytes)) return false;
+  if (t_body_bytes == nullptr) t_body_bytes = new std::unordered_map<evhttp_request*, long>;
+  (*t_body_bytes)[request] += bytes;
+  return true;
+}
+
+// What `request` holds of g_body_memory, no longer counted against it here (the caller gives it back).
+long TakeBodyBytes(evhttp_request* request) {
+  if (t_body_bytes == nullptr) return 0;
+  auto held = t_body_bytes->find(request);
+  if (held == t_body_bytes->end()) return 0;
+  long bytes = held->second;
+  t_body_bytes->erase(held);
+  return bytes;
+}
+
+void ReleaseBody(evhttp_request* request) { g_body_memory->Give(TakeBodyBytes(request)); }
 RefusalLog g_refusals;
 std::atomic<bool> g_stopping{false};
+// Set shortly before Triton's HTTP front end stops waiting for connections to it (see Release): nothing more relayed.
+std::atomic<bool> g_released{false};
+std::atomic<bool> g_let_go{false};  // and then Triton's wait let end
 TRITONSERVER_Server* g_server = nullptr;  // set unless relay_only: infer answered through the C API
 
 // Connections open, overall and per peer address, counted from their accept.
@@ -184,6 +224,7 @@ bool HopHeader(const char* key) {
 void AddErrorJson(evbuffer* out, const std::string& message);
 
 class Worker;
+struct Relay;
 
 // One client connection, from its accept until libevent frees it. libevent 2.1 tells a server of a connection only
 // with its first complete request; this front makes each connection's bufferevent itself (evhttp_set_bevcb), keeps a
@@ -199,13 +240,22 @@ struct Connection {
   bool admitted = false;
   bool busy = false;  // a request read whole and not yet answered
   double reading_since = 0;  // when the head or body being read began to arrive (0: none is)
+  // This connection's own connection to Triton's endpoint, kept while it is open: its relays go over it, and Triton,
+  // stopping, waits for it as it waited for the client's own connection when its port was public.
+  evhttp_connection* upstream = nullptr;
+  // A plain connection to Triton's endpoint from the first request on, for the same wait where nothing was relayed.
+  evutil_socket_t presence = -1;
+  Relay* relay = nullptr;  // the relayed request in flight
 };
 
 // A request relayed to Triton's own HTTP endpoint.
 struct Relay {
   Worker* worker;
-  evhttp_request* down;  // the client's request, answered when Triton answers (or fails)
+  evhttp_request* down;  // the client's request, answered as Triton answers (or fails)
   evhttp_connection* up_connection;
+  Connection* client = nullptr;  // owns up_connection; null: up_connection is this relay's own
+  evhttp_request* up = nullptr;
+  bool streaming = false;  // a chunked answer, passed on chunk by chunk as it comes
 };
 
 class Worker {
@@ -234,8 +284,20 @@ class Worker {
   // The connection libevent built on `state`'s bufferevent, counted (or closed, over a limit); false when libevent
   // has already freed it.
   bool Adopt(Connection* state, bool from_request);
-  void Forget(Connection* state);
+  // `closing`: from libevent's close callback of its connection (a request of it in flight is then this front's).
+  void Forget(Connection* state, bool closing = false);
   static void OnRelayed(evhttp_request* up, void* relay);
+  static int OnRelayedHead(evhttp_request* up, void* relay);
+  static void OnRelayedChunk(evhttp_request* up, void* relay);
+  Connection* ClientOf(evhttp_request* request);
+  void CancelRelay(Relay* relay, bool down_detached);
+ public:
+  // On this worker's thread: every connection to Triton's endpoint closed, the relays still in flight cut.
+  void Release();
+  // Then: the connections that only held Triton's wait open closed.
+  void LetTritonGo();
+
+ private:
   static void OnPosted(evutil_socket_t fd, short, void* worker);
   bool AdmitConnection(evhttp_request* request);
   evhttp_connection* TakeUpstream();
@@ -246,6 +308,7 @@ class Worker {
   std::unordered_map<std::string, std::pair<double, ModelShape>> shapes_;
   std::unordered_map<bufferevent*, Connection*> connections_;
   std::vector<Connection*> unadopted_;
+  std::vector<evutil_socket_t> lingering_;  // connections to Triton kept after their clients left (see Release)
   event* adopt_;
   event* sweep_;
   int wake_fd_;
@@ -355,7 +418,13 @@ bool Worker::Adopt(Connection* state, bool from_request) {
   return true;
 }
 
-void Worker::Forget(Connection* state) {
+void Worker::Forget(Connection* state, bool closing) {
+  if (state->relay != nullptr) CancelRelay(state->relay, closing);
+  if (state->upstream != nullptr) evhttp_connection_free(state->upstream);
+  if (state->presence >= 0 && g_released.load() && !g_let_go.load())
+    lingering_.push_back(state->presence);  // Triton's wait is held until the cancelled generations end
+  else if (state->presence >= 0)
+    close(state->presence);
   if (state->admitted) g_connections.Leave(state->peer);
   connections_.erase(state->bev);
   for (Connection*& waiting : unadopted_)
@@ -367,7 +436,7 @@ void Worker::Forget(Connection* state) {
 
 void Worker::OnConnectionClosed(evhttp_connection*, void* arg) {
   auto* state = static_cast<Connection*>(arg);
-  state->worker->Forget(state);
+  state->worker->Forget(state, true);
 }
 
 // A request's first bytes start its deadline (--request-seconds).
@@ -428,9 +497,14 @@ bool Worker::AdmitConnection(evhttp_request* request) {
 
 bool InferInProcess(Worker* worker, evhttp_request* request);
 bool GuardBody(evhttp_request* request);
+evutil_socket_t OpenPresence();
+void RefuseWith(evhttp_request* request, int code, const char* reason, const std::string& message);
 
 void Worker::Handle(evhttp_request* request) {
   if (!AdmitConnection(request)) return;
+  Connection* client = ClientOf(request);
+  if (client != nullptr && client->presence < 0 && !g_released.load(std::memory_order_relaxed))
+    client->presence = OpenPresence();
   if (g_stopping.load(std::memory_order_relaxed)) {
     evhttp_add_header(evhttp_request_get_output_headers(request), "Connection", "close");
   }
@@ -445,12 +519,16 @@ void Worker::Handle(evhttp_request* request) {
   }
   if (!GuardBody(request)) return;
   if (g_server != nullptr && InferInProcess(this, request)) return;
+  // The body goes to Triton's endpoint on loopback, which reads it at once: Triton's to hold from here.
+  ReleaseBody(request);
   RelayRequest(request);
 }
 
-// One connection to Triton's endpoint per relayed request, closed after it: when tritonserver stops, its HTTP front
-// end waits (up to the exit timeout) for every connection to it to close before Triton drains, and a connection kept
-// open here would spend that time. Relaying is off the hot path (inference is answered in process).
+// Connections to Triton's endpoint: each client connection's own, kept while it is open and closed with it. When
+// tritonserver stops, its HTTP front end refuses new connections and waits (up to the exit timeout) for those open to
+// close before Triton drains: relays in flight then and later on the same client connection go on over the
+// connections already open, as the client's own did when Triton's port was public, and a client that leaves closes
+// its connection to Triton, which cancels what it asked for (a generation stops).
 evhttp_connection* Worker::TakeUpstream() {
   static const std::string host = g_options.upstream.substr(0, g_options.upstream.rfind(':'));
   static const int port = atoi(g_options.upstream.c_str() + g_options.upstream.rfind(':') + 1);
@@ -463,6 +541,24 @@ evhttp_connection* Worker::TakeUpstream() {
   return connection;
 }
 
+// A connection to Triton's endpoint that carries nothing: Triton counts it as it counted the client's connection.
+evutil_socket_t OpenPresence() {
+  static const std::string address = g_options.upstream;
+  static sockaddr_storage peer{};
+  static int peer_size = [] {
+    int size = sizeof peer;
+    return evutil_parse_sockaddr_port(address.c_str(), reinterpret_cast<sockaddr*>(&peer), &size) == 0 ? size : 0;
+  }();
+  if (peer_size == 0) return -1;
+  evutil_socket_t fd = socket(peer.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&peer), peer_size) != 0 && errno != EINPROGRESS) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 void FreeConnection(evutil_socket_t, short, void* connection) {
   evhttp_connection_free(static_cast<evhttp_connection*>(connection));
 }
@@ -472,37 +568,91 @@ void Worker::GiveUpstream(evhttp_connection* connection) {
   event_base_once(base_, -1, EV_TIMEOUT, FreeConnection, connection, nullptr);
 }
 
+Connection* Worker::ClientOf(evhttp_request* request) {
+  evhttp_connection* connection = evhttp_request_get_connection(request);
+  if (connection == nullptr) return nullptr;
+  auto found = connections_.find(evhttp_connection_get_bufferevent(connection));
+  return found != connections_.end() && found->second->connection == connection ? found->second : nullptr;
+}
+
 void Worker::RelayRequest(evhttp_request* down) {
-  auto* relay = new Relay{this, down, TakeUpstream()};
+  if (g_released.load(std::memory_order_relaxed)) {
+    RefuseWith(down, 503, "Service Unavailable", "tritonserver is stopping");
+    return;
+  }
+  Connection* client = ClientOf(down);
+  auto* relay = new Relay{this, down, nullptr};
+  if (client != nullptr && client->relay == nullptr) {
+    if (client->upstream == nullptr) client->upstream = TakeUpstream();
+    relay->client = client;
+    relay->up_connection = client->upstream;
+  } else {
+    relay->up_connection = TakeUpstream();
+  }
   evhttp_request* up = relay->up_connection != nullptr ? evhttp_request_new(OnRelayed, relay) : nullptr;
   if (up == nullptr) {
     OnRelayed(nullptr, relay);
     return;
   }
+  relay->up = up;
+  evhttp_request_set_header_cb(up, OnRelayedHead);
+  evhttp_request_set_chunked_cb(up, OnRelayedChunk);
   evkeyvalq* up_headers = evhttp_request_get_output_headers(up);
   for (evkeyval* header = evhttp_request_get_input_headers(down)->tqh_first; header != nullptr;
        header = header->next.tqe_next)
     if (!HopHeader(header->key)) evhttp_add_header(up_headers, header->key, header->value);
-  evhttp_add_header(up_headers, "Connection", "close");
+  if (relay->client == nullptr) evhttp_add_header(up_headers, "Connection", "close");
   evbuffer* body = evhttp_request_get_input_buffer(down);
   evhttp_cmd_type method = evhttp_request_get_command(down);
   if (evbuffer_get_length(body) > 0 || method == EVHTTP_REQ_POST || method == EVHTTP_REQ_PUT ||
       method == EVHTTP_REQ_PATCH)
     evhttp_add_header(up_headers, "Content-Length", std::to_string(evbuffer_get_length(body)).c_str());
   evbuffer_add_buffer(evhttp_request_get_output_buffer(up), body);
+  if (relay->client != nullptr) relay->client->relay = relay;
   if (evhttp_make_request(relay->up_connection, up, method, evhttp_request_get_uri(down)) != 0) {
     // libevent has freed `up` and will not call back.
+    relay->up = nullptr;
     OnRelayed(nullptr, relay);
   }
+}
+
+// Triton's head: a chunked answer (a stream of generated tokens) is passed on as it comes, each chunk when it arrives.
+int Worker::OnRelayedHead(evhttp_request* up, void* arg) {
+  auto* relay = static_cast<Relay*>(arg);
+  const char* encoding = evhttp_find_header(evhttp_request_get_input_headers(up), "Transfer-Encoding");
+  int code = evhttp_request_get_response_code(up);
+  if (encoding == nullptr || strcasecmp(encoding, "chunked") != 0 || code == 0) return 0;
+  relay->streaming = true;
+  evkeyvalq* down_headers = evhttp_request_get_output_headers(relay->down);
+  for (evkeyval* header = evhttp_request_get_input_headers(up)->tqh_first; header != nullptr;
+       header = header->next.tqe_next)
+    if (!HopHeader(header->key)) evhttp_add_header(down_headers, header->key, header->value);
+  const char* reason = evhttp_request_get_response_code_line(up);
+  evhttp_send_reply_start(relay->down, code, reason != nullptr ? reason : "");
+  return 0;
+}
+
+// A piece of Triton's body: on to the client now when streaming, else kept until the whole answer is there.
+void Worker::OnRelayedChunk(evhttp_request* up, void* arg) {
+  auto* relay = static_cast<Relay*>(arg);
+  evbuffer* piece = evhttp_request_get_input_buffer(up);
+  if (relay->streaming)
+    evhttp_send_reply_chunk(relay->down, piece);
+  else
+    evbuffer_add_buffer(evhttp_request_get_output_buffer(relay->down), piece);
 }
 
 void Worker::OnRelayed(evhttp_request* up, void* arg) {
   auto* relay = static_cast<Relay*>(arg);
   Worker* worker = relay->worker;
   evhttp_request* down = relay->down;
+  if (relay->client != nullptr) relay->client->relay = nullptr;
   int code = up != nullptr ? evhttp_request_get_response_code(up) : 0;
-  if (code == 0) {
-    if (relay->up_connection != nullptr) worker->GiveUpstream(relay->up_connection);
+  if (relay->streaming) {
+    // Cut short (Triton's connection failed mid-answer): the client sees the stream end without its last chunk.
+    evhttp_send_reply_end(down);
+  } else if (code == 0) {
+    evbuffer_drain(evhttp_request_get_output_buffer(down), evbuffer_get_length(evhttp_request_get_output_buffer(down)));
     evhttp_add_header(evhttp_request_get_output_headers(down), "Content-Type", "application/json");
     AddErrorJson(evhttp_request_get_output_buffer(down), "tritonserver's HTTP endpoint did not answer");
     evhttp_send_reply(down, 502, "Bad Gateway", nullptr);
@@ -512,9 +662,64 @@ void Worker::OnRelayed(evhttp_request* up, void* arg) {
          header = header->next.tqe_next)
       if (!HopHeader(header->key)) evhttp_add_header(down_headers, header->key, header->value);
     const char* reason = evhttp_request_get_response_code_line(up);
-    evhttp_send_reply(down, code, reason != nullptr ? reason : "", evhttp_request_get_input_buffer(up));
-    worker->GiveUpstream(relay->up_connection);
+    evhttp_send_reply(down, code, reason != nullptr ? reason : "", nullptr);
   }
+  if (relay->client == nullptr && relay->up_connection != nullptr) worker->GiveUpstream(relay->up_connection);
+  g_calls->Give();
+  delete relay;
+}
+
+// The client's connection is going away with its relay in flight: the request to Triton is cancelled (its connection
+// closed, as the client's own closed when Triton's port was public) and the client's request, when libevent has left
+// it to this front (`down_detached`), freed.
+// Triton 2.51's HTTP front end, stopping, waits up to the exit timeout for the connections to it to close, then frees
+// its response allocator while the generations asked through it may still be answering: a generation still streaming
+// then crashes tritonserver. So before that wait ends (see WatchStop), in two steps: first every request this front relays is cut
+// (its connection to Triton closed, which Triton takes for a client that left: it cancels the generation, which ends
+// at its next token); a stream still running is cut (its client's connection closed), another request still waiting
+// is answered 503; then, once the cancelled generations have had time to end, the connections that only hold Triton's
+// wait open are closed too.
+void Worker::Release() {
+  g_released.store(true);
+  std::vector<Connection*> streaming;
+  std::vector<Connection*> all;
+  for (auto& [bev, state] : connections_) all.push_back(state);
+  for (Connection* state : all) {
+    Relay* relay = state->relay;
+    if (relay != nullptr && relay->streaming && state->connection != nullptr) {
+      streaming.push_back(state);
+      continue;
+    }
+    if (relay != nullptr) {
+      if (relay->up != nullptr) evhttp_cancel_request(relay->up);
+      evbuffer* out = evhttp_request_get_output_buffer(relay->down);
+      evbuffer_drain(out, evbuffer_get_length(out));
+      evhttp_add_header(evhttp_request_get_output_headers(relay->down), "Connection", "close");
+      state->relay = nullptr;
+      RefuseWith(relay->down, 503, "Service Unavailable", "tritonserver is stopping");
+      delete relay;
+    }
+    if (state->upstream != nullptr) evhttp_connection_free(state->upstream);
+    state->upstream = nullptr;
+  }
+  if (!streaming.empty()) g_refusals.Refused("a stream still running when tritonserver stopped waiting for it (cut)");
+  for (Connection* state : streaming) evhttp_connection_free(state->connection);  // calls OnConnectionClosed
+}
+
+void Worker::LetTritonGo() {
+  g_let_go.store(true);
+  for (auto& [bev, state] : connections_) {
+    if (state->presence >= 0) close(state->presence);
+    state->presence = -1;
+  }
+  for (evutil_socket_t fd : lingering_) close(fd);
+  lingering_.clear();
+}
+
+void Worker::CancelRelay(Relay* relay, bool down_detached) {
+  if (relay->up != nullptr) evhttp_cancel_request(relay->up);
+  if (down_detached && evhttp_request_get_connection(relay->down) == nullptr) evhttp_request_free(relay->down);
+  relay->client->relay = nullptr;
   g_calls->Give();
   delete relay;
 }
@@ -548,13 +753,20 @@ class DepthCheck : public rapidjson::BaseReaderHandler<rapidjson::UTF8<>, DepthC
   bool too_deep_ = false;
 };
 
-// Whether `size` bytes at `json` nest deeper than kMaxJsonDepth (read as far as they are JSON, without recursion).
-bool TooDeep(const char* json, size_t size) {
+// Why `size` bytes at `json` may not reach Triton, empty when they may: nested deeper than kMaxJsonDepth (read as far
+// as they are JSON, without recursion), or, when `strict`, not JSON at all.
+std::string JsonRefusal(const char* json, size_t size, bool strict) {
   rapidjson::MemoryStream stream(json, size);
   DepthCheck check;
   rapidjson::Reader reader;
-  reader.Parse<rapidjson::kParseIterativeFlag | rapidjson::kParseStopWhenDoneFlag>(stream, check);
-  return check.too_deep();
+  if (strict)
+    reader.Parse<rapidjson::kParseIterativeFlag>(stream, check);
+  else
+    reader.Parse<rapidjson::kParseIterativeFlag | rapidjson::kParseStopWhenDoneFlag>(stream, check);
+  if (check.too_deep()) return "body: JSON nested more than " + std::to_string(kMaxJsonDepth) + " levels deep";
+  if (!strict || !reader.HasParseError()) return "";
+  return std::string("body: not JSON (") + rapidjson::GetParseError_En(reader.GetParseErrorCode()) + " at byte " +
+         std::to_string(reader.GetErrorOffset()) + ")";
 }
 
 void RefuseWith(evhttp_request* request, int code, const char* reason, const std::string& message) {
@@ -562,6 +774,7 @@ void RefuseWith(evhttp_request* request, int code, const char* reason, const std
   evhttp_add_header(evhttp_request_get_output_headers(request), "Content-Type", "application/json");
   AddErrorJson(evhttp_request_get_output_buffer(request), message);
   evhttp_send_reply(request, code, reason, nullptr);
+  ReleaseBody(request);
   g_calls->Give();
 }
 
@@ -580,9 +793,17 @@ bool Inflate(evhttp_request* request, const char* encoding) {
   evbuffer* inflated = evbuffer_new();
   size_t limit = static_cast<size_t>(g_options.max_body_bytes);
   int status = Z_OK;
+  long taken = 0;  // of g_body_memory, for the inflated bytes
+  bool budget = true;
   while (status == Z_OK && evbuffer_get_length(inflated) <= limit) {
+    constexpr long kStep = 64 * 1024;
+    if (evbuffer_get_length(inflated) + kStep > static_cast<size_t>(taken)) {
+      if (!(budget = HoldBody(request, kStep))) break;
+      taken += kStep;
+    }
     evbuffer_iovec space;
-    if (evbuffer_reserve_space(inflated, 64 * 1024, &space, 1) < 1) break;
+    if (evbuffer_reserve_space(inflated, kStep, &space, 1) < 1) break;
+    if (space.iov_len > static_cast<size_t>(kStep)) space.iov_len = kStep;  // libevent may offer more than asked
     stream.next_out = static_cast<Bytef*>(space.iov_base);
     stream.avail_out = static_cast<uInt>(space.iov_len);
     status = inflate(&stream, Z_NO_FLUSH);
@@ -592,12 +813,23 @@ bool Inflate(evhttp_request* request, const char* encoding) {
   }
   inflateEnd(&stream);
   bool over = evbuffer_get_length(inflated) > limit;
-  if (status == Z_STREAM_END && !over) {
+  long kept = static_cast<long>(evbuffer_get_length(inflated));
+  if (budget && status == Z_STREAM_END && !over) {
     evbuffer_drain(input, size);
     evbuffer_add_buffer(input, inflated);
     evhttp_remove_header(evhttp_request_get_input_headers(request), "Content-Encoding");
+    // The request holds its inflated body now, and no longer the compressed one.
+    g_body_memory->Give(TakeBodyBytes(request) - kept);
+    HoldBody(request, 0);
+    (*t_body_bytes)[request] = kept;
   }
   evbuffer_free(inflated);
+  if (!budget) {
+    RefuseWith(request, 503, "Service Unavailable",
+               "body: the request bodies in flight hold the memory set aside for them (--max-body-memory-bytes " +
+                   std::to_string(g_body_memory->max()) + "); try again");
+    return false;
+  }
   if (over)
     RefuseWith(request, 413, "Payload Too Large",
                std::string("body: more than ") + std::to_string(limit) + " bytes once inflated (Content-Encoding " +
@@ -636,34 +868,86 @@ bool ValidAcceptEncoding(const char* header) {
   return true;
 }
 
+// A model is a directory of a model repository: its name is at most NAME_MAX bytes.
+constexpr size_t kMaxModelName = 255;
+
 // False when the request was refused here.
 bool GuardBody(evhttp_request* request) {
   evkeyvalq* headers = evhttp_request_get_input_headers(request);
+  const char* uri = evhttp_request_get_uri(request);
+  static const char kModels[] = "/v2/models/";
+  if (uri != nullptr && strncmp(uri, kModels, sizeof kModels - 1) == 0) {
+    size_t length = strcspn(uri + sizeof kModels - 1, "/?#");
+    if (length > kMaxModelName) {
+      RefuseWith(request, 400, "Bad Request",
+                 "model name: " + std::to_string(length) + " bytes, longer than a model's name can be (" +
+                     std::to_string(kMaxModelName) + ")");
+      return false;
+    }
+  }
+  if (!HoldBody(request, static_cast<long>(evbuffer_get_length(evhttp_request_get_input_buffer(request))))) {
+    RefuseWith(request, 503, "Service Unavailable",
+               "body: the request bodies in flight hold the memory set aside for them (--max-body-memory-bytes " +
+                   std::to_string(g_body_memory->max()) + "); try again");
+    return false;
+  }
   const char* accept = evhttp_find_header(headers, "Accept-Encoding");
   if (accept != nullptr && !ValidAcceptEncoding(accept)) {
     RefuseWith(request, 400, "Bad Request",
                "Accept-Encoding: a weight (q=) must be a number from 0 to 1 with at most three decimals");
     return false;
   }
+  // One of each: libevent and Triton read the first, a proxy before them may read the last (RFC 9112 6.3).
+  int lengths = 0, encodings = 0;
+  for (evkeyval* header = headers->tqh_first; header != nullptr; header = header->next.tqe_next) {
+    lengths += evutil_ascii_strcasecmp(header->key, "Content-Length") == 0;
+    encodings += evutil_ascii_strcasecmp(header->key, "Content-Encoding") == 0;
+  }
+  if (lengths > 1 || encodings > 1) {
+    evhttp_add_header(evhttp_request_get_output_headers(request), "Connection", "close");
+    RefuseWith(request, 400, "Bad Request",
+               std::string(lengths > 1 ? "Content-Length" : "Content-Encoding") + ": given " +
+                   std::to_string(lengths > 1 ? lengths : encodings) + " times; a request has one");
+    return false;
+  }
+  const char* encoding = evhttp_find_header(headers, "Content-Encoding");
+  if (encoding != nullptr && (encoding[0] == '\0' || strcmp(encoding, "identity") == 0)) {
+    // No coding, as Triton reads it.
+    evhttp_remove_header(headers, "Content-Encoding");
+    encoding = nullptr;
+  }
+  if (encoding != nullptr && strcmp(encoding, "gzip") != 0 && strcmp(encoding, "deflate") != 0) {
+    // Triton answers any other coding 501, as if the server lacked something a client may expect of it.
+    RefuseWith(request, 415, "Unsupported Media Type",
+               std::string("Content-Encoding: '") + encoding + "' is not a coding the server reads (gzip, deflate)");
+    return false;
+  }
   evbuffer* input = evhttp_request_get_input_buffer(request);
   if (evbuffer_get_length(input) == 0) return true;
-  const char* encoding = evhttp_find_header(headers, "Content-Encoding");
-  if (encoding != nullptr && (strcmp(encoding, "gzip") == 0 || strcmp(encoding, "deflate") == 0)) {
+  if (encoding != nullptr) {
     std::string named = encoding;
     if (!Inflate(request, named.c_str())) return false;
   }
   size_t size = evbuffer_get_length(input);
-  // With binary data after it, only the JSON head is Triton's to parse.
+  // With binary data after it, only the JSON head is Triton's to parse; only its infer route reads the head's length
+  // (generate and the others parse the whole body).
   const char* head = evhttp_find_header(headers, "Inference-Header-Content-Length");
-  if (head != nullptr) {
+  const char* path = uri != nullptr ? uri : "";
+  size_t path_length = strcspn(path, "?#");
+  static const char kInfer[] = "/infer";
+  bool infer_route = path_length >= sizeof kInfer - 1 &&
+                     memcmp(path + path_length - (sizeof kInfer - 1), kInfer, sizeof kInfer - 1) == 0;
+  if (head != nullptr && infer_route) {
     char* end = nullptr;
     unsigned long long parsed = strtoull(head, &end, 10);
     if (end != head && *end == '\0' && parsed > 0 && parsed < size) size = parsed;
   }
   const char* body = reinterpret_cast<const char*>(evbuffer_pullup(input, -1));
-  if (!TooDeep(body, size)) return true;
-  RefuseWith(request, 400, "Bad Request",
-             "body: JSON nested more than " + std::to_string(kMaxJsonDepth) + " levels deep");
+  // Every body Triton reads is JSON (POST: infer, generate, the repository, logging, trace, shared memory). Its own
+  // reader takes NaN and Infinity, which no check of a shape here has then seen, and answers what it cannot parse 500.
+  std::string refusal = JsonRefusal(body, size, evhttp_request_get_command(request) == EVHTTP_REQ_POST);
+  if (refusal.empty()) return true;
+  RefuseWith(request, 400, "Bad Request", refusal);
   return false;
 }
 
@@ -673,8 +957,6 @@ TRITONSERVER_ResponseAllocator* g_allocator = nullptr;
 // Request parameters passed on to the model besides those of the protocol (--request-parameters): the custom ones
 // the served models read. Any other is refused: it would do nothing, and a caller who sent it expects it to.
 std::unordered_set<std::string>& g_custom_parameters = *new std::unordered_set<std::string>;
-// The most dimensions an input may have: no configuration here comes near it, and a shape is copied per request.
-constexpr size_t kMaxRank = 16;
 // How long a model's configuration is taken as known (a reload may change it); a refusal always reads it afresh.
 constexpr double kShapeSeconds = 1.0;
 
@@ -683,6 +965,7 @@ struct InferCall {
   Worker* worker = nullptr;
   evhttp_request* down = nullptr;
   evbuffer* body = nullptr;  // the request's body, moved here once Triton has it: binary inputs point into it
+  long body_bytes = 0;  // what it holds of g_body_memory, given back with it
   std::vector<std::string> serialized;  // inputs given as JSON data, as Triton reads them
   std::unordered_map<std::string, OutputKind> kinds;
   OutputKind default_kind = OutputKind::kJson;
@@ -696,6 +979,7 @@ struct InferCall {
 void FinishCall(InferCall* call) {
   if (call->pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   evbuffer_free(call->body);
+  g_body_memory->Give(call->body_bytes);
   delete call;
 }
 
@@ -891,46 +1175,6 @@ std::string GuardClassification(const rapidjson::Document& doc, const std::strin
   return "";
 }
 
-// The parts of a request this front reads itself; anything else sends the request to Triton's own front end.
-bool Readable(const rapidjson::Document& doc) {
-  if (!doc.IsObject()) return false;
-  auto inputs = doc.FindMember("inputs");
-  if (inputs == doc.MemberEnd() || !inputs->value.IsArray() || inputs->value.Empty()) return false;
-  for (const auto& input : inputs->value.GetArray()) {
-    if (!input.IsObject() || !input.HasMember("name") || !input["name"].IsString() || !input.HasMember("datatype") ||
-        !input["datatype"].IsString() || !input.HasMember("shape") || !input["shape"].IsArray())
-      return false;
-    auto parameters = input.FindMember("parameters");
-    bool binary = false;
-    if (parameters != input.MemberEnd()) {
-      if (!parameters->value.IsObject() || parameters->value.HasMember("shared_memory_region")) return false;
-      auto size = parameters->value.FindMember("binary_data_size");
-      if (size != parameters->value.MemberEnd()) {
-        if (!size->value.IsUint64()) return false;
-        binary = true;
-      }
-    }
-    if (binary == input.HasMember("data")) return false;
-  }
-  auto outputs = doc.FindMember("outputs");
-  if (outputs != doc.MemberEnd()) {
-    if (!outputs->value.IsArray()) return false;
-    for (const auto& output : outputs->value.GetArray()) {
-      if (!output.IsObject() || !output.HasMember("name") || !output["name"].IsString()) return false;
-      auto parameters = output.FindMember("parameters");
-      if (parameters == output.MemberEnd()) continue;
-      if (!parameters->value.IsObject() || parameters->value.HasMember("shared_memory_region")) return false;
-      auto binary = parameters->value.FindMember("binary_data");
-      if (binary != parameters->value.MemberEnd() && !binary->value.IsBool()) return false;
-    }
-  }
-  auto id = doc.FindMember("id");
-  if (id != doc.MemberEnd() && !id->value.IsString()) return false;
-  auto parameters = doc.FindMember("parameters");
-  if (parameters != doc.MemberEnd() && !parameters->value.IsObject()) return false;
-  return true;
-}
-
 // BYTES elements (strings, in nested arrays) as Triton serializes them; false where Triton would refuse.
 bool SerializeBytes(const rapidjson::Value& data, std::string* out) {
   if (data.IsArray()) {
@@ -1025,7 +1269,7 @@ bool InferInProcess(Worker* worker, evhttp_request* request) {
   if (uri == nullptr || evhttp_uri_get_query(uri) != nullptr || !InferPath(evhttp_uri_get_path(uri), &model, &version))
     return false;
   evkeyvalq* headers = evhttp_request_get_input_headers(request);
-  // Compressed bodies and answers are Triton's to decompress and compress.
+  // Bodies in a coding this front does not read (it inflates gzip and deflate) were refused before.
   if (evhttp_find_header(headers, "Content-Encoding") != nullptr) return false;
   const char* accept = evhttp_find_header(headers, "Accept-Encoding");
   bool compress = accept != nullptr && (strstr(accept, "gzip") != nullptr || strstr(accept, "deflate") != nullptr);
@@ -1046,17 +1290,44 @@ bool InferInProcess(Worker* worker, evhttp_request* request) {
   const char* body = reinterpret_cast<const char*>(evbuffer_pullup(input, -1));
   rapidjson::Document doc;
   doc.Parse(body, header_size);
-  if (doc.HasParseError()) return false;
-  if (!Readable(doc)) {
-    // Triton's to read, but never a classification of an output that is not numeric (Triton 2.51 dies of it).
-    std::string refusal = GuardClassification(doc, model, version, worker);
+  if (doc.HasParseError()) {
+    Refuse(request, NotJson(doc));
+    return true;
+  }
+  bool tritons = false;
+  std::string malformed = Malformed(doc, &tritons);
+  if (!malformed.empty()) {
+    Refuse(request, malformed);
+    return true;
+  }
+  uint32_t txn = 0;
+  TRITONSERVER_Error* txn_error =
+      TRITONSERVER_ServerModelTransactionProperties(g_server, model.c_str(), version, &txn, nullptr);
+  if (txn_error != nullptr) {
+    TRITONSERVER_ErrorDelete(txn_error);  // an unknown model or version: refused by Triton in its words
+  } else if (txn & TRITONSERVER_TXN_DECOUPLED) {
+    // Triton answers 501, as if the server lacked something; it is the caller's choice of route.
+    Refuse(request, "model '" + model + "' is decoupled: its answers come as a stream, which POST .../infer cannot "
+                    "carry; send it through POST .../generate_stream or gRPC's ModelStreamInfer");
+    return true;
+  }
+  if (tritons) {
+    // Triton's to read, but never data short of its shape nor a classification of an output that is not numeric
+    // (Triton 2.51 dies of either).
+    std::string refusal = UnfilledShape(doc);
+    if (refusal.empty()) refusal = GuardClassification(doc, model, version, worker);
     if (refusal.empty()) return false;
     Refuse(request, refusal);
     return true;
   }
 
   const ModelShape* shape = worker->Shape(model, version, false);
-  if (shape == nullptr) return false;
+  if (shape == nullptr) {
+    std::string refusal = UnfilledShape(doc);
+    if (refusal.empty()) return false;
+    Refuse(request, refusal);
+    return true;
+  }
   bool classify_numeric = false;
   std::string refusal = Check(doc, model, *shape, &classify_numeric);
   if (!refusal.empty() || classify_numeric) {
@@ -1078,15 +1349,14 @@ bool InferInProcess(Worker* worker, evhttp_request* request) {
   if (parameters != doc.MemberEnd()) {
     for (const auto& p : parameters->value.GetObject()) {
       std::string key = p.name.GetString();
-      if (key == "binary_data_output" && p.value.IsBool()) {
+      // Their types were checked by Malformed.
+      if (key == "binary_data_output") {
         call->default_kind = p.value.GetBool() ? OutputKind::kBinary : OutputKind::kJson;
-      } else if (key == "priority" || key == "timeout" || key == "binary_data_output" ||
-                 key.compare(0, 7, "triton_") == 0 || key.compare(0, 9, "sequence_") == 0) {
+      } else if (key == "priority" || key == "timeout") {
+      } else if (key.compare(0, 7, "triton_") == 0 || key.compare(0, 9, "sequence_") == 0) {
         // Triton's to apply (sequences), or to refuse in its words.
-        if (!(key == "priority" || key == "timeout") || !p.value.IsUint64()) {
-          delete call;
-          return false;
-        }
+        delete call;
+        return false;
       } else if (!g_custom_parameters.count(key)) {
         delete call;
         std::string known;
@@ -1094,9 +1364,6 @@ bool InferInProcess(Worker* worker, evhttp_request* request) {
         Refuse(request, "parameters." + key + ": not a parameter of the protocol nor one the served models read (" +
                             (known.empty() ? std::string("none") : known) + ")");
         return true;
-      } else if (!(p.value.IsString() || p.value.IsInt64() || p.value.IsBool() || p.value.IsNumber())) {
-        delete call;
-        return false;
       }
     }
   }
@@ -1117,12 +1384,10 @@ bool InferInProcess(Worker* worker, evhttp_request* request) {
   }
 
   TRITONSERVER_InferenceRequest* irequest = nullptr;
-  uint32_t txn = 0;
-  TRITONSERVER_Error* error =
-      TRITONSERVER_ServerModelTransactionProperties(g_server, model.c_str(), version, &txn, nullptr);
-  if (error == nullptr && (txn & TRITONSERVER_TXN_DECOUPLED))
-    error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, "");
-  if (error == nullptr) error = TRITONSERVER_InferenceRequestNew(&irequest, g_server, model.c_str(), version);
+  TRITONSERVER_Error* error = TRITONSERVER_InferenceRequestNew(&irequest, g_server, model.c_str(), version);
+  // A request this front refuses itself, naming the field (Triton answers data of the wrong type 500); what Triton
+  // refuses 4xx before running it goes there, to be refused in its words.
+  std::string refused;
   auto id = doc.FindMember("id");
   if (error == nullptr && id != doc.MemberEnd())
     error = TRITONSERVER_InferenceRequestSetId(irequest, id->value.GetString());
@@ -1158,6 +1423,7 @@ bool InferInProcess(Worker* worker, evhttp_request* request) {
       dims.push_back(static_cast<int64_t>(d.GetUint64()));
       if (__builtin_mul_overflow(elements, dims.back(), &elements)) elements = -1;
     }
+    std::string field = "inputs[" + std::to_string(i) + "]";
     if (elements < 0 || type == TRITONSERVER_TYPE_INVALID || type == TRITONSERVER_TYPE_FP16 ||
         type == TRITONSERVER_TYPE_BF16) {
       error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "");
@@ -1183,14 +1449,25 @@ bool InferInProcess(Worker* worker, evhttp_request* request) {
       call->serialized.emplace_back();
       std::string& data = call->serialized.back();
       if (!SerializeJsonData(input["data"], type, elements, &data)) {
-        error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "");
+        refused = field + ".data: must hold " + std::to_string(elements) + " " + input["datatype"].GetString() +
+                  (type == TRITONSERVER_TYPE_BYTES ? " strings" : type == TRITONSERVER_TYPE_BOOL ? " true or false"
+                                                                                               : " numbers") +
+                  " (in nested arrays), as its shape and datatype say";
         break;
       }
       error = TRITONSERVER_InferenceRequestAppendInputData(irequest, name, data.data(), data.size(),
                                                            TRITONSERVER_MEMORY_CPU, 0);
     }
   }
-  if (error == nullptr && offset != body_size) error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "");
+  if (error == nullptr && refused.empty() && offset != body_size)
+    error = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "");
+  if (!refused.empty()) {
+    if (irequest != nullptr) TRITONSERVER_InferenceRequestDelete(irequest);
+    if (error != nullptr) TRITONSERVER_ErrorDelete(error);
+    delete call;
+    Refuse(request, refused);
+    return true;
+  }
   for (auto& [name, kind] : call->kinds)
     if (error == nullptr) error = TRITONSERVER_InferenceRequestAddRequestedOutput(irequest, name.c_str());
   if (error == nullptr) error = TRITONSERVER_InferenceRequestSetReleaseCallback(irequest, Released, call);
@@ -1202,6 +1479,7 @@ bool InferInProcess(Worker* worker, evhttp_request* request) {
     if (error == nullptr) {
       // Moved, not copied: the binary inputs Triton reads stay where they are.
       evbuffer_add_buffer(call->body, input);
+      call->body_bytes = TakeBodyBytes(request);
       return true;
     }
     evbuffer_free(call->body);
@@ -1283,6 +1561,8 @@ Options Parse(const std::vector<std::string>& words) {
       options.max_connections_per_peer = Number(name, value, 1, 1000000);
     else if (name == "--max-calls")
       options.max_calls = Number(name, value, 1, 1000000);
+    else if (name == "--max-body-memory-bytes")
+      options.max_body_memory_bytes = Number(name, value, 1, LONG_MAX / 2);
     else if (name == "--drain-seconds")
       options.drain_seconds = Number(name, value, 0, 86400);
     else if (name == "--request-parameters")
@@ -1330,6 +1610,7 @@ evutil_socket_t OpenListener(const std::string& address) {
 
 bool Listen() {
   g_calls = new Slots(g_options.max_calls);
+  g_body_memory = new BodyMemory(g_options.max_body_memory_bytes);
   g_endpoint.listener = OpenListener(g_options.listen);
   if (g_endpoint.listener < 0) {
     Log("cannot listen on %s: %s", g_options.listen.c_str(), strerror(errno));
@@ -1372,6 +1653,70 @@ void DeleteBound(void* arg) {
 
 void ExitLoop(void* arg) { event_base_loopexit(static_cast<Worker*>(arg)->base(), nullptr); }
 
+void ReleaseWorker(void* arg) { static_cast<Worker*>(arg)->Release(); }
+void LetTritonGo(void* arg) { static_cast<Worker*>(arg)->LetTritonGo(); }
+
+// Triton's stop begins with its SIGTERM (or SIGINT) handler, which it installs just after its server exists: this front
+// chains its own in front of it to learn when Triton's HTTP front end starts its wait (see Worker::Release).
+int g_signal_fd = -1;
+struct sigaction g_triton_handlers[2];
+constexpr int kStopSignals[2] = {SIGTERM, SIGINT};
+
+void OnStopSignal(int signum, siginfo_t* info, void* context) {
+  int saved = errno;
+  uint64_t one = 1;
+  (void)!write(g_signal_fd, &one, sizeof one);
+  errno = saved;
+  const struct sigaction& triton = g_triton_handlers[signum == SIGTERM ? 0 : 1];
+  if (triton.sa_flags & SA_SIGINFO)
+    triton.sa_sigaction(signum, info, context);
+  else if (triton.sa_handler != SIG_DFL && triton.sa_handler != SIG_IGN)
+    triton.sa_handler(signum);
+}
+
+void WatchStop() {
+  g_signal_fd = eventfd(0, EFD_CLOEXEC);
+  if (g_signal_fd < 0) return;
+  std::thread([] {
+    bool chained[2] = {false, false};
+    for (int tries = 0; tries < 60000 && !(chained[0] && chained[1]) && !g_stopping.load(); ++tries) {
+      for (int i = 0; i < 2; ++i) {
+        struct sigaction current {};
+        if (chained[i] || sigaction(kStopSignals[i], nullptr, &current) != 0) continue;
+        bool installed = (current.sa_flags & SA_SIGINFO) ? current.sa_sigaction != nullptr
+                                                         : current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN;
+        if (!installed) continue;
+        g_triton_handlers[i] = current;
+        struct sigaction mine = current;
+        mine.sa_flags = (current.sa_flags & ~SA_RESETHAND) | SA_SIGINFO;
+        mine.sa_sigaction = OnStopSignal;
+        chained[i] = sigaction(kStopSignals[i], &mine, nullptr) == 0;
+      }
+      if (!(chained[0] && chained[1])) usleep(10 * 1000);
+    }
+    if (!chained[0]) {
+      Log("cannot see tritonserver's stop coming: streams still running at its end may not be cut in time");
+      return;
+    }
+    uint64_t count = 0;
+    if (read(g_signal_fd, &count, sizeof count) != sizeof count) return;
+    // --drain-seconds is Triton's exit timeout and 5 s. Triton's HTTP front end waits for at most the exit timeout,
+    // and what it waits is taken from the time left to Triton's own drain and unload (past it, tritonserver exits 1):
+    // its wait is let end at half the exit timeout, the relays cut 2 s before that (a generation notices its
+    // cancellation at its next token).
+    double half = static_cast<double>(std::max<long>(0, g_options.drain_seconds - 5)) / 2;
+    double signalled = Now();
+    auto wait_until = [](double when) {
+      while (Now() < when && !g_stopping.load()) usleep(20 * 1000);
+      return !g_stopping.load();  // false: Triton's wait is over already
+    };
+    if (!wait_until(signalled + std::max(0.0, half - 2))) return;
+    for (Worker* worker : g_endpoint.workers) worker->Post(ReleaseWorker, worker);
+    if (!wait_until(signalled + half)) return;
+    for (Worker* worker : g_endpoint.workers) worker->Post(LetTritonGo, worker);
+  }).detach();
+}
+
 }  // namespace http_front
 
 using namespace http_front;
@@ -1401,7 +1746,9 @@ extern "C" __attribute__((visibility("default"))) int s2t_http_front_start(TRITO
     }
     g_server = server;
   }
-  return Listen() ? 0 : 1;
+  if (!Listen()) return 1;
+  WatchStop();
+  return 0;
 }
 
 // Before Triton's own stop: no new connections; requests in flight are answered while Triton drains, and each

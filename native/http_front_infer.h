@@ -5,11 +5,13 @@
 #pragma once
 
 #include <rapidjson/document.h>
+#include <rapidjson/error/en.h>
 #include <rapidjson/memorystream.h>
 #include <rapidjson/reader.h>
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -101,10 +103,184 @@ inline bool ReadModelShape(const char* json, size_t size, ModelShape* shape) {
   return true;
 }
 
+// Why a body is not JSON, with where: Triton's own reader takes NaN and Infinity (and would then size a tensor from a
+// shape no check here has seen), and answers what it cannot parse with 500.
+inline std::string NotJson(const rapidjson::Document& doc) {
+  return std::string("body: not JSON (") + rapidjson::GetParseError_En(doc.GetParseError()) + " at byte " +
+         std::to_string(doc.GetErrorOffset()) + ")";
+}
+
+inline bool IsBool(const rapidjson::Value& value) { return value.IsBool(); }
+inline bool IsWhole(const rapidjson::Value& value) { return value.IsUint64(); }
+inline bool IsSequenceId(const rapidjson::Value& value) { return value.IsUint64() || value.IsString(); }
+inline bool IsScalar(const rapidjson::Value& value) { return value.IsString() || value.IsNumber() || value.IsBool(); }
+
+// Why a request parameter's value is not of the type the protocol gives it, naming it; empty when it is. Triton reads
+// these with TritonJson, whose type errors it answers 500.
+inline std::string BadParameter(const std::string& field, const std::string& key, const rapidjson::Value& value) {
+  struct Typed {
+    const char* key;
+    bool (*ok)(const rapidjson::Value&);
+    const char* want;
+  };
+  static const Typed kTyped[] = {{"priority", IsWhole, "a whole number from 0"},
+                                 {"timeout", IsWhole, "a whole number from 0 (microseconds)"},
+                                 {"sequence_id", IsSequenceId, "a whole number from 0 or a string"},
+                                 {"sequence_start", IsBool, "true or false"},
+                                 {"sequence_end", IsBool, "true or false"},
+                                 {"binary_data_output", IsBool, "true or false"}};
+  for (const auto& typed : kTyped)
+    if (key == typed.key) return typed.ok(value) ? "" : field + "." + key + ": must be " + typed.want;
+  return IsScalar(value) ? "" : field + "." + key + ": must be a string, a number, true or false";
+}
+
+// The values in a tensor's "data" (nested arrays, nested no deeper than the front's depth limit, checked before).
+inline uint64_t CountJsonValues(const rapidjson::Value& data) {
+  if (!data.IsArray()) return 1;
+  uint64_t count = 0;
+  for (const auto& element : data.GetArray()) count += CountJsonValues(element);
+  return count;
+}
+
+// The most dimensions an input may have: no configuration here comes near it, and a shape is copied per request.
+constexpr size_t kMaxRank = 16;
+
+// Why an input's shape cannot be valid whatever the model (`field`: "inputs[i]"), empty when it may be. Triton sizes a
+// tensor given as JSON data from its shape before it counts the values (a shape of 2^40 rows: std::bad_alloc), and it
+// does so before it looks at anything else of the request (shared memory included), so every request gets this.
+inline std::string BadShape(const std::string& field, const rapidjson::Value& dims, const rapidjson::Value* data) {
+  if (dims.Size() > kMaxRank)
+    return field + ".shape: " + std::to_string(dims.Size()) + " dimensions, more than the " +
+           std::to_string(kMaxRank) + " any input takes";
+  uint64_t elements = 1;
+  for (const auto& d : dims.GetArray()) {
+    if (!d.IsUint64() || d.GetUint64() > static_cast<uint64_t>(INT64_MAX))
+      return field + ".shape: every dimension must be a whole number from 0";
+    if (__builtin_mul_overflow(elements, d.GetUint64(), &elements)) elements = UINT64_MAX;
+  }
+  if (data == nullptr) return "";
+  uint64_t values = CountJsonValues(*data);
+  if (elements == values) return "";
+  return field + ".data: " + std::to_string(values) + " values, and its shape holds " +
+         (elements == UINT64_MAX ? std::string("more than 2^64") : std::to_string(elements));
+}
+
+// Why a request is not what the KServe v2 protocol says one is (a field of the wrong type, a required field missing),
+// naming the field; empty when it is. `tritons`: it uses what only Triton's front end reads (shared memory, no
+// inputs at all), and goes there once these checks pass.
+inline std::string Malformed(const rapidjson::Document& doc, bool* tritons) {
+  *tritons = false;
+  if (!doc.IsObject()) return "body: must be a JSON object";
+  auto id = doc.FindMember("id");
+  if (id != doc.MemberEnd() && !id->value.IsString()) return "id: must be a string";
+  auto parameters = doc.FindMember("parameters");
+  if (parameters != doc.MemberEnd()) {
+    if (!parameters->value.IsObject()) return "parameters: must be an object";
+    for (const auto& p : parameters->value.GetObject()) {
+      std::string bad = BadParameter("parameters", p.name.GetString(), p.value);
+      if (!bad.empty()) return bad;
+    }
+  }
+  auto inputs = doc.FindMember("inputs");
+  if (inputs == doc.MemberEnd()) return "inputs: required";
+  if (!inputs->value.IsArray()) return "inputs: must be an array";
+  if (inputs->value.Empty()) *tritons = true;
+  for (rapidjson::SizeType i = 0; i < inputs->value.Size(); ++i) {
+    const auto& input = inputs->value[i];
+    std::string field = "inputs[" + std::to_string(i) + "]";
+    if (!input.IsObject()) return field + ": must be an object";
+    auto name = input.FindMember("name");
+    if (name == input.MemberEnd() || !name->value.IsString()) return field + ".name: must be a string";
+    auto datatype = input.FindMember("datatype");
+    if (datatype == input.MemberEnd() || !datatype->value.IsString()) return field + ".datatype: must be a string";
+    auto shape = input.FindMember("shape");
+    if (shape == input.MemberEnd() || !shape->value.IsArray()) return field + ".shape: must be an array";
+    auto data = input.FindMember("data");
+    if (data != input.MemberEnd() && !data->value.IsArray()) return field + ".data: must be an array";
+    std::string bad = BadShape(field, shape->value, nullptr);
+    if (!bad.empty()) return bad;
+    bool binary = false;
+    auto params = input.FindMember("parameters");
+    if (params != input.MemberEnd()) {
+      if (!params->value.IsObject()) return field + ".parameters: must be an object";
+      if (params->value.HasMember("shared_memory_region")) {
+        *tritons = true;
+        continue;
+      }
+      auto size = params->value.FindMember("binary_data_size");
+      if (size != params->value.MemberEnd()) {
+        if (!size->value.IsUint64()) return field + ".parameters.binary_data_size: must be a whole number from 0";
+        binary = true;
+      }
+    }
+    if (binary && data != input.MemberEnd())
+      return field + ": both data and parameters.binary_data_size given; an input has one";
+    if (!binary && data == input.MemberEnd()) return field + ".data: required (or parameters.binary_data_size)";
+  }
+  auto outputs = doc.FindMember("outputs");
+  if (outputs == doc.MemberEnd()) return "";
+  if (!outputs->value.IsArray()) return "outputs: must be an array";
+  for (rapidjson::SizeType i = 0; i < outputs->value.Size(); ++i) {
+    const auto& output = outputs->value[i];
+    std::string field = "outputs[" + std::to_string(i) + "]";
+    if (!output.IsObject()) return field + ": must be an object";
+    auto name = output.FindMember("name");
+    if (name == output.MemberEnd() || !name->value.IsString()) return field + ".name: must be a string";
+    auto params = output.FindMember("parameters");
+    if (params == output.MemberEnd()) continue;
+    if (!params->value.IsObject()) return field + ".parameters: must be an object";
+    auto binary = params->value.FindMember("binary_data");
+    if (binary != params->value.MemberEnd() && !binary->value.IsBool())
+      return field + ".parameters.binary_data: must be true or false";
+    auto classification = params->value.FindMember("classification");
+    if (classification != params->value.MemberEnd() && !classification->value.IsUint64())
+      return field + ".parameters.classification: must be a whole number from 0";
+    if (params->value.HasMember("shared_memory_region")) *tritons = true;
+  }
+  return "";
+}
+
+// Why a request (Malformed's checks passed) that goes to Triton's front end unread cannot be valid because an input's
+// data does not fill its shape; empty when none is so.
+inline std::string UnfilledShape(const rapidjson::Document& doc) {
+  const auto& inputs = doc["inputs"];
+  for (rapidjson::SizeType i = 0; i < inputs.Size(); ++i) {
+    auto data = inputs[i].FindMember("data");
+    if (data == inputs[i].MemberEnd()) continue;
+    std::string bad = BadShape("inputs[" + std::to_string(i) + "]", inputs[i]["shape"], &data->value);
+    if (!bad.empty()) return bad;
+  }
+  return "";
+}
+
+// Bytes of request bodies held in memory, raw and inflated, by every request in flight together: past the budget a
+// request is refused at once rather than held.
+class BodyMemory {
+ public:
+  explicit BodyMemory(long max) : max_(max) {}
+  bool Take(long bytes) {
+    long held = held_.load(std::memory_order_relaxed);
+    do {
+      if (bytes > max_ - held) return false;
+    } while (!held_.compare_exchange_weak(held, held + bytes, std::memory_order_relaxed));
+    return true;
+  }
+  void Give(long bytes) { held_.fetch_sub(bytes, std::memory_order_relaxed); }
+  long held() const { return held_.load(std::memory_order_relaxed); }
+  long max() const { return max_; }
+
+ private:
+  const long max_;
+  std::atomic<long> held_{0};
+};
+
 // How an output is returned: in the JSON, or as binary data after it.
 enum class OutputKind { kJson, kBinary };
 
-using Writer = rapidjson::Writer<rapidjson::StringBuffer>;
+// NaN and the infinities written as Triton's writer writes them (NaN, Infinity, -Infinity): RapidJSON's default writes
+// nothing for them, leaving "data":[] or [0.38,,0.41].
+using Writer = rapidjson::Writer<rapidjson::StringBuffer, rapidjson::UTF8<>, rapidjson::UTF8<>, rapidjson::CrtAllocator,
+                                 rapidjson::kWriteNanAndInfFlag>;
 
 inline std::string ErrorJson(const char* message) {
   rapidjson::StringBuffer buffer;

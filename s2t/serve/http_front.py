@@ -27,6 +27,11 @@ JSON_BYTES_PER_BYTE = 6
 JSON_ENVELOPE_BYTES = 64 * 1024
 # Requests to Triton in flight through the front at most, and open connections at most, overall and per peer.
 DEFAULT_MAX_CALLS = 1024
+# Request bodies held in memory at once by the front, raw and inflated, all requests together: past it a request is
+# answered 503 at once. Without it the bound would be --max-calls bodies of up to twice the body limit each (raw, and
+# inflated to the limit), about 200 GB. A gigabyte holds five of the largest valid bodies inflated beside their
+# compressed form, and hundreds of thousands of ordinary ones.
+DEFAULT_MAX_BODY_MEMORY_BYTES = 1 << 30
 DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_MAX_CONNECTIONS_PER_PEER = 512
 # Event loops sharing the public port: as many as Triton's own HTTP front end runs by default (--http-thread-count 8).
@@ -62,6 +67,7 @@ def front_options(public_port: int, upstream_port: int, body_bytes: int, drain_s
     """The front listening on every address (as Triton's own HTTP endpoint does by default), Triton on loopback."""
     return ["--listen", f"0.0.0.0:{public_port}", "--upstream", f"127.0.0.1:{upstream_port}",
             "--max-body-bytes", str(body_bytes), "--max-calls", str(max_calls),
+            "--max-body-memory-bytes", str(DEFAULT_MAX_BODY_MEMORY_BYTES),
             "--max-connections", str(DEFAULT_MAX_CONNECTIONS),
             "--max-connections-per-peer", str(DEFAULT_MAX_CONNECTIONS_PER_PEER),
             "--idle-seconds", str(DEFAULT_IDLE_SECONDS), "--request-seconds", str(DEFAULT_REQUEST_SECONDS),

@@ -102,6 +102,8 @@ def valid_requests(records: list[str]) -> dict[str, tuple[str, bytes | dict, dic
 
 
 def triton_refusals(records: list[str]) -> dict[str, tuple[str, bytes | dict, dict]]:
+    """Refusals of Triton's own that are 4xx (what Triton answers 500 or 501, a body that is not JSON, wrong types, a
+    decoupled model, the front refuses itself: test_http_front_refusals.py)."""
     pipeline = "/v2/models/risk_pipeline/infer"
     torn, torn_header = binary_payload(records[:1])
     torn = torn[:-5]
@@ -109,17 +111,12 @@ def triton_refusals(records: list[str]) -> dict[str, tuple[str, bytes | dict, di
         "an unknown model": ("/v2/models/no_such_model/infer", payload(records[:1]), {}),
         "an unknown version": ("/v2/models/risk_pipeline/versions/7/infer", payload(records[:1]), {}),
         "a version that is no number": ("/v2/models/risk_pipeline/versions/latest/infer", payload(records[:1]), {}),
-        "a body that is no JSON": (pipeline, b"{not json", {}),
-        "no inputs": (pipeline, {"id": "x"}, {}),
         "a wrong input name": (pipeline, {"inputs": [{"name": "record", "datatype": "BYTES", "shape": [1, 1],
                                                       "data": records[:1]}]}, {}),
         "a wrong datatype": (pipeline, {"inputs": [{"name": "payload", "datatype": "FP32", "shape": [1, 1],
                                                     "data": [1.0]}]}, {}),
-        "data that is no string": (pipeline, {"inputs": [{"name": "payload", "datatype": "BYTES", "shape": [1, 1],
-                                                          "data": [5]}]}, {}),
         "binary data cut short": (pipeline, torn, torn_header),
         "a record the model refuses": (pipeline, payload(['{"request_id": "x", "features": {}}']), {}),
-        "a decoupled model": ("/v2/models/risk_stream/infer", payload(records[:1]), {}),
         "a reserved parameter": (pipeline, payload(records[:1], parameters={"triton_x": 1}), {}),
         "a route the router refuses": ("/v2/models/risk_router/infer",
                                        payload(records[:1], parameters={"route": "nowhere"}), {}),
