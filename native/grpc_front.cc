@@ -19,7 +19,7 @@
 //
 //   s2t_grpc_front --listen 0.0.0.0:8001 --upstream 127.0.0.1:PORT --max-message-bytes N [--max-calls N]
 //                  [--threads N] [--drain-seconds S] [--ready-fd FD] [--message-seconds S]
-//                  [--relay-only 0|1 (in tritonserver)]
+//                  [--stream-idle-seconds S] [--relay-only 0|1 (in tritonserver)]
 //
 // Every ModelInfer request and every ModelStreamInfer message is parsed by protobuf, with the C++ classes protoc makes
 // from Triton's own grpc_service.proto (native/proto), and checked (native/infer_request_check.h: counts bounded from
@@ -115,6 +115,13 @@ const std::set<std::string>& kUnaryMethods = *new std::set<std::string>{
     "/inference.GRPCInferenceService/LogSettings",
     "/grpc.health.v1.Health/Check",
 };
+// Health and readiness: what an orchestrator's probes call (Slots: answered for a new address whatever others hold).
+const std::set<std::string>& kProbeMethods = *new std::set<std::string>{
+    "/grpc.health.v1.Health/Check",
+    "/inference.GRPCInferenceService/ServerLive",
+    "/inference.GRPCInferenceService/ServerReady",
+    "/inference.GRPCInferenceService/ModelReady",
+};
 
 struct Options {
   std::string listen;
@@ -125,6 +132,7 @@ struct Options {
   long drain_seconds = 30;
   long ready_fd = -1;
   long message_seconds = 10;  // a call whose first message has not come by then is ended
+  long stream_idle_seconds = 60;  // a stream with no message either way for that long is ended
   // Inside tritonserver: ModelInfer relayed too (where Triton's gRPC inference needs a key, which Triton checks).
   bool relay_only = false;
 };
@@ -146,31 +154,82 @@ double Now() {
   return static_cast<double>(ts.tv_sec) + ts.tv_nsec / 1e9;
 }
 
+// The address a peer connects from, without its port ("ipv4:10.0.0.7:41234" -> "ipv4:10.0.0.7"; gRPC names IPv6
+// peers "ipv6:%5B::1%5D:5" -> "ipv6:[::1]", and an IPv4 caller of a dual-stack port "ipv6:%5B::ffff:10.0.0.7%5D:5"
+// -> "ipv4:10.0.0.7"): a client's shares are counted by where it connects from, since it may open as many
+// connections as it likes.
+std::string PeerAddress(const std::string& peer) {
+  std::string address;
+  for (size_t i = 0; i < peer.size(); ++i) {
+    if (peer.compare(i, 3, "%5B") == 0 || peer.compare(i, 3, "%5D") == 0) {
+      address.push_back(peer[i + 2] == 'B' ? '[' : ']');
+      i += 2;
+    } else {
+      address.push_back(peer[i]);
+    }
+  }
+  const size_t colon = address.rfind(':');
+  if (colon != std::string::npos && colon + 1 < address.size() &&
+      address.find_first_not_of("0123456789", colon + 1) == std::string::npos)
+    address.resize(colon);
+  const std::string mapped = "ipv6:[::ffff:";
+  if (address.rfind(mapped, 0) == 0 && address.back() == ']' && address.find('.') != std::string::npos)
+    address = "ipv4:" + address.substr(mapped.size(), address.size() - mapped.size() - 1);
+  return address;
+}
+
+// This machine's own callers: `s2t gateway` and the OpenAI API beside the server carry many users' calls on their
+// own admission, and whoever connects from loopback already runs here.
+bool IsLocalHost(const std::string& address) {
+  return address == "ipv4:127.0.0.1" || address == "ipv6:[::1]" || address.rfind("unix:", 0) == 0;
+}
+
 // Upstream calls in flight, abandoned ones included: a slot is taken when a call is accepted and given back when
-// Triton has answered it (or when it never reached Triton). No one peer holds more than a quarter of them (or 16,
-// where that is more: a small pool is not split into shares too small to use), so that one client opening calls it
-// never sends leaves the rest to others. A peer is one connection, the address and port gRPC names it by: clients
-// behind one proxy or gateway share its address, and the address alone would give them all one share. Per-peer counts
-// live only while a peer holds a call.
+// Triton has answered it (or when it never reached Triton). Shares, so that one client opening calls it never sends
+// (or streams it keeps open) leaves the rest to others:
+// - one connection holds at most a quarter of the slots (or 16, where that is more: a small pool is not split into
+//   shares too small to use);
+// - one address as much, whatever number of connections it opens; this machine's own callers (IsLocalHost) all but
+//   the reserve;
+// - an eighth of the slots is a reserve that only an address holding fewer than a few calls draws on: however many
+//   others hold, a new address is answered;
+// - with `probes_always`, a health or readiness call from an address that holds none of these slots is taken even
+//   past the limit: an orchestrator's probe is answered whatever others hold (one call per address over the limit).
+// Counts live only while a connection or an address holds a call.
 class Slots {
  public:
-  explicit Slots(long max) : max_(max), share_(std::max(max / 4, std::min(max, 16L))) {}
+  Slots(long max, bool probes_always)
+      : max_(max),
+        share_(std::max(max / 4, std::min(max, 16L))),
+        reserve_(max / 8),
+        reserve_per_address_(std::max(1L, reserve_ / 16)),
+        probes_always_(probes_always) {}
 
-  enum Taken { kTaken, kFull, kPeerFull };
-  Taken Take(const std::string& peer) {
+  enum Taken { kTaken, kFull, kConnectionFull, kAddressFull };
+  Taken Take(const std::string& connection, const std::string& address, bool probe) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (held_ >= max_) return kFull;
-    long& mine = peers_[peer];
-    if (mine >= share_) return kPeerFull;
-    ++mine;
+    auto by_address = addresses_.find(address);
+    const long held_by_address = by_address == addresses_.end() ? 0 : by_address->second;
+    const bool local = IsLocalHost(address);
+    if (!(probe && probes_always_ && held_by_address == 0)) {
+      if (held_ >= max_) return kFull;
+      auto by_connection = connections_.find(connection);
+      if (by_connection != connections_.end() && by_connection->second >= share_) return kConnectionFull;
+      if (held_by_address >= (local ? max_ - reserve_ : share_)) return kAddressFull;
+      if (held_ >= max_ - reserve_ && held_by_address >= reserve_per_address_) return kFull;
+    }
+    ++connections_[connection];
+    ++addresses_[address];
     ++held_;
     return kTaken;
   }
-  void Give(const std::string& peer) {
+  void Give(const std::string& connection, const std::string& address) {
     std::lock_guard<std::mutex> lock(mu_);
     --held_;
-    auto it = peers_.find(peer);
-    if (it != peers_.end() && --it->second <= 0) peers_.erase(it);
+    for (auto* counts : {&connections_, &addresses_}) {
+      auto it = counts->find(counts == &connections_ ? connection : address);
+      if (it != counts->end() && --it->second <= 0) counts->erase(it);
+    }
   }
   long held() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -180,10 +239,11 @@ class Slots {
   long share() const { return share_; }
 
  private:
-  const long max_, share_;
+  const long max_, share_, reserve_, reserve_per_address_;
+  const bool probes_always_;
   std::mutex mu_;
   long held_ = 0;
-  std::unordered_map<std::string, long> peers_;
+  std::unordered_map<std::string, long> connections_, addresses_;
 };
 
 // Refusals are logged at most once a second (a flood of refused calls must not become a flood of log lines); the
@@ -486,7 +546,7 @@ class Relay {
 
  private:
   ~Relay() {
-    if (holds_slot_) slots_->Give(peer_);
+    if (holds_slot_) slots_->Give(peer_, address_);
     if (accepted_) g_live_calls.fetch_sub(1);
   }
 
@@ -522,20 +582,24 @@ class Relay {
     }
     slots_ = unary_ && server_context_.method() != kModelInfer ? g_control_slots : g_slots;
     peer_ = server_context_.peer();
-    Slots::Taken taken = slots_->Take(peer_);
+    address_ = PeerAddress(peer_);
+    Slots::Taken taken = slots_->Take(peer_, address_, kProbeMethods.count(server_context_.method()) > 0);
     if (taken != Slots::kTaken) {
       g_refusals.Refused(slots_->held());
-      FinishClient(grpc::Status(
-          grpc::StatusCode::UNAVAILABLE,
-          taken == Slots::kFull ? "the gRPC front of tritonserver holds " + std::to_string(slots_->max()) +
-                                      " calls to it, its limit; try again"
-                                : "this connection holds " + std::to_string(slots_->share()) +
-                                      " calls to tritonserver, its share of the gRPC front's " +
-                                      std::to_string(slots_->max()) + "; try again"));
+      std::string why;
+      if (taken == Slots::kFull)
+        why = "the gRPC front of tritonserver holds " + std::to_string(slots_->held()) + " calls to it, its limit";
+      else
+        why = std::string(taken == Slots::kConnectionFull ? "this connection" : "the address it connects from") +
+              " holds its share of the gRPC front's " + std::to_string(slots_->max()) + " calls to tritonserver";
+      FinishClient(grpc::Status(grpc::StatusCode::UNAVAILABLE, why + "; try again"));
       return;
     }
     holds_slot_ = true;
-    // A call whose first message does not come in time is ended: it would hold its slot for nothing.
+    // A call whose first message does not come in time is ended: it would hold its slot for nothing. On a stream the
+    // same alarm then bounds the quiet between messages (StreamAlarm).
+    last_message_at_ = Now();
+    alarm_armed_ = true;
     alarm_.Set(worker_->cq(), std::chrono::system_clock::now() + std::chrono::seconds(g_options.message_seconds),
                Start(kAlarm));
     if (unary_) {
@@ -555,18 +619,41 @@ class Relay {
   }
 
   void ReleaseSlot() {
-    if (holds_slot_) slots_->Give(peer_);
+    if (holds_slot_) slots_->Give(peer_, address_);
     holds_slot_ = false;
   }
 
   void FirstMessageAlarm(bool ok) {
-    if (ok && !first_message_) server_context_.TryCancel();  // the pending read ends, and the call with it
+    alarm_armed_ = false;
+    if (!ok || client_call_done_) return;
+    if (!first_message_) {
+      server_context_.TryCancel();  // the pending read ends, and the call with it
+      return;
+    }
+    if (unary_) return;
+    // A stream quiet both ways for --stream-idle-seconds is ended: an open stream holds its slot until it ends, and
+    // keepalive pings keep a silent one open for good.
+    const double quiet_until = last_message_at_ + static_cast<double>(g_options.stream_idle_seconds);
+    if (Now() >= quiet_until) {
+      server_context_.TryCancel();
+      return;
+    }
+    alarm_armed_ = true;
+    alarm_.Set(worker_->cq(),
+               std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<long>((quiet_until - Now()) * 1000) + 1),
+               Start(kAlarm));
   }
 
   void FirstMessageCame() {
+    last_message_at_ = Now();
     if (first_message_) return;
     first_message_ = true;
-    alarm_.Cancel();
+    // A stream keeps its alarm, which then bounds its quiet; a unary call has nothing more to wait for.
+    if (unary_) {
+      alarm_.Cancel();
+      return;
+    }
   }
 
   void CopyUpstreamInitialMetadata() {
@@ -797,6 +884,9 @@ class Relay {
   // where nothing races (the crash is the unary handler's), and a decoupled model (llm) stops generating for it.
 
   void ClientCallDone() {
+    client_call_done_ = true;
+    // The call's state goes once its tags are back: its alarm need not wait for its time.
+    if (alarm_armed_) alarm_.Cancel();
     if (!unary_ && up_stream_ != nullptr && !up_finished_ && server_context_.IsCancelled()) client_context_.TryCancel();
   }
 
@@ -910,6 +1000,7 @@ class Relay {
       MaybeFinishUpstream();
       return;
     }
+    last_message_at_ = Now();
     if (client_gone_ || down_finish_requested_) {
       out_.Clear();  // nobody waits for it
     } else {
@@ -970,9 +1061,10 @@ class Relay {
   Tag tags_[kOps];
   Slots* slots_ = nullptr;
   bool accepted_ = false;
-  std::string peer_;
+  std::string peer_, address_;
   grpc::Alarm alarm_;
-  bool first_message_ = false;
+  bool first_message_ = false, client_call_done_ = false, alarm_armed_ = false;
+  double last_message_at_ = 0;
   std::atomic<int> pending_{0};
   bool answered_ = false;
   bool holds_slot_ = false;
@@ -1033,7 +1125,8 @@ std::shared_ptr<grpc::Channel> UpstreamChannel(const std::string& target) {
   fprintf(stderr,
           "%s: %s\n"
           "usage: %s --listen HOST:PORT --upstream HOST:PORT --max-message-bytes N [--max-calls N] [--threads N]\n"
-          "       [--drain-seconds S] [--ready-fd FD] [--message-seconds S] [--relay-only 0|1]\n",
+          "       [--drain-seconds S] [--ready-fd FD] [--message-seconds S] [--stream-idle-seconds S]\n"
+          "       [--relay-only 0|1]\n",
           kName, problem.c_str(), kName);
   exit(2);
 }
@@ -1078,6 +1171,8 @@ Options Parse(int argc, char** argv) {
       options.ready_fd = Number(name, value, 0, INT_MAX);
     else if (name == "--message-seconds")
       options.message_seconds = Number(name, value, 1, 3600);
+    else if (name == "--stream-idle-seconds")
+      options.stream_idle_seconds = Number(name, value, 1, 86400);
     else if (name == "--relay-only")
       options.relay_only = Number(name, value, 0, 1) == 1;
     else
@@ -1100,8 +1195,8 @@ struct Endpoint {
 Endpoint* g_endpoint = new Endpoint;
 
 bool Listen() {
-  g_slots = new Slots(g_options.max_calls);
-  g_control_slots = new Slots(std::max(64L, g_options.max_calls / 4));
+  g_slots = new Slots(g_options.max_calls, false);
+  g_control_slots = new Slots(std::max(64L, g_options.max_calls / 4), true);
   google::protobuf::SetLogHandler(KeepProtobufMessage);
   grpc::ServerBuilder builder;
   int port = 0;
