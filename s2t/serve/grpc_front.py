@@ -31,16 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from s2t.errors import S2TError
-from s2t.serve import restricted_apis
+from s2t.serve import restricted_apis, server_hook
 from s2t.serve.keeper import die_with_parent
 from s2t.serve.serve_options import GRPC_FRONT_MAX_CALLS
 
 NATIVE = Path(__file__).resolve().parent / "native"
 BINARY = NATIVE / "s2t_grpc_front"
 LIBRARY = NATIVE / "libs2t_grpc_front.so"
-HOOK = NATIVE / "libs2t_grpc_front_hook.so"
+HOOK = server_hook.HOOK
 BUILD_HINT = "`make native` builds it (native/build_grpc_front.sh alone)"
-GRPC_RESTRICTED = "--grpc-restricted-protocol="
+GRPC_RESTRICTED = "--grpc-restricted-protocol"
 # Calls to Triton in flight through the front at most. Each holds at most one message each way in the front.
 DEFAULT_MAX_CALLS = GRPC_FRONT_MAX_CALLS
 # How long the front may take to listen once started (it binds in milliseconds).
@@ -77,30 +77,17 @@ def in_process_env(env: dict[str, str], public_port: int, upstream_port: int, ma
     command restricts gRPC inference to callers with a key, the front relays ModelInfer too, so that Triton checks
     the key."""
     library, hook = library or LIBRARY, hook or HOOK
-    for built in (library, hook):
-        if not built.is_file():
-            raise GrpcFrontError(f"the gRPC front {built} is not built: {BUILD_HINT}")
-    if any(c in str(hook) for c in (":", " ")):  # LD_PRELOAD splits on both
-        raise GrpcFrontError(f"the gRPC front's hook {hook} is in a folder whose path has a ':' or a space, which "
-                             "LD_PRELOAD cannot name: install skill2triton elsewhere, or use --grpc-front-process")
-    relay_only = any(_restricts_grpc_inference(arg, following)
-                     for arg, following in zip(triton_command, [*triton_command[1:], ""]))
+    if not library.is_file():
+        raise GrpcFrontError(f"the gRPC front {library} is not built: {BUILD_HINT}")
+    try:
+        env = server_hook.preloaded(env, hook)
+    except server_hook.ServerHookError as err:
+        raise GrpcFrontError(str(err)) from None
+    relay_only = restricted_apis.restricts_inference(triton_command, GRPC_RESTRICTED)
     args = front_options(public_port, upstream_port, max_message_bytes, max_calls, drain_seconds)
-    env = dict(env)
-    env["S2T_GRPC_FRONT_PRELOAD_REST"] = env.get("LD_PRELOAD", "")
-    env["LD_PRELOAD"] = os.pathsep.join(p for p in (str(hook), env.get("LD_PRELOAD")) if p)
     env["S2T_GRPC_FRONT_LIBRARY"] = str(library)
     env["S2T_GRPC_FRONT_ARGS"] = " ".join(args + ["--relay-only", "1" if relay_only else "0"])
     return env
-
-
-def _restricts_grpc_inference(arg: str, following: str) -> bool:
-    """Whether `arg` (and, in the two-word form, the word after it) restricts Triton's gRPC inference to a key."""
-    if arg.startswith(GRPC_RESTRICTED):
-        return "inference" in restricted_apis.parse(arg[len(GRPC_RESTRICTED):])[0]
-    if arg == GRPC_RESTRICTED.rstrip("="):
-        return "inference" in restricted_apis.parse(following)[0]
-    return False
 
 
 def wait_reaches_triton(public_port: int, timeout_s: float) -> bool:

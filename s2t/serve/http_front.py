@@ -20,7 +20,7 @@ from s2t.serve.request_limits import http_max_input_bytes
 
 LIBRARY = Path(__file__).resolve().parent / "native" / "libs2t_http_front.so"
 BUILD_HINT = "`make native` builds it (native/build_http_front.sh alone)"
-HTTP_RESTRICTED = "--http-restricted-api="
+HTTP_RESTRICTED = "--http-restricted-api"
 # The most a byte of a tensor can take in a JSON body (a control character written as \u00XX), and what a request
 # holds besides its tensors (model name, tensor names, shapes, parameters).
 JSON_BYTES_PER_BYTE = 6
@@ -82,18 +82,9 @@ def in_process_env(env: dict[str, str], options: list[str], triton_command: list
     library = library or LIBRARY
     if not library.is_file():
         raise HttpFrontError(f"the HTTP front {library} is not built: {BUILD_HINT}")
-    relay_only = any(_restricts_http_inference(arg, following)
-                     for arg, following in zip(triton_command, [*triton_command[1:], ""]))
+    relay_only = restricted_apis.restricts_inference(triton_command, HTTP_RESTRICTED)
     env = dict(env)
     env["S2T_HTTP_FRONT_LIBRARY"] = str(library)
     env["S2T_HTTP_FRONT_ARGS"] = " ".join([*options, "--relay-only", "1" if relay_only else "0"])
     return env
 
-
-def _restricts_http_inference(arg: str, following: str) -> bool:
-    """Whether `arg` (and, in the two-word form, the word after it) restricts Triton's HTTP inference to a key."""
-    if arg.startswith(HTTP_RESTRICTED):
-        return "inference" in restricted_apis.parse(arg[len(HTTP_RESTRICTED):])[0]
-    if arg == HTTP_RESTRICTED.rstrip("="):
-        return "inference" in restricted_apis.parse(following)[0]
-    return False

@@ -65,3 +65,13 @@ def restrict(command: list[str], admin_key: str | None = None) -> list[str]:
             categories, header, value = parse(result[last][len(option):])
             result[last] = option + render(categories + missing, header, value)
     return result
+
+
+def restricts_inference(command: list[str], option: str) -> bool:
+    """Whether `command` restricts inference to a key with `option` (`--http-restricted-api` or
+    `--grpc-restricted-protocol`), in its `--option=value` or its two-word form."""
+    for arg, following in zip(command, [*command[1:], ""]):
+        value = arg[len(option) + 1:] if arg.startswith(option + "=") else following if arg == option else None
+        if value is not None and "inference" in parse(value)[0]:
+            return True
+    return False

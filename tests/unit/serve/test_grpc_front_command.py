@@ -79,5 +79,5 @@ def test_a_hook_path_ld_preload_cannot_name_is_refused_before_tritonserver_start
     folder = tmp_path / "a folder"
     folder.mkdir()
     built = _built(folder)
-    with pytest.raises(GrpcFrontError, match=r"has a ':' or a space.*--grpc-front-process"):
+    with pytest.raises(GrpcFrontError, match=r"has a ':' or a space.*install skill2triton elsewhere"):
         in_process_env({}, 8001, 40000, 1000, 16, 35, ["tritonserver"], **built)
