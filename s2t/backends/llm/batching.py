@@ -6,10 +6,13 @@ admission keeps such requests apart: a group never holds prompts whose token cou
 `max_length_ratio` and holds at most `max_group_size` requests; one group's prompts are evaluated at a time.
 
 Admission is work-conserving: whenever no prompt is being evaluated, the waiting group with the shortest prompts
-goes as soon as some group is full or holds a request that has waited its hold: `hold_per_prompt_token_ms` per
-prompt token (at most `max_queue_delay_ms`), a small fraction of what evaluating that prompt costs. A lone short prompt is
-admitted at once; a long one waits a little for shorter prompts that may come just after it, which would otherwise
-wait out its whole evaluation. Ordering by length applies only among the requests actually waiting. A group that has
+goes as soon as some group is full or holds a request that has waited its hold: `hold_fraction` of what evaluating its
+prompt is expected to take (at most `max_queue_delay_ms`). The expected cost per prompt token is a moving estimate
+from llama.cpp's own timings of the prompts it has evaluated (`PromptEvaluationRate`), so the hold follows the
+machine: when evaluation slows down under load, the hold grows with it and short prompts arriving just after a long
+one still go first; until a prompt has been measured, `hold_per_prompt_token_ms` is the hold per token. A lone short
+prompt is admitted at once; a long one waits a little for shorter prompts that may come just after it, which would
+otherwise wait out its whole evaluation. Ordering by length applies only among the requests actually waiting. A group that has
 waited ten delays goes first, so long prompts are delayed, never starved.
 
 `fifo` admission, the baseline, takes the oldest requests whatever their lengths.
@@ -39,15 +42,17 @@ class BatchingSettings:
     max_group_size: int = parameter("max_group_size", 32)
     # The longest a request waits for batch-mates while no prompt is being evaluated, and the unit of starvation.
     max_queue_delay_ms: float = parameter("max_queue_delay_ms", 200.0)
-    # A waiting request's hold per prompt token: about a tenth of what one llama.cpp thread takes to evaluate a
-    # token (~1.5 ms), so a long prompt pays at most ~10% of its own evaluation for the chance that a shorter one
-    # arrives just after it and goes first, and a short prompt is admitted nearly at once.
+    # A waiting request's hold per prompt token until a prompt evaluation has been measured: about a tenth of what
+    # one llama.cpp thread takes to evaluate a token on an idle core (~1.5 ms).
     hold_per_prompt_token_ms: float = parameter("hold_per_prompt_token_ms", 0.15)
     # Requests waiting for a slot; one more is refused at once, so a flood cannot hold everyone else for minutes.
     max_queue_size: int = parameter("max_queue_size", 64)
     # Prompt tokens admitted for evaluation at once (one prompt at least): the engine cannot stop a prompt's
     # evaluation, so this bounds how long a new request waits behind prompts already admitted.
     max_prefill_tokens: int = parameter("max_prefill_tokens", 1024)
+    # A waiting request's hold as a share of its prompt's expected evaluation: a long prompt pays at most this
+    # share of its own evaluation for the chance that a shorter one arrives just after it and goes first.
+    hold_fraction: float = parameter("hold_fraction", 0.1)
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -64,6 +69,54 @@ class BatchingSettings:
             raise BatchingSettingsError(f"max_queue_size must be at least 1, got {self.max_queue_size}")
         if self.max_prefill_tokens < 1:
             raise BatchingSettingsError(f"max_prefill_tokens must be at least 1, got {self.max_prefill_tokens}")
+        if not 0 <= self.hold_fraction <= 1:
+            raise BatchingSettingsError(f"hold_fraction must be between 0 and 1, got {self.hold_fraction}")
+
+
+# Prompts shorter than this are not measured: their evaluation time is mostly the fixed cost of a batch.
+MIN_MEASURED_PROMPT_TOKENS = 16
+# Per-token costs outside this range (ms) are not a prompt evaluation (a clock step, a prompt found in the cache).
+MEASURED_MS_PER_TOKEN = (0.01, 1000.0)
+
+
+@dataclass
+class PromptEvaluationRate:
+    """A moving estimate of the milliseconds llama.cpp takes per prompt token, from its own timings (`prompt_n`
+    tokens evaluated in `prompt_ms`) of each admitted group. None until a prompt of at least
+    MIN_MEASURED_PROMPT_TOKENS has been measured. Not thread-safe: the caller holds its own lock."""
+
+    weight: float = 0.3
+    ms_per_token: float | None = None
+
+    def observe(self, tokens: int, ms: float) -> None:
+        if tokens < MIN_MEASURED_PROMPT_TOKENS or not ms > 0:
+            return
+        sample = ms / tokens
+        if not MEASURED_MS_PER_TOKEN[0] <= sample <= MEASURED_MS_PER_TOKEN[1]:
+            return
+        self.ms_per_token = sample if self.ms_per_token is None else \
+            (1 - self.weight) * self.ms_per_token + self.weight * sample
+
+
+@dataclass
+class GroupTimings:
+    """llama.cpp's timings of the prompts admitted together, gathered as each request finishes. The prompts of one
+    admission are evaluated in one batch, so each one's `prompt_ms` spans the whole batch: the group's rate is
+    its longest `prompt_ms` over all its evaluated tokens, observed once every member has reported."""
+
+    members: int
+    tokens: int = 0
+    ms: float = 0.0
+    reported: int = 0
+
+    def report(self, prompt_n: int | None, prompt_ms: float | None) -> bool:
+        """One member's timings (None when it had none: it failed or was cancelled before its prompt was
+        evaluated); True once every member has reported."""
+        self.reported += 1
+        if prompt_n is not None and prompt_ms is not None:
+            self.tokens += max(int(prompt_n), 0)
+            self.ms = max(self.ms, float(prompt_ms))
+        return self.reported >= self.members
 
 
 @dataclass(frozen=True)
@@ -80,6 +133,7 @@ class LengthAwareQueue:
     """Requests waiting for a slot. Not thread-safe: the caller holds its own lock."""
 
     settings: BatchingSettings = field(default_factory=BatchingSettings)
+    rate: PromptEvaluationRate = field(default_factory=PromptEvaluationRate)
     _waiting: list[Queued] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -89,9 +143,20 @@ class LengthAwareQueue:
     def full(self) -> bool:
         return len(self._waiting) >= self.settings.max_queue_size
 
+    def hold_per_token_ms(self) -> float:
+        """A waiting request's hold per prompt token: `hold_fraction` of the measured evaluation cost per token,
+        or `hold_per_prompt_token_ms` until one has been measured."""
+        if self.rate.ms_per_token is None:
+            return self.settings.hold_per_prompt_token_ms
+        return self.settings.hold_fraction * self.rate.ms_per_token
+
+    def observe(self, timings: GroupTimings) -> None:
+        """A finished group's evaluation, measured by llama.cpp, for the holds of the requests that come next."""
+        self.rate.observe(timings.tokens, timings.ms)
+
     def add(self, key: object, prompt_tokens: int, now_ms: float) -> None:
         tokens = max(int(prompt_tokens), 1)
-        hold = min(tokens * self.settings.hold_per_prompt_token_ms, self.settings.max_queue_delay_ms)
+        hold = min(tokens * self.hold_per_token_ms(), self.settings.max_queue_delay_ms)
         self._waiting.append(Queued(key, tokens, now_ms, now_ms + hold))
 
     def remove(self, gone: Callable[[object], bool]) -> list[Queued]:

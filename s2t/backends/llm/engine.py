@@ -7,18 +7,19 @@ Nothing here knows about Triton: the caller hands in callbacks.
 """
 from __future__ import annotations
 
+import http.client
 import importlib.util
 import json
 import threading
 import time
 import traceback
-import urllib.request
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from s2t.backends.llm.batching import BatchingSettings, LengthAwareQueue
+from s2t.backends.llm.batching import BatchingSettings, GroupTimings, LengthAwareQueue
 from s2t.backends.llm.generation_request import GenerationLimits, GenerationRequest
 from s2t.backends.runtime.model_parameters import parameter, path_parameter, settings_of
 
@@ -90,6 +91,8 @@ class Job:
     on_finish: Callable[[Completion], None]
     is_cancelled: Callable[[], bool]
     prefilling: bool = True
+    # The requests admitted with this one, whose prompts llama.cpp evaluated in the same batch.
+    group: GroupTimings | None = None
 
 
 class LlmEngine:
@@ -106,6 +109,7 @@ class LlmEngine:
         self.settings = settings
         self._server = xllamacpp.Server(params)
         self._clock = clock
+        self._local = threading.local()
         self._queue = LengthAwareQueue(batching)
         self._condition = threading.Condition()
         self._active: set[int] = set()
@@ -124,12 +128,33 @@ class LlmEngine:
         return len(self._active)
 
     def count_tokens(self, text: str) -> int:
-        """The prompt's length in the model's own tokens (llama.cpp's /tokenize on its loopback listener)."""
-        request = urllib.request.Request(self._server.listening_address + "/tokenize",
-                                         data=json.dumps({"content": text}).encode(),
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return len(json.loads(response.read())["tokens"])
+        """The prompt's length in the model's own tokens (llama.cpp's /tokenize on its loopback listener), on a
+        connection kept per calling thread: a new one per request costs a connect and a listener wake-up."""
+        body = json.dumps({"content": text})
+        for attempt in (1, 2):
+            connection = self._tokenizer_connection()
+            try:
+                connection.request("POST", "/tokenize", body, {"Content-Type": "application/json"})
+                response = connection.getresponse()
+                payload = response.read()
+                if response.status != 200:
+                    raise EngineError(f"llama.cpp's /tokenize answered {response.status}: {payload[:200]!r}")
+                return len(json.loads(payload)["tokens"])
+            except (OSError, http.client.HTTPException):
+                # A kept connection the listener has closed: the request is sent again on a new one, once.
+                connection.close()
+                self._local.connection = None
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _tokenizer_connection(self) -> http.client.HTTPConnection:
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            address = urllib.parse.urlsplit(self._server.listening_address)
+            connection = http.client.HTTPConnection(address.hostname, address.port, timeout=10)
+            self._local.connection = connection
+        return connection
 
     def submit(self, job: Job) -> None:
         """Queues the job, or raises QueueFull (the queue is at max_queue_size) or EngineError (stopping)."""
@@ -166,9 +191,11 @@ class LlmEngine:
                 gone = [q.key for q in self._queue.remove(lambda job: job.is_cancelled())]
                 now_ms = self._clock() * 1000.0
                 taken = self._queue.take(self.settings.slots - len(self._active), self._prefilling, now_ms)
+                group = GroupTimings(len(taken))
                 for queued in taken:
                     self._active.add(id(queued.key))
                     self._prefilling += 1
+                    queued.key.group = group
                 if not taken and not gone:
                     # Woken by a submit, a prompt evaluated or a slot freed; while requests wait, also often
                     # enough to notice the cancelled ones.
@@ -197,6 +224,7 @@ class LlmEngine:
 
     def _generate(self, job: Job) -> None:
         usage = {}
+        timings = {}
         tokens = 0
         failure = None
 
@@ -204,6 +232,8 @@ class LlmEngine:
             nonlocal tokens, failure
             if "usage" in chunk:
                 usage.update(chunk["usage"])
+            if "timings" in chunk:
+                timings.update(chunk["timings"])
             for choice in chunk.get("choices", ()):
                 text = (choice.get("delta") or {}).get("content") if self.settings.chat_template \
                     else choice.get("text")
@@ -247,6 +277,8 @@ class LlmEngine:
             self._prefill_done(job)
             with self._condition:
                 self._active.discard(id(job))
+                if job.group is not None and job.group.report(timings.get("prompt_n"), timings.get("prompt_ms")):
+                    self._queue.observe(job.group)
                 self._condition.notify()
             try:
                 job.on_finish(completion or Completion(job.prompt_tokens, tokens, "error", "no result"))

@@ -3,7 +3,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from s2t.backends.runtime.model_parameters import ParameterError, read_parameters
-from s2t.backends.llm.batching import FIFO, STARVATION_DELAYS, BatchingSettings, LengthAwareQueue
+from s2t.backends.llm.batching import (FIFO, MIN_MEASURED_PROMPT_TOKENS, STARVATION_DELAYS, BatchingSettings,
+                                      GroupTimings, LengthAwareQueue, PromptEvaluationRate)
 from tests.unit.fake_clock import Clock
 
 AWARE = BatchingSettings()
@@ -185,6 +186,8 @@ def test_drain_returns_everyone_oldest_first():
     ({"max_queue_size": {"string_value": "0"}}, "max_queue_size must be at least 1"),
     ({"hold_per_prompt_token_ms": {"string_value": "-1"}}, "hold_per_prompt_token_ms must be >= 0"),
     ({"max_prefill_tokens": {"string_value": "0"}}, "max_prefill_tokens must be at least 1"),
+    ({"hold_fraction": {"string_value": "1.5"}}, "hold_fraction must be between 0 and 1"),
+    ({"hold_fraction": {"string_value": "-0.1"}}, "hold_fraction must be between 0 and 1"),
 ])
 def test_bad_batching_parameters_refuse_to_load(parameters, message):
     with pytest.raises(ParameterError, match=message):
@@ -192,7 +195,7 @@ def test_bad_batching_parameters_refuse_to_load(parameters, message):
 
 
 def test_batching_parameters_default_to_the_design():
-    assert read_parameters(BatchingSettings, {}) == BatchingSettings("length_aware", 3.0, 32, 200.0, 0.15, 64, 1024)
+    assert read_parameters(BatchingSettings, {}) == BatchingSettings("length_aware", 3.0, 32, 200.0, 0.15, 64, 1024, 0.1)
 
 
 def test_the_queue_is_full_at_its_configured_size():
@@ -228,3 +231,83 @@ def test_admission_never_takes_more_prompt_tokens_than_the_budget_unless_one_pro
     queue = queue_of(lengths, BatchingSettings(max_prefill_tokens=budget))
     taken = queue.take(free_slots=8, prefilling=0, now_ms=100_000)
     assert taken and (len(taken) == 1 or sum(q.prompt_tokens for q in taken) <= budget)
+
+
+def measured(ms_per_token, settings_=AWARE, tokens=400):
+    """A queue whose engine has evaluated one group of `tokens` prompt tokens at `ms_per_token`."""
+    queue = LengthAwareQueue(settings_)
+    group = GroupTimings(1)
+    assert group.report(tokens, tokens * ms_per_token)
+    queue.observe(group)
+    return queue
+
+
+@pytest.mark.parametrize("ms_per_token, tokens, hold_ms", [
+    # Unloaded (1.5 ms per token): the prior's hold. Ten times slower under load: ten times the hold, so the short
+    # prompts sent just after a long one still arrive within it; always capped by max_queue_delay_ms.
+    (1.5, 30, 30 * 0.15),
+    (1.5, 480, 480 * 0.15),
+    (15.0, 30, 30 * 1.5),
+    (15.0, 120, 120 * 1.5),
+    (15.0, 480, 200.0),
+    (0.5, 480, 480 * 0.05),
+])
+def test_the_hold_follows_the_measured_evaluation_rate_within_the_cap(ms_per_token, tokens, hold_ms):
+    queue = measured(ms_per_token)
+    queue.add("r", tokens, 0.0)
+    assert queue.next_deadline_ms() == pytest.approx(hold_ms)
+
+
+def test_under_a_slow_evaluation_short_prompts_sent_after_a_long_one_still_go_first():
+    # At 15 ms per token, the short prompts come 60 ms after the long one: past the fixed 0.15 ms/token hold (72 ms
+    # for 480 tokens, with a slow client), well within the measured one.
+    for queue, short_first in ((LengthAwareQueue(AWARE), False), (measured(15.0), True)):
+        queue.add("long", 480, 0.0)
+        first = queue.take(free_slots=8, prefilling=0, now_ms=75.0)
+        if short_first:
+            assert first == []
+            queue.add("short", 30, 60.0)
+            assert keys(queue.take(free_slots=8, prefilling=0, now_ms=60.0 + 45.0)) == ["short"]
+        else:
+            assert keys(first) == ["long"]
+
+
+@pytest.mark.parametrize("samples, expected", [
+    ([], None),
+    ([(400, 600.0)], 1.5),
+    ([(400, 600.0), (400, 6000.0)], 0.7 * 1.5 + 0.3 * 15.0),
+    # Too short to measure, no time, or not an evaluation (a cached prompt, a clock step): ignored.
+    ([(MIN_MEASURED_PROMPT_TOKENS - 1, 500.0)], None),
+    ([(400, 0.0)], None),
+    ([(400, 600.0), (400, 1e9)], 1.5),
+    ([(400, 600.0), (0, 10.0)], 1.5),
+])
+def test_the_evaluation_rate_is_a_moving_estimate_of_valid_samples(samples, expected):
+    rate = PromptEvaluationRate()
+    for tokens, ms in samples:
+        rate.observe(tokens, ms)
+    assert rate.ms_per_token == (None if expected is None else pytest.approx(expected))
+
+
+def test_a_groups_rate_is_its_longest_evaluation_over_all_its_tokens_once_every_member_reported():
+    # Prompts evaluated in one batch each report the whole batch's time.
+    group = GroupTimings(3)
+    assert not group.report(100, 450.0)
+    assert not group.report(None, None)  # cancelled before its prompt was evaluated
+    assert group.report(200, 455.0)
+    assert (group.tokens, group.ms) == (300, 455.0)
+
+
+@given(st.lists(st.tuples(st.integers(0, 5000), st.floats(0, 1e7)), max_size=30), st.integers(1, 5000),
+       st.floats(0, 1000), st.floats(0, 1))
+@settings(max_examples=300, deadline=None)
+def test_a_hold_is_never_negative_nor_past_the_cap_whatever_was_measured(samples, tokens, delay, fraction):
+    queue = LengthAwareQueue(BatchingSettings(max_queue_delay_ms=delay, hold_fraction=fraction))
+    for n, ms in samples:
+        group = GroupTimings(1)
+        group.report(n, ms)
+        queue.observe(group)
+    queue.add("r", tokens, 10.0)
+    assert 10.0 <= queue.next_deadline_ms() <= 10.0 + delay
+    # Work-conserving: once its hold has ended, an idle engine takes it.
+    assert keys(queue.take(free_slots=1, prefilling=0, now_ms=queue.next_deadline_ms())) == ["r"]
