@@ -34,7 +34,7 @@
 // threads may still run while the process exits.
 //
 //   options: --listen HOST:PORT --upstream HOST:PORT --max-body-bytes N [--max-header-bytes N] [--threads N]
-//            [--idle-seconds S] [--request-seconds S] [--max-connections N] [--max-connections-per-peer N]
+//            [--idle-seconds S] [--head-seconds S] [--request-seconds S] [--max-connections N] [--max-connections-per-peer N]
 //            [--max-calls N] [--max-body-memory-bytes N] [--drain-seconds S] [--request-parameters NAME,...]
 //            [--relay-only 0|1]
 
@@ -55,6 +55,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -87,6 +88,7 @@ struct Options {
   long threads = 1;
   long idle_seconds = 60;
   long request_seconds = 60;
+  long head_seconds = 10;  // a request's head must have arrived this long after its first byte
   long max_connections = 4096;
   long max_connections_per_peer = 512;
   long max_calls = 1024;
@@ -184,29 +186,95 @@ std::atomic<bool> g_released{false};
 std::atomic<bool> g_let_go{false};  // and then Triton's wait let end
 TRITONSERVER_Server* g_server = nullptr;  // set unless relay_only: infer answered through the C API
 
-// Connections open, overall and per peer address, counted from their accept.
+class Worker;
+
+// Connections open, overall and per peer address, counted from their accept, each with what it is doing. When every
+// connection is taken, a new one still gets in where a peer holding at least two more than the newcomer's has one that
+// is doing nothing useful: the oldest idle one of the peer holding most, else the oldest whose head (then body) is
+// still arriving. A connection waiting for its answer is never taken. So a few addresses holding every connection
+// with heads they never finish (or idle keep-alive ones) cannot keep another address out, while two peers never take
+// connections from each other back and forth.
 class Connections {
  public:
-  bool Admit(const std::string& peer) {
+  enum Phase { kIdle, kHead, kBody, kAnswering };
+  struct Victim {
+    Worker* worker = nullptr;
+    uint64_t id = 0;
+  };
+  // False: refused (over the peer's limit, or nothing to take from another peer). `victim` (its worker set): the
+  // connection this one takes the place of, no longer counted, for its worker to close.
+  bool Admit(uint64_t id, Worker* worker, const std::string& peer, Victim* victim) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (total_ >= g_options.max_connections) return false;
-    long& mine = per_peer_[peer];
-    if (mine >= g_options.max_connections_per_peer) return false;
-    ++mine;
+    auto mine = peers_.find(peer);
+    size_t held = mine != peers_.end() ? mine->second.size() : 0;
+    if (static_cast<long>(held) >= g_options.max_connections_per_peer) return false;
+    if (total_ >= g_options.max_connections && !TakeVictim(held, victim)) return false;
+    entries_[id] = Entry{worker, peer, kIdle, Now()};
+    peers_[peer].insert(id);
     ++total_;
     return true;
   }
-  void Leave(const std::string& peer) {
+  // What connection `id` does from now; false when it was taken for another (it is being closed).
+  bool Enter(uint64_t id, Phase phase) {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = per_peer_.find(peer);
-    if (it != per_peer_.end() && --it->second <= 0) per_peer_.erase(it);
-    --total_;
+    auto entry = entries_.find(id);
+    if (entry == entries_.end()) return false;
+    if (entry->second.phase != phase) entry->second = Entry{entry->second.worker, entry->second.peer, phase, Now()};
+    return true;
+  }
+  void Leave(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Remove(id);
   }
 
  private:
+  struct Entry {
+    Worker* worker;
+    std::string peer;
+    Phase phase;
+    double since;  // when it began doing what it does
+  };
+
+  void Remove(uint64_t id) {
+    auto entry = entries_.find(id);
+    if (entry == entries_.end()) return;
+    auto peer = peers_.find(entry->second.peer);
+    if (peer != peers_.end()) {
+      peer->second.erase(id);
+      if (peer->second.empty()) peers_.erase(peer);
+    }
+    entries_.erase(entry);
+    --total_;
+  }
+
+  bool TakeVictim(size_t newcomer_holds, Victim* victim) {
+    std::vector<std::pair<size_t, const std::unordered_set<uint64_t>*>> larger;
+    for (const auto& [address, ids] : peers_)
+      if (ids.size() > newcomer_holds + 1) larger.emplace_back(ids.size(), &ids);
+    std::sort(larger.begin(), larger.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (const auto& [count, ids] : larger) {
+      const Entry* best = nullptr;
+      uint64_t best_id = 0;
+      for (uint64_t id : *ids) {
+        const Entry& entry = entries_.at(id);
+        if (entry.phase == kAnswering) continue;
+        if (best == nullptr || entry.phase < best->phase || (entry.phase == best->phase && entry.since < best->since)) {
+          best = &entry;
+          best_id = id;
+        }
+      }
+      if (best == nullptr) continue;
+      *victim = Victim{best->worker, best_id};
+      Remove(best_id);
+      return true;
+    }
+    return false;
+  }
+
   std::mutex mutex_;
   long total_ = 0;
-  std::unordered_map<std::string, long> per_peer_;
+  std::unordered_map<uint64_t, Entry> entries_;
+  std::unordered_map<std::string, std::unordered_set<uint64_t>> peers_;
 };
 Connections& g_connections = *new Connections;
 
@@ -237,9 +305,15 @@ struct Connection {
   evbuffer_cb_entry* watch = nullptr;  // on its input: when a request's first bytes arrive
   evhttp_connection* connection = nullptr;  // once adopted
   std::string peer;
+  uint64_t id = 0;  // its name in g_connections
   bool admitted = false;
   bool busy = false;  // a request read whole and not yet answered
   double reading_since = 0;  // when the head or body being read began to arrive (0: none is)
+  // The head being read: whether it has ended (its empty line seen), the length of its line being read, and how many
+  // lines came before it. Every byte of a head passes OnInput once, before libevent reads it.
+  bool head_done = false;
+  long head_line = 0;
+  long head_lines = 0;
   // This connection's own connection to Triton's endpoint, kept while it is open: its relays go over it, and Triton,
   // stopping, waits for it as it waited for the client's own connection when its port was public.
   evhttp_connection* upstream = nullptr;
@@ -281,6 +355,9 @@ class Worker {
   static void OnAnswered(evhttp_request* request, void* state);
   static void OnAdopt(evutil_socket_t, short, void* worker);
   static void OnSweep(evutil_socket_t, short, void* worker);
+  static void OnEvict(void* eviction);
+  // A request's bytes from `from` in `input`: its head read on; g_connections told when the head is done.
+  static void ReadHead(Connection* state, evbuffer* input, size_t from);
   // The connection libevent built on `state`'s bufferevent, counted (or closed, over a limit); false when libevent
   // has already freed it.
   bool Adopt(Connection* state, bool from_request);
@@ -307,6 +384,7 @@ class Worker {
   evhttp* http_;
   std::unordered_map<std::string, std::pair<double, ModelShape>> shapes_;
   std::unordered_map<bufferevent*, Connection*> connections_;
+  std::unordered_map<uint64_t, Connection*> by_id_;
   std::vector<Connection*> unadopted_;
   std::vector<evutil_socket_t> lingering_;  // connections to Triton kept after their clients left (see Release)
   event* adopt_;
@@ -374,9 +452,12 @@ bufferevent* Worker::NewConnection(event_base* base, void* arg) {
   bufferevent* bev = bufferevent_socket_new(base, -1, 0);
   if (bev == nullptr) return nullptr;
   bufferevent_incref(bev);
+  static std::atomic<uint64_t> last_id{0};
   auto* state = new Connection;
   state->worker = worker;
   state->bev = bev;
+  state->id = ++last_id;
+  worker->by_id_[state->id] = state;
   state->watch = evbuffer_add_cb(bufferevent_get_input(bev), OnInput, state);
   worker->connections_[bev] = state;
   worker->unadopted_.push_back(state);
@@ -403,8 +484,14 @@ bool Worker::Adopt(Connection* state, bool from_request) {
   ev_uint16_t port = 0;
   evhttp_connection_get_peer(state->connection, &address, &port);
   state->peer = address != nullptr ? address : "";
-  state->admitted = g_connections.Admit(state->peer);
+  Connections::Victim victim;
+  state->admitted = g_connections.Admit(state->id, this, state->peer, &victim);
   evhttp_connection_set_closecb(state->connection, OnConnectionClosed, state);
+  if (victim.worker != nullptr) {
+    g_refusals.Refused("connections idle or with a request still arriving closed for another peer's "
+                       "(--max-connections)");
+    victim.worker->Post(OnEvict, new Connections::Victim(victim));
+  }
   if (state->admitted || from_request) return true;
   // Over a limit before its first request: told so in a few bytes and closed.
   g_refusals.Refused("too many connections (--max-connections or --max-connections-per-peer)");
@@ -425,8 +512,9 @@ void Worker::Forget(Connection* state, bool closing) {
     lingering_.push_back(state->presence);  // Triton's wait is held until the cancelled generations end
   else if (state->presence >= 0)
     close(state->presence);
-  if (state->admitted) g_connections.Leave(state->peer);
+  if (state->admitted) g_connections.Leave(state->id);
   connections_.erase(state->bev);
+  by_id_.erase(state->id);
   for (Connection*& waiting : unadopted_)
     if (waiting == state) waiting = nullptr;
   evbuffer_remove_cb_entry(bufferevent_get_input(state->bev), state->watch);
@@ -439,21 +527,79 @@ void Worker::OnConnectionClosed(evhttp_connection*, void* arg) {
   state->worker->Forget(state, true);
 }
 
-// A request's first bytes start its deadline (--request-seconds).
-void Worker::OnInput(evbuffer*, const evbuffer_cb_info* info, void* arg) {
+// A request's first bytes start its deadlines (--head-seconds, --request-seconds).
+void Worker::OnInput(evbuffer* input, const evbuffer_cb_info* info, void* arg) {
   auto* state = static_cast<Connection*>(arg);
-  if (info->n_added > 0 && !state->busy && state->reading_since == 0) state->reading_since = Now();
+  if (info->n_added == 0 || state->busy) return;
+  if (state->reading_since == 0) {
+    state->reading_since = Now();
+    state->head_done = false;
+    state->head_line = state->head_lines = 0;
+    g_connections.Enter(state->id, Connections::kHead);
+  }
+  size_t length = evbuffer_get_length(input);
+  if (!state->head_done) ReadHead(state, input, length >= info->n_added ? length - info->n_added : 0);
+}
+
+void Worker::ReadHead(Connection* state, evbuffer* input, size_t from) {
+  size_t length = evbuffer_get_length(input);
+  if (from >= length) return;
+  evbuffer_ptr start;
+  if (evbuffer_ptr_set(input, &start, from, EVBUFFER_PTR_SET) != 0) return;
+  int count = evbuffer_peek(input, length - from, &start, nullptr, 0);
+  std::vector<evbuffer_iovec> pieces(count > 0 ? count : 0);
+  count = evbuffer_peek(input, length - from, &start, pieces.data(), count);
+  for (int i = 0; i < count && !state->head_done; ++i) {
+    const char* bytes = static_cast<const char*>(pieces[i].iov_base);
+    for (size_t j = 0; j < pieces[i].iov_len; ++j) {
+      if (bytes[j] == '\n') {
+        // Empty lines before the request line are skipped, as libevent does.
+        if (state->head_line == 0 && state->head_lines > 0) {
+          state->head_done = true;
+          g_connections.Enter(state->id, Connections::kBody);
+          break;
+        }
+        if (state->head_line > 0) ++state->head_lines;
+        state->head_line = 0;
+      } else if (bytes[j] != '\r') {
+        ++state->head_line;
+      }
+    }
+  }
 }
 
 void Worker::OnAnswered(evhttp_request*, void* arg) {
   auto* state = static_cast<Connection*>(arg);
   state->busy = false;
-  // A pipelined request already waiting starts its deadline now.
-  state->reading_since = evbuffer_get_length(bufferevent_get_input(state->bev)) > 0 ? Now() : 0;
+  // A pipelined request already waiting starts its deadlines now.
+  state->head_done = false;
+  state->head_line = state->head_lines = 0;
+  if (evbuffer_get_length(bufferevent_get_input(state->bev)) > 0) {
+    state->reading_since = Now();
+    g_connections.Enter(state->id, Connections::kHead);
+    ReadHead(state, bufferevent_get_input(state->bev), 0);
+  } else {
+    state->reading_since = 0;
+    g_connections.Enter(state->id, Connections::kIdle);
+  }
 }
 
-// Once a second: connections libevent freed without a word are forgotten; a head or body that has been arriving for
-// longer than --request-seconds (a trickle that the idle time never ends) closes its connection.
+// On the worker of a connection taken for another peer's: closed unless a request of it was read whole since (that
+// one is answered, and its connection closed after: see AdmitConnection).
+void Worker::OnEvict(void* arg) {
+  auto* victim = static_cast<Connections::Victim*>(arg);
+  Worker* worker = victim->worker;
+  auto found = worker->by_id_.find(victim->id);
+  delete victim;
+  if (found == worker->by_id_.end()) return;
+  Connection* state = found->second;
+  state->admitted = false;
+  if (state->connection != nullptr && !state->busy) evhttp_connection_free(state->connection);  // OnConnectionClosed
+}
+
+// Once a second: connections libevent freed without a word are forgotten; a head that has been arriving for longer
+// than --head-seconds, or a head and body for longer than --request-seconds (a trickle that the idle time never ends),
+// closes its connection.
 void Worker::OnSweep(evutil_socket_t, short, void* arg) {
   auto* worker = static_cast<Worker*>(arg);
   double now = Now();
@@ -464,11 +610,14 @@ void Worker::OnSweep(evutil_socket_t, short, void* arg) {
     if (state->connection != nullptr && error_callback == nullptr)
       gone.push_back(state);
     else if (state->connection != nullptr && state->reading_since > 0 &&
-             now - state->reading_since > g_options.request_seconds)
+             now - state->reading_since >
+                 (state->head_done ? g_options.request_seconds
+                                   : std::min(g_options.head_seconds, g_options.request_seconds)))
       late.push_back(state);
   }
   for (Connection* state : gone) worker->Forget(state);
-  if (!late.empty()) g_refusals.Refused("a request's head or body did not arrive within --request-seconds");
+  if (!late.empty())
+    g_refusals.Refused("a request's head did not arrive within --head-seconds, or its body within --request-seconds");
   for (Connection* state : late) evhttp_connection_free(state->connection);  // calls OnConnectionClosed
 }
 
@@ -483,6 +632,9 @@ bool Worker::AdmitConnection(evhttp_request* request) {
   if (state->admitted) {
     state->busy = true;
     state->reading_since = 0;
+    // Taken for another peer's connection just now: this request is answered, then the connection closed.
+    if (!g_connections.Enter(state->id, Connections::kAnswering))
+      evhttp_add_header(evhttp_request_get_output_headers(request), "Connection", "close");
     evhttp_request_set_on_complete_cb(request, OnAnswered, state);
     return true;
   }
@@ -1511,7 +1663,7 @@ TRITONSERVER_Error* ReleaseOutput(TRITONSERVER_ResponseAllocator*, void* buffer,
 [[noreturn]] void Usage(const std::string& problem) {
   Log("%s", problem.c_str());
   Log("options: --listen HOST:PORT --upstream HOST:PORT --max-body-bytes N [--max-header-bytes N] [--threads N] "
-      "[--idle-seconds S] [--request-seconds S] [--max-connections N] [--max-connections-per-peer N] [--max-calls N] "
+      "[--idle-seconds S] [--head-seconds S] [--request-seconds S] [--max-connections N] [--max-connections-per-peer N] [--max-calls N] "
       "[--drain-seconds S] "
       "[--request-parameters NAME,...] [--relay-only 0|1]");
   throw std::invalid_argument(problem);
@@ -1555,6 +1707,8 @@ Options Parse(const std::vector<std::string>& words) {
       options.idle_seconds = Number(name, value, 1, 86400);
     else if (name == "--request-seconds")
       options.request_seconds = Number(name, value, 1, 86400);
+    else if (name == "--head-seconds")
+      options.head_seconds = Number(name, value, 1, 86400);
     else if (name == "--max-connections")
       options.max_connections = Number(name, value, 1, 1000000);
     else if (name == "--max-connections-per-peer")
@@ -1637,11 +1791,13 @@ bool Listen() {
     }).detach();
   }
   Log("listening on %s%s, forwarding to tritonserver at %s: bodies up to %ld bytes, heads up to %ld, %ld thread(s), "
-      "at most %ld requests in flight, %ld connections (%ld per peer), idle connections closed after %ld s",
+      "at most %ld requests in flight, %ld connections (%ld per peer), idle connections closed after %ld s, heads "
+      "cut after %ld s",
       g_options.listen.c_str(),
       g_server != nullptr ? " in tritonserver's process (infer through its C API)" : " in tritonserver's process",
       g_options.upstream.c_str(), g_options.max_body_bytes, g_options.max_header_bytes, g_options.threads,
-      g_options.max_calls, g_options.max_connections, g_options.max_connections_per_peer, g_options.idle_seconds);
+      g_options.max_calls, g_options.max_connections, g_options.max_connections_per_peer, g_options.idle_seconds,
+      g_options.head_seconds);
   return true;
 }
 

@@ -25,7 +25,9 @@ HTTP_RESTRICTED = "--http-restricted-api"
 # holds besides its tensors (model name, tensor names, shapes, parameters).
 JSON_BYTES_PER_BYTE = 6
 JSON_ENVELOPE_BYTES = 64 * 1024
-# Requests to Triton in flight through the front at most, and open connections at most, overall and per peer.
+# Requests to Triton in flight through the front at most, and open connections at most, overall and per peer. When
+# every connection is taken, a new peer's takes the place of the oldest idle one (else one whose request is still
+# arriving) of the peer holding most: a few addresses cannot keep the others out.
 DEFAULT_MAX_CALLS = 1024
 # Request bodies held in memory at once by the front, raw and inflated, all requests together: past it a request is
 # answered 503 at once. Without it the bound would be --max-calls bodies of up to twice the body limit each (raw, and
@@ -51,6 +53,9 @@ DEFAULT_IDLE_SECONDS = 60
 # A request's head and body must have arrived this long after their first byte: a trickle of bytes, each within the
 # idle time, is cut here.
 DEFAULT_REQUEST_SECONDS = 60
+# A request's head (under 16 KiB) must have arrived this long after its first byte: a connection whose head trickles in
+# holds a connection without asking anything.
+DEFAULT_HEAD_SECONDS = 10
 
 
 class HttpFrontError(S2TError, RuntimeError):
@@ -70,7 +75,8 @@ def front_options(public_port: int, upstream_port: int, body_bytes: int, drain_s
             "--max-body-memory-bytes", str(DEFAULT_MAX_BODY_MEMORY_BYTES),
             "--max-connections", str(DEFAULT_MAX_CONNECTIONS),
             "--max-connections-per-peer", str(DEFAULT_MAX_CONNECTIONS_PER_PEER),
-            "--idle-seconds", str(DEFAULT_IDLE_SECONDS), "--request-seconds", str(DEFAULT_REQUEST_SECONDS),
+            "--idle-seconds", str(DEFAULT_IDLE_SECONDS), "--head-seconds", str(DEFAULT_HEAD_SECONDS),
+            "--request-seconds", str(DEFAULT_REQUEST_SECONDS),
             "--drain-seconds", str(drain_seconds),
             "--threads", str(threads), "--request-parameters", ",".join(CUSTOM_REQUEST_PARAMETERS) or "-"]
 
