@@ -6,7 +6,12 @@ A line through every sample after the warm-up, rather than the last sample again
 or a quiet moment at the end cannot decide alone, and the slope says what a run of days would add, which is what a
 soak of minutes is asked. The warm-up (a minute, or a tenth of a shorter run) is left out so that allocator arenas
 and caches filling once are not read as a leak. A step that stays (memory taken during a burst and never returned)
-counts: a soak cannot tell it from a leak, so it is reported as the growth it would be if it went on.
+counts: under one load a soak cannot tell it from a leak, so it is reported as the growth it would be if it went on.
+
+The fit is taken over a stretch of one load: the whole run of a soak whose load does not change, and each phase of
+one whose load does (the hostile soak: valid traffic, then the floods beside it, then valid traffic again). Memory
+a new load takes when it starts is that load's working set, not growth; what the rule asks of each load is that
+72 hours more of it would not add 5%. The whole run's line is reported beside the phases' for the reader.
 """
 from __future__ import annotations
 
@@ -65,6 +70,18 @@ def trends(series: Mapping[str, Points], run_seconds: float) -> dict[str, dict]:
     """`trend` of every named series, with the warm-up of a run of `run_seconds`."""
     warm = warm_up_s(run_seconds)
     return {name: trend(points, warm) for name, points in series.items()}
+
+
+def phase_trends(series: Mapping[str, Points], phases: Mapping[str, tuple[float, float]]) -> dict[str, dict]:
+    """`trend` of every series over each phase (name -> (from s, to s) into the run: a sample at a boundary is the
+    next phase's, and the last phase takes every sample after its start), each with the warm-up of a run as long as
+    the phase counted from the phase's start: {"<series> (<phase>)": fit}."""
+    fits, last_end = {}, max((end for _, end in phases.values()), default=0.0)
+    for name, points in series.items():
+        for phase, (start, end) in phases.items():
+            inside = [(t, y) for t, y in points if start <= t and (t < end or end == last_end)]
+            fits[f"{name} ({phase})"] = trend(inside, start + warm_up_s(end - start))
+    return fits
 
 
 def verdict(fits: Mapping[str, Mapping], limit: float = MAX_PROJECTED_GROWTH) -> dict:

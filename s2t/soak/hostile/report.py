@@ -45,6 +45,15 @@ def phase_of(elapsed_s: float, before_s: float, during_s: float) -> str:
     return "during" if elapsed_s < before_s + during_s else "after"
 
 
+def phase_bounds(phases_s: Mapping[str, float]) -> dict[str, tuple[float, float]]:
+    """Each phase's (from s, to s) into the run, from the phases' lengths in PHASES order."""
+    bounds, start = {}, 0.0
+    for phase in PHASES:
+        bounds[phase] = (start, start + phases_s[phase])
+        start += phases_s[phase]
+    return bounds
+
+
 # The width of the windows of a path's latency timeline: short enough to tell a burst from a queue that builds.
 WINDOW_S = 5.0
 
@@ -265,11 +274,12 @@ def table(report: Mapping) -> str:
             for p in PHASES))
     fits = report.get("rss_trend", {})
     if fits:
-        lines.append("RSS fitted after the warm-up, projected to 72 h:")
+        lines.append("RSS fitted over each phase after its warm-up, projected to 72 h of that phase's load (the "
+                     "rule), and over the whole run:")
+        for name, fit in report.get("rss_trend_by_phase", {}).items():
+            lines.append(f"  {name:<18} {rss_trend.describe(fit)}")
         for group, fit in fits.items():
-            lines.append(f"  {group:<18} {rss_trend.describe(fit)}")
-        for group, fit in report.get("rss_trend_after_floods", {}).items():
-            lines.append(f"  {group + ' (after)':<18} {rss_trend.describe(fit)}")
+            lines.append(f"  {group + ' (whole run)':<18} {rss_trend.describe(fit)}")
         by_process = report.get("rss_trend_by_process", {})
         grown = sorted(((name, fit) for name, fit in by_process.items() if fit.get("slope_bytes_per_hour")),
                        key=lambda item: -item[1]["slope_bytes_per_hour"])[:3]

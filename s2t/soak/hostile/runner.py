@@ -24,7 +24,7 @@ import psutil
 from s2t.soak.hostile import report as soak_report
 from s2t.soak.hostile.patterns import CALLER_ERROR_FLOODS, FLOOD_NAMES, FLOOD_SIZES, WIRE_ATTACK_FLOODS, \
     run_floods
-from s2t.soak.hostile.report import ANSWERED
+from s2t.soak.hostile.report import ANSWERED, phase_bounds
 from s2t.soak.hostile.valid_paths import LATENCY_TARGETS_MS, VALID_TIMEOUT_S, Calls, Clock, ValidPath, guarded, \
     host_port, path_calls
 from s2t.soak.hostile.watch import Watch, leftovers, listening_pids, port_owner, run_processes, serving_pids, \
@@ -135,13 +135,14 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
                              for name, out in measured.warm_up.items() if out},
         "rss": {group: {p: phases[p] for p in soak_report.PHASES if p in phases}
                 for group, phases in watch.rss.items()},
+        # The rule: each phase's own load, 72 hours more of it (rss_trend). The valid load before and after the
+        # floods and the floods themselves each hold their own line; a flood's working set taken when it starts
+        # is a step between phases, and growth that goes on under any one of them fails it.
+        "rss_trend_by_phase": rss_trend.phase_trends(watch.series, phase_bounds(watch.clock.phases_s)),
+        # Information beside the rule: the whole run's line (a step between phases reads as growth there) and each
+        # process's.
         "rss_trend": rss_trend.trends(watch.series, options.seconds),
         "rss_trend_by_process": rss_trend.trends(watch.process_series, options.seconds),
-        # Information beside the rule: the quiet phase after the floods alone. Flat there while the whole run's
-        # fit grows is memory taken during the floods and kept (a high-water mark or a leak: one flood window
-        # cannot tell which); growing there is growth that goes on without the floods.
-        "rss_trend_after_floods": {group: rss_trend.trend(points, watch.clock.during_ends() - watch.clock.started)
-                                   for group, points in watch.series.items()},
         "rss_samples": {group: points for group, points in watch.series.items()},
         "load_average": {"start": [round(v, 2) for v in load_start],
                          "end": [round(v, 2) for v in os.getloadavg()], "cpus": os.cpu_count()},
@@ -166,7 +167,7 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
             soak_report.supervisor_totals(measured.supervisor_after)),
         "caller_errors_answered_alone": soak_report.caller_errors_answered_alone(
             {name: flood_results.get(name, {}) for name in CALLER_ERROR_FLOODS}, valid_succeeded),
-        "rss_projection": rss_trend.verdict(report["rss_trend"]),
+        "rss_projection": rss_trend.verdict(report["rss_trend_by_phase"]),
         "metric_labels_from_configuration": soak_report.labels_from_configuration(bogus.get("leaked_labels", 0),
                                                                                   bogus.get("sent", 0)),
         "admin_apis_restricted": soak_report.apis_restricted(flood_results["api_probes"]["probes"]),

@@ -19,6 +19,7 @@ import asyncio
 import http.client
 import json
 import random
+import re
 import threading
 import time
 from collections import Counter
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 from s2t.backends.runtime import bytes_tensor
 from s2t.gate import hostile_requests
+from s2t.soak.from_address import ELSEWHERE, FromAddress, is_loopback
 from s2t.soak.hostile.floods import REQUEST_TIMEOUT_S
 from s2t.soak.hostile.valid_paths import host_port
 from s2t.wire.names import PAYLOAD
@@ -41,6 +43,10 @@ BYTES_OUTPUT, CLASS_COUNT = "decision", 5
 # What a refused request comes back as, per way in. UNAVAILABLE is not among them: it is a server that could not
 # take the call (full, or gone), never the answer to a caller's mistake.
 REFUSED = frozenset({"HTTP 400", "INVALID_ARGUMENT"})
+# How the edge ends a stream at a message it refuses: its status details name the message, and every message before
+# it has been answered.
+STREAM_REFUSAL = re.compile(r"message (\d+) of the stream: ")
+FIRST_MESSAGE_REFUSED = "message 1 of the stream: "
 STREAM_MESSAGES = (1, 30)
 # A stream in every ABSURD_EVERY carries one message with an absurd part (a dimension or an element length no
 # buffer can have).
@@ -196,14 +202,21 @@ def bytes_classification(http_url: str, grpc_url: str, records: Sequence[Mapping
         status, details, responses = channels.stream([infer_message(record, classify=True).SerializeToString(),
                                                       infer_message(record).SerializeToString()])
         answered = not _gave_up(status, details)
-        # Refused in the stream (an error message for it) or the stream ended over it: either is a refusal. Only
-        # the first leaves the valid message after it to be answered, as it must be.
+        # Refused in the stream (an error message for it, as Triton's own endpoint does) or the stream ended over
+        # it, naming the message (as the edge does): either is a refusal. In the first the valid message after it
+        # on the stream must be scored; in the second the stream's error is its answer, and a valid request after
+        # the stream must be scored.
         in_stream = bool(responses) and bool(responses[0].error_message)
-        refused = in_stream or (not responses and status in REFUSED)
+        ended_over_it = not responses and status in REFUSED and details.startswith(FIRST_MESSAGE_REFUSED)
+        hostile = Attempt("hostile", f"stream: {'its error message' if in_stream else status}",
+                          in_stream or ended_over_it, answered, details[:100])
+        if not in_stream and ended_over_it:
+            after_status, after_details, _ = channels.unary(INFER, infer_message(record).SerializeToString())
+            return [hostile, Attempt("valid", f"valid after the stream it ended: {after_status}",
+                                     after_status == "OK", not _gave_up(after_status, after_details),
+                                     after_details[:100])]
         scored = len(responses) == 2 and not responses[1].error_message
-        return [Attempt("hostile", f"stream: {'its error message' if in_stream else status}", refused, answered,
-                        details[:100]),
-                Attempt("valid", "valid after it on the stream: " + (
+        return [hostile, Attempt("valid", "valid after it on the stream: " + (
                     "answered" if scored else status if len(responses) < 2 else "error message"), scored, answered,
                     details[:100] if len(responses) < 2 else responses[1].error_message[:100])]
 
@@ -267,9 +280,10 @@ def damaged_streams(grpc_url: str, records: Sequence[Mapping], count: int, calle
                     seed: int = 0) -> dict:
     """`count` streams of `damaged_stream`, each sent whole and half-closed, with a valid unary request after each
     on the same connection. Where every message is sure to parse, each must be answered (risk_pipeline answers one
-    response per request, an error for the absurd one) and the stream end OK; otherwise the stream must be ended
-    with a refusal (a status other than OK, UNAVAILABLE or UNKNOWN) or every message answered: never dropped or
-    left hanging. The valid request after it must be scored."""
+    response per request, an error for the absurd one) and the stream end OK, or the stream be ended
+    INVALID_ARGUMENT naming the message refused with every message before it answered (the edge's rule);
+    otherwise the stream must be ended with a refusal (a status other than OK, UNAVAILABLE or UNKNOWN) or every
+    message answered: never dropped or left hanging. The valid request after it must be scored."""
     channels = _RawChannels(grpc_url)
 
     def one(k: int) -> list[Attempt]:
@@ -278,8 +292,12 @@ def damaged_streams(grpc_url: str, records: Sequence[Mapping], count: int, calle
         answered = not _gave_up(status, details)
         way = STREAM_DAMAGE[k % len(STREAM_DAMAGE)]
         every = len(responses) == len(messages)
+        # The edge ends a stream at a message it refuses (one that does not parse, or one it would refuse alone),
+        # naming it, once every message before it is answered; Triton's own endpoint answers each message.
+        refused_at = STREAM_REFUSAL.match(details) if status == "INVALID_ARGUMENT" else None
+        ended_at_a_named_message = bool(refused_at) and len(responses) >= int(refused_at.group(1)) - 1
         if sure:
-            right = answered and status == "OK" and every
+            right = answered and ((status == "OK" and every) or ended_at_a_named_message)
         else:
             right = answered and (status not in ("OK", "UNAVAILABLE", "UNKNOWN") or (status == "OK" and every))
         label = (f"{way}, {'all parse' if sure else 'not all parse'}: {status}, "
@@ -385,9 +403,17 @@ def greedy_client(grpc_url: str, records: Sequence[Mapping], held_calls: int, si
     from tritonclient.grpc import service_pb2
     held: dict = {}
 
+    # The greedy client is another machine's: on a server on loopback it connects from an address of its own, as
+    # it would from elsewhere, while every valid caller of the soak keeps 127.0.0.1 (a server shares its calls
+    # out by the address they come from, and this machine's own callers may take all but the reserve).
+    host, port = host_port(grpc_url)
+    relay = FromAddress(ELSEWHERE, port, host) if is_loopback(host) else None
+    held["from"] = ELSEWHERE if relay else "the soak's own address"
+
     def hold() -> None:
         try:
-            held["ended"] = asyncio.run(_hold(grpc_url, held_calls, silent_streams, hold_until))
+            held["ended"] = asyncio.run(_hold(relay.url if relay else grpc_url, held_calls, silent_streams,
+                                              hold_until))
         except Exception as err:  # noqa: BLE001 - a greedy client that broke is reported as such
             held["ended"] = Counter({f"greedy client failed: {type(err).__name__}: {str(err)[:80]}": 1})
 
@@ -418,8 +444,10 @@ def greedy_client(grpc_url: str, records: Sequence[Mapping], held_calls: int, si
     finally:
         channels.close()
         holder.join(REQUEST_TIMEOUT_S)
+        if relay:
+            relay.close()
     result = tally(attempts)
-    result["held"] = {"calls": held_calls, "silent_streams": silent_streams,
+    result["held"] = {"calls": held_calls, "silent_streams": silent_streams, "from": held["from"],
                       "ended": dict(held.get("ended", {"still holding after its time": 1}))}
     result["hostile"] = {"sent": held_calls + silent_streams, "as_expected": held_calls + silent_streams}
     return result

@@ -43,6 +43,25 @@ def test_a_step_that_stays_is_growth_and_one_that_returns_is_not():
     assert abs(rss_trend.trend(returns)["projected_growth"]) < rss_trend.MAX_PROJECTED_GROWTH
 
 
+def test_each_phase_of_a_changing_load_is_fitted_on_its_own():
+    # 15 min of valid load, 30 min of floods that take 250 MiB when they start and hold it flat, 15 min after that
+    # give some back: the whole run's line reads the step as growth, each phase's own line is flat.
+    def rss(t):
+        return (600 if t < 900 else 850 if t < 2700 else 830) * MIB + (t % 30) * 1000
+    points = [(float(t), rss(t)) for t in range(0, 3600, 10)]
+    phases = {"before": (0.0, 900.0), "during": (900.0, 2700.0), "after": (2700.0, 3600.0)}
+    fits = rss_trend.phase_trends({"serving": points}, phases)
+    assert set(fits) == {"serving (before)", "serving (during)", "serving (after)"}
+    assert rss_trend.verdict(fits)["holds"] is True
+    assert fits["serving (during)"]["from_s"] == 900.0 + rss_trend.warm_up_s(1800.0)
+    assert fits["serving (during)"]["to_s"] <= 2700.0
+    assert rss_trend.verdict(rss_trend.trends({"serving": points}, 3600.0))["holds"] is False
+    # Growth that goes on under the floods fails the rule, however flat the other phases are.
+    leaking = [(t, y + (8 * MIB * (t - 900) / 3600 if 900 <= t < 2700 else 0)) for t, y in points]
+    grown = rss_trend.verdict(rss_trend.phase_trends({"serving": leaking}, phases))
+    assert grown["holds"] is False and "serving (during)" in grown["detail"]
+
+
 @pytest.mark.parametrize("points", [[], [(10.0, 5.0)], [(10.0, 5.0), (20.0, 6.0)], [(10.0, 5.0)] * 3])
 def test_too_few_samples_are_not_measured_never_kept(points):
     fit = rss_trend.trend(points)

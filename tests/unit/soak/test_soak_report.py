@@ -165,10 +165,10 @@ def test_table_shows_every_path_phase_rss_flood_and_verdict():
               "rss_trend": {"serving": {"samples": 30, "from_s": 6.0, "to_s": 60.0, "start_bytes": 300 * MIB,
                                         "end_bytes": 301 * MIB, "slope_bytes_per_hour": 66 * MIB,
                                         "projected_growth": 15.84, "projected_hours": 72.0}},
-              "rss_trend_after_floods": {"serving": {"samples": 8, "from_s": 45.0, "to_s": 60.0,
-                                                     "start_bytes": 301 * MIB, "end_bytes": 301 * MIB,
-                                                     "slope_bytes_per_hour": 0, "projected_growth": 0.0,
-                                                     "projected_hours": 72.0}},
+              "rss_trend_by_phase": {"serving (after)": {"samples": 8, "from_s": 45.0, "to_s": 60.0,
+                                                         "start_bytes": 301 * MIB, "end_bytes": 301 * MIB,
+                                                         "slope_bytes_per_hour": 0, "projected_growth": 0.0,
+                                                         "projected_hours": 72.0}},
               "load_average": {"start": [0.5, 0.4, 0.3], "end": [3.25, 1.0, 0.5], "cpus": 2},
               "supervisor_before": ["s2t_server_restarts_total 0"], "supervisor": ["s2t_server_restarts_total 1"],
               "verdicts": {"rss_projection": {"holds": True, "detail": "ok"}, "admin_apis_restricted":
@@ -178,8 +178,9 @@ def test_table_shows_every_path_phase_rss_flood_and_verdict():
     assert "300/290" in text and "bogus_routes" in text and "100 x StatusCode.INVALID_ARGUMENT" in text
     assert "admin_apis_restricted                   FAILS" in text and "not measured" in text
     assert "public gRPC port served by: s2t_grpc_front (pid 42)" in text
-    assert "serving            300.0 -> 301.0 MiB fitted over 6-60 s, +66.0 MiB/h, +1584.0% at 72 h" in text
+    assert "serving (whole run) 300.0 -> 301.0 MiB fitted over 6-60 s, +66.0 MiB/h, +1584.0% at 72 h" in text
     assert "serving (after)    301.0 -> 301.0 MiB fitted over 45-60 s, +0.0 MiB/h, +0.0% at 72 h" in text
+
     assert "load average (1, 5, 15 min): at the start 0.50 0.40 0.30, at the end 3.25 1.00 0.50 on 2 CPUs" in text
     assert "supervisor at the start: s2t_server_restarts_total 0" in text
     assert "supervisor at the end: s2t_server_restarts_total 1" in text
@@ -195,3 +196,8 @@ def test_oversized_bodies_must_each_be_refused_with_a_4xx(outcomes, holds, in_de
     flood = {"sent": sum(outcomes.values()), "outcomes": outcomes, "answers": {"HTTP 500": '{"error":"failed to parse"}'}}
     verdict = soak_report.oversized_bodies_refused(flood)
     assert verdict["holds"] is holds and in_detail in verdict["detail"], verdict
+
+
+def test_phase_bounds_follow_the_phases_in_order():
+    assert soak_report.phase_bounds({"after": 15.0, "before": 15.0, "during": 30.0}) == {
+        "before": (0.0, 15.0), "during": (15.0, 45.0), "after": (45.0, 60.0)}

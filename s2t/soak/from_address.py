@@ -1,0 +1,74 @@
+"""A TCP relay whose connections reach a server on this machine from another loopback address.
+
+Every 127/8 address is this machine's, so a client on it can stand for a client elsewhere: the server counts shares
+by the address a caller connects from, and a soak or test that sends its hostile and its valid callers from one
+address would only measure that address against itself.
+"""
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+
+# The address hostile callers take when the server is on loopback; valid ones keep 127.0.0.1.
+ELSEWHERE = "127.0.0.2"
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+class FromAddress:
+    """Listens on 127.0.0.1 (its `url`) and relays each connection to `host:port` from `source`, byte for byte,
+    until either side closes; `close()` ends the listener and every connection."""
+
+    def __init__(self, source: str, port: int, host: str = "127.0.0.1"):
+        self.source, self.host, self.port = source, host, port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, name="from-address", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                down, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                up = socket.create_connection((self.host, self.port), source_address=(self.source, 0))
+            except OSError:
+                down.close()
+                continue
+            with self._lock:
+                self._sockets += [down, up]
+            for a, b in ((down, up), (up, down)):
+                threading.Thread(target=self._pump, args=(a, b), name="from-address-pump", daemon=True).start()
+
+    @staticmethod
+    def _pump(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(1 << 16):
+                b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+        except OSError:
+            pass
+        self.listener.close()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            s.close()
