@@ -67,10 +67,13 @@ unit: $(VENV)/.installed-dev proto
 # Everything else: the real tritonserver, the built models, the deployment files, the GPU tests (skipped without one).
 # Two workers, a file's tests on one of them (its module's server with them): most tests wait on a server, so two
 # fit on 2 cores. `make integration WORKERS=1` runs them one after another.
+# The files go out in the order tests/integration/conftest.py sorts them (the longest first), not in xdist's own
+# order (most tests first), which left the long files of one or two tests to the end, one worker idle meanwhile.
 WORKERS ?= 2
 integration-builds: $(SCORER_ONNX) $(LITE_ONNX) native $(VENV)/.installed-test $(GENAI_VENV)/.installed fuzz-build
 integration: models $(VENV)/.installed-test $(GENAI_VENV)/.installed
-	$(call pytest,integration,--ignore=tests/unit $(if $(filter-out 1,$(WORKERS)),-n $(WORKERS) --dist loadfile) --durations=25)
+	$(call pytest,integration,--ignore=tests/unit \
+	  $(if $(filter-out 1,$(WORKERS)),-n $(WORKERS) --dist loadfile --no-loadscope-reorder) --durations=25)
 
 # $(call pytest,LEVEL,ARGS): one level of the suite. pytest's exit status stays the target's, and is named: 5 (no
 # test collected) fails the level too, since a level that runs nothing proves nothing.

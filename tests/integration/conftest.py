@@ -1,3 +1,4 @@
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -8,25 +9,31 @@ from tests.integration.servers import EXPLICIT_ADMIN_KEY, serving, triton_server
 HERE = Path(__file__).resolve().parent
 
 
-# The modules that take longest (a minute or more of a worker), started first: the level's workers take one file at
-# a time in collection order, and a long file taken last leaves the other worker idle until it ends. Others keep
-# their order after these; a module missing here only costs time.
+# The modules that take longest (half a minute or more of a worker), longest first, from the level's --durations
+# and single-file runs: each worker takes one file at a time in this order (the Makefile switches off xdist's own
+# order, most tests first), so that no long file is left for one worker at the end while the other idles. The other
+# modules follow, most tests first (those of one or two tests are short): a module missing here only costs time.
 LONGEST_FIRST = tuple(f"{HERE}/{name}.py" for name in (
-    "serve/test_lifecycle", "models/test_conversion_corpus", "llm/test_llm_rollout", "control/test_rollout",
-    "serve/test_grpc_front", "bench/test_bench", "bench/test_bench_llm", "serve/test_soak",
-    "models/test_example_signature", "control/test_cli_gates", "control/test_staged_rollout",
-    "pipeline/test_risk_explainer", "pipeline/test_drift", "test_packaging", "gateway/test_dual_run",
-    "gateway/test_legacy_service", "llm/test_llm_admission", "gateway/test_legacy_and_convert"))
+    "control/test_crash_consistency", "serve/test_lifecycle", "llm/test_llm_rollout",
+    "models/test_conversion_corpus", "bench/test_bench_llm", "bench/test_bench", "serve/test_soak",
+    "serve/test_grpc_front", "control/test_staged_rollout", "serve/test_http_front", "control/test_rollout",
+    "test_packaging", "bench/test_bench_cutover", "control/test_canary_analysis", "gateway/test_legacy_service",
+    "gateway/test_dual_run", "pipeline/test_risk_explainer", "serve/test_clean_stop", "bench/test_bench_cpu_cost",
+    "models/test_example_signature", "control/test_cli_gates", "pipeline/test_drift", "edge/test_fuzz_native",
+    "serve/test_http_front_relay", "serve/test_caller_errors_heal_nothing", "bench/test_bench_crossover",
+    "llm/test_llm_admission", "gateway/test_legacy_and_convert"))
 
 
 def pytest_collection_modifyitems(items):
     """Every test here runs the real tritonserver (or another real service): `-m "not integration"` skips them.
-    The longest modules go first (LONGEST_FIRST)."""
+    The longest modules go first (LONGEST_FIRST), then the others by their number of tests, most first."""
     for item in items:
         if Path(item.path).resolve().is_relative_to(HERE):
             item.add_marker(pytest.mark.integration)
     rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(str(Path(item.path).resolve()), len(rank)))
+    tests_in = Counter(str(Path(item.path).resolve()) for item in items)
+    # sort() is stable: a module's tests keep their order, and so do modules of equal rank and count.
+    items.sort(key=lambda item: (rank.get(path := str(Path(item.path).resolve()), len(rank)), -tests_in[path]))
 
 
 @pytest.fixture(scope="session")
