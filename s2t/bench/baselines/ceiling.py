@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from google.protobuf import text_format
-
-from s2t import triton_config
+from s2t.bench.harness.repository import edited
 from s2t.wire.names import PIPELINE
 
 CEILING = f"{PIPELINE}_ceiling"
@@ -39,11 +37,12 @@ class InProcessModel:
 
 def add(repository: Path) -> Path:
     """The ceiling model's folder, written into `repository` (which holds risk_pipeline)."""
-    config = triton_config.load(repository / PIPELINE)
-    config.name = CEILING
-    config.ClearField("parameters")
+    def change(config) -> None:
+        config.name = CEILING
+        config.ClearField("parameters")
+
     folder = repository / CEILING
     (folder / "1").mkdir(parents=True, exist_ok=True)
-    (folder / "config.pbtxt").write_text(text_format.MessageToString(config))
+    (folder / "config.pbtxt").write_text(edited((repository / PIPELINE / "config.pbtxt").read_text(), change))
     (folder / "1" / "model.py").write_text(MODEL_PY)
     return folder

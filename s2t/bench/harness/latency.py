@@ -8,6 +8,14 @@ from typing import Sequence
 import numpy as np
 
 
+def percentile(values: Sequence[float], q: float) -> float:
+    """The `q`th percentile (0-100) of `values`, interpolated as numpy does; NaN when there are none. The one
+    percentile of the benchmark: every mode's latencies are read this way."""
+    if len(values) == 0:
+        return math.nan
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
 @dataclass(frozen=True)
 class LatencySummary:
     """Milliseconds per call (percentiles interpolated as numpy does); NaN when no call was timed."""
@@ -22,5 +30,4 @@ class LatencySummary:
         if len(durations_s) == 0:
             return cls(0, math.nan, math.nan, math.nan, math.nan)
         ms = np.asarray(durations_s, dtype=float) * 1000.0
-        p50, p95, p99 = np.percentile(ms, [50, 95, 99])
-        return cls(len(ms), float(ms.mean()), float(p50), float(p95), float(p99))
+        return cls(len(ms), float(ms.mean()), percentile(ms, 50), percentile(ms, 95), percentile(ms, 99))

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Iterator
 
 import psutil
@@ -169,3 +171,21 @@ def markdown_lines(summary: dict) -> list[str]:
         return [f"**Publishable**: a quiet machine (load average {summary['load_average_1m_at_start']} at the start "
                 f"on {summary['cores']} cores; other processes at most {worst:.0%} of the CPU in any round).", ""]
     return ["**NOT PUBLISHABLE: taken on a busy machine.** " + "; ".join(summary["reasons"]) + ".", ""]
+
+
+def machine() -> dict:
+    """What a run's figures were measured on, and how busy it was when the run began."""
+    load1, load5, _ = psutil.getloadavg()
+    return {"cpu": platform.processor() or _cpu_model(), "logical_cores": psutil.cpu_count(),
+            "memory_gb": round(psutil.virtual_memory().total / 2**30, 1), "os": platform.platform(),
+            "python": platform.python_version(), "load_average_at_start": [round(load1, 2), round(load5, 2)]}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine() or "unknown"

@@ -1,6 +1,6 @@
 """How much each mode measures. `quick` fits in under 3 minutes on the 2-core machine (two rounds a line); `full`
-measures more points and five rounds a line, and is what the README's figures come from; `smoke` only proves the
-machinery (the tests run it)."""
+takes about 10 minutes, five rounds a line with the FastAPI workers swept, and is what the README's figures come
+from (it measures only the points the documents publish); `smoke` only proves the machinery (the tests run it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,9 +21,12 @@ class Mode:
     inprocess_seconds: float
     cold_starts: int
     http_connections: int = 16
-    # wrk rounds: Triton and each FastAPI app take turns (http_seconds each per round) while all are up, so a
-    # change in the machine's load hits every side alike; each side's figure is its median round.
+    # wrk rounds: Triton and each FastAPI side take turns (http_seconds each per round, the order rotating) while
+    # all are up, so a change in the machine's load hits every side alike; each side's figure is its median round.
     http_rounds: int = 1
+    # uvicorn workers of each FastAPI app, one side per count: each round's strongest side is its baseline, as
+    # Triton runs its best settings.
+    baseline_workers: tuple[int, ...] = (2,)
     # perf_analyzer HTTP / gRPC rounds on risk_pipeline at http_connections, alternating
     # (s2t/bench/scenarios/protocols.py).
     protocol_rounds: int = 1
@@ -38,8 +41,8 @@ MODES = {
     "quick": Mode(name="quick", window_requests=600, concurrency=(1, 16), batches=(1, 256), request_rates=(1000,),
                   rate_protocols=("http",), http_seconds=5, swaps=5, stream_records=2000,
                   stream_streams=16, inprocess_seconds=1.0, cold_starts=1, http_rounds=2, protocol_rounds=2),
-    "full": Mode(name="full", window_requests=1500, concurrency=(1, 4, 16, 32), batches=(1, 16, 64, 256),
-                 request_rates=(500, 1000, 2000), rate_protocols=("http", "grpc"), http_seconds=8,
+    "full": Mode(name="full", window_requests=1500, concurrency=(1, 16), batches=(1, 256),
+                 request_rates=(1000,), rate_protocols=("http",), http_seconds=6,
                  swaps=5, stream_records=5000, stream_streams=16, inprocess_seconds=3.0, cold_starts=3, http_rounds=5,
-                 protocol_rounds=5),
+                 protocol_rounds=5, baseline_workers=(1, 2, 4)),
 }

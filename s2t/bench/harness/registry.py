@@ -147,8 +147,8 @@ def _cpu_cost(plan: str, folder_name: str | None = None,
 BENCH_MODES = {
     "smoke": BenchMode("only proves the machinery", _side_by_side("smoke")),
     "quick": BenchMode("under 3 minutes, two rounds a line", _side_by_side("quick")),
-    "full": BenchMode("five rounds a line, more concurrencies, batch sizes and rates (about 7 minutes): the README's "
-                      "figures", _side_by_side("full")),
+    "full": BenchMode("five rounds a line, the FastAPI apps at 1, 2 and 4 workers, the published points only "
+                      "(about 10 minutes): the README's figures", _side_by_side("full")),
     "gpu": BenchMode("TensorRT vs ONNX Runtime CUDA EP vs CPU (needs a GPU, `make gpu-venv`)", _gpu),
     "model-analyzer": BenchMode("Triton Model Analyzer's instance/batch sweep of risk_pipeline "
                                 "(pip install '.[analyzer]')", _model_analyzer),
@@ -157,11 +157,11 @@ BENCH_MODES = {
                          _cutover("cutover")),
     "cutover-smoke": BenchMode("cutover on a short plan", _cutover("smoke")),
     "llm": BenchMode("tokens/s, TTFT, ITL, length-aware vs FIFO, risk_pipeline beside LLM streams", _llm),
-    "cpu-cost": BenchMode("risk_pipeline's CPU per request, server variants (--side) in alternating rounds",
+    "cpu-cost": BenchMode("risk_pipeline's CPU per request, server variants (--side) taking turns",
                           _cpu_cost("cpu-cost")),
     "cpu-cost-smoke": BenchMode("cpu-cost on a short plan", _cpu_cost("cpu-cost-smoke")),
     "grpc-front": BenchMode("risk_pipeline over gRPC with perf_analyzer at c=16: Triton's own endpoint vs the gRPC "
-                            "front inside tritonserver vs the front as a process, in alternating rounds (cpu-cost's "
+                            "front inside tritonserver vs the front as a process, taking turns (cpu-cost's "
                             "plan)",
                             _cpu_cost("cpu-cost", "grpc_front", GRPC_FRONT_SIDES)),
 }

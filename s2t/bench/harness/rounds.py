@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence, TypeVar
 
+T = TypeVar("T")
+R = TypeVar("R")
 Round = Mapping[str, float] | None  # one side's figures of one round; None: the side has no such round
 
 
@@ -99,3 +101,30 @@ def duel(ours: Sequence[Round], theirs: Mapping[str, Sequence[Round]], rate: str
         cpus.append(_ratio(_figure(entry, cpu), _figure(other, cpu)))
     return Duel(tuple(opponents), spread(rates, higher_is_better=True), spread(p99s, higher_is_better=False),
                 spread(cpus, higher_is_better=False), above, unknown)
+
+
+def take_turns(sides: Sequence[T], rounds: int, measure: Callable[[T, int], R]) -> dict[T, list[R]]:
+    """`measure(side, round)` for every side in each of `rounds` rounds; each side's results in the order taken.
+
+    The order rotates: round n starts with the side after the one that started round n-1, so no side is always the
+    first after a pause (warmer caches, a machine that has just settled) or always the last."""
+    taken: dict[T, list[R]] = {side: [] for side in sides}
+    for number in range(rounds):
+        shift = number % len(sides) if sides else 0
+        for side in (*sides[shift:], *sides[:shift]):
+            taken[side].append(measure(side, number))
+    return taken
+
+
+def median(values: Sequence[float | None], higher_is_better: bool = True) -> float:
+    """The median as every bench figure takes it (`spread`): with an even count, the worse middle value."""
+    return spread(values, higher_is_better).median
+
+
+def median_round(entries: Sequence[Mapping], key: str, higher_is_better: bool = True) -> dict:
+    """The round whose `key` is the median, whole (its other figures belong to the same round), with its number
+    (from 1) under `round`."""
+    at = spread([e.get(key) for e in entries], higher_is_better).median_at
+    if at is None:
+        return {**entries[0], "round": 1} if entries else {}
+    return {**entries[at], "round": at + 1}

@@ -1,17 +1,10 @@
-"""`s2t bench`: every measurement of one run, on one machine, against one copy of the repositories.
-
-The repositories are copied first: the hot swap publishes and rolls back versions, and nothing a user serves
-from the working tree may change under a benchmark (nor the benchmark under someone editing a config).
-"""
+"""`s2t bench`: every measurement of one run, on one machine, against one copy of the repositories
+(harness/repository.py says why copies)."""
 from __future__ import annotations
 
 import json
-import platform
 import secrets
-import shutil
-import statistics
 import tempfile
-import threading
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -19,7 +12,6 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import psutil
 
 from s2t.backends.records.feature_spec import FeatureSpec
 from s2t.backends.records.record_decoder import RecordDecoder
@@ -27,11 +19,12 @@ from s2t import triton_config
 from s2t.bench.load import h2load, perf_analyzer, wrk
 from s2t.bench.baselines import ceiling, limit_baseline as inprocess
 from s2t.bench.harness import process_tree, report, workload
+from s2t.bench.harness.repository import copy_repositories
 from s2t.bench.scenarios import protocols, rollback_under_load, stub_profile
 from s2t.bench.baselines.fastapi_baseline import APPS as BASELINE_APPS, ROUTE as BASELINE_ROUTE, BaselineServer
-from s2t.bench.harness.machine_load import LoadWatch
+from s2t.bench.harness.machine_load import LoadWatch, machine
 from s2t.bench.harness.modes import Mode
-from s2t.bench.harness.rounds import spread
+from s2t.bench.harness.rounds import median, median_round, take_turns
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve import service_process
 from s2t.serve.foreground import triton_server
@@ -45,15 +38,6 @@ TRITON_ROUTE = f"/v2/models/{PIPELINE}/infer"
 # The ceiling's wrk rounds (baselines/ceiling.py), beside Triton's and the FastAPI apps' but never an opponent.
 CEILING_SIDE = "ceiling"
 CHECKED_RECORDS = 50
-
-
-def _copy_repositories(repositories: list[Path], dest: Path) -> list[Path]:
-    copies = []
-    for repo in repositories:
-        target = dest / Path(repo).resolve().name
-        shutil.copytree(repo, target, ignore=shutil.ignore_patterns("__pycache__"))
-        copies.append(target)
-    return copies
 
 
 def _model_dir(repositories: list[Path], model: str) -> Path:
@@ -77,21 +61,6 @@ def _stats(http_url: str, model: str) -> tuple[int, int]:
             sum(int(s.get("inference_count", 0)) for s in stats))
 
 
-class _PeakRss(threading.Thread):
-    def __init__(self, pid: int):
-        super().__init__(daemon=True)
-        self.pid, self.peak, self._done = pid, 0, threading.Event()
-
-    def run(self) -> None:
-        while not self._done.wait(0.2):
-            self.peak = max(self.peak, process_tree.rss_bytes(self.pid))
-
-    def stop(self) -> int:
-        self._done.set()
-        self.join()
-        return self.peak
-
-
 class Bench:
     def __init__(self, mode: Mode, out_dir: Path, repositories: list[Path], data_csv: Path,
                  log: Callable[[str], None] = print, on_progress: OnProgress = no_progress,
@@ -113,7 +82,7 @@ class Bench:
         each side, the profile, the hot swap, the stream replay and the in-process measures."""
         mode = self.mode
         return (mode.cold_starts + 1 + len(perf_plan(self.mode)) + len(protocols.PROTOCOLS) * mode.protocol_rounds + 1
-                + mode.http_rounds * (2 + len(BASELINE_APPS)) + 4)
+                + mode.http_rounds * (2 + len(baseline_sides(mode))) + 4)
 
     @contextmanager
     def _step(self, label: str):
@@ -130,7 +99,7 @@ class Bench:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="s2t-bench-") as tmp:
             self.tmp = Path(tmp)
-            self.repositories = _copy_repositories(self.source_repositories, self.tmp / "repositories")
+            self.repositories = copy_repositories(self.source_repositories, self.tmp / "repositories")
             self._prepare_inputs()
             self._triton_stages()
             self._inprocess_stage()
@@ -154,6 +123,8 @@ class Bench:
         self.inputs[PIPELINE].write_text(json.dumps(workload.perf_input_pipeline(self.payloads)))
         self.inputs[SCORER].write_text(json.dumps(workload.perf_input_scorer(self.categorical, self.numeric)))
         bodies = [workload.triton_json_body(p) for p in self.payloads]
+        # The HTTP / gRPC comparison's wrk sends the one record h2load sends (load/generators.py).
+        self.one_record_script = wrk.write_script(self.tmp / "triton_one_record.lua", TRITON_ROUTE, bodies[:1])
         self.triton_script = wrk.write_script(self.tmp / "triton.lua", TRITON_ROUTE, bodies)
         self.ceiling_script = wrk.write_script(self.tmp / "ceiling.lua", f"/v2/models/{ceiling.CEILING}/infer", bodies)
         self.baseline_script = wrk.write_script(self.tmp / "baseline.lua", BASELINE_ROUTE,
@@ -193,11 +164,12 @@ class Bench:
                         tree = process_tree.rss_by_process(serve.pid)
                 finally:
                     service_process.stop(serve)
-        self.results["cold_start"] = {"seconds": seconds, "median_s": statistics.median(seconds), "models": models,
+        self.results["cold_start"] = {"seconds": seconds, "first_s": seconds[0],
+                                      "median_s": median(seconds, higher_is_better=False), "models": models,
                                       "clock": "s2t serve's launch to every model ready"}
         self.results["serving_tree"] = {"after_load_bytes": sum(tree.values()), "after_load_by_process": tree}
-        self.log(f"cold start {statistics.median(seconds):.2f} s from s2t serve's launch, worst {max(seconds):.2f} s "
-                 f"({len(seconds)} starts), "
+        self.log(f"cold start {self.results['cold_start']['median_s']:.2f} s from s2t serve's launch, first "
+                 f"{seconds[0]:.2f} s, worst {max(seconds):.2f} s ({len(seconds)} starts), "
                  f"serving tree {sum(tree.values()) / 2**20:.0f} MB after load")
         # The ceiling is served by the measured stages' server only: the cold starts load what users serve.
         ceiling.add(_model_dir(self.repositories, PIPELINE).parent)
@@ -215,13 +187,12 @@ class Bench:
             time.sleep(1.0)
             idle = process_tree.rss_by_process(pid)
             self.results["memory"] = {"triton_idle_bytes": sum(idle.values()), "triton_idle_by_process": idle}
-            peak = _PeakRss(pid)
-            peak.start()
+            peak = process_tree.PeakRss([pid]).start()
             self.results["perf_analyzer"], self.results["perf_analyzer_failures"] = self._perf_points(server)
             grpc_body = self.tmp / "grpc_body.bin"
             grpc_body.write_bytes(h2load.infer_body(PIPELINE, PAYLOAD, self.payloads[0]))
             load = protocols.Load(self.inputs[PIPELINE], self._perf_settings(),
-                                  self.triton_script, grpc_body, self.mode.http_seconds)
+                                  self.one_record_script, grpc_body, self.mode.http_seconds)
             self.results["protocols"] = protocols.compare(
                 pid, {"http": server.http_url, "grpc": server.grpc_url}, PIPELINE, load,
                 self.mode.http_connections, self.mode.protocol_rounds, lambda: _stats(server.http_url, PIPELINE)[0],
@@ -241,31 +212,36 @@ class Bench:
             self.results["hot_swap"] = self._hot_swap()
 
     def _side_by_side(self, server: TritonServer) -> None:
-        """wrk on Triton and on both FastAPI apps, in turns, all of them up: the same machine, the same moment."""
+        """wrk on Triton and on every FastAPI side (each app at each worker count of the mode), taking turns with
+        the order rotating, all of them up: the same machine, the same moments. Each round's strongest FastAPI side
+        is that round's baseline (rounds.duel), as Triton's settings are its best."""
         baselines = {}
         try:
             with self._step("FastAPI apps starting"):
-                for app in BASELINE_APPS:
-                    baselines[app] = BaselineServer(self.scorer_onnx, _model_dir(self.repositories, PIPELINE),
-                                                    free_port(), app=app, log_path=self.tmp / f"{app}.log").start()
-                self.results["same_answers"] = {app: _compare_answers(server, b, self.payloads[:CHECKED_RECORDS])
-                                                for app, b in baselines.items()}
+                for name, (app, workers) in baseline_sides(self.mode).items():
+                    baselines[name] = BaselineServer(self.scorer_onnx, _model_dir(self.repositories, PIPELINE),
+                                                     free_port(), app=app, workers=workers,
+                                                     log_path=self.tmp / f"{app}-{workers}.log").start()
+                self.results["same_answers"] = {name: _compare_answers(server, b, self.payloads[:CHECKED_RECORDS])
+                                                for name, b in baselines.items()}
             sides = {"triton": (server.process.pid, "http://" + server.http_url, self.triton_script)}
-            sides.update({app: (b.process.pid, b.url, self.baseline_script) for app, b in baselines.items()})
+            sides.update({name: (b.process.pid, b.url, self.baseline_script) for name, b in baselines.items()})
             sides[CEILING_SIDE] = (server.process.pid, "http://" + server.http_url, self.ceiling_script)
-            rounds = {side: [] for side in sides}
             ceiling_before = stub_profile.snapshot(server.http_url, ceiling.CEILING)
-            for number in range(self.mode.http_rounds):
-                for side, (pid, url, script) in sides.items():
-                    label = f"{side} round {number + 1}"
-                    with self._step(f"wrk {label}"):
-                        rounds[side].append(self._wrk(pid, url, script, self.mode.http_seconds, label))
+
+            def one(side: str, number: int) -> dict:
+                pid, url, script = sides[side]
+                label = f"{side} round {number + 1}"
+                with self._step(f"wrk {label}"):
+                    return self._wrk(pid, url, script, self.mode.http_seconds, label)
+
+            rounds = take_turns(list(sides), self.mode.http_rounds, one)
             self.results["ceiling"] = _ceiling_result(rounds.pop(CEILING_SIDE), rounds["triton"], stub_profile.breakdown(
                 ceiling_before, stub_profile.snapshot(server.http_url, ceiling.CEILING)))
             medians = {side: _median_round(entries) for side, entries in rounds.items()}
-            strongest = max(baselines, key=lambda app: medians[app]["throughput"])
+            strongest = max(baselines, key=lambda name: medians[name]["throughput"])
             self.results["http_rounds"] = rounds
-            self.results["http_fastapi_apps"] = {app: medians[app] for app in baselines}
+            self.results["http_fastapi_apps"] = {name: medians[name] for name in baselines}
             self.results["http_triton"] = medians["triton"]
             self.results["http_baseline"] = {**medians[strongest], "app": strongest}
             with self._step("profile of risk_pipeline under wrk"):
@@ -291,7 +267,7 @@ class Bench:
                 before = _stats(server.http_url, model)
                 try:
                     with self.load.round(f"perf_analyzer {model} {protocol} b={batch} {load}"), \
-                            process_tree.CpuMeter(server.process.pid) as cpu:
+                            process_tree.CpuSplit(server.process.pid) as cpu:
                         point = perf_analyzer.measure(url, protocol, model, self.inputs[model], settings, batch=batch,
                                                       concurrency=concurrency, request_rate=rate)
                 except RuntimeError as err:
@@ -301,8 +277,8 @@ class Bench:
                     self.log(f"perf_analyzer {model} {protocol} b={batch} {load}: FAILED: {reason}")
                     continue
                 requests = _stats(server.http_url, model)[0] - before[0]
-                entry = {**point.as_dict(), "cpu_ms_per_request": 1000 * cpu.seconds / max(requests, 1),
-                         "cpu_cores": cpu.seconds / max(cpu.wall_seconds, 1e-9)}
+                entry = {**point.as_dict(), "cpu_ms_per_request": 1000 * cpu.server_seconds / max(requests, 1),
+                         "cpu_cores": cpu.server_seconds / max(cpu.wall_seconds, 1e-9)}
                 points.append(entry)
                 self.log(f"perf_analyzer {model} {protocol} b={batch} {load}: {point.infer_per_s:.0f} rows/s, "
                          f"p50 {point.p50_ms:.2f} ms, p99 {point.p99_ms:.2f} ms")
@@ -310,11 +286,11 @@ class Bench:
 
     def _wrk(self, pid: int, url: str, script: Path, seconds: float, label: str) -> dict:
         wrk.run(url, script, self.mode.http_connections, 1)  # warm-up: connections, caches, lazy imports
-        with self.load.round(f"wrk {label}"), process_tree.CpuMeter(pid) as cpu:
+        with self.load.round(f"wrk {label}"), process_tree.CpuSplit(pid) as cpu:
             result = wrk.run(url, script, self.mode.http_connections, seconds)
         entry = {**result.as_dict(), "connections": self.mode.http_connections,
-                 "cpu_ms_per_request": 1000 * cpu.seconds / max(result.requests, 1),
-                 "cpu_cores": cpu.seconds / max(cpu.wall_seconds, 1e-9), "rss_bytes": process_tree.rss_bytes(pid)}
+                 "cpu_ms_per_request": 1000 * cpu.server_seconds / max(result.answered, 1),
+                 "cpu_cores": cpu.server_seconds / max(cpu.wall_seconds, 1e-9), "rss_bytes": process_tree.rss_bytes(pid)}
         self.log(f"wrk {label} c={self.mode.http_connections}: {result.throughput:.0f} req/s, p50 {result.p50_ms:.2f} ms,"
                  f" p99 {result.p99_ms:.2f} ms, errors {result.errors}, CPU {entry['cpu_ms_per_request']:.3f} ms/req")
         return entry
@@ -378,10 +354,16 @@ class Bench:
 
 
 def _median_round(entries: list[dict]) -> dict:
-    """The round of median throughput, whole (its latencies belong to the same round), which round it was (from 1),
-    and every round's rate; every round, whole, is in `http_rounds`."""
-    median = spread([e["throughput"] for e in entries], higher_is_better=True).median_at
-    return {**entries[median], "round": median + 1, "rounds_throughput": [e["throughput"] for e in entries]}
+    """The round of median throughput, whole (rounds.median_round), and every round's rate; every round, whole, is
+    in `http_rounds`."""
+    return {**median_round(entries, "throughput"), "rounds_throughput": [e["throughput"] for e in entries]}
+
+
+def baseline_sides(mode: Mode) -> dict[str, tuple[str, int]]:
+    """The FastAPI sides of the mode: each app at each worker count, by name (the app's alone at a single count)."""
+    return {(app if len(mode.baseline_workers) == 1 else f"{app} ({workers} worker{'s' * (workers > 1)})"):
+            (app, workers)
+            for app in BASELINE_APPS for workers in mode.baseline_workers}
 
 
 def _ready_models(http_url: str) -> list[str]:
@@ -425,19 +407,3 @@ def _compare_answers(server: TritonServer, baseline: BaselineServer, payloads: l
     return {"records": len(payloads), "max_abs_diff": float(np.max(np.abs(triton_p - np.array(base_p)))),
             "same_decisions": triton_d == base_d}
 
-
-def machine() -> dict:
-    load1, load5, _ = psutil.getloadavg()
-    return {"cpu": platform.processor() or _cpu_model(), "logical_cores": psutil.cpu_count(),
-            "memory_gb": round(psutil.virtual_memory().total / 2**30, 1), "os": platform.platform(),
-            "python": platform.python_version(), "load_average_at_start": [round(load1, 2), round(load5, 2)]}
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"

@@ -3,8 +3,9 @@ gRPC frames over HTTP/2 streams on one connection, as a gRPC channel multiplexes
 
 perf_analyzer's gRPC client spends several times wrk's CPU per request; on two shared cores that CPU is taken from
 the server, so a gRPC-against-HTTP comparison with it measures the clients as much as Triton. h2load is C, like wrk.
-It sends one body again and again (one real record), and it sees HTTP statuses only (a gRPC error travels in the
-trailers): count answers with Triton's statistics.
+It sends one body again and again (one real record), and it sees HTTP statuses only (a gRPC error travels in an
+HTTP/2 200's trailers, and h2load counts it as a success): its `requests` are never answers; count answers with
+Triton's statistics (load/generators.py does).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def infer_body(model: str, input_name: str, record: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class H2loadResult:
-    requests: int  # answered with HTTP 200 (gRPC errors included: they are in the trailers)
+    requests: int  # HTTP 200s, gRPC errors included (they are in the trailers): not answers
     seconds: float
     failed: int
     mean_ms: float

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from s2t.models import dataset
+from s2t.bench.harness.repository import copy_repository
 from s2t.bench.load import perf_analyzer
 from s2t.serve.triton_server import TRITON_DIR, assemble_backend_dir, server_env
 
@@ -53,8 +54,7 @@ def config_yaml(work: Path, concurrency: int, max_instances: int) -> str:
 
 def prepare(work: Path, repository: Path, data_csv: Path, concurrency: int = 16, max_instances: int = 2) -> Path:
     """The repository copy, backend directory, records, perf_analyzer wrapper and config Model Analyzer needs."""
-    for name in COPIED:
-        shutil.copytree(Path(repository) / name, work / "repository" / name, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_repository(Path(repository), work / "repository", COPIED)
     assemble_backend_dir(work / "backends")
     records = dataset.load(Path(data_csv)).records()[:RECORDS]
     (work / "records.json").write_text(json.dumps(

@@ -18,7 +18,7 @@ from pathlib import Path
 class Settings:
     """How long each point is measured: windows of at least `requests` answered requests, until three in a row
     agree within `stability_percent`. Windows by count, not by time: a model with a queue policy (risk_router) now
-    and then has its requests held about 500 ms (docs/benchmarks.md, "Queue policies cost 500 ms holds"), and a
+    and then has its requests held about 500 ms (docs/benchmarks.md, "Golden parameters"), and a
     time window that caught no answer makes perf_analyzer give up. Loose stability on purpose: the load generator
     shares the 2 cores with the server (and the machine with other work), so windows vary far more than
     perf_analyzer's default 10%."""

@@ -38,20 +38,27 @@ end
 
 @dataclass(frozen=True)
 class WrkResult:
-    requests: int
+    requests: int  # responses wrk read, whatever their status
     seconds: float
-    errors: int
+    errors: int  # non-2xx responses, and connect, read, write errors and timeouts
     p50_ms: float
     p90_ms: float
     p99_ms: float
     mean_ms: float
+    non_2xx: int = 0
+
+    @property
+    def answered(self) -> int:
+        """Responses with a 2xx status: an error answer is never throughput (a server that refuses fast would
+        otherwise look fast)."""
+        return max(self.requests - self.non_2xx, 0)
 
     @property
     def throughput(self) -> float:
-        return self.requests / self.seconds if self.seconds > 0 else float("nan")
+        return self.answered / self.seconds if self.seconds > 0 else float("nan")
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "throughput": self.throughput}
+        return {**asdict(self), "answered": self.answered, "throughput": self.throughput}
 
 
 def write_script(path: Path, route: str, bodies: list[str]) -> Path:
@@ -72,7 +79,7 @@ def parse(output: str) -> WrkResult:
     raw = json.loads(line[len(RESULT_PREFIX):])
     errors = sum(raw[k] for k in ("non_2xx", "connect_errors", "read_errors", "write_errors", "timeouts"))
     return WrkResult(raw["requests"], raw["duration_us"] / 1e6, errors, raw["p50_us"] / 1e3, raw["p90_us"] / 1e3,
-                     raw["p99_us"] / 1e3, raw["mean_us"] / 1e3)
+                     raw["p99_us"] / 1e3, raw["mean_us"] / 1e3, raw["non_2xx"])
 
 
 def run(url: str, script: Path, connections: int, seconds: float, threads: int = 2) -> WrkResult:

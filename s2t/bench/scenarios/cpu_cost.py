@@ -25,9 +25,7 @@ import argparse
 import json
 import os
 import re
-import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,18 +35,19 @@ from pathlib import Path
 from typing import Callable
 
 import psutil
-from google.protobuf import text_format
 
-from s2t import triton_config
 from s2t.bench.load import h2load, perf_analyzer, wrk
-from s2t.bench.harness import process_tree, report, workload
+from s2t.bench.load.generators import SPEAKS, Load, drive, measured_round
+from s2t.bench.harness import report, workload
+from s2t.bench.harness import repository as repositories
+from s2t.bench.harness.rounds import median, median_round, take_turns
 from s2t.bench.scenarios import stub_profile
 from s2t.bench.harness.machine_load import LoadWatch
 from s2t.project_imports import PROJECT_PACKAGES
 from s2t.serve.triton_server import LATENCY_QUANTILES, TritonServer, free_port, latency_summary_args
 from s2t.wire.names import PAYLOAD, PIPELINE, SCORER
 
-CLIENTS = ("wrk", "perf_analyzer", "h2load")
+CLIENTS = tuple(SPEAKS)
 # Two sides when none are named: the served config, and a second instance (the knob most often asked about).
 DEFAULT_SIDES = ("base", "two:instances=2")
 # The knobs a side may set: server knobs make a server of their own, client knobs only change the load. `front`: the
@@ -79,8 +78,8 @@ class Side:
 
 
 # The protocol each load generator speaks unless told (h2load: gRPC only, wrk: HTTP only).
-DEFAULT_PROTOCOL = {"wrk": "http", "perf_analyzer": "http", "h2load": "grpc"}
-PROTOCOLS = {"wrk": ("http",), "perf_analyzer": ("http", "grpc"), "h2load": ("grpc",)}
+DEFAULT_PROTOCOL = {generator: protocols[0] for generator, protocols in SPEAKS.items()}
+PROTOCOLS = SPEAKS
 
 
 @dataclass(frozen=True)
@@ -129,7 +128,10 @@ def parse_side(text: str) -> Side:
 
 def edit_config(text: str, knobs: dict[str, str]) -> str:
     """risk_pipeline's config with the side's server knobs applied (comments are not kept: a copy to measure)."""
-    config = triton_config.load_text(text)
+    return repositories.edited(text, lambda config: _apply_knobs(config, knobs))
+
+
+def _apply_knobs(config, knobs: dict[str, str]) -> None:
     if "instances" in knobs:
         for group in config.instance_group:
             group.count = int(knobs["instances"])
@@ -140,7 +142,6 @@ def edit_config(text: str, knobs: dict[str, str]) -> str:
         config.dynamic_batching.preferred_batch_size.extend(int(s) for s in knobs["preferred"].split("/"))
     if "intra_op_threads" in knobs:
         config.parameters["intra_op_thread_count"].string_value = knobs["intra_op_threads"]
-    return text_format.MessageToString(config)
 
 
 def server_args(knobs: dict[str, str]) -> list[str]:
@@ -165,33 +166,14 @@ def with_source_root(model_py: str, root: Path) -> str:
             f"    del sys.modules[_name]\n" + model_py)
 
 
-def per_request(delta: dict, requests: int) -> dict:
-    """CPU microseconds per request: the whole server (tritonserver's tree and the gRPC front), tritonserver's own
-    process (front ends, batcher, the models on the in-process backend), the gRPC front and the stubs; and the load
-    generator's."""
-    n = max(requests, 1)
-    return {"server_cpu_us_per_request": round(1e6 * (delta["tree"] + delta["grpc_front"]) / n, 1),
-            "front_end_cpu_us_per_request": round(1e6 * delta["own"] / n, 1),
-            "grpc_front_cpu_us_per_request": round(1e6 * delta["grpc_front"] / n, 1),
-            "stubs_cpu_us_per_request": round(1e6 * (delta["tree"] - delta["own"]) / n, 1),
-            "client_cpu_us_per_request": round(1e6 * delta["client"] / n, 1)}
-
-
-def median_round(rounds: list[dict]) -> dict:
-    """Each figure's median over the rounds (every key on its own)."""
-    keys = [k for k, v in rounds[0].items() if isinstance(v, (int, float))]
-    return {k: statistics.median(r[k] for r in rounds) for k in keys}
-
-
-def relative(measured: dict[str, list[dict]], key: str) -> dict[str, float]:
+def relative(measured: dict[str, list[dict]], key: str, higher_is_better: bool = False) -> dict[str, float]:
     """Each side's `key` over the first side's, round by round (the two ran moments apart, on the same machine),
     and the median of those ratios: on a busy machine a round's figure moves by far more than the sides differ,
     and a ratio taken within one round cancels most of that."""
     first = measured[next(iter(measured))]
     out = {}
     for side, rounds in measured.items():
-        ratios = [r[key] / f[key] for r, f in zip(rounds, first) if f[key]]
-        out[side] = statistics.median(ratios) if ratios else float("nan")
+        out[side] = median([r[key] / f[key] for r, f in zip(rounds, first) if f[key]], higher_is_better)
     return out
 
 
@@ -238,13 +220,10 @@ def _revision_model(rev: str, dest: Path) -> None:
 
 def _repository(source: Path, dest: Path, knobs: dict[str, str], tmp: Path) -> Path:
     """risk_pipeline and the scorer it reads, copied from `source`, with the side's knobs."""
-    dest.mkdir(parents=True)
-    for model in (PIPELINE, SCORER):
-        shutil.copytree(source / model, dest / model, ignore=shutil.ignore_patterns("__pycache__"))
+    repositories.copy_repository(source, dest, (PIPELINE, SCORER))
     if "rev" in knobs:
         _revision_model(knobs["rev"], dest / PIPELINE)
-    config = dest / PIPELINE / "config.pbtxt"
-    config.write_text(edit_config(config.read_text(), knobs))
+    repositories.edit_config(dest / PIPELINE, lambda config: _apply_knobs(config, knobs))
     if "rev" in knobs:
         root = _revision_tree(knobs["rev"], tmp / f"rev-{dest.name}")
         for model_py in (dest / PIPELINE).glob("[0-9]*/model.py"):
@@ -252,53 +231,39 @@ def _repository(source: Path, dest: Path, knobs: dict[str, str], tmp: Path) -> P
     return dest
 
 
-def _drive(side: Side, server: TritonServer, concurrency: int, seconds: float, requests: int, script: Path,
-           inputs: Path) -> dict:
-    if side.client == "h2load":
-        found = h2load.run(server.grpc_url, inputs.with_name("grpc_body.bin"), concurrency, seconds)
-        return {"requests_per_s": found.throughput, "p50_ms": float("nan"), "p99_ms": float("nan"),
-                "mean_ms": found.mean_ms, "errors": found.failed}
-    if side.client == "wrk":
-        result = wrk.run("http://" + server.http_url, script, concurrency, seconds)
-        return {"requests_per_s": result.throughput, "p50_ms": result.p50_ms, "p99_ms": result.p99_ms,
-                "errors": result.errors}
+def _drive(side: Side, server: TritonServer, load: Load, concurrency: int, seconds: float | None = None) -> dict:
     url = server.http_url if side.protocol == "http" else server.grpc_url
-    point = perf_analyzer.measure(url, side.protocol, PIPELINE, inputs, perf_analyzer.Settings(requests, max_trials=3),
-                                  concurrency=concurrency)
-    return {"requests_per_s": point.requests_per_s, "p50_ms": point.p50_ms, "p99_ms": point.p99_ms, "errors": 0}
+    return drive(side.client, url, side.protocol, PIPELINE, load, concurrency, seconds)
 
 
-def measure_round(side: Side, server: TritonServer, drive: Callable[[], dict]) -> dict:
-    """One round of one side: CPU of the server tree, its own process and the load generator, per answered request,
-    with the mean dynamic batch Triton formed."""
-    pid = server.process.pid
-    front = (lambda: process_tree.own_cpu_seconds(server.front.pid)) if server.front is not None else (lambda: 0.0)
+def measure_round(side: Side, server: TritonServer, run: Callable[[], dict]) -> dict:
+    """One round of one side (generators.measured_round): the CPU per answered request, split, with the mean
+    dynamic batch Triton formed and the machine's load average."""
     stats = stub_profile.snapshot(server.http_url, PIPELINE)
-    tree, own, grpc_front = process_tree.cpu_seconds(pid), process_tree.own_cpu_seconds(pid), front()
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     load1 = psutil.getloadavg()[0]
-    figures = drive()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    delta = {"tree": process_tree.cpu_seconds(pid) - tree, "own": process_tree.own_cpu_seconds(pid) - own,
-             "grpc_front": front() - grpc_front,
-             "client": (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)}
+    entry = measured_round(server.process.pid, run, lambda: _answered(server),
+                           server.front.pid if server.front is not None else None)
     breakdown = stub_profile.breakdown(stats, stub_profile.snapshot(server.http_url, PIPELINE))
-    return {**figures, "requests": breakdown["requests"], "mean_batch": round(breakdown["mean_batch"], 2),
-            "load_average_1m": round(load1, 2), **per_request(delta, breakdown["requests"])}
+    return {**entry, "mean_batch": round(breakdown["mean_batch"], 2), "load_average_1m": round(load1, 2)}
+
+
+def _answered(server: TritonServer) -> int:
+    return stub_profile.snapshot(server.http_url, PIPELINE)["requests"]
 
 
 def run(sides: list[Side], repository: Path, data_csv: Path, rounds: int, concurrency: int, seconds: float,
         requests: int, log: Callable[[str], None] = print) -> dict:
-    load = LoadWatch()
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     with tempfile.TemporaryDirectory(prefix="s2t-cpu-cost-") as tmp_name:
         tmp = Path(tmp_name)
         payloads = workload.Workload.load(data_csv).payloads()
-        script = wrk.write_script(tmp / "triton.lua", f"/v2/models/{PIPELINE}/infer",
-                                  [workload.triton_json_body(p) for p in payloads])
         inputs = tmp / "pipeline.json"
         inputs.write_text(json.dumps(workload.perf_input_pipeline(payloads)))
+        # wrk sends the one record h2load can send (generators.py): every side of a comparison the same work.
         (tmp / "grpc_body.bin").write_bytes(h2load.infer_body(PIPELINE, PAYLOAD, payloads[0]))
+        load = Load(inputs, perf_analyzer.Settings(requests, max_trials=3),
+                    wrk.write_script(tmp / "triton.lua", f"/v2/models/{PIPELINE}/infer",
+                                     [workload.triton_json_body(payloads[0])]), tmp / "grpc_body.bin", seconds)
         servers: dict[tuple, _Server] = {}
         for side in sides:
             if side.server_key not in servers:
@@ -307,7 +272,7 @@ def run(sides: list[Side], repository: Path, data_csv: Path, rounds: int, concur
                 servers[side.server_key] = _Server(knobs, _repository(Path(repository), tmp / f"repo{number}", knobs,
                                                                       tmp))
             servers[side.server_key].sides.append(side)
-        measured: dict[str, list[dict]] = {side.name: [] for side in sides}
+        watch = LoadWatch()
         try:
             for number, entry in enumerate(servers.values()):
                 entry.server = TritonServer([entry.repository], free_port(), free_port(), free_port(),
@@ -316,33 +281,37 @@ def run(sides: list[Side], repository: Path, data_csv: Path, rounds: int, concur
                                             grpc_front=entry.knobs.get("front") != "off",
                                             grpc_front_process=entry.knobs.get("front") == "process",
                                             extra_args=server_args(entry.knobs)).start()
+            warm_up = Load(inputs, perf_analyzer.Settings(max(requests // 4, 100), max_trials=3), load.wrk_script,
+                           load.grpc_body, 1)
             for side in sides:  # warm-up: connections, lazy imports, the first batches
+                _drive(side, servers[side.server_key].server, warm_up, concurrency)
+
+            def one(side: Side, number: int) -> dict:
                 server = servers[side.server_key].server
-                _drive(side, server, concurrency, 1, max(requests // 4, 100), script, inputs)
-            for number in range(rounds):
-                for side in sides:
-                    server = servers[side.server_key].server
-                    label = f"{side.name} round {number + 1}"
-                    with load.round(label):
-                        entry = measure_round(side, server, lambda: _drive(side, server, concurrency, seconds,
-                                                                            requests, script, inputs))
-                    measured[side.name].append(entry)
-                    log(f"{label}: {entry['server_cpu_us_per_request']:.0f} us CPU/request (tritonserver "
-                        f"{entry['front_end_cpu_us_per_request']:.0f}, gRPC front "
-                        f"{entry['grpc_front_cpu_us_per_request']:.0f}, stubs {entry['stubs_cpu_us_per_request']:.0f}),"
-                        f" batch {entry['mean_batch']:.1f}, {entry['requests_per_s']:.0f} req/s, "
-                        f"load {entry['load_average_1m']:.1f}")
+                label = f"{side.name} round {number + 1}"
+                with watch.round(label):
+                    entry = measure_round(side, server, lambda: _drive(side, server, load, concurrency))
+                log(f"{label}: {entry['server_cpu_us_per_request']:.0f} us CPU/request (tritonserver "
+                    f"{entry['front_end_cpu_us_per_request']:.0f}, gRPC front "
+                    f"{entry['grpc_front_cpu_us_per_request']:.0f}, stubs {entry['stubs_cpu_us_per_request']:.0f}),"
+                    f" batch {entry['mean_batch']:.1f}, {entry['requests_per_s']:.0f} req/s, "
+                    f"load {entry['load_average_1m']:.1f}")
+                return entry
+
+            measured = {side.name: entries for side, entries in take_turns(sides, rounds, one).items()}
         finally:
             for entry in servers.values():
                 if entry.server is not None:
                     entry.server.stop()
-    medians = {name: median_round(entries) for name, entries in measured.items()}
+    medians = {name: median_round(entries, "server_cpu_us_per_request", higher_is_better=False)
+               for name, entries in measured.items()}
     return {"started": started, "concurrency": concurrency, "rounds": rounds,
             "sides": {s.name: {"server": dict(s.server), "client": s.client, "protocol": s.protocol} for s in sides},
             "measured": measured, "median": medians,
             "relative_server_cpu_per_request": relative(measured, "server_cpu_us_per_request"),
             "relative_stubs_cpu_per_request": relative(measured, "stubs_cpu_us_per_request"),
-            "relative_requests_per_s": relative(measured, "requests_per_s"), "load": load.summary()}
+            "relative_requests_per_s": relative(measured, "requests_per_s", higher_is_better=True),
+            "load": watch.summary()}
 
 
 def markdown(results: dict) -> str:

@@ -19,9 +19,10 @@ import numpy as np
 
 from s2t.backends.records.feature_spec import NUMERIC_INPUT, PROBABILITY_OUTPUT
 from s2t.bench.harness import report, workload
+from s2t.bench.harness.repository import copy_repository, edit_config
+from s2t.bench.harness.rounds import median_round, take_turns
 from s2t.bench.load import wrk
-from s2t.bench.harness.machine_load import LoadWatch
-from s2t.bench.harness.runner import machine
+from s2t.bench.harness.machine_load import LoadWatch, machine
 from s2t.bench.baselines.fastapi_baseline import ROUTE, BaselineServer
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.triton_server import TritonServer, free_port
@@ -81,17 +82,18 @@ def run(out_dir: Path, repository: Path, onnx_path: Path, data_csv: Path, second
     with tempfile.TemporaryDirectory(prefix="s2t-crossover-") as tmp:
         tmp = Path(tmp)
         repo = tmp / "model_repository"
-        shutil.copytree(Path(repository) / "risk_pipeline", repo / "risk_pipeline",
-                        ignore=shutil.ignore_patterns("__pycache__"))
-        (repo / "risk_scorer").mkdir()
-        shutil.copy(Path(repository) / "risk_scorer" / "config.pbtxt", repo / "risk_scorer" / "config.pbtxt")
+        copy_repository(Path(repository), repo, ("risk_pipeline", "risk_scorer"))
+        # The scorer's versions are the heavier files alone.
+        for version_dir in (repo / "risk_scorer").iterdir():
+            if version_dir.is_dir() and version_dir.name.isdigit():
+                shutil.rmtree(version_dir)
         for version, width in enumerate(widths, start=1):
             heavier(Path(onnx_path), width, DEPTH, repo / "risk_scorer" / str(version) / "model.onnx")
         triton_script = wrk.write_script(tmp / "triton.lua", "/v2/models/risk_pipeline/infer",
                                          [workload.triton_json_body(p) for p in payloads])
         base_script = wrk.write_script(tmp / "base.lua", ROUTE, [p.decode() for p in payloads])
         for version, width in enumerate(widths, start=1):
-            _set_scorer_version(repo / "risk_pipeline" / "config.pbtxt", version)
+            _set_scorer_version(repo / "risk_pipeline", version)
             server = TritonServer([repo], free_port(), free_port(), free_port(), exit_timeout_seconds=5,
                                   log_path=tmp / "triton.log", stop_gracefully=False)
             base = BaselineServer(repo / "risk_scorer" / str(version) / "model.onnx", repo / "risk_pipeline",
@@ -103,20 +105,24 @@ def run(out_dir: Path, repository: Path, onnx_path: Path, data_csv: Path, second
                 done += 1
                 point = {"width": width, "depth": DEPTH if width else 0}
                 sides = {"triton": ("http://" + server.http_url, triton_script), "fastapi": (base.url, base_script)}
-                measured = {side: [] for side in sides}
+
+                def one(side: str, number: int) -> dict:
+                    nonlocal done
+                    url, script = sides[side]
+                    label = f"width {width}: wrk {side} round {number + 1}"
+                    on_progress(done, steps, label)
+                    wrk.run(url, script, 16, 1)
+                    with watch.round(label):
+                        found = wrk.run(url, script, 16, seconds).as_dict()
+                    done += 1
+                    return found
+
                 # The sides take turns; each one's figure is its median round (the machine's load moves).
-                for _ in range(rounds):
-                    for side, (url, script) in sides.items():
-                        on_progress(done, steps, f"width {width}: wrk {side} round {len(measured[side]) + 1}")
-                        wrk.run(url, script, 16, 1)
-                        with watch.round(f"width {width}: wrk {side} round {len(measured[side]) + 1}"):
-                            measured[side].append(wrk.run(url, script, 16, seconds))
-                        done += 1
-                for side, results in measured.items():
-                    result = sorted(results, key=lambda r: r.throughput)[(len(results) - 1) // 2]
-                    point[side] = {"throughput": result.throughput, "p50_ms": result.p50_ms, "p99_ms": result.p99_ms,
-                                   "errors": sum(r.errors for r in results),
-                                   "rounds_throughput": [r.throughput for r in results]}
+                for side, results in take_turns(list(sides), rounds, one).items():
+                    result = median_round(results, "throughput")
+                    point[side] = {"throughput": result["throughput"], "p50_ms": result["p50_ms"],
+                                   "p99_ms": result["p99_ms"], "errors": sum(r["errors"] for r in results),
+                                   "rounds_throughput": [r["throughput"] for r in results]}
                 point["ratio"] = point["triton"]["throughput"] / point["fastapi"]["throughput"]
                 points.append(point)
                 log(f"width {width}: Triton {point['triton']['throughput']:.0f} req/s, FastAPI "
@@ -134,11 +140,10 @@ def run(out_dir: Path, repository: Path, onnx_path: Path, data_csv: Path, second
     return results
 
 
-def _set_scorer_version(config: Path, version: int) -> None:
-    text = config.read_text()
-    start = text.index('key: "scorer_version"')
-    value = text.index("string_value:", start)
-    config.write_text(text[:value] + f'string_value: "{version}" ' + text[text.index("}", value):])
+def _set_scorer_version(model_dir: Path, version: int) -> None:
+    def change(config) -> None:
+        config.parameters["scorer_version"].string_value = str(version)
+    edit_config(model_dir, change)
 
 
 def _plot(points: list[dict], path: Path) -> None:

@@ -20,8 +20,6 @@ Answers are compared record by record, gateway path and Triton directly against 
 """
 from __future__ import annotations
 
-import platform
-import shutil
 import tempfile
 import threading
 import time
@@ -42,7 +40,9 @@ from s2t.serve import service_process
 from s2t.bench.scenarios import cutover_acceptance
 from s2t.bench.harness import machine_load, process_tree, report
 from s2t.bench.harness.latency import LatencySummary
-from s2t.bench.harness.machine_load import LoadWatch
+from s2t.bench.harness.machine_load import LoadWatch, machine
+from s2t.bench.harness.repository import copy_repositories
+from s2t.bench.harness.rounds import take_turns
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.triton_server import free_port
 from s2t.wire.names import PAYLOAD
@@ -87,29 +87,6 @@ class LoadResult:
     @property
     def records_per_s(self) -> float:
         return self.records / self.seconds if self.seconds else 0.0
-
-
-class PeakRss:
-    """Largest summed RSS of the process trees rooted at `pids`, sampled every 0.2 s while in the `with` block."""
-
-    def __init__(self, pids: list[int]):
-        self.pids, self.peak = pids, 0
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while True:
-            self.peak = max(self.peak, sum(process_tree.rss_bytes(pid) for pid in self.pids))
-            if self._done.wait(0.2):
-                return
-
-    def __enter__(self) -> "PeakRss":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._done.set()
-        self._thread.join()
 
 
 @dataclass(frozen=True)
@@ -276,21 +253,24 @@ def _measure_in_turns(sides: list[Side], batches: list, plan: CutoverPlan, log, 
         for batch in batches[:20]:
             warm(batch)
     latency_s, throughput_s = plan.latency_seconds / plan.rounds, plan.throughput_seconds / plan.rounds
-    for number in range(1, plan.rounds + 1):
-        for side in sides:
-            label = f"{side.name}: latency, round {number}"
+
+    def one(turn: tuple[int, str], number: int) -> None:
+        side, run = sides[turn[0]], turn[1]
+        label = f"{side.name}: {run}, round {number + 1}"
+        begin(label)
+        if run == "latency":
             log(f"{label} (1 caller, {latency_s:g} s)")
-            begin(label)
             with watch.round(label), _IdleSides(side, sides):
                 side.latency = side.latency.add(closed_loop_calls(side.make_call, batches, 1, latency_s))
-        for side in sides:
-            label = f"{side.name}: throughput, round {number}"
-            log(f"{label} ({plan.callers} callers, {throughput_s:g} s)")
-            begin(label)
-            with watch.round(label), _IdleSides(side, sides), PeakRss(side.pids) as peak:
-                side.throughput = side.throughput.add(
-                    closed_loop_calls(side.make_call, batches, plan.callers, throughput_s))
-            side.peak_rss_bytes = max(side.peak_rss_bytes, peak.peak)
+            return
+        log(f"{label} ({plan.callers} callers, {throughput_s:g} s)")
+        with watch.round(label), _IdleSides(side, sides), process_tree.PeakRss(side.pids) as peak:
+            side.throughput = side.throughput.add(closed_loop_calls(side.make_call, batches, plan.callers,
+                                                                    throughput_s))
+        side.peak_rss_bytes = max(side.peak_rss_bytes, peak.peak)
+
+    # Each side's latency and throughput runs are turns of their own; the order rotates round by round.
+    take_turns([(number, run) for run in ("latency", "throughput") for number in range(len(sides))], plan.rounds, one)
 
 
 class _IdleSides:
@@ -339,9 +319,7 @@ def run(plan: CutoverPlan, out_dir: Path, repositories: list[Path], data_csv: Pa
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="s2t-cutover-") as tmp, ExitStack() as running:
         # Copies: `s2t serve` keeps its supervisor state in the repository's control area.
-        copies = [Path(shutil.copytree(repo, Path(tmp) / f"{i}-{Path(repo).resolve().name}",
-                                       ignore=shutil.ignore_patterns("__pycache__")))
-                  for i, repo in enumerate(repositories)]
+        copies = copy_repositories(repositories, Path(tmp))
 
         def started(label: str, args: list[str], ready: str) -> tuple[object, float]:
             begin(label)
@@ -385,13 +363,6 @@ def run(plan: CutoverPlan, out_dir: Path, repositories: list[Path], data_csv: Pa
     report.write_files(out_dir, results, table(results))
     on_progress(len(begun), plan.steps, f"results in {out_dir}")
     return results
-
-
-def machine() -> dict:
-    load1, load5, _ = psutil.getloadavg()
-    return {"cpu": platform.processor() or platform.machine(), "logical_cores": psutil.cpu_count(),
-            "memory_gb": round(psutil.virtual_memory().total / 2**30, 1), "os": platform.platform(),
-            "load_average_at_start": [round(load1, 2), round(load5, 2)]}
 
 
 def _idle_share(results: dict) -> float:

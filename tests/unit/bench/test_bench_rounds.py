@@ -110,3 +110,18 @@ def test_grpc_against_http_reads_the_protocol_rounds():
     found = rounds.duel(grpc, {"http": http}, "requests_per_s")
     assert found.rate.values == pytest.approx((1.2, 0.9)) and found.rate.median == pytest.approx(0.9)
     assert (found.p99_above, found.p99_unknown) == (1, 0)
+
+
+def test_sides_take_turns_with_the_order_rotating_round_by_round():
+    order = []
+    taken = rounds.take_turns(["triton", "baseline", "ceiling"], 4, lambda side, n: order.append((n, side)) or n)
+    assert [side for _, side in order] == ["triton", "baseline", "ceiling", "baseline", "ceiling", "triton",
+                                           "ceiling", "triton", "baseline", "triton", "baseline", "ceiling"]
+    assert taken == {"triton": [0, 1, 2, 3], "baseline": [0, 1, 2, 3], "ceiling": [0, 1, 2, 3]}
+
+
+def test_the_one_median_takes_the_worse_middle_of_an_even_count():
+    assert rounds.median([3.0, 1.0, 2.0, 4.0]) == 2.0
+    assert rounds.median([3.0, 1.0, 2.0, 4.0], higher_is_better=False) == 3.0
+    found = rounds.median_round([{"rps": 10.0, "p99": 1.0}, {"rps": 30.0, "p99": 9.0}, {"rps": 20.0, "p99": 5.0}], "rps")
+    assert found == {"rps": 20.0, "p99": 5.0, "round": 3}

@@ -7,6 +7,7 @@ import pytest
 
 from s2t import triton_config
 from s2t.backends.runtime import bytes_tensor
+from s2t.bench.harness import process_tree
 from s2t.bench.scenarios import cpu_cost
 from s2t.bench.load import h2load
 from s2t.serve.triton_server import LATENCY_SUMMARY_ARGS
@@ -130,14 +131,14 @@ def test_a_revisions_code_carries_the_generated_wire_format_which_git_does_not_h
 
 
 def test_cpu_per_request_splits_the_server_into_tritonserver_the_grpc_front_and_stubs():
-    figures = cpu_cost.per_request({"tree": 0.3, "own": 0.1, "grpc_front": 0.04, "client": 0.05}, 2000)
+    figures = process_tree.per_request({"tree": 0.3, "own": 0.1, "grpc_front": 0.04, "client": 0.05}, 2000)
     assert figures == {"server_cpu_us_per_request": 170.0, "front_end_cpu_us_per_request": 50.0,
                        "grpc_front_cpu_us_per_request": 20.0, "stubs_cpu_us_per_request": 100.0,
                        "client_cpu_us_per_request": 25.0}
 
 
 def test_a_round_that_answered_nothing_divides_by_one_not_zero():
-    figures = cpu_cost.per_request({"tree": 0.001, "own": 0.0, "grpc_front": 0.0, "client": 0.0}, 0)
+    figures = process_tree.per_request({"tree": 0.001, "own": 0.0, "grpc_front": 0.0, "client": 0.0}, 0)
     assert figures["server_cpu_us_per_request"] == 1000.0
 
 
@@ -148,9 +149,12 @@ def test_relative_figures_are_the_median_of_each_rounds_ratio():
     assert cpu_cost.relative(measured, "cost") == {"a": 1.0, "b": 0.9}
 
 
-def test_the_median_round_takes_each_figure_on_its_own():
-    rounds = [{"x": 1.0, "y": 30, "label": "r1"}, {"x": 3.0, "y": 10, "label": "r2"}, {"x": 2.0, "y": 20, "label": "r3"}]
-    assert cpu_cost.median_round(rounds) == {"x": 2.0, "y": 20}
+def test_a_sides_figure_is_its_median_round_by_server_cpu_kept_whole():
+    rounds = [{"server_cpu_us_per_request": 100.0, "requests_per_s": 900.0},
+              {"server_cpu_us_per_request": 140.0, "requests_per_s": 600.0},
+              {"server_cpu_us_per_request": 120.0, "requests_per_s": 1000.0}]
+    assert cpu_cost.median_round(rounds, "server_cpu_us_per_request", higher_is_better=False) == {
+        "server_cpu_us_per_request": 120.0, "requests_per_s": 1000.0, "round": 3}
 
 
 H2LOAD_OUTPUT = """starting benchmark...
