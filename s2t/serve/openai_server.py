@@ -221,7 +221,7 @@ class OpenAIFrontend:
                     if request.include_usage:
                         await _send(response, request.usage_chunk(usage(event)))
                 elif event.get("text_output"):
-                    await _send(response, request.chunk(event["text_output"]))
+                    await response.write(request.token_event(event["text_output"]))
         except (OpenAIError, aiohttp.ClientError, asyncio.TimeoutError) as err:
             if response is None:
                 return _error(_upstream_failure(err))

@@ -239,7 +239,8 @@ class LlmEngine:
                     else choice.get("text")
                 if text:
                     tokens += 1
-                    self._prefill_done(job)
+                    if job.prefilling:  # read without the lock: only the first token takes it
+                        self._prefill_done(job)
                     try:
                         job.on_token(text)
                     except Exception:  # noqa: BLE001 - a failing consumer ends this generation, not the engine

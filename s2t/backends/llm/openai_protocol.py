@@ -78,6 +78,17 @@ class OpenAIRequest:
             choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
         return {**self._envelope(chunk=True), "choices": [choice]}
 
+    def token_event(self, text: str) -> bytes:
+        """`data: <chunk(text)>` and its blank line, as server-sent event bytes: the same JSON as json.dumps of
+        `chunk(text)`, its envelope serialised once per stream rather than once per token."""
+        parts = self.__dict__.get("_token_event_parts")
+        if parts is None:
+            marker = "\u0000token\u0000"
+            whole = json.dumps(self.chunk(marker))
+            head, tail = whole.split(json.dumps(marker), 1)
+            parts = self.__dict__["_token_event_parts"] = (b"data: " + head.encode(), tail.encode() + b"\n\n")
+        return parts[0] + json.dumps(text).encode() + parts[1]
+
     def usage_chunk(self, usage: dict) -> dict:
         return {**self._envelope(chunk=True), "choices": [], "usage": usage}
 

@@ -65,6 +65,14 @@ class TtftEstimate:
         self.value = seconds if self.value is None else (1 - self.weight) * self.value + self.weight * seconds
 
 
+@dataclass
+class PendingTokens:
+    """A stream's token count and inter-token gaps not yet sent to Triton's metrics."""
+
+    tokens: int = 0
+    gaps: list[float] = field(default_factory=list)
+
+
 OUTCOMES = ("completed", "cancelled", "invalid", "refused", "failed")
 
 
@@ -96,14 +104,29 @@ class LlmMetrics:
         self._itl = self._families["itl"].Metric(labels=labels, buckets=list(ITL_BUCKETS))
         self._rate, self._clock = TokenRate(), clock
 
-    def token(self, timing: StreamTiming, now: float) -> None:
+    def token(self, timing: StreamTiming, now: float, pending: "PendingTokens | None" = None) -> None:
+        """One token of a stream. Its time to first token is observed at once; with `pending`, the token count and
+        inter-token gap are kept there and reach Triton with `flush` (each update is a round trip to the server
+        process, on the thread that sends every stream's tokens)."""
         ttft, itl = timing.token(now)
         if ttft is not None:
             self._ttft.observe(ttft)
-        if itl is not None:
-            self._itl.observe(itl)
-        self._tokens.increment(1)
         self._rate.add(now)
+        if pending is None:
+            if itl is not None:
+                self._itl.observe(itl)
+            self._tokens.increment(1)
+            return
+        pending.tokens += 1
+        if itl is not None:
+            pending.gaps.append(itl)
+
+    def flush(self, pending: "PendingTokens") -> None:
+        for gap in pending.gaps:
+            self._itl.observe(gap)
+        if pending.tokens:
+            self._tokens.increment(pending.tokens)
+        pending.tokens, pending.gaps = 0, []
 
     def request(self, outcome: str) -> None:
         self._requests[outcome].increment(1)

@@ -13,7 +13,7 @@ import numpy as np
 from s2t.backends.runtime.decoupled_sender import Outbox, StreamSender
 from s2t.backends.runtime.serving_errors import InternalError
 from s2t.backends.llm.engine import Completion, Job
-from s2t.backends.llm.stream_timing import LlmMetrics, StreamTiming
+from s2t.backends.llm.stream_timing import LlmMetrics, PendingTokens, StreamTiming
 from s2t.backends.llm.generation_request import GenerationRequest
 
 
@@ -62,6 +62,8 @@ PROBE_AFTER_S = 0.5
 # (about 0.1 ms of the outbox's time per token, the one thread that sends every stream's tokens), and a token comes
 # every ~12 ms. A client that leaves is still seen within this, well inside the sweep's own interval.
 CLIENT_CHECK_S = 0.05
+# A stream's token count and inter-token gaps go to Triton's metrics in batches of this many tokens (and at its end).
+METRICS_BATCH_TOKENS = 32
 
 
 class GenerationStream:
@@ -77,6 +79,12 @@ class GenerationStream:
         self.live = live
         self.last_probe = 0.0
         self.last_client_check: float | None = None
+        self.pending_metrics = PendingTokens()
+        # Tokens generated and not yet sent, with their times: when the outbox falls behind the engine, the tokens
+        # that piled up go in one response (one round trip to the server, one event to the client) rather than one
+        # each.
+        self._unsent: list[tuple[str, float]] = []
+        self._unsent_lock = threading.Lock()
 
     def check_client(self) -> None:
         """Marks the stream cancelled when its client has gone. Triton 2.51 reports a gRPC client's cancellation
@@ -99,7 +107,11 @@ class GenerationStream:
 
     def _on_token(self, text: str) -> None:
         now = self.clock()
-        self.outbox.put(lambda: self._deliver_token(text, now))
+        with self._unsent_lock:
+            self._unsent.append((text, now))
+            if len(self._unsent) > 1:
+                return  # a delivery is already queued on the outbox and takes this token too
+        self.outbox.put(self._deliver_tokens)
 
     def _on_finish(self, completion: Completion) -> None:
         self.outbox.put(lambda: self._deliver_finish(completion))
@@ -107,14 +119,22 @@ class GenerationStream:
     def _text(self, text: str):
         return self.tensor("text_output", np.array([text.encode()], dtype=object))
 
-    def _deliver_token(self, text: str, now: float) -> None:
-        # The token goes out first: the metric updates and the client check are round trips to the server process
+    def _deliver_tokens(self) -> None:
+        with self._unsent_lock:
+            tokens, self._unsent = self._unsent, []
+        if not tokens:
+            return
+        text = tokens[0][0] if len(tokens) == 1 else "".join(t for t, _ in tokens)
+        # The tokens go out first: the metric updates and the client check are round trips to the server process
         # that the client need not wait for.
         if self.generation.stream:
             self.sender.send([self._text(text)])
         else:
             self.pieces.append(text)
-        self.metrics.token(self.timing, now)
+        for _, at in tokens:
+            self.metrics.token(self.timing, at, self.pending_metrics)
+        if self.pending_metrics.tokens >= METRICS_BATCH_TOKENS:
+            self.metrics.flush(self.pending_metrics)
         checked_at = self.clock()
         if self.last_client_check is None or checked_at - self.last_client_check >= CLIENT_CHECK_S:
             self.last_client_check = checked_at
@@ -124,6 +144,10 @@ class GenerationStream:
     def _deliver_finish(self, completion: Completion) -> None:
         if self.live is not None:
             self.live.discard(self)
+        # Tokens still unsent (a delivery is queued before this, but a failed one leaves none behind) and the
+        # metrics kept for this stream go before its final response, so whoever reads them after it sees them.
+        self._deliver_tokens()
+        self.metrics.flush(self.pending_metrics)
         if completion.error is not None:
             self.sender.refuse(InternalError(f"llm: {completion.error}"))
             self.metrics.request("failed")

@@ -140,3 +140,66 @@ def test_a_client_that_leaves_while_tokens_flow_stops_its_generation_within_the_
         clock.now += 0.012
         job.on_token("b")
         assert clock.now - left_at <= CLIENT_CHECK_S + 0.012
+
+
+class DeferredOutbox:
+    """Holds the tasks until `run` (an outbox busy with other streams)."""
+
+    def __init__(self):
+        self.tasks = []
+
+    def put(self, task):
+        self.tasks.append(task)
+
+    def run(self):
+        tasks, self.tasks = self.tasks, []
+        for task in tasks:
+            task()
+
+
+def test_tokens_that_pile_up_behind_a_busy_outbox_go_in_one_response_and_every_token_is_counted(clock):
+    from s2t.backends.llm.engine import Completion
+
+    pb = backend.backend_utils()
+    sender = backend.ResponseSender()
+    outbox = DeferredOutbox()
+    metrics = LlmMetrics(pb.MetricFamily, {"model": "llm", "version": "1"}, clock)
+    made = GenerationStream(GenerationRequest("Say hi.", max_tokens=8, stream=True), 5, StreamSender(sender, pb),
+                            outbox=outbox, metrics=metrics, client_cancelled=lambda: False, tensor=pb.Tensor,
+                            clock=clock)
+    job = made.job()
+    job.on_token("a")
+    outbox.run()
+    for piece in ("b", "c", "d"):
+        clock.now += 0.01
+        job.on_token(piece)
+    assert len(outbox.tasks) == 1  # one delivery queued for the three
+    clock.now += 0.01
+    job.on_token("e")
+    job.on_finish(Completion(5, 5, "length"))
+    outbox.run()
+    assert texts(sender) == ["a", "bcde", ""]  # the final response of a stream repeats no text
+    assert metrics._tokens.value() == 5
+    assert metrics._itl.observed == pytest.approx([0.01] * 4)
+    assert len(metrics._ttft.observed) == 1
+
+
+def test_metrics_kept_for_a_stream_reach_triton_in_batches_and_at_its_end(clock):
+    from s2t.backends.llm.engine import Completion
+    from s2t.backends.llm.token_stream import METRICS_BATCH_TOKENS
+
+    pb = backend.backend_utils()
+    sender = backend.ResponseSender()
+    metrics = LlmMetrics(pb.MetricFamily, {"model": "llm", "version": "1"}, clock)
+    made = GenerationStream(GenerationRequest("Say hi.", max_tokens=100, stream=False), 5,
+                            StreamSender(sender, pb), outbox=InlineOutbox(), metrics=metrics,
+                            client_cancelled=lambda: False, tensor=pb.Tensor, clock=clock)
+    job = made.job()
+    for n in range(METRICS_BATCH_TOKENS + 3):
+        job.on_token("x")
+        clock.now += 0.01
+    assert metrics._tokens.value() == METRICS_BATCH_TOKENS
+    job.on_finish(Completion(5, METRICS_BATCH_TOKENS + 3, "length"))
+    assert metrics._tokens.value() == METRICS_BATCH_TOKENS + 3
+    assert len(metrics._itl.observed) == METRICS_BATCH_TOKENS + 2
+    assert texts(sender) == ["x" * (METRICS_BATCH_TOKENS + 3)]

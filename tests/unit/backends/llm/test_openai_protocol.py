@@ -2,6 +2,8 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from s2t.backends.llm.openai_protocol import (OpenAIError, chat_prompt, finish_reason, parse_request, triton_error_text,
                                               upstream_error, usage)
@@ -108,3 +110,12 @@ def test_answers_take_openais_shapes_with_usage_and_finish_reason():
 ])
 def test_tritons_refusal_text_is_its_json_error_else_the_status(status, body, text):
     assert triton_error_text(status, body) == text
+
+
+@given(st.text(max_size=40), st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_a_token_event_is_the_chunks_json_with_its_envelope_serialised_once(text, chat):
+    request = parse({"model": "llm", "stream": True, **({"messages": [{"role": "user", "content": "Hi"}]} if chat
+                                                         else {"prompt": "Hi"})}, chat=chat)
+    for piece in (text, "x", text):
+        assert request.token_event(piece) == b"data: " + json.dumps(request.chunk(piece)).encode() + b"\n\n"
