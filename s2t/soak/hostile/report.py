@@ -280,11 +280,11 @@ def table(report: Mapping) -> str:
             lines.append(f"  {name:<18} {rss_trend.describe(fit)}")
         for group, fit in fits.items():
             lines.append(f"  {group + ' (whole run)':<18} {rss_trend.describe(fit)}")
-        by_process = report.get("rss_trend_by_process", {})
+        by_process = report.get("rss_trend_by_process_and_phase") or report.get("rss_trend_by_process", {})
         grown = sorted(((name, fit) for name, fit in by_process.items() if fit.get("slope_bytes_per_hour")),
-                       key=lambda item: -item[1]["slope_bytes_per_hour"])[:3]
-        for name, fit in grown:
-            lines.append(f"    {name[:40]:<40} {rss_trend.describe(fit)}")
+                       key=lambda item: -item[1]["slope_bytes_per_hour"])[:6]
+        for name, fit in grown:  # the end of a name says the stub and the phase
+            lines.append(f"    {name if len(name) <= 48 else '...' + name[-45:]:<48} {rss_trend.describe(fit)}")
     load = report.get("load_average")
     if load:
         lines.append("load average (1, 5, 15 min): at the start " + " ".join(f"{v:.2f}" for v in load["start"])

@@ -143,6 +143,8 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
         # process's.
         "rss_trend": rss_trend.trends(watch.series, options.seconds),
         "rss_trend_by_process": rss_trend.trends(watch.process_series, options.seconds),
+        "rss_trend_by_process_and_phase": rss_trend.phase_trends(watch.process_series,
+                                                                 phase_bounds(watch.clock.phases_s)),
         "rss_samples": {group: points for group, points in watch.series.items()},
         "load_average": {"start": [round(v, 2) for v in load_start],
                          "end": [round(v, 2) for v in os.getloadavg()], "cpus": os.cpu_count()},
