@@ -23,8 +23,8 @@ for package in libgrpc++-dev protobuf-compiler libprotobuf-dev; do
 done
 [ ${#missing[@]} -eq 0 ] || tools/debian_packages.sh install "${missing[@]}"
 protos=(native/proto/grpc_service.proto native/proto/model_config.proto)
-sources=(native/grpc_front.cc native/grpc_front_hook.c native/infer_request_check.h native/triton_c_api.h
-  "${protos[@]}" native/build_grpc_front.sh "$(pkg-config --variable=libdir grpc)/libgrpc.a"
+sources=(native/grpc_front.cc native/grpc_front_hook.c native/infer_request_check.h native/front_options.h
+  native/triton_c_api.h "${protos[@]}" native/build_grpc_front.sh "$(pkg-config --variable=libdir grpc)/libgrpc.a"
   "$(pkg-config --variable=libdir protobuf)/libprotobuf.a")
 stale=
 for built in "$out" "$library" "$hook"; do

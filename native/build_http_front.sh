@@ -17,8 +17,8 @@ dpkg -s rapidjson-dev >/dev/null 2>&1 || missing+=(rapidjson-dev)
 dpkg -s zlib1g-dev >/dev/null 2>&1 || missing+=(zlib1g-dev)
 [ ${#missing[@]} -eq 0 ] || tools/debian_packages.sh install "${missing[@]}"
 libdir=/usr/lib/$(gcc -print-multiarch)
-sources=(native/http_front.cc native/http_front_infer.h native/triton_c_api.h native/build_http_front.sh
-  "$libdir/libevent_core.so" "$libdir/libevent_extra.so")
+sources=(native/http_front.cc native/http_front_infer.h native/front_options.h native/triton_c_api.h
+  native/build_http_front.sh "$libdir/libevent_core.so" "$libdir/libevent_extra.so")
 stale=$([ -f "$library" ] || echo missing)
 for source in "${sources[@]}"; do [ ! -e "$source" ] || [ "$source" -nt "$library" ] && stale=newer; done
 [ -n "$stale" ] || exit 0

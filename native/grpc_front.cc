@@ -19,7 +19,8 @@
 //
 //   s2t_grpc_front --listen 0.0.0.0:8001 --upstream 127.0.0.1:PORT --max-message-bytes N [--max-calls N]
 //                  [--threads N] [--drain-seconds S] [--ready-fd FD] [--message-seconds S]
-//                  [--stream-idle-seconds S] [--relay-only 0|1 (in tritonserver)]
+//                  [--stream-idle-seconds S] [--request-parameters NAME,... (custom ones the models read)]
+//                  [--relay-only 0|1 (in tritonserver)]
 //
 // Every ModelInfer request and every ModelStreamInfer message is parsed by protobuf, with the C++ classes protoc makes
 // from Triton's own grpc_service.proto (native/proto), and checked (native/infer_request_check.h: counts bounded from
@@ -69,6 +70,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "front_options.h"
 #include "grpc_service.pb.h"
 #include "infer_request_check.h"
 #include "triton_c_api.h"
@@ -133,6 +135,8 @@ struct Options {
   long ready_fd = -1;
   long message_seconds = 10;  // a call whose first message has not come by then is ended
   long stream_idle_seconds = 60;  // a stream with no message either way for that long is ended
+  // Custom request parameters the served models read, separated by commas ("-": none).
+  std::string request_parameters = "-";
   // Inside tritonserver: ModelInfer relayed too (where Triton's gRPC inference needs a key, which Triton checks).
   bool relay_only = false;
 };
@@ -276,7 +280,8 @@ TRITONSERVER_ResponseAllocator* g_allocator = nullptr;  // outputs in plain CPU 
 #endif
 const char* const kModelInfer = "/inference.GRPCInferenceService/ModelInfer";
 const char* const kModelStreamInfer = "/inference.GRPCInferenceService/ModelStreamInfer";
-const infer_check::Limits kLimits;
+// Set once from the options, before the first call.
+infer_check::Limits g_limits;
 // Inference calls (ModelInfer, ModelStreamInfer, methods the front does not know) and the others (health, metadata,
 // readiness, configuration, statistics, the repository, shared memory, trace and log settings) draw on separate
 // slots: inference load never refuses a readiness or metadata call.
@@ -335,13 +340,13 @@ std::string ReadInferRequest(const grpc::ByteBuffer& buffer, ParsedRequest* pars
   grpc::Slice slice;
   if (!buffer.DumpToSingleSlice(&slice).ok()) return "ModelInferRequest: no message";
   const char* data = reinterpret_cast<const char*>(slice.begin());
-  std::string refusal = infer_check::CountRefusal(data, slice.size(), kLimits);
+  std::string refusal = infer_check::CountRefusal(data, slice.size(), g_limits);
   if (!refusal.empty()) return refusal;
   t_protobuf_said.clear();
   if (!parsed->message->ParseFromArray(data, static_cast<int>(slice.size())))
     return "ModelInferRequest: not a message protobuf can parse" +
            (t_protobuf_said.empty() ? std::string() : " (" + t_protobuf_said + ")");
-  return infer_check::RequestRefusal(*parsed->message, kLimits);
+  return infer_check::RequestRefusal(*parsed->message, g_limits);
 }
 
 grpc::ByteBuffer Serialized(const google::protobuf::MessageLite& message) {
@@ -1126,61 +1131,49 @@ std::shared_ptr<grpc::Channel> UpstreamChannel(const std::string& target) {
           "%s: %s\n"
           "usage: %s --listen HOST:PORT --upstream HOST:PORT --max-message-bytes N [--max-calls N] [--threads N]\n"
           "       [--drain-seconds S] [--ready-fd FD] [--message-seconds S] [--stream-idle-seconds S]\n"
-          "       [--relay-only 0|1]\n",
+          "       [--request-parameters NAME,...] [--relay-only 0|1]\n",
           kName, problem.c_str(), kName);
   exit(2);
 }
 
-long Number(const std::string& name, const char* text, long min, long max) {
-  char* end = nullptr;
-  errno = 0;
-  long value = strtol(text, &end, 10);
-  if (errno != 0 || end == text || *end != '\0' || value < min || value > max)
-    Usage(name + " needs a whole number from " + std::to_string(min) + " to " + std::to_string(max) + ", got '" +
-          text + "'");
-  return value;
-}
-
-bool LooksLikeAddress(const std::string& address) {
-  size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) return false;
-  for (size_t i = colon + 1; i < address.size(); ++i)
-    if (address[i] < '0' || address[i] > '9') return false;
-  return true;
-}
-
-Options Parse(int argc, char** argv) {
+Options Parse(const std::vector<std::string>& words) {
+  using front_options::Number;
   Options options;
-  for (int i = 1; i < argc; ++i) {
-    std::string name = argv[i];
-    if (i + 1 >= argc) Usage(name + " needs a value");
-    const char* value = argv[++i];
-    if (name == "--listen")
-      options.listen = value;
-    else if (name == "--upstream")
-      options.upstream = value;
-    else if (name == "--max-calls")
-      options.max_calls = Number(name, value, 1, 1000000);
-    else if (name == "--max-message-bytes")
-      options.max_message_bytes = Number(name, value, 1, INT_MAX);
-    else if (name == "--threads")
-      options.threads = Number(name, value, 1, 64);
-    else if (name == "--drain-seconds")
-      options.drain_seconds = Number(name, value, 0, 86400);
-    else if (name == "--ready-fd")
-      options.ready_fd = Number(name, value, 0, INT_MAX);
-    else if (name == "--message-seconds")
-      options.message_seconds = Number(name, value, 1, 3600);
-    else if (name == "--stream-idle-seconds")
-      options.stream_idle_seconds = Number(name, value, 1, 86400);
-    else if (name == "--relay-only")
-      options.relay_only = Number(name, value, 0, 1) == 1;
-    else
-      Usage("unknown option " + name);
+  try {
+    front_options::ReadPairs(words, [&options](const std::string& name, const char* value) {
+      if (name == "--listen")
+        options.listen = value;
+      else if (name == "--upstream")
+        options.upstream = value;
+      else if (name == "--max-calls")
+        options.max_calls = Number(name, value, 1, 1000000);
+      else if (name == "--max-message-bytes")
+        options.max_message_bytes = Number(name, value, 1, INT_MAX);
+      else if (name == "--threads")
+        options.threads = Number(name, value, 1, 64);
+      else if (name == "--drain-seconds")
+        options.drain_seconds = Number(name, value, 0, 86400);
+      else if (name == "--ready-fd")
+        options.ready_fd = Number(name, value, 0, INT_MAX);
+      else if (name == "--message-seconds")
+        options.message_seconds = Number(name, value, 1, 3600);
+      else if (name == "--stream-idle-seconds")
+        options.stream_idle_seconds = Number(name, value, 1, 86400);
+      else if (name == "--request-parameters")
+        options.request_parameters = value;
+      else if (name == "--relay-only")
+        options.relay_only = Number(name, value, 0, 1) == 1;
+      else
+        return false;
+      return true;
+    });
+    front_options::RequireAddress("--listen", options.listen);
+    front_options::RequireAddress("--upstream", options.upstream);
+  } catch (const front_options::BadOption& bad) {
+    Usage(bad.what());
   }
-  if (!LooksLikeAddress(options.listen)) Usage("--listen needs HOST:PORT, got '" + options.listen + "'");
-  if (!LooksLikeAddress(options.upstream)) Usage("--upstream needs HOST:PORT, got '" + options.upstream + "'");
   if (options.max_message_bytes == 0) Usage("--max-message-bytes is required");
+  g_limits.custom_parameters = front_options::Names(options.request_parameters);
   return options;
 }
 
@@ -1288,12 +1281,7 @@ TRITONSERVER_Error* ReleaseOutput(TRITONSERVER_ResponseAllocator*, void* buffer,
 // 0 once listening; otherwise the reason is logged. `args`: the binary's options, separated by spaces.
 extern "C" __attribute__((visibility("default"))) int s2t_grpc_front_start(TRITONSERVER_Server* server,
                                                                            const char* args) {
-  std::vector<std::string> words{kName};
-  std::istringstream split(args);
-  for (std::string word; split >> word;) words.push_back(word);
-  std::vector<char*> argv;
-  for (auto& w : words) argv.push_back(w.data());
-  g_options = Parse(static_cast<int>(argv.size()), argv.data());
+  g_options = Parse(front_options::Words(args));
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   if (!g_options.relay_only) {
     TRITONSERVER_Error* error = TRITONSERVER_ResponseAllocatorNew(&g_allocator, AllocateOutput, ReleaseOutput, nullptr);
@@ -1355,7 +1343,7 @@ void Drain(const sigset_t& signals) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  g_options = Parse(argc, argv);
+  g_options = Parse(std::vector<std::string>(argv + 1, argv + argc));
   // Debian's Abseil checks every mutex for lock-order cycles (a debugging aid that showed in the front's profile).
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   // Signals are taken by the main thread only: blocked before gRPC starts any thread of its own.

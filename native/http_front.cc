@@ -73,6 +73,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "front_options.h"
 #include "http_front_infer.h"
 #include "triton_c_api.h"
 
@@ -1669,65 +1670,50 @@ TRITONSERVER_Error* ReleaseOutput(TRITONSERVER_ResponseAllocator*, void* buffer,
   throw std::invalid_argument(problem);
 }
 
-long Number(const std::string& name, const char* text, long min, long max) {
-  char* end = nullptr;
-  errno = 0;
-  long value = strtol(text, &end, 10);
-  if (errno != 0 || end == text || *end != '\0' || value < min || value > max)
-    Usage(name + " needs a whole number from " + std::to_string(min) + " to " + std::to_string(max) + ", got '" +
-          text + "'");
-  return value;
-}
-
-bool LooksLikeAddress(const std::string& address) {
-  size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) return false;
-  for (size_t i = colon + 1; i < address.size(); ++i)
-    if (address[i] < '0' || address[i] > '9') return false;
-  return true;
-}
-
 Options Parse(const std::vector<std::string>& words) {
+  using front_options::Number;
   Options options;
-  for (size_t i = 0; i < words.size(); ++i) {
-    const std::string& name = words[i];
-    if (i + 1 >= words.size()) Usage(name + " needs a value");
-    const char* value = words[++i].c_str();
-    if (name == "--listen")
-      options.listen = value;
-    else if (name == "--upstream")
-      options.upstream = value;
-    else if (name == "--max-body-bytes")
-      options.max_body_bytes = Number(name, value, 1, LONG_MAX / 2);
-    else if (name == "--max-header-bytes")
-      options.max_header_bytes = Number(name, value, 1024, 1 << 20);
-    else if (name == "--threads")
-      options.threads = Number(name, value, 1, 64);
-    else if (name == "--idle-seconds")
-      options.idle_seconds = Number(name, value, 1, 86400);
-    else if (name == "--request-seconds")
-      options.request_seconds = Number(name, value, 1, 86400);
-    else if (name == "--head-seconds")
-      options.head_seconds = Number(name, value, 1, 86400);
-    else if (name == "--max-connections")
-      options.max_connections = Number(name, value, 1, 1000000);
-    else if (name == "--max-connections-per-peer")
-      options.max_connections_per_peer = Number(name, value, 1, 1000000);
-    else if (name == "--max-calls")
-      options.max_calls = Number(name, value, 1, 1000000);
-    else if (name == "--max-body-memory-bytes")
-      options.max_body_memory_bytes = Number(name, value, 1, LONG_MAX / 2);
-    else if (name == "--drain-seconds")
-      options.drain_seconds = Number(name, value, 0, 86400);
-    else if (name == "--request-parameters")
-      options.request_parameters = value;
-    else if (name == "--relay-only")
-      options.relay_only = Number(name, value, 0, 1) == 1;
-    else
-      Usage("unknown option " + name);
+  try {
+    front_options::ReadPairs(words, [&options](const std::string& name, const char* value) {
+      if (name == "--listen")
+        options.listen = value;
+      else if (name == "--upstream")
+        options.upstream = value;
+      else if (name == "--max-body-bytes")
+        options.max_body_bytes = Number(name, value, 1, LONG_MAX / 2);
+      else if (name == "--max-header-bytes")
+        options.max_header_bytes = Number(name, value, 1024, 1 << 20);
+      else if (name == "--threads")
+        options.threads = Number(name, value, 1, 64);
+      else if (name == "--idle-seconds")
+        options.idle_seconds = Number(name, value, 1, 86400);
+      else if (name == "--request-seconds")
+        options.request_seconds = Number(name, value, 1, 86400);
+      else if (name == "--head-seconds")
+        options.head_seconds = Number(name, value, 1, 86400);
+      else if (name == "--max-connections")
+        options.max_connections = Number(name, value, 1, 1000000);
+      else if (name == "--max-connections-per-peer")
+        options.max_connections_per_peer = Number(name, value, 1, 1000000);
+      else if (name == "--max-calls")
+        options.max_calls = Number(name, value, 1, 1000000);
+      else if (name == "--max-body-memory-bytes")
+        options.max_body_memory_bytes = Number(name, value, 1, LONG_MAX / 2);
+      else if (name == "--drain-seconds")
+        options.drain_seconds = Number(name, value, 0, 86400);
+      else if (name == "--request-parameters")
+        options.request_parameters = value;
+      else if (name == "--relay-only")
+        options.relay_only = Number(name, value, 0, 1) == 1;
+      else
+        return false;
+      return true;
+    });
+    front_options::RequireAddress("--listen", options.listen);
+    front_options::RequireAddress("--upstream", options.upstream);
+  } catch (const front_options::BadOption& bad) {
+    Usage(bad.what());
   }
-  if (!LooksLikeAddress(options.listen)) Usage("--listen needs HOST:PORT, got '" + options.listen + "'");
-  if (!LooksLikeAddress(options.upstream)) Usage("--upstream needs HOST:PORT, got '" + options.upstream + "'");
   if (options.max_body_bytes == 0) Usage("--max-body-bytes is required");
   return options;
 }
@@ -1882,18 +1868,14 @@ using namespace http_front;
 // 0 once listening; otherwise the reason is logged. `args`: the options, separated by spaces.
 extern "C" __attribute__((visibility("default"))) int s2t_http_front_start(TRITONSERVER_Server* server,
                                                                            const char* args) {
-  std::vector<std::string> words;
-  std::istringstream split(args != nullptr ? args : "");
-  for (std::string word; split >> word;) words.push_back(word);
   try {
-    g_options = Parse(words);
+    g_options = Parse(front_options::Words(args));
   } catch (const std::invalid_argument&) {
     return 2;
   }
   if (!g_options.relay_only) {
-    std::istringstream names(g_options.request_parameters);
-    for (std::string name; std::getline(names, name, ',');)
-      if (!name.empty() && name != "-") g_custom_parameters.insert(name);
+    for (const std::string& name : front_options::Names(g_options.request_parameters))
+      g_custom_parameters.insert(name);
     TRITONSERVER_Error* error = TRITONSERVER_ResponseAllocatorNew(&g_allocator, AllocateOutput, ReleaseOutput, nullptr);
     if (error != nullptr) {
       Log("cannot make a response allocator: %s", TRITONSERVER_ErrorMessage(error));

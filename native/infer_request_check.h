@@ -17,9 +17,10 @@
 //
 // Request parameters: Triton's own (sequence_id, sequence_start, sequence_end, priority, timeout,
 // triton_enable_empty_final_response) must have the type Triton reads; other keys starting `triton_` are refused, as
-// Triton refuses them; any other key is passed through to the model, as Triton does, because a model may read it
-// (risk_router reads `route`): it must hold an int64, bool, string or double (what Triton can pass on), and its key
-// and string are bounded. Output parameters reach no model: only Triton's (classification, binary_data,
+// Triton refuses them; of the other keys only those a served model reads (Limits::custom_parameters: risk_router
+// reads `route`) are passed on, as the HTTP front does: any other is refused naming it, since no model would read it
+// and its sender expects it to do something. A custom one must hold an int64, bool, string or double (what Triton
+// can pass on), and its key and string are bounded. Output parameters reach no model: only Triton's (classification, binary_data,
 // shared_memory_region, shared_memory_offset, shared_memory_byte_size) are taken.
 #pragma once
 
@@ -41,6 +42,8 @@ struct Limits {
   size_t max_contents_entries = 1 << 20;   // fields in one message's typed contents (each a protobuf object)
   size_t max_key_bytes = 256;              // a parameter's key
   size_t max_string_parameter_bytes = 64 << 10;
+  // Request parameters of no protocol that the served models read: the only custom ones passed on.
+  std::vector<std::string> custom_parameters;
 };
 
 // A model's tensors as its configuration (Triton's ModelConfig) declares them.
@@ -189,6 +192,15 @@ inline std::string RequestParameterRefusal(const std::string& key, const inferen
   if (key.rfind("triton_", 0) == 0)
     return field + ": keys starting with 'triton_' are Triton's own, and it takes only "
                    "'triton_enable_empty_final_response'";
+  bool read = false;
+  std::string names;
+  for (const std::string& name : limits.custom_parameters) {
+    read = read || name == key;
+    names += (names.empty() ? "" : ", ") + name;
+  }
+  if (!read)
+    return field + ": not a parameter of the protocol nor one the served models read (" +
+           (names.empty() ? std::string("none") : names) + ")";
   if (choice == P::kStringParam && value.string_param().size() > limits.max_string_parameter_bytes)
     return field + ": a string of at most " + std::to_string(limits.max_string_parameter_bytes) + " bytes is taken";
   if (choice == P::kInt64Param || choice == P::kBoolParam || choice == P::kStringParam || choice == P::kDoubleParam)

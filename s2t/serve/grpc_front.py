@@ -7,8 +7,9 @@ relays everything and keeps the port open while a new tritonserver starts.
 
 Every ModelInfer request and every ModelStreamInfer message is parsed by protobuf (classes made from Triton's own
 grpc_service.proto) and checked before Triton sees it (native/infer_request_check.h): counts bounded before it is
-parsed, parameters known and typed, shapes sane, and inside tritonserver what its model declares (outputs it has, no
-classification of a BYTES output, one kind of model, decoupled or not, per stream). A request that fails is refused
+parsed, parameters known and typed (of the custom ones, only those a served model reads, as the HTTP front), shapes
+sane, and inside tritonserver what its model declares (outputs it has, no classification of a BYTES output, one kind
+of model, decoupled or not, per stream). A request that fails is refused
 INVALID_ARGUMENT naming the field; a stream whose message fails ends INVALID_ARGUMENT after the answers to the
 messages before it. What is relayed is the message as protobuf read it, written again.
 
@@ -32,8 +33,10 @@ from pathlib import Path
 
 from s2t.errors import S2TError
 from s2t.serve import restricted_apis, server_hook
+from s2t.serve.http_front import CUSTOM_REQUEST_PARAMETERS
 from s2t.serve.keeper import die_with_parent
-from s2t.serve.serve_options import GRPC_FRONT_MAX_CALLS
+from s2t.serve.serve_options import (GRPC_FRONT_MAX_CALLS, GRPC_FRONT_MESSAGE_SECONDS,
+                                     GRPC_FRONT_STREAM_IDLE_SECONDS)
 
 NATIVE = Path(__file__).resolve().parent / "native"
 BINARY = NATIVE / "s2t_grpc_front"
@@ -43,6 +46,10 @@ BUILD_HINT = "`make native` builds it (native/build_grpc_front.sh alone)"
 GRPC_RESTRICTED = "--grpc-restricted-protocol"
 # Calls to Triton in flight through the front at most. Each holds at most one message each way in the front.
 DEFAULT_MAX_CALLS = GRPC_FRONT_MAX_CALLS
+# A call whose first message has not come this long after it began is ended (a silent call holds a slot), and so is a
+# stream with no message either way for this long.
+DEFAULT_MESSAGE_SECONDS = GRPC_FRONT_MESSAGE_SECONDS
+DEFAULT_STREAM_IDLE_SECONDS = GRPC_FRONT_STREAM_IDLE_SECONDS
 # How long the front may take to listen once started (it binds in milliseconds).
 READY_TIMEOUT_S = 10.0
 SERVER_READY = "/inference.GRPCInferenceService/ServerReady"
@@ -55,24 +62,31 @@ class GrpcFrontError(S2TError, RuntimeError):
 
 
 def front_options(public_port: int, upstream_port: int, max_message_bytes: int, max_calls: int,
-                  drain_seconds: int) -> list[str]:
+                  drain_seconds: int, message_seconds: int | None = None,
+                  stream_idle_seconds: int | None = None) -> list[str]:
     """The front listening on every address (as Triton's own gRPC endpoint does by default), Triton on loopback: the
-    options of the binary and of the front inside tritonserver alike."""
+    options of the binary and of the front inside tritonserver alike. The time limits left out are the defaults."""
     return ["--listen", f"0.0.0.0:{public_port}", "--upstream", f"127.0.0.1:{upstream_port}",
             "--max-message-bytes", str(max_message_bytes), "--max-calls", str(max_calls),
-            "--drain-seconds", str(drain_seconds)]
+            "--drain-seconds", str(drain_seconds),
+            "--message-seconds", str(message_seconds or DEFAULT_MESSAGE_SECONDS),
+            "--stream-idle-seconds", str(stream_idle_seconds or DEFAULT_STREAM_IDLE_SECONDS),
+            "--request-parameters", ",".join(CUSTOM_REQUEST_PARAMETERS) or "-"]
 
 
 def command(binary: Path, public_port: int, upstream_port: int, max_message_bytes: int, max_calls: int,
-            drain_seconds: int, ready_fd: int | None = None) -> list[str]:
+            drain_seconds: int, ready_fd: int | None = None, message_seconds: int | None = None,
+            stream_idle_seconds: int | None = None) -> list[str]:
     """The front's binary with its options."""
-    return [str(binary), *front_options(public_port, upstream_port, max_message_bytes, max_calls, drain_seconds),
+    return [str(binary), *front_options(public_port, upstream_port, max_message_bytes, max_calls, drain_seconds,
+                                        message_seconds, stream_idle_seconds),
             *(["--ready-fd", str(ready_fd)] if ready_fd is not None else [])]
 
 
 def in_process_env(env: dict[str, str], public_port: int, upstream_port: int, max_message_bytes: int,
                    max_calls: int, drain_seconds: int, triton_command: list[str],
-                   library: Path | None = None, hook: Path | None = None) -> dict[str, str]:
+                   library: Path | None = None, hook: Path | None = None, message_seconds: int | None = None,
+                   stream_idle_seconds: int | None = None) -> dict[str, str]:
     """`env` for a tritonserver started with `triton_command` that runs the front inside its process. Where that
     command restricts gRPC inference to callers with a key, the front relays ModelInfer too, so that Triton checks
     the key."""
@@ -84,7 +98,8 @@ def in_process_env(env: dict[str, str], public_port: int, upstream_port: int, ma
     except server_hook.ServerHookError as err:
         raise GrpcFrontError(str(err)) from None
     relay_only = restricted_apis.restricts_inference(triton_command, GRPC_RESTRICTED)
-    args = front_options(public_port, upstream_port, max_message_bytes, max_calls, drain_seconds)
+    args = front_options(public_port, upstream_port, max_message_bytes, max_calls, drain_seconds, message_seconds,
+                         stream_idle_seconds)
     env["S2T_GRPC_FRONT_LIBRARY"] = str(library)
     env["S2T_GRPC_FRONT_ARGS"] = " ".join(args + ["--relay-only", "1" if relay_only else "0"])
     return env
@@ -118,6 +133,8 @@ class GrpcFront:
     max_calls: int = DEFAULT_MAX_CALLS
     # After SIGTERM: how long calls in flight may take to be answered before the process ends.
     drain_seconds: int = 30
+    message_seconds: int | None = None  # None: DEFAULT_MESSAGE_SECONDS
+    stream_idle_seconds: int | None = None  # None: DEFAULT_STREAM_IDLE_SECONDS
     # Looked up when the front is made, not when this module is read.
     binary: Path = field(default_factory=lambda: BINARY)
     process: subprocess.Popen | None = None
@@ -131,7 +148,7 @@ class GrpcFront:
         try:
             self.process = subprocess.Popen(
                 command(self.binary, self.public_port, self.upstream_port, self.max_message_bytes, self.max_calls,
-                        self.drain_seconds, write_end),
+                        self.drain_seconds, write_end, self.message_seconds, self.stream_idle_seconds),
                 stdout=stdout, stderr=subprocess.STDOUT if stdout else None, pass_fds=(write_end,),
                 preexec_fn=die_with_parent, start_new_session=True)
             os.close(write_end)

@@ -7,6 +7,10 @@ from pathlib import Path
 
 # Calls the gRPC front keeps in flight to tritonserver at most (s2t/serve/grpc_front.py takes it from here).
 GRPC_FRONT_MAX_CALLS = 1024
+# The gRPC front ends a call whose first message has not come this long after it began, and a stream with no message
+# either way for this long (each would hold a call slot for nothing).
+GRPC_FRONT_MESSAGE_SECONDS = 10
+GRPC_FRONT_STREAM_IDLE_SECONDS = 60
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,8 +1,8 @@
 """What a ModelInfer caller can send through the gRPC front inside tritonserver, at its edge: protobuf that the
 protobuf library refuses, requests that fail a check before Triton sees them (each refused INVALID_ARGUMENT naming
 the field), a classification of a BYTES output (which ends tritonserver 2.51 with SIGFPE), counts that would make
-the front's thread build a million objects, custom request parameters (passed through to the model, which may read
-them), and a refusal at submission (answered with Triton's error, not tried again through Triton's endpoint). Each
+the front's thread build a million objects, custom request parameters (those a served model reads passed through to
+it, any other refused naming it, as the HTTP front refuses it), and a refusal at submission (answered with Triton's error, not tried again through Triton's endpoint). Each
 beside valid callers; the same tritonserver throughout."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import requests
 from tritonclient.grpc import service_pb2
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
@@ -220,6 +221,45 @@ def test_custom_request_parameters_reach_the_model_as_through_tritons_endpoint(s
     ours, triton = call(server.grpc_url, request), call(server.triton_grpc_url, request)
     assert ours[0] != "OK" and "route" in ours[1], ours
     assert ours == triton
+
+
+def test_a_custom_parameter_no_served_model_reads_is_refused_naming_it_on_both_fronts(server, records):
+    """One rule for both public fronts: Triton's own parameters and the custom ones a served model reads pass; any
+    other custom key is refused naming it (INVALID_ARGUMENT here, 400 from the HTTP front), beside valid callers."""
+    expected = call(server.triton_grpc_url, pipeline_request(records[:1], id="v"))[2]
+    pid, stop, wrong = server.process.pid, time.monotonic() + 3, []
+
+    def valid() -> int:
+        answered = 0
+        while time.monotonic() < stop:
+            got = call(server.grpc_url, pipeline_request(records[:1], id="v"))
+            if got[2] != expected:
+                wrong.append(got[:2])
+            answered += 1
+        return answered
+
+    with futures.ThreadPoolExecutor(1) as pool:
+        beside = pool.submit(valid)
+        while time.monotonic() < stop:
+            for key, value in (("colour", "blue"), ("binary_data_output", "x"), ("Route", "a")):
+                request = pipeline_request(records[:1])
+                request.parameters[key].string_param = value
+                code, details, _ = call(server.grpc_url, request)
+                assert code == "INVALID_ARGUMENT" and details.startswith(
+                    f"parameters['{key}']: not a parameter of the protocol nor one the served models read (route)"), \
+                    (code, details)
+        assert beside.result() > 5
+    answer = requests.post(f"http://127.0.0.1:{server.http_port}/v2/models/risk_pipeline/infer",
+                           json={"parameters": {"colour": "blue"}, "inputs": [
+                               {"name": "payload", "datatype": "BYTES", "shape": [1, 1],
+                                "data": [records[0].decode()]}]}, timeout=30)
+    assert answer.status_code == 400 and "parameters.colour: not a parameter of the protocol nor one the served " \
+        "models read (route)" in answer.json()["error"], answer.text
+    request = pipeline_request(records[:1], model="risk_router")
+    request.parameters["route"].string_param = "nowhere"
+    assert "route" in call(server.grpc_url, request)[1]  # read by risk_router: its own refusal, not the front's
+    assert wrong == [], wrong[:3]
+    assert server.process.poll() is None and server.process.pid == pid
 
 
 def test_a_refusal_at_submission_is_tritons_error_and_not_tried_again_through_its_endpoint(server, records):

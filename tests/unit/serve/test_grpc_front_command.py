@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from s2t.serve import grpc_front
 from s2t.serve.grpc_front import GrpcFrontError, command, in_process_env
 from s2t.serve.keeper import option
 from s2t.serve.triton_server import TritonServer
@@ -13,7 +14,18 @@ from s2t.serve.triton_server import TritonServer
 def test_the_front_listens_on_every_address_and_forwards_to_loopback():
     assert command(Path("/b/s2t_grpc_front"), 8001, 40000, 1000, 16, 35, ready_fd=7) == [
         "/b/s2t_grpc_front", "--listen", "0.0.0.0:8001", "--upstream", "127.0.0.1:40000",
-        "--max-message-bytes", "1000", "--max-calls", "16", "--drain-seconds", "35", "--ready-fd", "7"]
+        "--max-message-bytes", "1000", "--max-calls", "16", "--drain-seconds", "35", "--message-seconds", "10",
+        "--stream-idle-seconds", "60", "--request-parameters", "route", "--ready-fd", "7"]
+
+
+def test_the_fronts_time_limits_are_passed_with_their_defaults_where_none_is_given(tmp_path, monkeypatch):
+    given = command(Path("/b/f"), 8001, 40000, 1000, 16, 35, message_seconds=3, stream_idle_seconds=7)
+    assert given[given.index("--message-seconds"):][:4] == ["--message-seconds", "3", "--stream-idle-seconds", "7"]
+    monkeypatch.setattr(grpc_front, "DEFAULT_STREAM_IDLE_SECONDS", 5)
+    made = in_process_env({}, 8001, 40000, 1000, 16, 35, ["tritonserver"], **_built(tmp_path))
+    assert "--stream-idle-seconds 5 " in made["S2T_GRPC_FRONT_ARGS"]
+    made = in_process_env({}, 8001, 40000, 1000, 16, 35, ["tritonserver"], **_built(tmp_path), message_seconds=4)
+    assert "--message-seconds 4 " in made["S2T_GRPC_FRONT_ARGS"]
 
 
 @pytest.mark.parametrize("front, address, port", [(True, "127.0.0.1", "40000"), (False, None, "8001")],
@@ -52,7 +64,8 @@ def test_inside_tritonserver_the_hook_is_preloaded_and_told_the_fronts_options(t
     assert made["S2T_GRPC_FRONT_LIBRARY"] == str(built["library"])
     assert made["S2T_GRPC_FRONT_ARGS"].split() == [
         "--listen", "0.0.0.0:8001", "--upstream", "127.0.0.1:40000", "--max-message-bytes", "1000",
-        "--max-calls", "16", "--drain-seconds", "35", "--relay-only", "0"]
+        "--max-calls", "16", "--drain-seconds", "35", "--message-seconds", "10", "--stream-idle-seconds", "60",
+        "--request-parameters", "route", "--relay-only", "0"]
     assert made["PATH"] == "/bin" and env.get("LD_PRELOAD") == preload  # the caller's env untouched
 
 
