@@ -1,17 +1,28 @@
-"""`s2t bench --mode llm`: the `llm` model's token throughput and latency, length-aware admission against FIFO, and
-risk_pipeline's throughput with and without language-model streams running on the same server.
+"""`s2t bench --mode llm`: `s2t serve --llm`'s OpenAI-compatible API against llama.cpp's own OpenAI-compatible server
+on the same GGUF file and engine settings (the acceptance comparison), the `llm` model's token throughput and
+latency, length-aware admission against FIFO, and risk_pipeline's throughput with and without language-model streams
+running on the same server.
+
+The comparison: both sides through the `openai` SDK, streaming, greedy, mixed-length chat requests (max_tokens 48),
+the sides taking turns round by round (ABBA, so a drift of the machine's load weighs on both): 1 and 4 closed-loop
+streams, then bursts of 16 mixed-length streams sent at once. Each round also reads the CPU time (user + system,
+/proc) of each side's processes, per generated token: far less sensitive to the machine's load than wall time.
 
 Each server is started here on free ports from a copy of the repositories (the batching policy is edited in the
 copy), and stopped at the end. Figures go to OUT/results.json and OUT/results.md.
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
@@ -21,6 +32,7 @@ from s2t.backends.llm.engine import packaged_model_path
 from s2t.bench.load import genai_perf, wrk
 from s2t.bench.harness import machine_load, report, workload
 from s2t.bench.harness.machine_load import LoadWatch
+from s2t.bench.harness.process_tree import cpu_seconds, own_cpu_seconds
 from s2t.bench.harness.runner import machine
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.triton_server import TritonServer, free_port
@@ -34,9 +46,11 @@ CONCURRENCY = (1, 2, 4)
 GENAI_POINTS = ((1, 32), (4, 32), (1, 256), (4, 256))
 GENAI_QUICK_POINTS = ((2, 32),)
 GENAI_MAX_TOKENS = 32
+# The acceptance comparison: its servers' start, then each point (both sides, taking turns).
+OPENAI_POINTS = ("c=1", "c=4", "burst of 16")
 # Per policy its server's start and mixed prompts (length-aware: the concurrency points and genai-perf in both
 # conventions too), then risk_pipeline alone and beside the streams.
-STEPS = 2 + len(CONCURRENCY) + len(genai_perf.BACKENDS) + 2 + 2
+STEPS = 1 + len(OPENAI_POINTS) + 2 + len(CONCURRENCY) + len(genai_perf.BACKENDS) + 2 + 2
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -179,6 +193,279 @@ def _genai_perf(grpc_url: str, out_dir: Path, quick: bool, log: Callable[[str], 
     return points
 
 
+# --- The acceptance comparison: s2t serve --llm's OpenAI API against llama.cpp's own OpenAI server ---------------
+
+OPENAI_MAX_TOKENS = 48
+# Mixed-length chat requests: short questions, a paragraph, a loan file. Each request's text starts with its own
+# number, so that no request finds its prompt in a slot's cache (both sides reuse cached prefixes the same way).
+CHAT_PROMPTS = (
+    "What is credit risk?",
+    "Summarise this loan file in one line: " + "The applicant has repaid every previous loan on time. " * 4,
+    "Name three colours.",
+    "Summarise this loan file in one line: " + "The applicant has repaid every previous loan on time. " * 16,
+    "Why do banks ask for collateral?",
+    "Explain an interest rate to a child, in two sentences.",
+)
+BURST_SIZE = 16
+# In a burst the long prompts are sent first, the rest just after (the order length-aware admission is built for).
+BURST_LONG = 4
+BURST_GAP_S = 0.02
+# The acceptance lines: at 1 and 4 streams, output tokens/s at least RATE_FLOOR of llama.cpp alone and median TTFT
+# at most TTFT_MARGIN_S above it; in the bursts of 16, p95 TTFT no worse than llama.cpp alone.
+RATE_FLOOR = 0.95
+TTFT_MARGIN_S = 0.030
+SIDES = ("llama.cpp", "s2t")
+
+
+def _engine_parameters(repository: Path) -> dict[str, int]:
+    """The `llm` engine's threads, slots and context per slot from its config, so that llama.cpp alone runs the
+    same engine."""
+    text = (repository / "llm" / "config.pbtxt").read_text()
+    found = {}
+    for key in ("threads", "slots", "context_per_slot"):
+        match = re.search(rf'key: "{key}"\s*value: \{{ string_value: "(\d+)" \}}', text)
+        if match is None:
+            raise RuntimeError(f"{repository / 'llm' / 'config.pbtxt'}: no {key} parameter")
+        found[key] = int(match.group(1))
+    return found
+
+
+def serve_llama_alone(model_path: str, threads: int, slots: int, context_per_slot: int) -> None:
+    """llama.cpp's own server (the one `llm` wraps) on its loopback listener, with `llm`'s engine settings; prints
+    the address, serves until stdin closes. Run in a process of its own by `LlamaAlone`."""
+    import xllamacpp
+
+    params = xllamacpp.CommonParams()
+    params.model.path = model_path
+    params.n_parallel = slots
+    params.n_ctx = slots * context_per_slot
+    params.cpuparams.n_threads = threads
+    params.cpuparams_batch.n_threads = threads
+    params.verbosity = -1
+    # llama-server's own default: a connection thread per slot and two more (xllamacpp leaves it unset).
+    params.n_threads_http = slots + 2
+    server = xllamacpp.Server(params)
+    print(server.listening_address, flush=True)
+    sys.stdin.read()
+
+
+def _child_environment() -> dict[str, str]:
+    root = str(Path(__file__).resolve().parents[3])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+
+
+class LlamaAlone:
+    """llama.cpp's OpenAI-compatible server in a child process (`with`: started, then stopped and reaped)."""
+
+    def __init__(self, engine: dict[str, int]):
+        self.engine = engine
+        self.process: subprocess.Popen | None = None
+        self.base_url = ""
+
+    def __enter__(self) -> "LlamaAlone":
+        code = (f"from s2t.bench.scenarios.llm import serve_llama_alone; serve_llama_alone({str(packaged_model_path())!r}, "
+                f"{self.engine['threads']}, {self.engine['slots']}, {self.engine['context_per_slot']})")
+        self.process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        env=_child_environment(), text=True)
+        address = self.process.stdout.readline().strip()
+        if not address.startswith("http"):
+            self.__exit__()
+            raise RuntimeError(f"llama.cpp's server did not start (it printed {address!r})")
+        self.base_url = address + "/v1"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process is not None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def cpu(self) -> dict[str, float]:
+        return {"llama.cpp server": cpu_seconds(self.process.pid)}
+
+
+class OpenAIApi:
+    """`s2t serve --llm`'s OpenAI-compatible API (s2t/serve/openai_server.py) in a child process, in front of
+    `server`; `cpu()` reads the API's process, tritonserver's own process and its stubs (llm's llama.cpp inside)."""
+
+    def __init__(self, server: TritonServer):
+        self.server = server
+        self.process: subprocess.Popen | None = None
+        self.base_url = ""
+
+    def __enter__(self) -> "OpenAIApi":
+        port = free_port()
+        self.process = subprocess.Popen([sys.executable, "-m", "s2t.serve.openai_server", "--port", str(port),
+                                         "--http-url", self.server.http_url], env=_child_environment(),
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+                        f"{self.base_url}/models", timeout=2) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                self.__exit__()
+                raise RuntimeError("the OpenAI API did not start")
+            time.sleep(0.1)
+
+    def __exit__(self, *exc) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def cpu(self) -> dict[str, float]:
+        triton = self.server.process.pid
+        tree, own = cpu_seconds(triton), own_cpu_seconds(triton)
+        return {"OpenAI API": own_cpu_seconds(self.process.pid), "tritonserver": own, "stubs (llm)": tree - own}
+
+
+def _chat(client, model: str, prompt: str) -> dict:
+    """One streamed, greedy chat completion: its TTFT (to the first text), tokens (the usage chunk) and end."""
+    started = time.monotonic()
+    first, tokens, error = None, 0, None
+    try:
+        stream = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": prompt}], max_tokens=OPENAI_MAX_TOKENS,
+            temperature=0, stream=True, stream_options={"include_usage": True})
+        for chunk in stream:
+            if first is None and chunk.choices and chunk.choices[0].delta.content:
+                first = time.monotonic()
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+    except Exception as err:  # noqa: BLE001 - counted as this request's error; the round goes on
+        error = repr(err)
+    return {"ttft": None if first is None else first - started, "tokens": tokens, "error": error}
+
+
+class _Numbered:
+    """Each request's prompt, numbered so that none is found in a slot's cache."""
+
+    def __init__(self):
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, text: str) -> str:
+        with self._lock:
+            self._count += 1
+            return f"({self._count}) {text}"
+
+
+def _closed_loop(client, model: str, streams: int, requests_per_stream: int, numbered: _Numbered) -> list[dict]:
+    def stream(i: int) -> list[dict]:
+        return [_chat(client, model, numbered(CHAT_PROMPTS[(i + k) % len(CHAT_PROMPTS)]))
+                for k in range(requests_per_stream)]
+    with ThreadPoolExecutor(streams) as pool:
+        return [r for batch in pool.map(stream, range(streams)) for r in batch]
+
+
+def _burst(client, model: str, numbered: _Numbered) -> list[dict]:
+    longest = max(CHAT_PROMPTS, key=len)
+    others = [p for p in CHAT_PROMPTS if p != longest]
+    with ThreadPoolExecutor(BURST_SIZE) as pool:
+        futures = [pool.submit(_chat, client, model, numbered(longest)) for _ in range(BURST_LONG)]
+        time.sleep(BURST_GAP_S)
+        futures += [pool.submit(_chat, client, model, numbered(others[i % len(others)]))
+                    for i in range(BURST_SIZE - BURST_LONG)]
+        return [f.result() for f in futures]
+
+
+def _side_figures(rounds: list[tuple[list[dict], float, dict[str, float]]]) -> dict:
+    """One side's figures at one point over its rounds: (results, wall seconds, CPU seconds by process)."""
+    results = [r for rs, _, _ in rounds for r in rs]
+    done = [r for r in results if r["error"] is None]
+    tokens = sum(r["tokens"] for r in done)
+    wall = sum(w for _, w, _ in rounds)
+    ttfts = [r["ttft"] for r in done if r["ttft"] is not None]
+    cpu: dict[str, float] = {}
+    for _, _, spent in rounds:
+        for name, seconds in spent.items():
+            cpu[name] = cpu.get(name, 0.0) + seconds
+    per_token = {name: round(1e6 * seconds / max(tokens, 1), 1) for name, seconds in cpu.items()}
+    return {"requests": len(results), "errors": len(results) - len(done), "output_tokens": tokens,
+            "tokens_per_s": tokens / wall if wall > 0 else None,
+            "ttft_p50_s": percentile(ttfts, 50), "ttft_p95_s": percentile(ttfts, 95),
+            "cpu_us_per_token": per_token, "cpu_us_per_token_total": round(sum(per_token.values()), 1),
+            "first_error": next((r["error"] for r in results if r["error"]), None)}
+
+
+def acceptance(points: dict[str, dict]) -> list[dict]:
+    """Each acceptance line, met or not, from the comparison's points (each {"llama.cpp": .., "s2t": ..})."""
+    lines = []
+    for label in ("c=1", "c=4"):
+        if label not in points:
+            continue
+        base, ours = points[label]["llama.cpp"], points[label]["s2t"]
+        rate_met = (None not in (base["tokens_per_s"], ours["tokens_per_s"]) and not ours["errors"]
+                    and ours["tokens_per_s"] >= RATE_FLOOR * base["tokens_per_s"])
+        lines.append({"line": f"{label}: output tokens/s >= {RATE_FLOOR}x llama.cpp alone", "met": bool(rate_met),
+                      "detail": f"{_fmt(ours['tokens_per_s'], digits=1)} vs {_fmt(base['tokens_per_s'], digits=1)}"})
+        ttft_met = (None not in (base["ttft_p50_s"], ours["ttft_p50_s"])
+                    and ours["ttft_p50_s"] <= base["ttft_p50_s"] + TTFT_MARGIN_S)
+        lines.append({"line": f"{label}: median TTFT <= llama.cpp alone + {TTFT_MARGIN_S * 1000:.0f} ms",
+                      "met": bool(ttft_met),
+                      "detail": f"{_fmt(ours['ttft_p50_s'], 1000, 1)} ms vs {_fmt(base['ttft_p50_s'], 1000, 1)} ms"})
+    if "burst of 16" in points:
+        base, ours = points["burst of 16"]["llama.cpp"], points["burst of 16"]["s2t"]
+        met = (None not in (base["ttft_p95_s"], ours["ttft_p95_s"]) and not ours["errors"]
+               and ours["ttft_p95_s"] <= base["ttft_p95_s"])
+        lines.append({"line": "burst of 16 mixed-length streams: p95 TTFT <= llama.cpp alone", "met": bool(met),
+                      "detail": f"{_fmt(ours['ttft_p95_s'], 1000, 0)} ms vs {_fmt(base['ttft_p95_s'], 1000, 0)} ms"})
+    return lines
+
+
+def openai_comparison(server: TritonServer, engine: dict[str, int], quick: bool, watch: LoadWatch,
+                      log: Callable[[str], None], begin: Callable[[str], None]) -> dict:
+    """The acceptance comparison on `server` (`llm` alone, length-aware): see the module's docstring."""
+    import openai
+
+    rounds = 1 if quick else 3
+    plans = {"c=1": lambda c, m, n: _closed_loop(c, m, 1, 2 if quick else 6, n),
+             "c=4": lambda c, m, n: _closed_loop(c, m, 4, 2 if quick else 4, n),
+             "burst of 16": lambda c, m, n: _burst(c, m, n)}
+    begin("openai vs llama.cpp: servers starting")
+    with LlamaAlone(engine) as alone, OpenAIApi(server) as api:
+        sides = {"llama.cpp": (alone, openai.OpenAI(base_url=alone.base_url, api_key="none", max_retries=0), "llm"),
+                 "s2t": (api, openai.OpenAI(base_url=api.base_url, api_key="none", max_retries=0), "llm")}
+        numbered = _Numbered()
+        for _, client, model in sides.values():
+            _chat(client, model, numbered("Say hello."))  # connections opened, templates loaded, caches warm
+        points = {}
+        for label, plan in plans.items():
+            begin(f"openai vs llama.cpp: {label}")
+            taken: dict[str, list] = {side: [] for side in SIDES}
+            for n in range(rounds * 2):
+                side = SIDES[(0, 1, 1, 0)[n % 4]]  # ABBA: llama.cpp, s2t, s2t, llama.cpp, ...
+                process, client, model = sides[side]
+                with watch.round(f"openai {label} {side}"):
+                    cpu_before, began = process.cpu(), time.monotonic()
+                    results = plan(client, model, numbered)
+                    wall, cpu_after = time.monotonic() - began, process.cpu()
+                taken[side].append((results, wall, {k: cpu_after[k] - cpu_before[k] for k in cpu_after}))
+            points[label] = {side: _side_figures(taken[side]) for side in SIDES}
+            for side in SIDES:
+                f = points[label][side]
+                log(f"openai {label} {side}: {_fmt(f['tokens_per_s'], digits=1)} tokens/s, TTFT p50 "
+                    f"{_fmt(f['ttft_p50_s'], 1000, 1)} ms p95 {_fmt(f['ttft_p95_s'], 1000, 1)} ms, CPU "
+                    f"{f['cpu_us_per_token_total']} us/token, errors {f['errors']}")
+    lines = acceptance(points)
+    for line in lines:
+        log(f"acceptance: {line['line']}: {'met' if line['met'] else 'NOT met'} ({line['detail']})")
+    return {"max_tokens": OPENAI_MAX_TOKENS, "rounds_per_side": rounds, "engine": engine, "points": points,
+            "acceptance": lines, "accepted": all(line["met"] for line in lines)}
+
+
 def run(out_dir: Path, repositories: list[Path], llm_repository: Path, data_csv: Path,
         log: Callable[[str], None], quick: bool = False, on_progress: OnProgress = no_progress) -> dict:
     """`on_progress` hears the STEPS done, naming the one that runs."""
@@ -203,6 +490,8 @@ def run(out_dir: Path, repositories: list[Path], llm_repository: Path, data_csv:
                               stop_gracefully=False) as server:
                 generate_stream(server.http_url, {"text_input": PROMPTS[0], "max_tokens": 4})
                 if policy == "length_aware":
+                    results["openai_vs_llama"] = openai_comparison(server, _engine_parameters(repository), quick,
+                                                                   watch, log, begin)
                     for concurrency in CONCURRENCY:
                         begin(f"{policy}: llm c={concurrency}")
                         with watch.round(f"llm c={concurrency}"):
@@ -227,6 +516,27 @@ def run(out_dir: Path, repositories: list[Path], llm_repository: Path, data_csv:
     return results
 
 
+def _comparison_markdown(comparison: dict) -> list[str]:
+    verdict = "every acceptance line met" if comparison["accepted"] else "NOT every acceptance line met"
+    engine = comparison["engine"]
+    lines = [f"`s2t serve --llm`'s OpenAI API against llama.cpp's own OpenAI server (same GGUF, {engine['threads']} "
+             f"thread(s), {engine['slots']} slots, {engine['context_per_slot']} tokens per slot), both through the "
+             f"openai SDK, streaming, greedy, mixed-length chat requests, max_tokens {comparison['max_tokens']}, "
+             f"{comparison['rounds_per_side']} rounds per side taken in turns: **{verdict}**.", "",
+             "| point | side | output tokens/s | TTFT p50 / p95 (ms) | CPU us per token (by process) | errors |",
+             "|---|---|---|---|---|---|"]
+    for label, sides in comparison["points"].items():
+        for side, f in sides.items():
+            cpu = ", ".join(f"{name} {us:.0f}" for name, us in f["cpu_us_per_token"].items())
+            lines.append(f"| {label} | {side} | {_fmt(f['tokens_per_s'], digits=1)} | {_fmt(f['ttft_p50_s'], 1000, 1)} "
+                         f"/ {_fmt(f['ttft_p95_s'], 1000, 1)} | {f['cpu_us_per_token_total']:.0f} ({cpu}) | "
+                         f"{f['errors']} |")
+    lines += ["", "| acceptance line | met | s2t vs llama.cpp |", "|---|---|---|",
+              *(f"| {line['line']} | {'yes' if line['met'] else '**no**'} | {line['detail']} |"
+                for line in comparison["acceptance"]), ""]
+    return lines
+
+
 def _fmt(value, scale=1.0, digits=2) -> str:
     return "n/a" if value is None else f"{value * scale:.{digits}f}"
 
@@ -236,6 +546,7 @@ def markdown(results: dict) -> str:
     lines = [f"Machine: {m['cpu']}, {m['logical_cores']} logical cores, {m['os']}; load average at start "
              f"{m['load_average_at_start']}; load generator on the same cores. Model: {results['model']}.", "",
              *(machine_load.markdown_lines(results["load"]) if "load" in results else []),
+             *(_comparison_markdown(results["openai_vs_llama"]) if "openai_vs_llama" in results else []),
              "| concurrency | output tokens/s (all streams) | tokens/s per stream (median) | TTFT p50 / p95 (s) "
              "| ITL p50 / p95 (ms) | errors |", "|---|---|---|---|---|---|"]
     for p in results["concurrency"]:
