@@ -52,8 +52,18 @@ class EngineSettings:
     slots: int = parameter("slots", 8)
     context_per_slot: int = parameter("context_per_slot", 1536)
     chat_template: bool = parameter("chat_template", True)
+    # Host memory llama.cpp may fill with the states of earlier prompts, beyond each slot's own context (its
+    # default is 8 GiB, reached over days of distinct prompts): bounded, so that the server's memory has a ceiling.
+    prompt_cache_mib: int = parameter("prompt_cache_mib", 0)
+    # Prompt tokens evaluated in one step of llama.cpp's batch (all slots together): after each step it reports
+    # progress, and a request whose client has gone is stopped there. llama.cpp's default step (2,048) holds a
+    # whole long prompt; one of its compute batches (512) costs nothing more and stops an abandoned one sooner.
+    prompt_step_tokens: int = parameter("prompt_step_tokens", 512)
 
     def __post_init__(self):
+        if self.prompt_cache_mib < 0 or self.prompt_step_tokens < 1:
+            raise ValueError(f"engine parameters out of range: prompt_cache_mib {self.prompt_cache_mib} (>= 0), "
+                             f"prompt_step_tokens {self.prompt_step_tokens} (>= 1)")
         if self.threads < 1 or self.slots < 1 or self.context_per_slot < 64:
             raise ValueError(f"engine parameters out of range: threads {self.threads} (>= 1), slots {self.slots} "
                              f"(>= 1), context_per_slot {self.context_per_slot} (>= 64)")
@@ -105,6 +115,8 @@ class LlmEngine:
         params.n_ctx = settings.slots * settings.context_per_slot
         params.cpuparams.n_threads = settings.threads
         params.cpuparams_batch.n_threads = settings.threads
+        params.cache_ram_mib = settings.prompt_cache_mib
+        params.n_batch = settings.prompt_step_tokens
         params.verbosity = -1
         self.settings = settings
         self._server = xllamacpp.Server(params)
@@ -230,6 +242,10 @@ class LlmEngine:
 
         def on_chunk(chunk) -> bool:
             nonlocal tokens, failure
+            if "prompt_progress" in chunk:
+                # A step of the prompt's evaluation: the one moment before the first token where a request whose
+                # client has gone can be stopped (a long prompt's evaluation is seconds of the shared batch).
+                return bool(job.is_cancelled()) or self._stopping
             if "usage" in chunk:
                 usage.update(chunk["usage"])
             if "timings" in chunk:
@@ -252,7 +268,10 @@ class LlmEngine:
             # True stops the generation: the client has gone, or the server is stopping.
             return bool(job.is_cancelled()) or self._stopping
 
-        body = {**job.request.sampling(), "stream": True, "stream_options": {"include_usage": True}}
+        # return_progress: llama.cpp reports each step of the prompt's evaluation, so that on_chunk is asked
+        # whether to go on before the first token too.
+        body = {**job.request.sampling(), "stream": True, "stream_options": {"include_usage": True},
+                "return_progress": True}
         completion = None
         try:
             if self.settings.chat_template:

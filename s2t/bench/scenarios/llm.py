@@ -222,7 +222,7 @@ def _engine_parameters(repository: Path) -> dict[str, int]:
     same engine."""
     text = (repository / "llm" / "config.pbtxt").read_text()
     found = {}
-    for key in ("threads", "slots", "context_per_slot"):
+    for key in ("threads", "slots", "context_per_slot", "prompt_cache_mib"):
         match = re.search(rf'key: "{key}"\s*value: \{{ string_value: "(\d+)" \}}', text)
         if match is None:
             raise RuntimeError(f"{repository / 'llm' / 'config.pbtxt'}: no {key} parameter")
@@ -230,7 +230,8 @@ def _engine_parameters(repository: Path) -> dict[str, int]:
     return found
 
 
-def serve_llama_alone(model_path: str, threads: int, slots: int, context_per_slot: int) -> None:
+def serve_llama_alone(model_path: str, threads: int, slots: int, context_per_slot: int,
+                      prompt_cache_mib: int) -> None:
     """llama.cpp's own server (the one `llm` wraps) on its loopback listener, with `llm`'s engine settings; prints
     the address, serves until stdin closes. Run in a process of its own by `LlamaAlone`."""
     import xllamacpp
@@ -241,6 +242,7 @@ def serve_llama_alone(model_path: str, threads: int, slots: int, context_per_slo
     params.n_ctx = slots * context_per_slot
     params.cpuparams.n_threads = threads
     params.cpuparams_batch.n_threads = threads
+    params.cache_ram_mib = prompt_cache_mib
     params.verbosity = -1
     # llama-server's own default: a connection thread per slot and two more (xllamacpp leaves it unset).
     params.n_threads_http = slots + 2
@@ -264,7 +266,8 @@ class LlamaAlone:
 
     def __enter__(self) -> "LlamaAlone":
         code = (f"from s2t.bench.scenarios.llm import serve_llama_alone; serve_llama_alone({str(packaged_model_path())!r}, "
-                f"{self.engine['threads']}, {self.engine['slots']}, {self.engine['context_per_slot']})")
+                f"{self.engine['threads']}, {self.engine['slots']}, {self.engine['context_per_slot']}, "
+                f"{self.engine['prompt_cache_mib']})")
         self.process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         env=_child_environment(), text=True)
         address = self.process.stdout.readline().strip()
