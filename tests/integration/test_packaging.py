@@ -4,12 +4,14 @@ benchmark stack stay uninstalled. The wheel is built from the tracked files alon
 format's code itself and carry the Python-based onnxruntime backend."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import tomllib
@@ -71,14 +73,85 @@ def fill_wheelhouse(venv: Path, source: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+# The native parts the wheel build compiles (setup.py runs native/*.sh into the build folder's s2t/serve/native),
+# kept between runs under a key of everything they are built from: the tracked native sources and build scripts,
+# setup.py, the system's packages (compilers, gRPC, protobuf, libevent) and the Python they link. The compile was most
+# of this module's minute and a half; a run whose inputs match a kept build hands the build scripts its products,
+# which they find newer than every source and leave as they are, so the wheel still carries (and the serving test
+# still runs) exactly what setup.py builds from the tracked files. Any other input compiles from scratch, as a fresh
+# machine's first run does, and is kept.
+NATIVE_CACHE = WHEELHOUSE.parent / "wheel-native"
+
+
+def native_inputs_key(source: Path) -> str:
+    digest = hashlib.sha256()
+    files = sorted(p for p in (source / "native").rglob("*")
+                   if p.is_file() and "fuzz" not in p.relative_to(source).parts)
+    for path in [source / "setup.py", *files]:
+        digest.update(f"{path.relative_to(source)}\0".encode() + path.read_bytes() + b"\0")
+    for command in (["g++", "--version"], ["gcc", "--version"], ["dpkg-query", "-W"]):
+        done = subprocess.run(command, capture_output=True, timeout=60)
+        digest.update(done.stdout + b"\0")
+    digest.update(repr((sysconfig.get_platform(), sys.implementation.cache_tag, sysconfig.get_config_var("LIBDIR"),
+                        sysconfig.get_config_var("INSTSONAME"))).encode())
+    return digest.hexdigest()[:24]
+
+
+def native_build_folder(source: Path) -> Path:
+    """Where setup.py's build_py writes the native parts: setuptools' platform-specific build_lib."""
+    build_lib = f"lib.{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
+    return source / "build" / build_lib / "s2t" / "serve" / "native"
+
+
+NATIVE_BUILDS_KEPT = 4  # the builds of the last few native sources (about 17 MB each)
+
+
+def restore_native(source: Path, key: str) -> None:
+    kept = NATIVE_CACHE / key
+    if kept.is_dir():
+        try:
+            # Copied with a fresh mtime: newer than every source, as a build just made them.
+            shutil.copytree(kept, native_build_folder(source), copy_function=shutil.copy, dirs_exist_ok=True)
+            os.utime(kept)  # the builds in use stay, the others are pruned
+        except OSError:  # pruned by another run meanwhile: the build compiles them
+            shutil.rmtree(native_build_folder(source), ignore_errors=True)
+
+
+def keep_native(source: Path, key: str) -> None:
+    built = native_build_folder(source)
+    if (NATIVE_CACHE / key).is_dir() or not built.is_dir():
+        return
+    NATIVE_CACHE.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".keeping-", dir=NATIVE_CACHE))
+    try:
+        shutil.copytree(built, staging / "native")
+        os.rename(staging / "native", NATIVE_CACHE / key)  # whole or not at all, beside another run doing the same
+    except OSError:
+        if not (NATIVE_CACHE / key).is_dir():
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    def used_at(build: Path) -> float:
+        try:
+            return build.stat().st_mtime
+        except OSError:  # pruned by another run
+            return 0.0
+    builds = sorted((p for p in NATIVE_CACHE.iterdir() if not p.name.startswith(".")), key=used_at)
+    for old in builds[:-NATIVE_BUILDS_KEPT]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def install_offline(venv: Path, source: Path, dist: Path) -> subprocess.CompletedProcess:
     """What `pip install SOURCE` does (build the wheel in an isolated environment, resolve the core dependencies,
     install), with the wheelhouse as the only index; no byte-compiling of the dependencies beforehand."""
     offline = ("--no-index", "--find-links", str(WHEELHOUSE))
     shutil.rmtree(dist, ignore_errors=True)
+    key = native_inputs_key(source)
+    restore_native(source, key)
     built = pip(venv, "wheel", "--no-deps", "-w", str(dist), *offline, str(source))
     if built.returncode != 0:
         return built
+    keep_native(source, key)
     return pip(venv, "install", "--no-compile", *offline, "-c", str(source / "constraints.txt"),
                *map(str, dist.glob("skill2triton-*.whl")))
 
