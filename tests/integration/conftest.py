@@ -21,7 +21,7 @@ LONGEST_FIRST = tuple(f"{HERE}/{name}.py" for name in (
     "gateway/test_dual_run", "pipeline/test_risk_explainer", "serve/test_clean_stop", "bench/test_bench_cpu_cost",
     "models/test_example_signature", "control/test_cli_gates", "pipeline/test_drift", "edge/test_fuzz_native",
     "serve/test_http_front_relay", "serve/test_caller_errors_heal_nothing", "bench/test_bench_crossover",
-    "llm/test_llm_admission", "gateway/test_legacy_and_convert"))
+    "edge/test_fuzz_grpc", "edge/test_fuzz_http", "llm/test_llm_admission", "gateway/test_legacy_and_convert"))
 
 
 def pytest_collection_modifyitems(items):
