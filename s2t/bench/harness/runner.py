@@ -278,6 +278,8 @@ class Bench:
                     continue
                 requests = _stats(server.http_url, model)[0] - before[0]
                 entry = {**point.as_dict(), "cpu_ms_per_request": 1000 * cpu.server_seconds / max(requests, 1),
+                         # perf_analyzer's own CPU: on shared cores it is taken from the server.
+                         "client_cpu_ms_per_request": 1000 * cpu.delta["client"] / max(requests, 1),
                          "cpu_cores": cpu.server_seconds / max(cpu.wall_seconds, 1e-9)}
                 points.append(entry)
                 self.log(f"perf_analyzer {model} {protocol} b={batch} {load}: {point.infer_per_s:.0f} rows/s, "

@@ -6,11 +6,10 @@ from __future__ import annotations
 import csv
 import io
 import os
-import resource
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
@@ -50,8 +49,6 @@ class Point:
     avg_ms: float
     server_queue_ms: float
     server_compute_ms: float
-    # CPU the load generator itself spent (user + system): on shared cores it is taken from the server.
-    client_cpu_seconds: float = float("nan")
 
     @property
     def requests_per_s(self) -> float:
@@ -100,11 +97,8 @@ def measure(url: str, protocol: str, model: str, input_data: Path, settings: Set
             cmd += ["--concurrency-range", f"{concurrency}:{concurrency}"]
         else:
             cmd += ["--request-rate-range", f"{request_rate:g}:{request_rate:g}"]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         proc = subprocess.run(cmd, env=environment(), capture_output=True, text=True, timeout=600)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if proc.returncode != 0 or not report.exists():
             raise RuntimeError(f"perf_analyzer failed ({proc.returncode}) on {model} {protocol}:\n"
                                f"{(proc.stdout + proc.stderr)[-3000:]}")
-        client = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-        return replace(parse_csv(report.read_text(), model, protocol, batch), client_cpu_seconds=client)
+        return parse_csv(report.read_text(), model, protocol, batch)
