@@ -292,6 +292,7 @@ class Bench:
             result = wrk.run(url, script, self.mode.http_connections, seconds)
         entry = {**result.as_dict(), "connections": self.mode.http_connections,
                  "cpu_ms_per_request": 1000 * cpu.server_seconds / max(result.answered, 1),
+                 "client_cpu_ms_per_request": 1000 * cpu.delta["client"] / max(result.answered, 1),
                  "cpu_cores": cpu.server_seconds / max(cpu.wall_seconds, 1e-9), "rss_bytes": process_tree.rss_bytes(pid)}
         self.log(f"wrk {label} c={self.mode.http_connections}: {result.throughput:.0f} req/s, p50 {result.p50_ms:.2f} ms,"
                  f" p99 {result.p99_ms:.2f} ms, errors {result.errors}, CPU {entry['cpu_ms_per_request']:.3f} ms/req")

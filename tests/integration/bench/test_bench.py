@@ -34,6 +34,8 @@ def test_bench_measures_triton_over_both_protocols_and_both_baselines(smoke_run)
     assert set(results["http_fastapi_apps"]) == {"baseline", "fastapi-docs"}
     for side in sides:
         assert side["requests"] > 0 and side["errors"] == 0 and side["cpu_ms_per_request"] > 0
+        # wrk's own CPU, the same generator on every side: on shared cores it is taken from the server.
+        assert side["client_cpu_ms_per_request"] > 0 and side["answered"] == side["requests"]
     # The baseline is the stronger of the two FastAPI apps.
     assert results["http_baseline"]["throughput"] == max(e["throughput"] for e in results["http_fastapi_apps"].values())
     assert {p["what"] for p in results["inprocess"]} == {"onnxruntime", "decode+onnxruntime+decide"}
