@@ -87,11 +87,16 @@ def test_hostile_soak_reports_every_path_phase_and_guarantee_and_leaves_nothing_
                                                "admin_apis_restricted", "valid_requests_succeeded",
                                                "bytes_classification_answered_alone",
                                                "damaged_streams_answered_alone"} <= set(verdicts)
-    # The memory rule: the serving tree and the gateway fitted over the run and projected to 72 hours.
+    # The memory rule: the serving tree and the gateway fitted over each phase and projected to 72 hours of its
+    # load; the whole run's line and each process's beside it.
+    assert set(result["rss_trend_by_phase"]) == {f"{group} ({phase})" for group in ("serving", "gateway")
+                                                 for phase in phases}
+    assert all(fit["samples"] >= 3 and fit["projected_growth"] is not None
+               for fit in result["rss_trend_by_phase"].values())
     assert set(result["rss_trend"]) == {"serving", "gateway"}
     assert all(fit["samples"] >= 5 and fit["projected_growth"] is not None for fit in result["rss_trend"].values())
     assert "tritonserver" in result["rss_trend_by_process"] and len(result["load_average"]["start"]) == 3
-    assert set(result["rss_trend_after_floods"]) == {"serving", "gateway"}
+    assert "tritonserver (during)" in result["rss_trend_by_process_and_phase"]
     assert all(v["holds"] in (True, False, None) and v["detail"] for v in verdicts.values())
 
     # Asserted: every valid request on the risk paths and the gateway answered, in every phase.
