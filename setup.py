@@ -8,12 +8,27 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_namespace_packages, setup
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
 # proto -> whether it has a gRPC service.
 PROTOS = {"s2t/wire/skill.proto": True, "s2t/wire/tf_example.proto": False}
+# One installed top-level package, s2t (generic names such as `backends` in site-packages would collide with other
+# distributions'). Two of its packages live at the top level of the repository, beside model_repository/ and
+# ensembles/: package -> its folder. s2t/project_imports.py PACKAGE_DIRS is the same mapping for the tools that
+# read the sources by path (tests/unit/test_layout.py holds the two equal).
+PACKAGE_DIRS = {"s2t.backends": "backends", "s2t.clients": "clients"}
+
+
+def packages() -> list[str]:
+    """s2t's packages under s2t/, then the mapped ones (folders without __init__.py too: the Python-based
+    backend's onnxruntime/, the clients' examples/)."""
+    found = find_namespace_packages(include=["s2t", "s2t.*"], exclude=["*__pycache__*"])
+    for package, folder in PACKAGE_DIRS.items():
+        subpackages = find_namespace_packages(folder, exclude=["*__pycache__*"])
+        found += [package, *(f"{package}.{sub}" for sub in subpackages)]
+    return found
 
 
 class BuildWithWireFormat(build_py):
@@ -43,4 +58,5 @@ class CompiledDistribution(Distribution):
         return True
 
 
-setup(cmdclass={"build_py": BuildWithWireFormat}, distclass=CompiledDistribution)
+setup(cmdclass={"build_py": BuildWithWireFormat}, distclass=CompiledDistribution, packages=packages(),
+      package_dir=PACKAGE_DIRS)

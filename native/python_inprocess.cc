@@ -4,7 +4,7 @@
 // on its own (shared-memory messages, semaphores, a request and a response object on each side), with thread
 // hand-offs on both sides of the boundary. At one record per request that costs more CPU than the decode, the
 // score and the decision together. Here a dynamic batch's raw inputs go to the model's Python in one call on the
-// instance's own thread (s2t/backends/runtime/inprocess.py), and its raw outputs come back to be split per request.
+// instance's own thread (backends/runtime/inprocess.py), and its raw outputs come back to be split per request.
 //
 // The trade: the model's code shares the server's process. A Python exception answers the batch's requests with an
 // error and the server keeps serving (as in a stub); a crash in native code it calls ends the server, which

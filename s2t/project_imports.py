@@ -11,6 +11,9 @@ from pathlib import Path
 
 # The one top-level package the project installs.
 PROJECT_PACKAGES = ("s2t",)
+# Its packages whose sources live at the top level of the repository (setup.py's package_dir, the same mapping):
+# package -> its folder.
+PACKAGE_DIRS = {"s2t.backends": "backends", "s2t.clients": "clients"}
 
 
 class MissingModuleError(RuntimeError):
@@ -18,11 +21,34 @@ class MissingModuleError(RuntimeError):
 
 
 def module_file(root: Path, module: str) -> Path | None:
-    path = root.joinpath(*module.split("."))
+    """The source file of `module` in the checkout at `root`; None when there is none."""
+    parts = module.split(".")
+    path = root.joinpath(*parts)
+    for package, folder in PACKAGE_DIRS.items():
+        if parts[:package.count(".") + 1] == package.split("."):
+            path = root.joinpath(folder, *parts[package.count(".") + 1:])
     for candidate in (path.with_suffix(".py"), path / "__init__.py"):
         if candidate.is_file():
             return candidate
     return None
+
+
+def installed_path(root: Path, source: Path) -> Path:
+    """Where a source file of the checkout at `root` lies in an install of the package (site-packages, a release's
+    src/): the mapped folders under their package."""
+    relative = source.relative_to(root)
+    for package, folder in PACKAGE_DIRS.items():
+        if relative.parts[0] == folder:
+            return Path(*package.split("."), *relative.parts[1:])
+    return relative
+
+
+def source_module(root: Path, source: Path) -> str | None:
+    """The module a .py file of the checkout at `root` is; None outside the project's packages."""
+    parts = installed_path(root, source).with_suffix("").parts
+    if parts[0] not in PROJECT_PACKAGES:
+        return None
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imported_project_modules(source: Path) -> tuple[set[str], set[str]]:

@@ -2,7 +2,7 @@
 
 An ONNX file (or TensorRT engine) is checked against the config and gated on parity with the legacy model; a GGUF
 file for the language model is checked in a child process (s2t/control/llm_check.py) and lands beside a copy of
-the serving version's model.py, with its own settings file when one is given (s2t/backends/llm/version_settings.py).
+the serving version's model.py, with its own settings file when one is given (backends/llm/version_settings.py).
 
 The version folder is built in the staging area beside the repository (same filesystem, see version_store.py)
 and moved into the model folder with one rename, so Triton's poller sees either no new version or a complete one.

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from s2t.atomic_files import durable_rename
-from s2t.project_imports import MissingModuleError, module_file, project_files
+from s2t.project_imports import MissingModuleError, installed_path, module_file, project_files
 from s2t.errors import S2TError
 
 # The container entry point (s2t/serve/keeper.py) runs from the release too.
@@ -46,7 +46,7 @@ def build(root: Path, repositories: list[Path], out: Path) -> str:
         src = project_files(root, models + entries) | set(entries)
     except MissingModuleError as err:
         raise ReleaseError(str(err)) from None
-    layout = {f"src/{p.relative_to(root)}": p for p in src}
+    layout = {f"src/{installed_path(root, p).as_posix()}": p for p in src}
     for repo in repositories:
         repo = Path(repo).resolve()
         layout.update({f"{repo.name}/{p.relative_to(repo)}": p for p in _tree_files(repo)})

@@ -192,7 +192,7 @@ def _model_file_check(config: mc.ModelConfig):
 
 def declared_settings(model_dir: Path) -> tuple[type, ...]:
     """The settings classes a python model reads its `parameters` into, as its newest model.py declares them
-    (`SETTINGS = X` or a tuple, read by s2t/backends/runtime/triton_glue.py), found without importing the file (it needs
+    (`SETTINGS = X` or a tuple, read by backends/runtime/triton_glue.py), found without importing the file (it needs
     Triton's stub). A model.py that declares none is not checked."""
     files = [Path(model_dir) / str(v) / "model.py" for v in sorted(version_numbers(Path(model_dir)), reverse=True)]
     model_py = next((f for f in files if f.is_file()), None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-# The record decoder's limit on one record (s2t/backends/records/record_decoder.py DEFAULT_MAX_RECORD_BYTES).
+# The record decoder's limit on one record (backends/records/record_decoder.py DEFAULT_MAX_RECORD_BYTES).
 RECORD_BYTES = 64 * 1024
 
 

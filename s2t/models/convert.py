@@ -61,7 +61,7 @@ class ConversionError(S2TError):
 _HASH_BUCKET_OPS = {"StringToHashBucketFast", "StringToHashBucketStrong", "StringToHashBucket", "Fingerprint"}
 
 
-# The hash bucket ops the decoder computes (s2t/backends/records/string_hash.py) when they hash a string input directly:
+# The hash bucket ops the decoder computes (backends/records/string_hash.py) when they hash a string input directly:
 # tf2onnx leaves them in the graph, pack_inputs lifts them.
 HASHED_OPS = {"StringToHashBucketFast": FAST, "StringToHashBucketStrong": STRONG}
 # What tf2onnx may leave unconverted, for this module to lift out of the graph into the feature spec.

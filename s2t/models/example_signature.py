@@ -4,7 +4,7 @@ tf2onnx has no ParseExampleV2, and strings are the expensive part of serving any
 graph where the parse op hands its dense features to the rest: each parsed feature becomes a graph input named
 as its tf.Example key, and the numeric graph behind it converts as any other (its StaticHashTable look-ups become
 CategoryMappers, which s2t/models/convert.py lifts into the feature spec). What the parse op did moves to the adapter,
-which reads tf.Example records without TensorFlow (s2t/backends/records/example_record.py): the keys become the spec's
+which reads tf.Example records without TensorFlow (backends/records/example_record.py): the keys become the spec's
 feature names and the parse defaults the spec's defaults. A sparse (VarLenFeature) or ragged feature becomes its
 values padded to the most a record may carry (given at convert time) and their count; nodes put where the parse was
 rebuild from those the very tensors the parse gave, so the graph behind converts as it is. Parity against the

@@ -1,6 +1,6 @@
 """An OpenAI-compatible API in front of Triton's `llm`: `/v1/models`, `/v1/chat/completions`, `/v1/completions`,
 streamed (server-sent events) or not. A small aiohttp server: each request becomes one generate_stream call to
-Triton's HTTP endpoint (s2t/backends/llm/openai_protocol.py translates both ways). A client that disconnects cancels its
+Triton's HTTP endpoint (backends/llm/openai_protocol.py translates both ways). A client that disconnects cancels its
 handler, which closes the call to Triton, and `llm` stops the generation (docs/llm.md).
 
 Which version generates follows `llm_router`'s split when the server has one (docs/llm.md, Versions): the API

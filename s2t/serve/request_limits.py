@@ -1,6 +1,6 @@
 """How large a request Triton's own endpoints should take, from what the served models can use.
 
-A record is at most 64 KiB (s2t/backends/records/record_decoder.py) and a request holds at most `max_batch_size` of
+A record is at most 64 KiB (backends/records/record_decoder.py) and a request holds at most `max_batch_size` of
 them, each
 serialized as a BYTES element (a 4-byte length, then the bytes): nothing larger can be a valid request, so nothing
 larger needs to be read. Triton 2.59 and later take this as `--http-max-input-size`; the embedded 2.51 has no such

@@ -2,7 +2,7 @@
 
 The wheel ships the server binary, the python backend and one stub per Python version; the stub finds this
 virtual environment through `python3` on PATH and loads the interpreter's own libpython through
-LD_LIBRARY_PATH. The backend directory is assembled per server from the wheel plus `s2t/backends/`, the stub behind a
+LD_LIBRARY_PATH. The backend directory is assembled per server from the wheel plus `backends/`, the stub behind a
 wrapper that starts it without the server's descriptors (STUB_WRAPPER). The public gRPC port is the gRPC front's
 (s2t/serve/grpc_front.py); Triton's own gRPC endpoint listens on a loopback port behind it.
 """
@@ -48,11 +48,11 @@ from s2t.triton_config import INPROCESS_BACKEND
 PYTRITON_DIR = Path(importlib.util.find_spec("pytriton").origin).resolve().parent
 TRITON_DIR = PYTRITON_DIR / "tritonserver"
 TRITON_LIBS = PYTRITON_DIR.parent / "nvidia_pytriton.libs"
-# A checkout's s2t/backends/runtime/ or the installed package's: both hold the Python-based backends' model.py.
+# A checkout's backends/runtime/ or the installed package's: both hold the Python-based backends' model.py.
 PROJECT_BACKENDS = Path(s2t.backends.runtime.__file__).resolve().parent
 # Built native code (native/*.sh): the in-process backend per Python version and the gRPC front.
 NATIVE_BUILD = Path(__file__).resolve().parent / "native"
-# Python-based backends: folders of s2t/backends/runtime/ holding a model.py that Triton runs as `runtime: model.py`.
+# Python-based backends: folders of backends/runtime/ holding a model.py that Triton runs as `runtime: model.py`.
 PYTHON_BASED_BACKENDS = ("onnxruntime",)
 # Native backends (native/): Triton's backend name -> the library, built by `make native` in a checkout and by the
 # wheel's build in an installed package. The in-process one links this Python's library: one build per version.

@@ -204,7 +204,7 @@ def test_the_pth_file_puts_the_mounted_repository_on_the_stub_python_path(config
     repo_mount = binds.get(lines[0])
     assert repo_mount is not None, f"{PTH_FILE} names {lines[0]}, which no mount provides"
     assert Path(repo_mount["source"]) == ROOT
-    assert (ROOT / "s2t" / "backends" / "__init__.py").exists()
+    assert (ROOT / "backends" / "__init__.py").exists() and (ROOT / "clients" / "__init__.py").exists()
 
 
 def test_every_mount_comes_from_the_repository_exists_and_is_read_only(all_profiles_config):

@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, ROOT, free_port
 
-RECORD = ROOT / "s2t" / "clients" / "examples" / "record.json"
+RECORD = ROOT / "clients" / "examples" / "record.json"
 # Modules of the extras: none may be importable after the core install.
 EXTRA_MODULES = ("tensorflow", "tf2onnx", "keras", "sklearn", "fastapi", "locust", "matplotlib", "xllamacpp",
                  "pytest")

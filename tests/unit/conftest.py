@@ -25,7 +25,7 @@ from s2t.backends.records.feature_spec import METADATA_KEY, CategoricalFeature, 
 from tests.conftest import ENSEMBLES, LLM_REPOSITORY, MODEL_REPOSITORY, ROOT
 from s2t.wire.names import CATEGORICAL, NUMERIC, PROBABILITY
 
-EXAMPLE_RECORD = ROOT / "s2t" / "clients" / "examples" / "record.json"
+EXAMPLE_RECORD = ROOT / "clients" / "examples" / "record.json"
 DATA_ROWS = 240
 # What `make models` writes into the repositories (the Makefile's ADAPTER_SPEC, ROUTER_SPEC, DRIFT_REFERENCE,
 # EXPLAINER_REASONS and the published scorer versions); the stand-ins take their places.

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from s2t.project_imports import PROJECT_PACKAGES, imported_project_modules, project_files
+from s2t.project_imports import imported_project_modules, project_files, source_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 # The project is one package, s2t. Its layers, lowest first: the wire format; the pure logic the models run
-# (s2t/backends/); the callers' clients; the legacy service; the gateway in front of Triton; and the rest of s2t (the
+# (backends/); the callers' clients; the legacy service; the gateway in front of Triton; and the rest of s2t (the
 # command line and the libraries under it, layered below). layer -> the layers it may import from (its own included).
 ALLOWED = {
     "wire": {"wire"},
@@ -29,7 +29,7 @@ ALLOWED = {
 }
 LOWER = ("wire", "backends", "clients", "legacy", "gateway")
 SHARED = {"s2t.atomic_files"}
-# Inside s2t/backends/, by role: subpackage -> the subpackages it may import from (its own included). The runtime
+# Inside backends/, by role: subpackage -> the subpackages it may import from (its own included). The runtime
 # (the glue to Triton's backends and what every model shares) knows no domain; records know no scorer.
 BACKENDS_ALLOWED = {
     "runtime": {"runtime"},
@@ -55,7 +55,8 @@ def layer(path: Path) -> str | None:
     parts = path.relative_to(ROOT).parts
     if parts[0].startswith("model_repository") or parts[0] == "ensembles" or path.name == "model.py":
         return "models"  # the Python-based ONNX Runtime backend's model.py is a model like the repositories' ones
-    return module_layer(module_name(path)) if parts[0] in PROJECT_PACKAGES else None
+    module = source_module(ROOT, path)
+    return module_layer(module) if module is not None else None
 
 
 def backends_part(module: str) -> str | None:
@@ -116,13 +117,14 @@ def upward_imports(edges: dict[str, set[str]]) -> list[str]:
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    module = source_module(ROOT, path)
+    assert module is not None, f"{path} is no module of the project"
+    return module
 
 
 def crossing_edges(sources: dict[str, tuple[str, set[str]]]) -> list[str]:
     """Every import of `sources` (name -> (its layer, the modules it imports)) against ALLOWED and, inside
-    s2t/backends/, against BACKENDS_ALLOWED."""
+    backends/, against BACKENDS_ALLOWED."""
     crossings = []
     for name, (here, modules) in sorted(sources.items()):
         for module in sorted(modules):
@@ -195,7 +197,7 @@ def test_the_replacement_check_sees_what_the_gateway_reaches():
 
 
 def test_the_pure_logic_imports_nothing_of_triton():
-    """s2t/backends/ runs where no server does (the unit tests, the keeper's image): Triton's modules come in as
+    """backends/ runs where no server does (the unit tests, the keeper's image): Triton's modules come in as
     arguments (the python backend's pb_utils) or not at all."""
     found = [f"{p.relative_to(ROOT)} imports {package}" for p in project_sources() if layer(p) == "backends"
              for package in sorted(imported_third_party(p) & TRITON_PACKAGES)]
@@ -299,10 +301,10 @@ def test_files_for_other_readers_are_written_one_way_only():
 
 
 # A model.py declares what it serves (settings, inputs/outputs, the pure function); the glue is
-# s2t/backends/runtime/triton_glue.py.
+# backends/runtime/triton_glue.py.
 MODEL_PY_MAX_LINES = 80
 GLUED_MODELS = sorted([*ROOT.glob("model_repository*/*/[0-9]*/model.py"),
-                       ROOT / "s2t" / "backends" / "runtime" / "onnxruntime" / "model.py"])
+                       ROOT / "backends" / "runtime" / "onnxruntime" / "model.py"])
 OWN_GLUE = {
     "an _error helper": re.compile(r"^def _error\b", re.M),
     "a catch-all": re.compile(r"except Exception"),
@@ -338,7 +340,7 @@ def test_every_model_py_declares_the_settings_check_config_reads():
 
 
 def test_config_parameters_are_read_one_way():
-    """s2t/backends/runtime/model_parameters.py `read_parameters` is the one reader; a settings type's own reader
+    """backends/runtime/model_parameters.py `read_parameters` is the one reader; a settings type's own reader
     beside it would be a second way (and a second place to forget a folder or an error)."""
     own_reader = re.compile(r"def from_parameters\(|def from_config\(")
     found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"

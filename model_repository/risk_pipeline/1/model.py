@@ -1,7 +1,7 @@
 """risk_pipeline: legacy records -> probability and decision (decode, ONNX Runtime, thresholds).
 
 Two ways to run it, chosen by one line of its config: `backend: "s2t_inprocess"` runs `InProcessModel` inside the
-server process (s2t/backends/runtime/inprocess.py), the fast path; `backend: "python"` runs `TritonPythonModel` in a
+server process (backends/runtime/inprocess.py), the fast path; `backend: "python"` runs `TritonPythonModel` in a
 stub
 process of its own, so that a crash or a hang of the model's code costs this model, not the server, for a share
 of the throughput (docs/reliability.md, "The in-process trade").

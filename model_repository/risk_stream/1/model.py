@@ -1,6 +1,6 @@
 """risk_stream: records of many streams in, each stream's answers out strictly in sequence_id order, once each.
 Decoupled, sequence batcher (correlation id = stream). Triton requests -> arrivals, answers -> responses; the rest is
-s2t/backends/streaming/session.py (reordering, scoring by BLS) and s2t/backends/streaming/upkeep.py (timer, metrics)."""
+backends/streaming/session.py (reordering, scoring by BLS) and backends/streaming/upkeep.py (timer, metrics)."""
 import numpy as np
 import triton_python_backend_utils as pb_utils
 

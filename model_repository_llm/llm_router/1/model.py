@@ -1,6 +1,6 @@
 """llm_router: each new generation to the primary version of `llm` or, for the canary share, to the candidate.
 
-The split and the relay are s2t/backends/llm/version_routing.py; each stream is a streaming BLS call to the chosen
+The split and the relay are backends/llm/version_routing.py; each stream is a streaming BLS call to the chosen
 version,
 relayed on a worker thread of its own and sent to Triton from one outbox thread (as in `llm`).
 """

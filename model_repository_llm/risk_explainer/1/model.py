@@ -1,9 +1,9 @@
 """risk_explainer: score a legacy record, give its reason codes, stream an explanation (or the template).
 
-Each request is handled on a worker thread by s2t/backends/llm/explainer.py; this file gives it the two BLS calls (the
+Each request is handled on a worker thread by backends/llm/explainer.py; this file gives it the two BLS calls (the
 scoring model, and the language model as a decoupled stream) and Triton's tensors. Responses and metric updates go
 to Triton from one outbox thread, as in `llm`. Errors, the catch-all and the senders:
-s2t/backends/runtime/triton_glue.py.
+backends/runtime/triton_glue.py.
 """
 from concurrent.futures import ThreadPoolExecutor
 

@@ -33,7 +33,7 @@ PAYLOADS = _payloads()
 
 
 class HttpRecordUser(FastHttpUser):
-    """One record per request, as curl sends it (s2t/clients/examples/risk_pipeline_request.json)."""
+    """One record per request, as curl sends it (clients/examples/risk_pipeline_request.json)."""
 
     def on_start(self):
         from s2t.bench.harness.workload import triton_json_body

@@ -186,18 +186,26 @@ class _Server:
 
 
 def _revision_tree(rev: str, dest: Path) -> Path:
-    """The models' code of git revision `rev` of this checkout, in `dest`: `s2t/backends/` and `s2t/wire/`, or, in a
-    revision from before the one package, the top-level `backends/` and `wire/`."""
+    """The models' code of git revision `rev` of this checkout, in `dest`: `s2t/backends/` (the top-level `backends/`
+    of a revision with the package mapping, extracted under `s2t/`) and `s2t/wire/`, or, in a revision from before the one
+    package, the top-level `backends/` and `wire/`."""
     root = Path(__file__).resolve().parents[3]
     dest.mkdir(parents=True)
     top = subprocess.run(["git", "-C", str(root), "ls-tree", "--name-only", rev], capture_output=True, text=True,
                          check=True).stdout.split()
-    paths = ["backends", "wire"] if "backends" in top else ["s2t/__init__.py", "s2t/backends", "s2t/wire"]
-    archive = subprocess.run(["git", "-C", str(root), "archive", rev, *paths], capture_output=True,
-                             check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    before_package = "wire" in top
+    if before_package:
+        archives = [["backends", "wire"]]
+    elif "backends" in top:  # extracted under s2t/, where an install puts it
+        archives = [["s2t/__init__.py", "s2t/wire"], ["--prefix=s2t/", "backends"]]
+    else:
+        archives = [["s2t/__init__.py", "s2t/backends", "s2t/wire"]]
+    for args in archives:
+        archive = subprocess.run(["git", "-C", str(root), "archive", rev, *args], capture_output=True,
+                                 check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     # The wire format's generated code (`make proto`) is not in git: the revision's records need this checkout's.
-    wire = dest / ("wire" if "backends" in top else "s2t/wire")
+    wire = dest / ("wire" if before_package else "s2t/wire")
     for generated in (root / "s2t" / "wire").glob("*_pb2*.py"):
         if wire.is_dir() and not (wire / generated.name).exists():
             shutil.copy2(generated, wire / generated.name)

@@ -58,7 +58,7 @@ def start(pid: int, seconds: float, out: Path, rate: int = 250) -> subprocess.Po
 
 def summarize(collapsed: str, top: int = 15) -> dict:
     """Self time per frame (the last one of each stack) and time inside each function of `model.py` or
-    `s2t/backends/`, as shares of all samples."""
+    `backends/`, as shares of all samples."""
     self_time, inside, total = collections.Counter(), collections.Counter(), 0
     for line in collapsed.splitlines():
         stack, _, count = line.rpartition(" ")
@@ -67,7 +67,7 @@ def summarize(collapsed: str, top: int = 15) -> dict:
         n, frames = int(count), [f for f in stack.split(";") if f]
         total += n
         self_time[_function(frames[-1]) if frames else NATIVE] += n
-        for name in {_function(f) for f in frames if "model.py" in f or "s2t/backends/" in f or "onnxruntime" in f}:
+        for name in {_function(f) for f in frames if "model.py" in f or "backends/" in f or "onnxruntime" in f}:
             inside[name] += n
 
     def share(counts: collections.Counter) -> list[dict]:

@@ -77,7 +77,7 @@ def protocol_of(k: int) -> str:
 
 
 def overrunning_element(data: bytes, past_end: int = 100) -> bytes:
-    """A BYTES element (s2t/backends/runtime/bytes_tensor.py) whose length says `past_end` bytes more than the buffer
+    """A BYTES element (backends/runtime/bytes_tensor.py) whose length says `past_end` bytes more than the buffer
     holds."""
     return struct.pack("<I", len(data) + past_end) + data
 

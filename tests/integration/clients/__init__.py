@@ -1,1 +1,1 @@
-"""Integration tests: s2t/clients/."""
+"""Integration tests: clients/."""

@@ -8,7 +8,7 @@ import numpy as np
 from s2t.clients.risk_client import score
 from tests.conftest import ROOT
 
-EXAMPLES = ROOT / "s2t" / "clients" / "examples"
+EXAMPLES = ROOT / "clients" / "examples"
 
 
 def test_curl_example_body_scores_the_example_record(triton):

@@ -2,7 +2,7 @@
 version exists and is loaded, and nothing a consumer served when the command died is retired under it.
 
 The killed command runs in a subprocess with `S2T_FAULT_POINTS=control.<boundary>=kill`, which stops it with
-SIGKILL at that boundary (s2t/backends/runtime/fault_points.py), as the OOM killer or a lost host would."""
+SIGKILL at that boundary (backends/runtime/fault_points.py), as the OOM killer or a lost host would."""
 import json
 import os
 import shutil

@@ -39,7 +39,7 @@ def _metric_names(text: str) -> set[str]:
 
 def test_every_metric_the_alerts_and_panels_name_is_on_the_metrics_port(triton_llm):
     generate_stream(triton_llm.http_url, {"text_input": "Say hi.", "max_tokens": 3})
-    generate_stream(triton_llm.http_url, {"payload": (ROOT / "s2t/clients/examples/record.json").read_text()},
+    generate_stream(triton_llm.http_url, {"payload": (ROOT / "clients/examples/record.json").read_text()},
                     model="risk_explainer_light")
     with urllib.request.urlopen(f"http://localhost:{triton_llm.metrics_port}/metrics", timeout=10) as response:
         served = {line.split("{")[0].removesuffix("_bucket") for line in response.read().decode().splitlines()

@@ -1,5 +1,5 @@
 """Metric updates from python models on the real server: one that Triton would refuse is refused in the model
-(s2t/backends/runtime/triton_glue.py CheckedMetric) and the server stays up, beside valid traffic. In Triton 2.51's python
+(backends/runtime/triton_glue.py CheckedMetric) and the server stays up, beside valid traffic. In Triton 2.51's python
 backend a refused update reaches the server, which frees its error message while the stub reads and frees it too:
 the stub dies of a SIGSEGV holding its shared memory's lock and the server aborts on it, a request or two later."""
 from __future__ import annotations

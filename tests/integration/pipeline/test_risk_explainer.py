@@ -26,7 +26,7 @@ from tests.integration.servers import wait_ready
 from tests.integration.servers import repository_copies, serving, triton_server
 
 
-RECORD = json.loads((ROOT / "s2t" / "clients" / "examples" / "record.json").read_text())
+RECORD = json.loads((ROOT / "clients" / "examples" / "record.json").read_text())
 
 
 def body(record) -> dict:

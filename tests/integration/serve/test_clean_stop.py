@@ -18,7 +18,7 @@ from tests.integration.servers import serving, triton_server
 KEY = "clean-stop-key"
 # A stub's faulthandler, the server's signal handler, glibc's heap checks.
 CRASH = re.compile(r"Fatal Python error|Segmentation fault|Signal \((6|11)\)|malloc\(\)|free\(\)|Aborted")
-# The python models of the repository (risk_scorer runs on s2t/backends/runtime/onnxruntime/model.py here).
+# The python models of the repository (risk_scorer runs on backends/runtime/onnxruntime/model.py here).
 PYTHON_MODELS = ("skill_adapter", "risk_scorer", "risk_decision", "risk_router", "risk_stream")
 
 

@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import ROOT, S2T
 from s2t import errors
 
-RECORD = json.loads((ROOT / "s2t" / "clients" / "examples" / "record.json").read_text())
+RECORD = json.loads((ROOT / "clients" / "examples" / "record.json").read_text())
 
 
 def score(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -20,7 +20,7 @@ def score(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_score_prints_the_answer_of_risk_pipeline_as_json(triton, protocol, http_client):
     url = triton.http_url if protocol == "http" else triton.grpc_url
-    done = score("s2t/clients/examples/record.json", f"--{protocol}-url", url)
+    done = score("clients/examples/record.json", f"--{protocol}-url", url)
     assert done.returncode == errors.OK, done.stderr
     answer = json.loads(done.stdout)
     import numpy as np
@@ -72,5 +72,5 @@ def test_bad_and_good_records_scored_at_once_each_get_their_own_answer(triton):
 
 def test_score_against_a_port_where_nothing_listens_exits_unreachable(tmp_path):
     from s2t.serve.triton_server import free_port
-    done = score("s2t/clients/examples/record.json", "--grpc-url", f"localhost:{free_port()}")
+    done = score("clients/examples/record.json", "--grpc-url", f"localhost:{free_port()}")
     assert done.returncode == errors.UNREACHABLE and "unreachable" in done.stderr

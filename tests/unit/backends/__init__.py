@@ -1,1 +1,1 @@
-"""Unit tests of s2t/backends/, by subpackage."""
+"""Unit tests of backends/, by subpackage."""

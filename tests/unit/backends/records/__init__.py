@@ -1,1 +1,1 @@
-"""Unit tests of s2t/backends/records/."""
+"""Unit tests of backends/records/."""

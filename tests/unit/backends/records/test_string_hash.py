@@ -1,4 +1,4 @@
-"""TensorFlow's string hash buckets without TensorFlow (s2t/backends/records/string_hash.py), and hashed features in the
+"""TensorFlow's string hash buckets without TensorFlow (backends/records/string_hash.py), and hashed features in the
 spec, the decoder and the converter."""
 import json
 

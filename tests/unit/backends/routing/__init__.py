@@ -1,1 +1,1 @@
-"""Unit tests of s2t/backends/routing/."""
+"""Unit tests of backends/routing/."""

@@ -425,7 +425,7 @@ def test_the_report_says_reference_window_sample_state_and_the_top_moved_bins():
 # --- risk_router's glue, through the wheel's triton_python_backend_utils (no server) ------------------------------
 
 def test_risk_router_counts_the_primarys_scored_records_and_says_not_enough_data_below_the_minimum(model_repository):
-    record = json.loads((MODEL_REPOSITORY.parent / "s2t" / "clients" / "examples" / "record.json").read_text())
+    record = json.loads((MODEL_REPOSITORY.parent / "clients" / "examples" / "record.json").read_text())
     bad = {**record, "features": {**record["features"], "credit_amount": "lots"}}
     pb_utils = backend.backend_utils()
     pb_utils.InferenceRequest.bls.update({

@@ -1,1 +1,1 @@
-"""Unit tests of s2t/backends/runtime/."""
+"""Unit tests of backends/runtime/."""

@@ -1,4 +1,4 @@
-"""Fault points that do something other than raise (s2t/backends/runtime/fault_points.py): read from S2T_FAULT_POINTS
+"""Fault points that do something other than raise (backends/runtime/fault_points.py): read from S2T_FAULT_POINTS
 with an
 optional share, and each doing to a real process what its name says."""
 from __future__ import annotations

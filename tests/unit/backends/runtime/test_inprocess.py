@@ -1,4 +1,4 @@
-"""The in-process backend's Python side (s2t/backends/runtime/inprocess.py) and risk_pipeline's model.py through it,
+"""The in-process backend's Python side (backends/runtime/inprocess.py) and risk_pipeline's model.py through it,
 without a
 server: raw tensors of a whole batch in, raw outputs and one answer per request out, as native/python_inprocess.cc
 hands them over. A bad record fails its own request only (INVALID_ARG naming the field), an internal failure answers
@@ -15,7 +15,7 @@ from s2t.backends.runtime import bytes_tensor, fault_points, inprocess
 from s2t import triton_config
 from tests.conftest import ROOT
 
-RECORD = json.loads((ROOT / "s2t" / "clients" / "examples" / "record.json").read_text())
+RECORD = json.loads((ROOT / "clients" / "examples" / "record.json").read_text())
 FP32 = 11
 
 

@@ -13,7 +13,7 @@ from tests.conftest import ROOT
 from tests.unit import python_backend as backend
 from tests.unit.python_backend import TritonError, payloads, request
 
-RECORD = json.loads((ROOT / "s2t" / "clients" / "examples" / "record.json").read_text())
+RECORD = json.loads((ROOT / "clients" / "examples" / "record.json").read_text())
 
 
 @pytest.fixture
@@ -198,7 +198,7 @@ def test_the_onnxruntime_backend_runs_each_request_and_fails_a_misshapen_one_alo
     packed = adapter.execute([request(payload=payloads(RECORD, RECORD))])[0]
     categorical, numeric = packed.output("categorical"), packed.output("numeric")
     folder = model_repository / "risk_scorer"
-    scorer = backend.initialize(backend.load_model(ROOT / "s2t" / "backends" / "runtime" / "onnxruntime" / "model.py",
+    scorer = backend.initialize(backend.load_model(ROOT / "backends" / "runtime" / "onnxruntime" / "model.py",
                                                    pb_utils), folder)
     responses = scorer.execute([request(categorical=categorical, numeric=numeric),
                                 request(categorical=categorical, numeric=numeric[:, :3]),

@@ -1,4 +1,4 @@
-"""s2t/backends/runtime/triton_glue.py through the wheel's triton_python_backend_utils (tests/unit/python_backend.py): the
+"""backends/runtime/triton_glue.py through the wheel's triton_python_backend_utils (tests/unit/python_backend.py): the
 per-request errors, the catch-all, joining and splitting a dynamic batch, BLS error mapping (decoupled streams too),
 the decoupled take-in and each_stream, and the settings read with unknown keys reported and files resolved."""
 from __future__ import annotations
@@ -418,7 +418,7 @@ class DyingMetric(backend.Metric):
 
 
 class RequestMetrics:
-    """Like the metric classes of s2t/backends/: families and metrics kept in attributes for the model's life."""
+    """Like the metric classes of backends/: families and metrics kept in attributes for the model's life."""
 
     def __init__(self, metric_family):
         self.family = metric_family("requests_total", "requests", metric_family.COUNTER)
@@ -535,9 +535,9 @@ def test_finalize_deletes_the_triton_objects_the_model_the_glue_and_reference_cy
 
 
 def model_files() -> list[Path]:
-    """The models the python backend's stub runs (risk_pipeline runs in the server, s2t/backends/runtime/inprocess.py)."""
+    """The models the python backend's stub runs (risk_pipeline runs in the server, backends/runtime/inprocess.py)."""
     return [p for p in sorted(ROOT.glob("model_repository*/*/[0-9]*/model.py"))
-            + [ROOT / "s2t" / "backends" / "runtime" / "onnxruntime" / "model.py"] if "class TritonPythonModel" in p.read_text()]
+            + [ROOT / "backends" / "runtime" / "onnxruntime" / "model.py"] if "class TritonPythonModel" in p.read_text()]
 
 
 @pytest.mark.parametrize("model_py", model_files(), ids=lambda p: str(p.relative_to(ROOT)))

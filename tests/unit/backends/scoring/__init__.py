@@ -1,1 +1,1 @@
-"""Unit tests of s2t/backends/scoring/."""
+"""Unit tests of backends/scoring/."""

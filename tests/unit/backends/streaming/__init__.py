@@ -1,1 +1,1 @@
-"""Unit tests of s2t/backends/streaming/."""
+"""Unit tests of backends/streaming/."""

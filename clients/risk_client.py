@@ -1,6 +1,6 @@
 """Score legacy records on risk_pipeline with tritonclient, over HTTP or gRPC.
 
-    python -m s2t.clients.risk_client s2t/clients/examples/record.json --url localhost:8000
+    python -m s2t.clients.risk_client clients/examples/record.json --url localhost:8000
     python -m s2t.clients.risk_client records.jsonl --url localhost:8001 --protocol grpc
 """
 from __future__ import annotations

@@ -51,7 +51,7 @@ class StreamSender:
 
     def refuse(self, err: ServingError) -> bool:
         """A final error response saying `err`, with the Triton code of its kind
-        (s2t/backends/runtime/serving_errors.py)."""
+        (backends/runtime/serving_errors.py)."""
         return self._final_error(lambda: triton_error(err, self._pb.TritonError))
 
     def _final_error(self, new_error: Callable[[], object]) -> bool:

@@ -1,6 +1,6 @@
 """Which version of the language model generates a request, and how its stream is relayed: llm_router's logic.
 
-The split is risk_router's (s2t/backends/routing/routing_policy.py): the same parameters (`primary`, `candidate`,
+The split is risk_router's (backends/routing/routing_policy.py): the same parameters (`primary`, `candidate`,
 `canary_percent`), rewritten by the same `s2t canary` / `promote` / `rollback`, and the same sticky hash. A
 request's key is its request id when the client gave one (a retry lands on the same version), else the router's
 own request count, so the share holds over any run of requests without ids.

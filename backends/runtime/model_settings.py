@@ -41,7 +41,7 @@ class ModelArgs:
 
     @property
     def folders(self) -> dict[str, Path]:
-        """What the files a config names are relative to (s2t/backends/runtime/model_parameters.py `path_parameter`)."""
+        """What the files a config names are relative to (backends/runtime/model_parameters.py `path_parameter`)."""
         return {MODEL_FOLDER: self.folder, VERSION_FOLDER: self.version_dir}
 
     def with_parameters(self, parameters: Mapping) -> "ModelArgs":

@@ -15,7 +15,7 @@ refuse), and `finalize(model)`, which rids the stub of every other Triton object
 batched_execute.py (`execute`, `batch`, Rows), decoupled_execute.py (`take_in`, `each_stream`, `outbox`),
 bls_calls.py (`infer`, `stream`, FinishedStreams), kept_metrics.py (`metric_family`).
 
-Nothing here imports Triton: the model passes its `triton_python_backend_utils` in, so s2t/backends/ stays importable
+Nothing here imports Triton: the model passes its `triton_python_backend_utils` in, so backends/ stays importable
 without a server and the glue is unit-tested through the wheel's own module (tests/unit/python_backend.py).
 """
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Glue(ModelSettings, Responses, BatchedExecute, DecoupledExecute, BlsCalls)
 def _use_fast_bytes_codec(pb_utils) -> None:
     """The stub converts every BYTES tensor it builds or receives through `triton_python_backend_utils`'s
     `serialize_byte_tensor` / `deserialize_bytes_tensor`, looked up by name on each call; faster converters with the
-    same results (s2t/backends/runtime/bytes_tensor.py) take their place once per stub (about 5 us of CPU per
+    same results (backends/runtime/bytes_tensor.py) take their place once per stub (about 5 us of CPU per
     request)."""
     for name, faster in (("serialize_byte_tensor", bytes_tensor.stub_serializer),
                          ("deserialize_bytes_tensor", bytes_tensor.stub_deserializer)):

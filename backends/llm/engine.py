@@ -1,7 +1,7 @@
 """llama.cpp (the xllamacpp wheel's server API) behind a length-aware admission queue.
 
 The engine runs `slots` generations at once (continuous batching inside llama.cpp); requests beyond that wait in
-`LengthAwareQueue`, which decides which of them are admitted together (s2t/backends/llm/batching.py). A scheduler
+`LengthAwareQueue`, which decides which of them are admitted together (backends/llm/batching.py). A scheduler
 thread admits them; each admitted request streams on a worker thread through llama.cpp's per-token callback.
 Nothing here knows about Triton: the caller hands in callbacks.
 """

@@ -1,10 +1,10 @@
 """risk_explainer's work on one request, without Triton: decode the record, score it, give its reason codes, then
-stream the language model's words, or the template when s2t/backends/llm/degrade_policy.py says the model is too slow.
+stream the language model's words, or the template when backends/llm/degrade_policy.py says the model is too slow.
 
-The scoring model and the language model are callables (BLS in the model, through s2t/backends/runtime/triton_glue.py),
+The scoring model and the language model are callables (BLS in the model, through backends/runtime/triton_glue.py),
 the
 response sender is a StreamSender and every send goes through the outbox. A request's failure is a ServingError
-(s2t/backends/runtime/serving_errors.py), whose kind gives its Triton code. `tensor(name, array)` is pb_utils.Tensor.
+(backends/runtime/serving_errors.py), whose kind gives its Triton code. `tensor(name, array)` is pb_utils.Tensor.
 Nothing here
 imports Triton.
 """

@@ -21,7 +21,7 @@ CATEGORICAL_INPUT, NUMERIC_INPUT, PROBABILITY_OUTPUT = CATEGORICAL, NUMERIC, PRO
 # How a categorical feature reaches the graph: its vocabulary index, (an int64 feature of a tf.Example
 # signature) the integer itself, which the graph looks up or computes with as the SavedModel does, or (a string
 # the SavedModel hashes: Keras `Hashing`) its hash bucket, computed as TensorFlow does
-# (s2t/backends/records/string_hash.py).
+# (backends/records/string_hash.py).
 VOCABULARY, INTEGER, HASH = "vocabulary", "integer", "hash"
 
 
