@@ -89,6 +89,12 @@ def test_make_test_runs_lint_then_unit_then_the_rest_and_the_fast_levels_build_n
     assert re.search(r"^make test\b", (ROOT / ".ci" / "run").read_text(), re.M), ".ci/run runs what the README says"
 
 
+def test_the_integration_level_keeps_the_files_in_collection_order_on_its_workers():
+    # Without it xdist's loadfile sorts the files by their number of tests and LONGEST_FIRST orders nothing.
+    _, recipe = _rule((ROOT / "Makefile").read_text(), "integration")
+    assert any("--dist loadfile" in line and "--no-loadscope-reorder" in line for line in recipe), recipe
+
+
 def test_the_integration_modules_started_first_exist_each_named_once():
     from tests.integration.conftest import LONGEST_FIRST
 
