@@ -52,12 +52,15 @@ CLIENTS = tuple(SPEAKS)
 DEFAULT_SIDES = ("base", "two:instances=2")
 # The knobs a side may set: server knobs make a server of their own, client knobs only change the load. `front`: the
 # gRPC front inside tritonserver (`on`, as `s2t serve` runs it), in a process of its own (`process`), or none (`off`:
-# gRPC goes to Triton's own endpoint; s2t/serve/grpc_front.py). `summaries`: Triton's
+# gRPC goes to Triton's own endpoint; s2t/serve/grpc_front.py). `http_front`: the HTTP front inside tritonserver
+# (`on`, as `s2t serve` runs it) or none (`off`: HTTP on Triton's own endpoint, as `s2t serve --no-http-front`;
+# s2t/serve/http_front.py). `summaries`: Triton's
 # latency summaries: `off` (as `s2t serve` by default), `on` (as `s2t serve --latency-summaries`), `triton` (Triton's
 # default quantiles) or quantiles of your own (0.5:0.05/0.99:0.001).
 SERVER_KNOBS = ("instances", "queue_delay_us", "preferred", "intra_op_threads", "http_threads", "rev", "front",
-                "summaries")
+                "http_front", "summaries")
 FRONT_VALUES = ("on", "off", "process")
+HTTP_FRONT_VALUES = ("on", "off")
 SUMMARY_VALUES = ("off", "on", "triton")
 QUANTILES = re.compile(r"0?\.\d+:0?\.\d+(/0?\.\d+:0?\.\d+)*")
 CLIENT_KNOBS = ("client", "protocol")
@@ -108,6 +111,8 @@ def parse_side(text: str) -> Side:
             raise ValueError(f"side {name}: {item!r} is not knob=value")
         if key == "front" and value not in FRONT_VALUES:
             raise ValueError(f"side {name}: front is {', '.join(FRONT_VALUES)}, got {value!r}")
+        if key == "http_front" and value not in HTTP_FRONT_VALUES:
+            raise ValueError(f"side {name}: http_front is {', '.join(HTTP_FRONT_VALUES)}, got {value!r}")
         if key == "summaries" and value not in SUMMARY_VALUES and not QUANTILES.fullmatch(value):
             raise ValueError(f"side {name}: summaries is {', '.join(SUMMARY_VALUES)} or quantiles as "
                              f"0.5:0.05/0.99:0.001, got {value!r}")
@@ -288,6 +293,7 @@ def run(sides: list[Side], repository: Path, data_csv: Path, rounds: int, concur
                                             stop_gracefully=False,
                                             grpc_front=entry.knobs.get("front") != "off",
                                             grpc_front_process=entry.knobs.get("front") == "process",
+                                            http_front=entry.knobs.get("http_front") != "off",
                                             extra_args=server_args(entry.knobs)).start()
             warm_up = Load(inputs, perf_analyzer.Settings(max(requests // 4, 100), max_trials=3), load.wrk_script,
                            load.grpc_body, 1)

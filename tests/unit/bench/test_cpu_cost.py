@@ -24,6 +24,7 @@ PIPELINE_CONFIG = (ROOT / "model_repository" / "risk_pipeline" / "config.pbtxt")
     ("old:rev=HEAD~1,queue_delay_us=0", cpu_cost.Side("old", (("queue_delay_us", "0"), ("rev", "HEAD~1")))),
     ("direct:front=off,client=perf_analyzer,protocol=grpc",
      cpu_cost.Side("direct", (("front", "off"),), "perf_analyzer", "grpc")),
+    ("tritons-own:http_front=off", cpu_cost.Side("tritons-own", (("http_front", "off"),), "wrk", "http")),
 ])
 def test_a_side_is_a_name_with_server_and_client_knobs(text, side):
     assert cpu_cost.parse_side(text) == side
@@ -38,6 +39,7 @@ def test_a_side_is_a_name_with_server_and_client_knobs(text, side):
     ("a:client=perf_analyzer,protocol=udp", "perf_analyzer speaks http or grpc here, not 'udp'"),
     ("a:client=h2load,protocol=http", "h2load speaks grpc here"),
     ("a:front=no", "front is on, off, process, got 'no'"),
+    ("a:http_front=process", "http_front is on, off, got 'process'"),
     ("a:summaries=yes", "summaries is off, on, triton or quantiles"),
     ("a:summaries=0.99", "summaries is off, on, triton or quantiles"),
 ])
