@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import threading
 import time
@@ -18,6 +17,7 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2
 
+from s2t.soak.from_address import FromAddress
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
 from tests.integration.servers import serving, triton_server
 
@@ -112,47 +112,6 @@ def test_a_greedy_client_holds_its_share_its_silent_calls_end_and_others_are_ans
     assert codes.count("CANCELLED") == 256, {c: codes.count(c) for c in set(codes)}
     assert lasted < MESSAGE_SECONDS + 30, lasted
     assert server.process.poll() is None and server.process.pid == pid
-
-
-class FromAddress:
-    """A TCP relay on 127.0.0.1 whose connections reach `port` from `source` (127.0.0.2, 127.0.0.3, ...: every
-    127/8 address is this machine's), so that a test's clients come from an address of their own."""
-
-    def __init__(self, source: str, port: int):
-        self.source, self.port = source, port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"127.0.0.1:{self.listener.getsockname()[1]}"
-        self.sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                down, _ = self.listener.accept()
-            except OSError:
-                return
-            up = socket.create_connection(("127.0.0.1", self.port), source_address=(self.source, 0))
-            self.sockets += [down, up]
-            for a, b in ((down, up), (up, down)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(1 << 16):
-                b.sendall(data)
-        except OSError:
-            pass
-        for s in (a, b):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        self.listener.close()
-        for s in self.sockets:
-            s.close()
 
 
 def test_several_connections_from_one_address_hold_one_share_and_other_addresses_are_answered(server, records):
