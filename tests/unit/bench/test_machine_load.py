@@ -116,3 +116,54 @@ def test_the_verdict_is_the_one_recomputed_from_the_recorded_load_average():
     recorded = summary.summary()
     assert recorded["load_average_1m_at_start"] == 0.5
     assert recorded["publishable"] is verdict(0.5, 2, summary.rounds).publishable is True
+
+
+BURNER = "import time\nend = time.monotonic() + 20\nwhile time.monotonic() < end:\n    pass\n"
+# Starts a busy process in a session of its own, prints its pid and leaves it behind (the busy one is reparented).
+LEAVE_BEHIND = ("import subprocess, sys, time\n"
+                "p = subprocess.Popen([sys.executable, '-c', sys.argv[1]], start_new_session=True)\n"
+                "print(p.pid, flush=True)\n"
+                "time.sleep(float(sys.argv[2]))\n")
+
+
+def _left_behind(stay_s: float) -> tuple[subprocess.Popen, int]:
+    middle = subprocess.Popen([sys.executable, "-c", LEAVE_BEHIND, BURNER, str(stay_s)], stdout=subprocess.PIPE,
+                              text=True)
+    return middle, int(middle.stdout.readline())
+
+
+def test_a_process_the_run_started_stays_its_own_after_leaving_its_tree_and_a_foreign_one_counts():
+    """A stopped server's stubs finish on their own, reparented: still the run's. A busy process that was never in
+    the run's tree while it was watched is another process's load."""
+    import psutil
+
+    from s2t.bench.harness.machine_load import other_processes
+
+    ours = None
+    foreign_parent, foreign = _left_behind(0.0)
+    foreign_parent.wait(timeout=30)
+    watch = LoadWatch(load_average_1m=0.0, cores=2)
+    try:
+        with watch.round("a server stopped while its stub goes on"):
+            middle, ours = _left_behind(1.2)  # beyond a sample of the tree (TREE_SAMPLE_S)
+            middle.wait(timeout=30)
+            assert psutil.Process(ours).ppid() != middle.pid  # it left the run's tree
+        ours_started = psutil.Process(ours).create_time()
+        assert (ours, ours_started) in watch.own
+        assert (foreign, psutil.Process(foreign).create_time()) not in watch.own
+        others = other_processes(watch.pid, watch.own)
+        assert ours not in others and foreign in others
+        # The next round still knows it, and its CPU is no other process's.
+        with watch.round("the next round"):
+            time.sleep(0.3)
+        assert ours not in other_processes(watch.pid, watch.own)
+        burnt = psutil.Process(ours).cpu_times()
+        assert burnt.user + burnt.system > 0.3  # busy in the rounds, and counted in neither as another's
+    finally:
+        for pid in (ours, foreign):
+            if pid is None:
+                continue
+            try:
+                psutil.Process(pid).kill()
+            except psutil.NoSuchProcess:
+                pass
