@@ -78,8 +78,8 @@ def fill_wheelhouse(venv: Path, source: Path) -> None:
 # setup.py, the system's packages (compilers, gRPC, protobuf, libevent) and the Python they link. The compile was most
 # of this module's minute and a half; a run whose inputs match a kept build hands the build scripts its products,
 # which they find newer than every source and leave as they are, so the wheel still carries (and the serving test
-# still runs) exactly what setup.py builds from the tracked files. Any other input compiles from scratch, as a fresh
-# machine's first run does, and is kept.
+# still runs) exactly what setup.py builds from the tracked files. Without a kept build, the checkout's own (`make
+# native`, from the same inputs) is handed over the same way; any other input compiles from scratch, and is kept.
 NATIVE_CACHE = WHEELHOUSE.parent / "wheel-native"
 
 
@@ -106,8 +106,33 @@ def native_build_folder(source: Path) -> Path:
 NATIVE_BUILDS_KEPT = 4  # the builds of the last few native sources (about 17 MB each)
 
 
+# What `make native` built in this checkout, in the layout the wheel build writes.
+CHECKOUT_NATIVE = ROOT / "s2t" / "serve" / "native"
+NATIVE_PRODUCTS = ("libs2t_grpc_front.so", "libs2t_grpc_front_hook.so", "libs2t_http_front.so", "s2t_grpc_front",
+                   f"python{sysconfig.get_config_var('VERSION')}/libtriton_s2t_inprocess.so")
+
+
+def checkout_build_of(key: str) -> Path | None:
+    """This checkout's own native build when it is the one setup.py would compile from the tracked files: the same
+    inputs (the key: sources, build scripts, compilers, system packages, Python) and every product newer than every
+    native source, the build scripts' own rule for a build that is up to date. `make integration` runs `make native`
+    first, so on a fresh clone the wheel build does not compile the same sources a second time."""
+    products = [CHECKOUT_NATIVE / name for name in NATIVE_PRODUCTS]
+    if native_inputs_key(ROOT) != key or not all(p.is_file() for p in products):
+        return None
+    sources = [p for p in (ROOT / "native").rglob("*") if p.is_file() and "fuzz" not in p.relative_to(ROOT).parts]
+    newest_source = max(p.stat().st_mtime for p in sources)
+    return CHECKOUT_NATIVE if all(p.stat().st_mtime > newest_source for p in products) else None
+
+
 def restore_native(source: Path, key: str) -> None:
     kept = NATIVE_CACHE / key
+    if not kept.is_dir() and (built := checkout_build_of(key)) is not None:
+        folder = native_build_folder(source)
+        for name in NATIVE_PRODUCTS:
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(built / name, folder / name)  # a fresh mtime: newer than every source, as a build just made
+        return
     if kept.is_dir():
         try:
             # Copied with a fresh mtime: newer than every source, as a build just made them.
