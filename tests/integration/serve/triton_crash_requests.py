@@ -7,16 +7,17 @@ Triton 2.60 (NGC 25.08) still has it, and `refuse` how a front can turn the requ
 of it than the wire.
 
 Bodies that are large or slow to build are functions, so importing this module costs nothing. Two are heavy to
-replay: gzip_body_past_2_gib takes about 15 s of CPU to build and makes the receiver inflate 2 GiB, and
-gzip_body_that_fails_leaks_its_inflated_size costs its receiver 300 MB a send. `send_http` speaks
-raw HTTP/1.1 over a socket because several entries are malformed in ways that HTTP clients would correct (a chunked
-body cut into a million pieces, a header value no client would write).
+replay: gzip_body_past_2_gib makes the receiver inflate 2 GiB, and gzip_body_that_fails_leaks_its_inflated_size
+costs its receiver 300 MB a send. `send_http` speaks raw HTTP/1.1 over a socket because several entries are
+malformed in ways that HTTP clients would correct (a chunked body cut into a million pieces, a header value no
+client would write).
 """
 from __future__ import annotations
 
 import json
 import os
 import socket
+import struct
 import zlib
 from dataclasses import dataclass, field
 from typing import Callable
@@ -97,14 +98,23 @@ def _nested_data_body(depth: int = 1_000_000) -> bytes:
 
 
 def _gzip_zeros(size: int) -> bytes:
-    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)  # wbits 31: a gzip stream
+    """A gzip stream of `size` zero bytes, deflated once per 64 MB block rather than once per byte: after a full
+    flush the deflate state starts afresh, so every whole block of zeros deflates to the same bytes, and the stream is
+    the header, that block's bytes repeated, the rest deflated as the final block, and the trailer (CRC-32, size)."""
     block = bytes(64 << 20)
-    parts, left = [], size
-    while left > 0:
-        parts.append(compressor.compress(block[:min(left, len(block))]))
-        left -= len(block)
-    parts.append(compressor.flush())
-    return b"".join(parts)
+    whole, rest = divmod(size, len(block))
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)  # wbits 31: a gzip stream
+    first = compressor.compress(block) + compressor.flush(zlib.Z_FULL_FLUSH)
+    again = compressor.compress(block) + compressor.flush(zlib.Z_FULL_FLUSH)
+    header, deflated = first[:-len(again)], again
+    assert first.endswith(again) and len(header) == 10, "a full flush did not restart the deflate state"
+    last = zlib.compressobj(9, zlib.DEFLATED, -15)  # raw deflate: its blocks follow the flushed ones
+    final = last.compress(block[:rest]) + last.flush()
+    crc = 0
+    for _ in range(whole):
+        crc = zlib.crc32(block, crc)
+    crc = zlib.crc32(block[:rest], crc)
+    return header + deflated * whole + final + struct.pack("<II", crc, size & 0xFFFFFFFF)
 
 
 def _gzip_random(size: int) -> bytes:
