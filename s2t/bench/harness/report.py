@@ -108,7 +108,49 @@ def spreads(results: dict) -> dict:
             out["rollback_in_force"] = rounds.spread([s.get("in_force_s") for s in swaps], higher_is_better=False)
     if results.get("ceiling"):
         out["ceiling_share"] = rounds.spread(results["ceiling"]["share"], higher_is_better=True)
+    for share, found in open_loop_duels(results).items():
+        out[f"open_loop_{share:.0%}"] = found
     return out
+
+
+def open_loop_duels(results: dict) -> dict[float, rounds.Duel]:
+    """Triton against the plain FastAPI app at each share of its capacity, round by round: achieved rates and
+    p99s (from the scheduled send time) of the same schedule."""
+    found = results.get("open_loop")
+    if not found:
+        return {}
+    opponent = found["opponent"]
+    return {point["share"]: rounds.duel(point["rounds"]["triton"], {opponent: point["rounds"][opponent]},
+                                        "achieved_rate", cpu="cpu_ms_per_request")
+            for point in found["points"]}
+
+
+def _kept_up(entries: list[dict]) -> int:
+    return sum(bool(e.get("kept_up")) for e in entries)
+
+
+def _open_loop_targets(results: dict) -> list[dict]:
+    """At each share of the plain FastAPI app's capacity: Triton answers the whole schedule in every round, its p99
+    at or below the app's in the median round."""
+    found = results.get("open_loop")
+    if not found:
+        return []
+    opponent, rows = found["opponent"], []
+    for point, (share, duel) in zip(found["points"], open_loop_duels(results).items()):
+        ours, theirs = point["rounds"]["triton"], point["rounds"][opponent]
+        pairs = [f"{_format(o['p99_ms'], '', 2)} vs {_format(t['p99_ms'], ' ms', 2)}" for o, t in zip(ours, theirs)]
+        at = duel.p99.median_at
+        measured = ("not measured" if at is None else
+                    f"p99 median round {pairs[at]} (worst round {pairs[duel.p99.worst_at]}, rounds: {', '.join(pairs)})"
+                    f"; {point['offered_rate']:.0f} req/s offered, achieved {ours[at]['achieved_rate']:.0f} vs "
+                    f"{theirs[at]['achieved_rate']:.0f}; kept up: Triton in {_kept_up(ours)} of {len(ours)} rounds, "
+                    f"{opponent} in {_kept_up(theirs)} of {len(theirs)}")
+        rows.append({"target": f"risk_pipeline HTTP p99 at {share:.0%} of the capacity of FastAPI {opponent} (the same "
+                               "open-loop schedule, latency from the scheduled send) at or below its p99, every "
+                               "request answered",
+                     "measured": measured,
+                     "met": at is not None and duel.p99.median <= 1.0 and _kept_up(ours) == len(ours)})
+    return rows
 
 
 def _hot_swap_rows(swap: dict, found: dict) -> list[list[str]]:
@@ -218,7 +260,7 @@ def targets(results: dict, r: dict) -> list[dict]:
                    "after load",
          "measured": f"{rss / MB:.0f} MB", "met": rss <= TARGET_RSS_BYTES},
     ]
-    return rows
+    return rows + _open_loop_targets(results)
 
 
 def goals(results: dict) -> list[dict]:
@@ -310,6 +352,7 @@ def markdown(results: dict) -> str:
                    for name, e in (("Triton risk_pipeline", triton),
                                    *((f"FastAPI {app}", e) for app, e in results["http_fastapi_apps"].items()))]),
            "", *_http_round_by_round(_http_rounds(results), found["http"]),
+           *_open_loop(results.get("open_loop")),
            "Same answers as risk_pipeline on the first records: " + "; ".join(
                f"{app}: {c['records']} records, max |Δp| {c['max_abs_diff']:.1e}, decisions equal {c['same_decisions']}"
                for app, c in results["same_answers"].items()) + ".",
@@ -385,6 +428,31 @@ def _http_round_by_round(http: dict[str, list[dict]], duel: rounds.Duel) -> list
     return ["Round by round, Triton against the strongest FastAPI app of the same round:", "",
             _table(["round", "Triton req/s", "strongest FastAPI", "its req/s", "ratio", "Triton p99 ms", "its p99 ms",
                     "Triton CPU ms/req", "its CPU ms/req"], rows), ""]
+
+
+def _open_loop(found: dict | None) -> list[str]:
+    if not found:
+        return []
+    rows = []
+    for point in found["points"]:
+        for side, entries in point["rounds"].items():
+            m = point["median"][side]
+            rows.append([f"{point['share']:.0%}", point["offered_rate"], "Triton risk_pipeline" if side == "triton"
+                         else f"FastAPI {side}", " / ".join(f"{e['achieved_rate']:.0f}" for e in entries),
+                         m["p50_ms"], " / ".join(_format(e["p99_ms"], "", 2) for e in entries), m["max_ms"],
+                         sum(e["unanswered"] + e["errors"] for e in entries), f"{_kept_up(entries)} of {len(entries)}",
+                         m["cpu_ms_per_request"], m["send_lag_p99_ms"]])
+    return [f"## Latency at the same offered rate (open loop, {found['connections']} connections)", "",
+            f"Triton and FastAPI {found['opponent']} (the plain app at its strongest worker count; its median wrk "
+            f"round, {found['capacity_rps']:.0f} req/s, is the capacity) fed the same schedule, requests sent at fixed "
+            f"intervals whatever the server does, {found['seconds']:g} s a round, the sides taking turns. Each "
+            "latency runs from the request's scheduled send time to its whole answer, so a side that falls behind "
+            "pays for its queue; a side kept up when it answered every request without error at 95% of the offered "
+            "rate or more. Each row is the side's median round by p99; the generator's own CPU and how late it sent "
+            "(its share of every latency) beside.", "",
+            _table(["share", "offered req/s", "server", "achieved req/s (rounds)", "p50 ms", "p99 ms (rounds)",
+                    "max ms", "unanswered + errors", "kept up", "generator CPU ms/req", "generator send lag p99 ms"],
+                   rows), ""]
 
 
 def _where_time_goes(found: dict | None) -> list[str]:

@@ -16,7 +16,7 @@ import numpy as np
 from s2t.backends.records.feature_spec import FeatureSpec
 from s2t.backends.records.record_decoder import RecordDecoder
 from s2t import triton_config
-from s2t.bench.load import h2load, perf_analyzer, wrk
+from s2t.bench.load import h2load, open_loop, perf_analyzer, wrk
 from s2t.bench.baselines import ceiling, limit_baseline as inprocess
 from s2t.bench.harness import process_tree, report, workload
 from s2t.bench.harness.repository import copy_repositories
@@ -38,6 +38,11 @@ TRITON_ROUTE = f"/v2/models/{PIPELINE}/infer"
 # The ceiling's wrk rounds (baselines/ceiling.py), beside Triton's and the FastAPI apps' but never an opponent.
 CEILING_SIDE = "ceiling"
 CHECKED_RECORDS = 50
+# The open-loop generator's pool: more connections than requests in flight at 80% of the baseline's capacity, so
+# that a request waits for a connection only when a side falls behind (and that wait is in its latency).
+OPEN_LOOP_CONNECTIONS = 64
+# py-spy needs a moment to attach before it samples: a shorter profile may hold no sample at all.
+PROFILE_MIN_SECONDS = 2
 
 
 def _model_dir(repositories: list[Path], model: str) -> Path:
@@ -82,7 +87,8 @@ class Bench:
         each side, the profile, the hot swap, the stream replay and the in-process measures."""
         mode = self.mode
         return (mode.cold_starts + 1 + len(perf_plan(self.mode)) + len(protocols.PROTOCOLS) * mode.protocol_rounds + 1
-                + mode.http_rounds * (2 + len(baseline_sides(mode))) + 4)
+                + mode.http_rounds * (2 + len(baseline_sides(mode))) + 4
+                + mode.open_loop_rounds * 2 * len(mode.open_loop_shares))
 
     @contextmanager
     def _step(self, label: str):
@@ -129,6 +135,9 @@ class Bench:
         self.ceiling_script = wrk.write_script(self.tmp / "ceiling.lua", f"/v2/models/{ceiling.CEILING}/infer", bodies)
         self.baseline_script = wrk.write_script(self.tmp / "baseline.lua", BASELINE_ROUTE,
                                                 [p.decode() for p in self.payloads])
+        self.open_loop_bodies = {"triton": open_loop.write_bodies(self.tmp / "triton_bodies.json", bodies),
+                                 "baseline": open_loop.write_bodies(self.tmp / "baseline_bodies.json",
+                                                                    [p.decode() for p in self.payloads])}
 
     def _server(self, log_name: str = "tritonserver.log", admin_key: str | None = None, **options) -> TritonServer:
         """tritonserver as `s2t serve` runs it, with its default options but `options` (on the run's copies and free
@@ -244,6 +253,7 @@ class Bench:
             self.results["http_fastapi_apps"] = {name: medians[name] for name in baselines}
             self.results["http_triton"] = medians["triton"]
             self.results["http_baseline"] = {**medians[strongest], "app": strongest}
+            self.results["open_loop"] = self._open_loop(server, baselines, medians)
             with self._step("profile of risk_pipeline under wrk"):
                 self.results["where_time_goes"] = self._profile(server)
             self.results["memory"]["baseline_after_load_bytes"] = process_tree.rss_bytes(baselines[strongest].process.pid)
@@ -251,6 +261,43 @@ class Bench:
         finally:
             for baseline in baselines.values():
                 baseline.stop()
+
+    def _open_loop(self, server: TritonServer, baselines: dict[str, BaselineServer], medians: dict[str, dict]) -> dict:
+        """Latency at the same offered rate: Triton and the plain FastAPI app at its strongest worker count (its
+        capacity: its median wrk round), each fed the same schedule at each share of that capacity, taking turns
+        with the order rotating. Latency runs from each request's scheduled time (load/open_loop.py)."""
+        plain = [name for name, (app, _) in baseline_sides(self.mode).items() if app == "baseline"]
+        opponent = max(plain, key=lambda name: medians[name]["throughput"])
+        capacity = medians[opponent]["throughput"]
+        targets = {"triton": ("http://" + server.http_url, TRITON_ROUTE, self.open_loop_bodies["triton"]),
+                   opponent: (baselines[opponent].url, BASELINE_ROUTE, self.open_loop_bodies["baseline"])}
+        turns = [(side, share) for share in self.mode.open_loop_shares for side in targets]
+
+        def one(turn: tuple[str, float], number: int) -> dict:
+            side, share = turn
+            url, route, bodies = targets[side]
+            label = f"open-loop {side} at {share:.0%} round {number + 1}"
+            with self._step(label), self.load.round(label):
+                found, reasons = open_loop.run(url, route, bodies, share * capacity, self.mode.open_loop_seconds,
+                                               OPEN_LOOP_CONNECTIONS,
+                                               warmup_s=min(1.0, self.mode.open_loop_seconds / 2))
+            self.log(f"{label} ({found.offered_rate:.0f} req/s offered): {found.achieved_rate:.0f} req/s, p50 "
+                     f"{found.p50_ms:.2f} ms, p99 {found.p99_ms:.2f} ms, errors {found.errors}, unanswered "
+                     f"{found.unanswered}" + ("" if found.kept_up else ", did NOT keep up")
+                     + (f" ({'; '.join(reasons)})" if reasons else ""))
+            return found.as_dict()
+
+        taken = take_turns(turns, self.mode.open_loop_rounds, one)
+        points = []
+        for share in self.mode.open_loop_shares:
+            rounds = {side: taken[(side, share)] for side in targets}
+            points.append({"share": share, "offered_rate": share * capacity, "rounds": rounds,
+                           "median": {side: median_round(entries, "p99_ms", higher_is_better=False)
+                                      for side, entries in rounds.items()}})
+        return {"opponent": opponent, "capacity_rps": capacity, "connections": OPEN_LOOP_CONNECTIONS,
+                "seconds": self.mode.open_loop_seconds, "points": points,
+                "generator": "s2t.bench.load.open_loop (asyncio, keep-alive HTTP/1.1, latency from the scheduled "
+                             "send time)"}
 
     def _perf_settings(self) -> perf_analyzer.Settings:
         return perf_analyzer.Settings(self.mode.window_requests, window_ms=self.mode.perf_window_ms)
@@ -301,7 +348,7 @@ class Bench:
     def _profile(self, server: TritonServer) -> dict:
         """One more wrk run on risk_pipeline, outside the measured rounds: Triton's statistics over it, and py-spy
         on the interpreter running its model.py (sampling slows it a little, so its run's rate is not a result)."""
-        seconds = self.mode.http_seconds
+        seconds = max(self.mode.http_seconds, PROFILE_MIN_SECONDS)
         before = stub_profile.snapshot(server.http_url, PIPELINE)
         out = self.tmp / "py-spy.txt"
         try:

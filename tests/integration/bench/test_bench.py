@@ -69,6 +69,32 @@ def test_bench_compares_http_and_grpc_in_turns_with_the_cpu_each_side_spends(smo
     assert "### HTTP and gRPC, risk_pipeline" in (out / "results.md").read_text()
 
 
+def test_bench_measures_latency_at_the_same_offered_rate_on_both_sides(smoke_run):
+    """Triton and the plain FastAPI app at its strongest worker count, fed the same open-loop schedule at 50% and
+    80% of that app's capacity (its median wrk round), each latency from the request's scheduled send."""
+    out, results, _ = smoke_run
+    found = results["open_loop"]
+    opponent = found["opponent"]
+    assert opponent in results["http_fastapi_apps"] and opponent.startswith("baseline")
+    assert found["capacity_rps"] == results["http_fastapi_apps"][opponent]["throughput"] > 0
+    assert [point["share"] for point in found["points"]] == [0.5, 0.8]
+    for point in found["points"]:
+        assert point["offered_rate"] == pytest.approx(point["share"] * found["capacity_rps"])
+        assert set(point["rounds"]) == {"triton", opponent}
+        for side, entries in point["rounds"].items():
+            for entry in entries:
+                # The same schedule on both sides: the same rate over the same time.
+                assert entry["offered_rate"] == pytest.approx(point["offered_rate"])
+                assert entry["scheduled"] == max(1, round(point["offered_rate"] * found["seconds"])), side
+                assert entry["answered"] + entry["errors"] + entry["unanswered"] == entry["scheduled"], side
+                assert entry["answered"] > 0 and 0 < entry["p50_ms"] <= entry["p99_ms"] <= entry["max_ms"], side
+                assert entry["cpu_ms_per_request"] > 0 and isinstance(entry["kept_up"], bool), side
+    shares = [t for t in results["targets"] if "open-loop schedule" in t["target"]]
+    assert [t["target"].split(" of the capacity")[0][-3:] for t in shares] == ["50%", "80%"]
+    markdown = (out / "results.md").read_text()
+    assert "## Latency at the same offered rate (open loop" in markdown and "generator CPU ms/req" in markdown
+
+
 def test_both_fastapi_apps_give_the_same_answers_as_risk_pipeline(smoke_run):
     _, results, _ = smoke_run
     assert set(results["same_answers"]) == {"baseline", "fastapi-docs"}
@@ -113,7 +139,9 @@ def test_ratios_are_computed_from_the_measured_numbers(smoke_run):
     assert ratios["grpc_scorer_batch_vs_inprocess"] == pytest.approx(scorer["infer_per_s"] / engine["rows_per_s"])
     # HTTP ratio, p99, CPU per request, gRPC against HTTP (the alternating rounds run in every mode), batches, cold
     # start, RSS.
-    assert len(results["targets"]) == 7 and all(isinstance(t["met"], bool) for t in results["targets"])
+    # and p99 at the same offered rate at each share of the plain FastAPI app's capacity.
+    assert len(results["targets"]) == 7 + len(results["open_loop"]["points"])
+    assert all(isinstance(t["met"], bool) for t in results["targets"])
 
 
 def test_bench_times_cold_start_from_s2t_serve_and_weighs_the_whole_serving_tree(smoke_run):
@@ -142,6 +170,9 @@ def test_bench_records_the_machine_load_of_every_round_and_whether_the_run_is_pu
                 for side in ("triton", *results["http_fastapi_apps"], "ceiling")}
     measured |= {f"{found['generators'][protocol]} {found['model']} {protocol} c={found['concurrency']} round {n}"
                  for protocol, entries in found["rounds"].items() for n in range(1, len(entries) + 1)}
+    open_loop = results["open_loop"]
+    measured |= {f"open-loop {side} at {point['share']:.0%} round {n}" for point in open_loop["points"]
+                 for side, entries in point["rounds"].items() for n in range(1, len(entries) + 1)}
     labels = [r["label"] for r in load["rounds"]]
     assert set(measured) <= set(labels)
     assert len(labels) == len(measured) + len(results["perf_analyzer"]) + len(results["perf_analyzer_failures"])
