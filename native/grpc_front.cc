@@ -57,6 +57,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -139,6 +140,12 @@ struct Options {
   std::string request_parameters = "-";
   // Inside tritonserver: ModelInfer relayed too (where Triton's gRPC inference needs a key, which Triton checks).
   bool relay_only = false;
+  // TLS on the public port (PEM files; none: plaintext), as Triton's --grpc-use-ssl, --grpc-server-cert,
+  // --grpc-server-key and, for --grpc-use-ssl-mutual, --grpc-root-cert: clients must then show a certificate it
+  // signed. Triton's own endpoint behind the front is on loopback and stays plaintext.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
 };
 
 void Log(const char* format, ...) __attribute__((format(printf, 1, 2)));
@@ -1131,7 +1138,8 @@ std::shared_ptr<grpc::Channel> UpstreamChannel(const std::string& target) {
           "%s: %s\n"
           "usage: %s --listen HOST:PORT --upstream HOST:PORT --max-message-bytes N [--max-calls N] [--threads N]\n"
           "       [--drain-seconds S] [--ready-fd FD] [--message-seconds S] [--stream-idle-seconds S]\n"
-          "       [--request-parameters NAME,...] [--relay-only 0|1]\n",
+          "       [--request-parameters NAME,...] [--relay-only 0|1]\n"
+          "       [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n",
           kName, problem.c_str(), kName);
   exit(2);
 }
@@ -1163,6 +1171,12 @@ Options Parse(const std::vector<std::string>& words) {
         options.request_parameters = value;
       else if (name == "--relay-only")
         options.relay_only = Number(name, value, 0, 1) == 1;
+      else if (name == "--tls-cert")
+        options.tls_cert = value;
+      else if (name == "--tls-key")
+        options.tls_key = value;
+      else if (name == "--tls-client-ca")
+        options.tls_client_ca = value;
       else
         return false;
       return true;
@@ -1173,6 +1187,8 @@ Options Parse(const std::vector<std::string>& words) {
     Usage(bad.what());
   }
   if (options.max_message_bytes == 0) Usage("--max-message-bytes is required");
+  if (options.tls_cert.empty() != options.tls_key.empty()) Usage("--tls-cert and --tls-key go together");
+  if (!options.tls_client_ca.empty() && options.tls_cert.empty()) Usage("--tls-client-ca needs --tls-cert");
   g_limits.custom_parameters = front_options::Names(options.request_parameters);
   return options;
 }
@@ -1187,13 +1203,43 @@ struct Endpoint {
 };
 Endpoint* g_endpoint = new Endpoint;
 
+bool ReadFile(const std::string& path, std::string* text) {
+  std::ifstream file(path, std::ios::binary);
+  std::ostringstream read;
+  read << file.rdbuf();
+  if (!file) return false;
+  *text = read.str();
+  return true;
+}
+
+// The public port's credentials: TLS where its files were given (nullptr, said in the log, when one cannot be read).
+std::shared_ptr<grpc::ServerCredentials> PublicCredentials() {
+  if (g_options.tls_cert.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions tls(g_options.tls_client_ca.empty()
+                                            ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                            : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  for (const auto& [path, text] : {std::make_pair(g_options.tls_cert, &pair.cert_chain),
+                                   std::make_pair(g_options.tls_key, &pair.private_key),
+                                   std::make_pair(g_options.tls_client_ca, &tls.pem_root_certs)}) {
+    if (!path.empty() && !ReadFile(path, text)) {
+      Log("cannot read %s", path.c_str());
+      return nullptr;
+    }
+  }
+  tls.pem_key_cert_pairs.push_back(pair);
+  return grpc::SslServerCredentials(tls);
+}
+
 bool Listen() {
+  std::shared_ptr<grpc::ServerCredentials> credentials = PublicCredentials();
+  if (!credentials) return false;
   g_slots = new Slots(g_options.max_calls, false);
   g_control_slots = new Slots(std::max(64L, g_options.max_calls / 4), true);
   google::protobuf::SetLogHandler(KeepProtobufMessage);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(g_options.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(g_options.listen, credentials, &port);
   builder.RegisterAsyncGenericService(&g_service);
   builder.SetMaxReceiveMessageSize(static_cast<int>(g_options.max_message_bytes));
   // What gRPC holds for the calls' messages, both ways (a slow reader's answers included), is bounded: past it gRPC

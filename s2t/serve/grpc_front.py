@@ -61,6 +61,52 @@ class GrpcFrontError(S2TError, RuntimeError):
     pass
 
 
+# Triton's options for TLS on its own gRPC endpoint (`--name=value`), which the front serves in its place.
+TRITON_TLS_OPTIONS = ("--grpc-use-ssl=", "--grpc-use-ssl-mutual=", "--grpc-server-cert=", "--grpc-server-key=",
+                      "--grpc-root-cert=")
+
+
+@dataclass(frozen=True)
+class Tls:
+    """TLS on the front's public port: PEM files, as Triton's own --grpc-use-ssl options name them."""
+    cert: str
+    key: str
+    # Set for mutual TLS (Triton's --grpc-use-ssl-mutual with --grpc-root-cert): clients show a certificate it signed.
+    client_ca: str | None = None
+
+    def options(self) -> list[str]:
+        paths = [p for p in (self.cert, self.key, self.client_ca) if p]
+        if any(c.isspace() for p in paths for c in p):
+            raise GrpcFrontError(f"TLS files whose path holds a space cannot be given to the gRPC front: {paths}")
+        return ["--tls-cert", self.cert, "--tls-key", self.key,
+                *(["--tls-client-ca", self.client_ca] if self.client_ca else [])]
+
+
+def _true(value: str | None) -> bool:
+    return (value or "").lower() in ("1", "true", "on", "yes")
+
+
+def tls_of_triton(triton_command: list[str]) -> tuple[list[str], Tls | None]:
+    """`triton_command` without its gRPC TLS options, and the TLS they asked for (None: plaintext), for the front to
+    serve in front of Triton's own endpoint, which then listens on loopback in plaintext."""
+    values = {}
+    for arg in triton_command:
+        if arg.startswith(TRITON_TLS_OPTIONS):
+            name, value = arg.split("=", 1)
+            values[name] = value
+    rest = [arg for arg in triton_command if not arg.startswith(TRITON_TLS_OPTIONS)]
+    mutual = _true(values.get("--grpc-use-ssl-mutual"))
+    if not (_true(values.get("--grpc-use-ssl")) or mutual):
+        return rest, None
+    cert, key = values.get("--grpc-server-cert"), values.get("--grpc-server-key")
+    if not cert or not key:
+        raise GrpcFrontError("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+    root = values.get("--grpc-root-cert")
+    if mutual and not root:
+        raise GrpcFrontError("--grpc-use-ssl-mutual needs --grpc-root-cert (the CA that signs the clients' certificates)")
+    return rest, Tls(cert, key, root if mutual else None)
+
+
 def front_options(public_port: int, upstream_port: int, max_message_bytes: int, max_calls: int,
                   drain_seconds: int, message_seconds: int | None = None,
                   stream_idle_seconds: int | None = None) -> list[str]:
@@ -86,10 +132,10 @@ def command(binary: Path, public_port: int, upstream_port: int, max_message_byte
 def in_process_env(env: dict[str, str], public_port: int, upstream_port: int, max_message_bytes: int,
                    max_calls: int, drain_seconds: int, triton_command: list[str],
                    library: Path | None = None, hook: Path | None = None, message_seconds: int | None = None,
-                   stream_idle_seconds: int | None = None) -> dict[str, str]:
-    """`env` for a tritonserver started with `triton_command` that runs the front inside its process. Where that
-    command restricts gRPC inference to callers with a key, the front relays ModelInfer too, so that Triton checks
-    the key."""
+                   stream_idle_seconds: int | None = None, tls: Tls | None = None) -> dict[str, str]:
+    """`env` for a tritonserver started with `triton_command` that runs the front inside its process (with `tls` on
+    its public port). Where that command restricts gRPC inference to callers with a key, the front relays ModelInfer
+    too, so that Triton checks the key."""
     library, hook = library or LIBRARY, hook or HOOK
     if not library.is_file():
         raise GrpcFrontError(f"the gRPC front {library} is not built: {BUILD_HINT}")
@@ -101,26 +147,9 @@ def in_process_env(env: dict[str, str], public_port: int, upstream_port: int, ma
     args = front_options(public_port, upstream_port, max_message_bytes, max_calls, drain_seconds, message_seconds,
                          stream_idle_seconds)
     env["S2T_GRPC_FRONT_LIBRARY"] = str(library)
-    env["S2T_GRPC_FRONT_ARGS"] = " ".join(args + ["--relay-only", "1" if relay_only else "0"])
+    env["S2T_GRPC_FRONT_ARGS"] = " ".join(args + ["--relay-only", "1" if relay_only else "0",
+                                                  *(tls.options() if tls else [])])
     return env
-
-
-def wait_reaches_triton(public_port: int, timeout_s: float) -> bool:
-    """Whether a ServerReady call through the front is answered ready within `timeout_s`. Triton opens its gRPC
-    port moments after HTTP says ready, and the front's connection to it may be waiting to try again: once this
-    call is answered, the next ones are too."""
-    import grpc
-    deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(f"localhost:{public_port}") as channel:
-        ready = channel.unary_unary(SERVER_READY)
-        while time.monotonic() < deadline:
-            try:
-                if ready(b"", timeout=max(0.1, deadline - time.monotonic())) == READY_ANSWER:
-                    return True
-            except grpc.RpcError:
-                pass
-            time.sleep(0.05)
-    return False
 
 
 @dataclass

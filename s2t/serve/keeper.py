@@ -1,16 +1,22 @@
 """Keeping tritonserver and its stubs as one unit: started in their own process group, dying with their keeper,
 reaped together, restarted with backoff; and the container entry point that does the same under Docker or Kubernetes.
 
-    python3 -m s2t.serve.keeper [--supervisor-port 8003] [--state-dir DIR] [--openai-port 9000] -- tritonserver ...
+    python3 -m s2t.serve.keeper [--supervisor-port 8003] [--state-dir DIR] [--openai-port 9000] [--fronts DIR] \
+        -- tritonserver ...
 
 runs the command, supervises its models (s2t/serve/supervisor.py), serves the supervisor's counters on
 `--supervisor-port` (/metrics), forwards SIGTERM/SIGINT (Triton drains), and exits when tritonserver does, after
 reaping every stub: a stub never outlives its server. When the server must be replaced (a dead stub that no reload
 can bring back in it; a hung server, which the supervisor aborts) it exits non-zero, so that the orchestrator
-starts a fresh container. A model that keeps failing is reported, never a reason to replace the server. Standard
-library only (the NGC image's Python), except where a repository holds the language model: then, as `s2t serve
---llm` does, it also serves the OpenAI-compatible API (s2t/serve/openai_server.py, aiohttp: the image's `llm`
-target) on `--openai-port` once the server is ready, and stops it after the server.
+starts a fresh container. A model that keeps failing is reported, never a reason to replace the server. On the NGC
+image's Python with what the python models import there (the request limits read the records' module), except
+where a repository holds the language model: then, as `s2t serve --llm` does, it also serves the OpenAI-compatible
+API (s2t/serve/openai_server.py, aiohttp: the image's `llm` target) on `--openai-port` once the server is ready, and
+stops it after the server.
+
+With `--fronts DIR` (the images set it) the public HTTP and gRPC ports the command names are those of the fronts built
+into DIR from native/ (s2t/serve/http_front.py, grpc_front.py), inside tritonserver's process as under `s2t serve`:
+Triton's own endpoints move to loopback ports behind them, so that what the fronts refuse never reaches them.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import gc
 import http.server
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -47,6 +54,8 @@ SECRET_OPTIONS = ("--http-restricted-api=", "--grpc-restricted-protocol=")
 # what `s2t serve --llm` adds. Named here, not imported: that module needs aiohttp, which only the llm image has.
 OPENAI_MODEL = "llm"
 DEFAULT_OPENAI_PORT = 9000
+# Triton's options that place its own endpoints: with the fronts the keeper sets them, whatever the command said.
+ENDPOINT_OPTIONS = ("--http-address=", "--http-port=", "--grpc-address=", "--grpc-port=")
 
 
 def die_with_parent() -> None:
@@ -260,6 +269,51 @@ def restricted_headers(command: list[str]) -> dict[str, str]:
     return {}
 
 
+def loopback_port() -> int:
+    """A port on 127.0.0.1 that nothing is bound to now (tritonserver binds it moments later)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def fronted(command: list[str], env: dict[str, str], fronts: Path) -> tuple[list[str], dict[str, str]]:
+    """The tritonserver command and environment that put the fronts built into `fronts` on the command's public
+    HTTP and gRPC ports (8000 and 8001 unless it says otherwise) and Triton's own endpoints on loopback ports behind
+    them. A protocol the command switches off (`--allow-http=false`) gets no front; TLS the command asks of Triton's
+    gRPC endpoint (`--grpc-use-ssl`, mutual too) is the gRPC front's."""
+    from s2t.serve import grpc_front, http_front, server_hook
+    from s2t.serve.request_limits import grpc_max_message_bytes
+
+    fronts = fronts.resolve()
+    repositories = [Path(arg.split("=", 1)[1]) for arg in command if arg.startswith("--model-repository=")]
+    drain_seconds = int(option(command, "exit-timeout-secs", "30")) + 5
+    http_on, grpc_on = option(command, "allow-http", "true") != "false", option(command, "allow-grpc", "true") != "false"
+    public_http, public_grpc = int(option(command, "http-port", "8000")), int(option(command, "grpc-port", "8001"))
+    own_http = loopback_port() if http_on else public_http
+    own_grpc = loopback_port() if grpc_on else public_grpc
+    kept = [arg for arg in command if not arg.startswith(ENDPOINT_OPTIONS)]
+    command = [*kept, "--http-address=127.0.0.1", f"--http-port={own_http}",
+               "--grpc-address=127.0.0.1", f"--grpc-port={own_grpc}"]
+    try:
+        tls = None
+        if grpc_on:  # TLS is the front's: the relay to Triton's own endpoint on loopback is plaintext
+            command, tls = grpc_front.tls_of_triton(command)
+        if grpc_on:  # the gRPC front's environment preloads the hook
+            env = grpc_front.in_process_env(env, public_grpc, own_grpc, grpc_max_message_bytes(repositories),
+                                            grpc_front.DEFAULT_MAX_CALLS, drain_seconds, command,
+                                            library=fronts / grpc_front.LIBRARY.name,
+                                            hook=fronts / server_hook.HOOK.name, tls=tls)
+        else:
+            env = server_hook.preloaded(env, fronts / server_hook.HOOK.name)
+        if http_on:
+            options = http_front.front_options(public_http, own_http, http_front.max_body_bytes(repositories),
+                                               drain_seconds)
+            env = http_front.in_process_env(env, options, command, library=fronts / http_front.LIBRARY.name)
+    except (grpc_front.GrpcFrontError, http_front.HttpFrontError, server_hook.ServerHookError) as err:
+        raise SystemExit(f"s2t keeper: {err}") from None
+    return command, env
+
+
 def serves_openai_model(repositories: list[str]) -> bool:
     """Whether one of the repositories holds the model the OpenAI-compatible API fronts."""
     return any((Path(repository) / OPENAI_MODEL / "config.pbtxt").is_file() for repository in repositories)
@@ -330,7 +384,8 @@ def exit_code(returncode: int) -> int:
 
 def run(command: list[str], supervisor_port: int | None, state_dir: Path | None, startup_seconds: float,
         log=lambda message: print(message, file=sys.stderr, flush=True),
-        openai_port: int = DEFAULT_OPENAI_PORT, hang_seconds: float = HangSettings.seconds) -> int:
+        openai_port: int = DEFAULT_OPENAI_PORT, hang_seconds: float = HangSettings.seconds,
+        fronts: Path | None = None) -> int:
     from s2t.serve.supervisor import StubSupervisor
 
     repositories = [arg.split("=", 1)[1] for arg in command if arg.startswith("--model-repository=")]
@@ -341,7 +396,11 @@ def run(command: list[str], supervisor_port: int | None, state_dir: Path | None,
     reaper = reap_orphans()
     # A container restarted in place (same /dev/shm) starts without the previous server's stubs and regions.
     leftovers.clean(repositories)
-    process = spawn(command, dict(os.environ))
+    http_url = f"localhost:{option(command, 'http-port', '8000')}"
+    env = dict(os.environ)
+    if fronts is not None:
+        command, env = fronted(command, env, fronts)
+    process = spawn(command, env)
     stopping = threading.Event()
 
     def forward(signum, _frame):
@@ -351,7 +410,6 @@ def run(command: list[str], supervisor_port: int | None, state_dir: Path | None,
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    http_url = f"localhost:{option(command, 'http-port', '8000')}"
     supervisor = None
     gave_up = threading.Event()
 
@@ -411,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="an execute running this long means a hung server: it is aborted and the keeper exits")
     parser.add_argument("--openai-port", type=int, default=DEFAULT_OPENAI_PORT,
                         help=f"where a repository holds `{OPENAI_MODEL}`: the OpenAI-compatible API's port (0: none)")
+    parser.add_argument("--fronts", type=Path,
+                        help="the folder holding the HTTP and gRPC fronts and their hook (native/'s build): they take "
+                             "the command's public ports, Triton's own endpoints move to loopback behind them")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- tritonserver ARGS...")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -419,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     # Shared memory, logging and trace restricted whatever the command says (s2t/serve/restricted_apis.py).
     command = restrict(with_admin_key(command, dict(os.environ)))
     return run(command, args.supervisor_port, args.state_dir, args.startup_seconds, openai_port=args.openai_port,
-               hang_seconds=args.hang_seconds)
+               hang_seconds=args.hang_seconds, fronts=args.fronts)
 
 
 if __name__ == "__main__":

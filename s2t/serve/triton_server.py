@@ -30,7 +30,8 @@ import s2t.backends.runtime
 from s2t.serve.healing import STATE_FILE, HangSettings, SupervisorState
 from s2t.serve import leftovers
 from s2t.serve import server_hook
-from s2t.serve.grpc_front import DEFAULT_MAX_CALLS, GrpcFront, GrpcFrontError, in_process_env, wait_reaches_triton
+from s2t.serve.grpc_front import (DEFAULT_MAX_CALLS, READY_ANSWER, SERVER_READY, GrpcFront, GrpcFrontError,
+                                  in_process_env)
 from s2t.serve.hidden_args import HiddenArgumentError
 from s2t.serve import http_front
 from s2t.serve.keeper import reap_group, spawn
@@ -64,6 +65,25 @@ MODEL_LOAD_THREADS = 16
 # Triton's latency summaries, when asked for: the median within five percentiles and the p99 (which the p99 alert rule
 # and dashboard panel read) within one, between the 98th and the 100th. Triton's own default set costs more.
 LATENCY_QUANTILES = "0.5:0.05,0.99:0.01"
+
+
+def wait_reaches_triton(public_port: int, timeout_s: float) -> bool:
+    """Whether a ServerReady call through the front is answered ready within `timeout_s`. Triton opens its gRPC
+    port moments after HTTP says ready, and the front's connection to it may be waiting to try again: once this
+    call is answered, the next ones are too."""
+    # Here, not in s2t/serve/grpc_front.py: the keeper imports that module in images without grpcio.
+    import grpc
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(f"localhost:{public_port}") as channel:
+        ready = channel.unary_unary(SERVER_READY)
+        while time.monotonic() < deadline:
+            try:
+                if ready(b"", timeout=max(0.1, deadline - time.monotonic())) == READY_ANSWER:
+                    return True
+            except grpc.RpcError:
+                pass
+            time.sleep(0.05)
+    return False
 
 
 def latency_summary_args(quantiles: str | None) -> list[str]:

@@ -20,6 +20,8 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 
 
 TRITON_IMAGE_DIR = ROOT / "deploy" / "triton"
+# Where the image builds the public fronts (native/), which the keeper's --fronts names in every deployment.
+IMAGE_FRONTS = "/opt/skill2triton/native"
 TRITON_IMAGE_SOURCES = (TRITON_IMAGE_DIR, ROOT / "native", ROOT / "tools" / "debian_packages.sh")
 
 

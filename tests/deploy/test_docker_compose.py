@@ -18,10 +18,9 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.deploy.compose import (COMPOSE_FILE, IMAGE, IMAGE_PYTHON, NGC_RELEASE, TRITON_IMAGE_DIR, compose_config,
-                                  dockerfile_stages, image_pins, pinned_versions)
+from tests.deploy.compose import (COMPOSE_FILE, IMAGE, IMAGE_FRONTS, IMAGE_PYTHON, NGC_RELEASE, TRITON_IMAGE_DIR,
+                                  compose_config, dockerfile_stages, image_pins, pinned_versions)
 from s2t.gate.runtime_imports import normalised
-from tests.integration.servers import triton_server
 
 TLS_FILE = ROOT / "docker-compose.tls.yml"
 TRITON_SERVICES = ("triton", "triton-gpu")
@@ -129,6 +128,10 @@ def test_the_triton_image_is_a_patched_ngc_release_with_the_models_packages_tagg
         assert service["build"]["target"] == target, name
         assert service["image"] == IMAGE + ("" if target == "serving" else f"-{target}"), \
             f"{name}: deploy/triton changed, so its tag must (here and in deploy/kubernetes): {IMAGE}"
+    # The public fronts and their hook, built where the keeper's --fronts looks for them.
+    serving = dockerfile_stages(TRITON_IMAGE_DIR / "Dockerfile")["serving"][1]
+    for script in ("build_grpc_front.sh", "build_http_front.sh"):
+        assert f"native/{script} {IMAGE_FRONTS}" in serving, script
 
 
 def test_every_module_the_served_python_models_import_is_installed_by_their_image(all_profiles_config):
@@ -414,28 +417,52 @@ def self_signed(tmp_path) -> dict[str, Path]:
     return {"/run/secrets/triton_grpc_cert": cert, "/run/secrets/triton_grpc_key": key}
 
 
-def test_the_tls_flags_make_triton_serve_grpc_over_tls_only(tls_config, self_signed, tmp_path):
+def test_the_tls_flags_make_the_grpc_port_serve_over_tls_only(tls_config, self_signed, built_artifacts, tmp_path):
+    """Run as the container runs it: the keeper hands Triton's TLS flags to the gRPC front on the public port."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
+    from tests.conftest import ENSEMBLES, MODEL_REPOSITORY, free_port
+    from s2t.serve.triton_server import assemble_backend_dir, server_env
 
-
-    command = _services(tls_config)["triton"]["command"]
-    flags = [arg for arg in command if arg.startswith("--grpc-")]
-    for secret, path in self_signed.items():
-        flags = [arg.replace(secret, str(path)) for arg in flags]
-    (tmp_path / "empty").mkdir()
-    # Triton's own endpoint, as in the container (which has no gRPC front).
-    server = triton_server([tmp_path / "empty"], extra_args=flags, grpc_front=False,
-                           log_path=tmp_path / "triton.log", exit_timeout_seconds=2)
-    with server:
-        secure = grpcclient.InferenceServerClient(server.grpc_url, ssl=True,
+    service = dict(_services(tls_config)["triton"])
+    service["command"] = [_replaced(arg, {s: str(p) for s, p in self_signed.items()}) for arg in service["command"]]
+    ports = {name: free_port() for name in ("http", "grpc", "metrics", "supervisor")}
+    command = _embedded(service, {"/models/model_repository": MODEL_REPOSITORY, "/models/ensembles": ENSEMBLES},
+                        assemble_backend_dir(tmp_path / "backends"), ports)
+    with open(tmp_path / "keeper.log", "wb") as log:
+        keeper = subprocess.Popen([*command, "--exit-timeout-secs=2"], cwd=ROOT, env=server_env(), stdout=log,
+                                  stderr=subprocess.STDOUT)
+    try:
+        secure = grpcclient.InferenceServerClient(f"localhost:{ports['grpc']}", ssl=True,
                                                   root_certificates=str(self_signed["/run/secrets/triton_grpc_cert"]))
-        assert secure.is_server_live()
+        assert _until(lambda: secure.is_server_ready(), 120), (tmp_path / "keeper.log").read_text()[-3000:]
         secure.close()
-        plain = grpcclient.InferenceServerClient(server.grpc_url)
+        plain = grpcclient.InferenceServerClient(f"localhost:{ports['grpc']}")
         with pytest.raises(InferenceServerException):
             plain.is_server_live(client_timeout=5)
         plain.close()
+    finally:
+        keeper.terminate()
+        assert keeper.wait(60) == 0
+
+
+def _replaced(arg: str, paths: dict[str, str]) -> str:
+    for old, new in paths.items():
+        arg = arg.replace(old, new)
+    return arg
+
+
+def _until(condition, timeout: float) -> bool:
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return True
+        except Exception:  # noqa: BLE001 - not up yet, whatever the client says
+            pass
+        time.sleep(0.3)
+    return False
 
 
 def test_the_triton_services_run_tritonserver_under_the_keeper_with_its_port_published(all_profiles_config):
@@ -444,6 +471,8 @@ def test_the_triton_services_run_tritonserver_under_the_keeper_with_its_port_pub
         entrypoint = service["entrypoint"]
         assert entrypoint[0] == "/opt/nvidia/nvidia_entrypoint.sh", "the image's own entrypoint stays first"
         assert entrypoint[1:4] == ["python3", "-m", "s2t.serve.keeper"] and entrypoint[-1] == "--", name
+        # The public ports are the fronts', built into the image where the keeper looks for them.
+        assert f"--fronts={IMAGE_FRONTS}" in entrypoint, name
         assert (ROOT / "s2t" / "serve" / "keeper.py").is_file()
         assert _host_ports(service)[8003] == 8003, name
     prometheus = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
@@ -466,9 +495,11 @@ def test_every_triton_service_reads_no_request_larger_than_its_models_can_use(al
 
 def _embedded(service: dict, repositories: dict[str, Path], backend_dir: Path, ports: dict[str, int]) -> list[str]:
     """The service's entrypoint and command as this machine can run them: the wheel's tritonserver for the image's,
-    local folders for the mounts, free ports; nothing else changed."""
-    from s2t.serve.triton_server import TRITON_DIR
+    `make native`'s fronts for the image's build of them, local folders for the mounts, free ports; nothing else
+    changed."""
+    from s2t.serve.triton_server import NATIVE_BUILD, TRITON_DIR
     keeper = [sys.executable if arg == "python3" else arg for arg in service["entrypoint"][1:]]
+    keeper = [f"--fronts={NATIVE_BUILD}" if a == f"--fronts={IMAGE_FRONTS}" else a for a in keeper]
     keeper = [f"--supervisor-port={ports['supervisor']}" if a.startswith("--supervisor-port") else a for a in keeper]
     command = []
     for arg in service["command"]:

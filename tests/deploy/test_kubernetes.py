@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.deploy.compose import IMAGE, IMAGE_PYTHON, TRITON_IMAGE_DIR, image_pins
+from tests.deploy.compose import IMAGE, IMAGE_FRONTS, IMAGE_PYTHON, TRITON_IMAGE_DIR, image_pins
 
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 OVERLAYS = ("overlays/cpu", "overlays/gpu")
@@ -277,6 +277,8 @@ def test_tritonserver_runs_under_the_keeper_which_the_release_source_provides(re
     for triton in triton_containers(rendered[directory]):
         command = triton["command"]
         assert command[:4] == KEEPER and command[-2:] == ["--", "tritonserver"], command
+        # The public ports are the fronts' (built into the image), Triton's own endpoints on loopback behind them.
+        assert f"--fronts={IMAGE_FRONTS}" in command, command
         state_dir = next(a.split("=", 1)[1] for a in command if a.startswith("--state-dir="))
         if directory != "kserve":
             assert state_dir in {m["mountPath"] for m in triton["volumeMounts"]}, "supervisor.json needs a place"

@@ -94,3 +94,37 @@ def test_a_hook_path_ld_preload_cannot_name_is_refused_before_tritonserver_start
     built = _built(folder)
     with pytest.raises(GrpcFrontError, match=r"has a ':' or a space.*install skill2triton elsewhere"):
         in_process_env({}, 8001, 40000, 1000, 16, 35, ["tritonserver"], **built)
+
+
+@pytest.mark.parametrize("triton_tls, front_tls", [
+    ([], None),
+    (["--grpc-use-ssl=false", "--grpc-server-cert=/c", "--grpc-server-key=/k"], None),
+    (["--grpc-use-ssl=true", "--grpc-server-cert=/c", "--grpc-server-key=/k"], grpc_front.Tls("/c", "/k")),
+    # A root certificate without mutual TLS verifies nothing in Triton: none for the front either.
+    (["--grpc-use-ssl=1", "--grpc-server-cert=/c", "--grpc-server-key=/k", "--grpc-root-cert=/ca"],
+     grpc_front.Tls("/c", "/k")),
+    # Mutual TLS implies TLS, as in Triton.
+    (["--grpc-use-ssl-mutual=true", "--grpc-server-cert=/c", "--grpc-server-key=/k", "--grpc-root-cert=/ca"],
+     grpc_front.Tls("/c", "/k", "/ca")),
+])
+def test_tritons_grpc_tls_options_become_the_fronts_and_leave_tritons_command(triton_tls, front_tls):
+    rest, tls = grpc_front.tls_of_triton(["tritonserver", "--grpc-port=9", *triton_tls, "--log-verbose=0"])
+    assert (rest, tls) == (["tritonserver", "--grpc-port=9", "--log-verbose=0"], front_tls)
+
+
+@pytest.mark.parametrize("triton_tls, named", [
+    (["--grpc-use-ssl=true", "--grpc-server-key=/k"], "--grpc-server-cert"),
+    (["--grpc-use-ssl-mutual=true", "--grpc-server-cert=/c", "--grpc-server-key=/k"], "--grpc-root-cert"),
+])
+def test_tls_asked_without_its_files_is_refused_naming_the_missing_option(triton_tls, named):
+    with pytest.raises(GrpcFrontError, match=named):
+        grpc_front.tls_of_triton(["tritonserver", *triton_tls])
+
+
+def test_the_fronts_tls_files_are_passed_to_it_and_a_path_with_a_space_is_refused(tmp_path):
+    made = in_process_env({}, 8001, 40000, 1000, 16, 35, ["tritonserver"], **_built(tmp_path),
+                          tls=grpc_front.Tls("/c.pem", "/k.pem", "/ca.pem"))
+    assert made["S2T_GRPC_FRONT_ARGS"].endswith("--tls-cert /c.pem --tls-key /k.pem --tls-client-ca /ca.pem")
+    with pytest.raises(GrpcFrontError, match="space"):
+        in_process_env({}, 8001, 40000, 1000, 16, 35, ["tritonserver"], **_built(tmp_path),
+                       tls=grpc_front.Tls("/my certs/c.pem", "/k.pem"))
