@@ -22,14 +22,15 @@ def is_loopback(host: str) -> bool:
 
 
 class FromAddress:
-    """Listens on 127.0.0.1 (its `url`) and relays each connection to `host:port` from `source`, byte for byte,
-    until either side closes; `close()` ends the listener and every connection."""
+    """Listens on 127.0.0.1 (its `url`) and relays each connection to `host:port` from `source`, byte for byte, a
+    half-close passed on, until both directions have ended; `close()` ends the listener and every connection."""
 
     def __init__(self, source: str, port: int, host: str = "127.0.0.1"):
         self.source, self.host, self.port = source, host, port
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"127.0.0.1:{self.listener.getsockname()[1]}"
-        self._sockets: list[socket.socket] = []
+        # Each relayed connection's two sockets -> how many of its two directions still run.
+        self._pairs: dict[tuple[socket.socket, socket.socket], int] = {}
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, name="from-address", daemon=True).start()
 
@@ -44,23 +45,28 @@ class FromAddress:
             except OSError:
                 down.close()
                 continue
+            pair = (down, up)
             with self._lock:
-                self._sockets += [down, up]
-            for a, b in ((down, up), (up, down)):
-                threading.Thread(target=self._pump, args=(a, b), name="from-address-pump", daemon=True).start()
+                self._pairs[pair] = 2
+            for a, b in (pair, (up, down)):
+                threading.Thread(target=self._pump, args=(a, b, pair), name="from-address-pump",
+                                 daemon=True).start()
 
-    @staticmethod
-    def _pump(a: socket.socket, b: socket.socket) -> None:
+    def _pump(self, a: socket.socket, b: socket.socket, pair: tuple[socket.socket, socket.socket]) -> None:
         try:
             while data := a.recv(1 << 16):
                 b.sendall(data)
+            b.shutdown(socket.SHUT_WR)  # the half-close goes on; the other direction may still answer
         except OSError:
-            pass
-        for s in (a, b):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            _shut(a, b)  # a broken direction ends the connection both ways
+        with self._lock:
+            self._pairs[pair] -= 1
+            ended = self._pairs[pair] == 0
+            if ended:
+                del self._pairs[pair]
+        if ended:
+            for s in pair:
+                s.close()
 
     def close(self) -> None:
         try:
@@ -69,6 +75,16 @@ class FromAddress:
             pass
         self.listener.close()
         with self._lock:
-            sockets, self._sockets = self._sockets, []
-        for s in sockets:
-            s.close()
+            pairs = list(self._pairs)
+        # Shut down, not only closed: a pump blocked in recv() holds its socket open until then (a close from another
+        # thread neither wakes it nor sends anything); the pumps then close what they hold.
+        for pair in pairs:
+            _shut(*pair)
+
+
+def _shut(*sockets: socket.socket) -> None:
+    for s in sockets:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
