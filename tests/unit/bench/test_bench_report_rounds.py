@@ -260,3 +260,52 @@ def test_the_ceiling_shows_its_rounds_risk_pipelines_share_and_the_cost_per_reco
     # 400 us for 8 records against 100 us for 10: 40 us a record.
     assert "decoding, scoring and deciding a record cost 40 us more than handing it over" in markdown
     assert any("share of the ceiling" in line and "median round 0.50" in line for line in report.summary_lines(results))
+
+
+def _open_loop_entry(p99, achieved, kept_up):
+    return {"offered_rate": 1000.0, "seconds": 6.0, "connections": 64, "scheduled": 6000, "answered": 6000,
+            "errors": 0, "unanswered": 0 if kept_up else 10, "achieved_rate": achieved, "p50_ms": p99 / 3,
+            "p90_ms": p99 / 2, "p99_ms": p99, "max_ms": p99 * 2, "mean_ms": p99 / 3, "queued": 0,
+            "send_lag_p50_ms": 0.1, "send_lag_p99_ms": 0.5, "cpu_ms_per_request": 0.03, "kept_up": kept_up}
+
+
+def _with_open_loop(results, shares):
+    """`shares`: {share: (Triton's rounds, the app's rounds)}, each round (p99 ms, achieved req/s, kept up)."""
+    points = []
+    for share, (ours, theirs) in shares.items():
+        found = {"triton": [_open_loop_entry(*r) for r in ours], "baseline": [_open_loop_entry(*r) for r in theirs]}
+        points.append({"share": share, "offered_rate": share * 2000, "rounds": found,
+                       "median": {side: rounds.median_round(e, "p99_ms", higher_is_better=False)
+                                  for side, e in found.items()}})
+    results["open_loop"] = {"opponent": "baseline", "capacity_rps": 2000.0, "connections": 64, "seconds": 6.0,
+                            "points": points, "generator": "open_loop"}
+    results["targets"] = report.targets(results, results["ratios"])
+    return results
+
+
+@pytest.mark.parametrize("ours, theirs, met", [
+    # p99 below the app's in the median round, every request answered in every round.
+    ([(2.0, 1000, True), (9.0, 1000, True), (3.0, 1000, True)], [(4.0, 1000, True)] * 3, True),
+    # Above in the median round.
+    ([(5.0, 1000, True), (6.0, 1000, True), (3.0, 1000, True)], [(4.0, 1000, True)] * 3, False),
+    # Below, but Triton fell behind in a round: a side that does not keep up misses, whatever its p99 over answers.
+    ([(2.0, 1000, True), (2.0, 900, False), (2.0, 1000, True)], [(4.0, 1000, True)] * 3, False),
+    # The app fell behind (its queue in its latency): Triton, keeping up, is below it.
+    ([(2.0, 1000, True)], [(900.0, 600, False)], True),
+])
+def test_latency_at_the_same_offered_rate_is_judged_per_share_on_the_median_round_of_p99(ours, theirs, met):
+    results = _with_open_loop(_run(triton=[(2000, 3, 0.2)], baseline=[(1000, 5, 0.4)]),
+                              {0.5: (ours, theirs), 0.8: (ours, theirs)})
+    lines = [t for t in results["targets"] if "open-loop schedule" in t["target"]]
+    assert [line["target"].split("% of")[0][-2:] for line in lines] == ["50", "80"]
+    assert all(line["met"] is met for line in lines)
+    assert f"kept up: Triton in {sum(r[2] for r in ours)} of {len(ours)} rounds" in lines[0]["measured"]
+
+
+def test_the_open_loop_rounds_are_in_results_md_and_their_spread_in_results_json(tmp_path):
+    results = _with_open_loop(_run(triton=[(2000, 3, 0.2)], baseline=[(1000, 5, 0.4)]),
+                              {0.5: ([(2.0, 1000, True)], [(900.0, 600, False)])})
+    text = report.markdown({**results, "ratios": results["ratios"]})
+    assert "## Latency at the same offered rate (open loop, 64 connections)" in text
+    assert "| 50% | 1000 | FastAPI baseline | 600 |" in text and "0 of 1" in text
+    assert report.spread_document(results)["open_loop_50%"]["p99"]["median"] == pytest.approx(2.0 / 900.0)
