@@ -38,6 +38,8 @@ SPLIT_REFRESH_S = 1.0
 log = logging.getLogger(__name__)
 # Triton answers a generate_stream call at once; only a generation can take long (bounded by max_tokens).
 UPSTREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=300)
+# The longest event line read from Triton (a streamed token's is tens of bytes).
+MAX_EVENT_BYTES = 1 << 20
 # Well inside a probe's usual timeout (Kubernetes: 1 s by default is too tight for a busy node, so the manifests
 # give 5 s), so that the probe gets a 503 rather than a timeout.
 READINESS_TIMEOUT = aiohttp.ClientTimeout(total=3)
@@ -77,19 +79,33 @@ async def _events(session: aiohttp.ClientSession, triton_url: str, request: Open
                 raise upstream_error(response.status, text)
             gone = True
         else:
-            async for line in response.content:
-                if not line.startswith(b"data:"):
-                    continue
-                try:
-                    event = json.loads(line[5:])
-                except ValueError:
-                    raise OpenAIError(502, "the model server sent a malformed event", kind="server_error") from None
-                if "error" in event:
-                    raise upstream_error(response.status, str(event["error"]))
-                yield event
+            # Each network read split into its lines at once: one wait per read rather than one per line (an event
+            # is its data line and a blank one), on the path of every token.
+            rest = b""
+            async for data in response.content.iter_any():
+                lines = (rest + data).split(b"\n")
+                rest = lines.pop()
+                if len(rest) > MAX_EVENT_BYTES:
+                    raise OpenAIError(502, f"the model server sent an event over {MAX_EVENT_BYTES} bytes",
+                                      kind="server_error")
+                for line in lines:
+                    if line.startswith(b"data:"):
+                        yield _event(line, response.status)
+            if rest.startswith(b"data:"):
+                yield _event(rest, response.status)
     if gone:
         async for event in _events(session, triton_url, request):
             yield event
+
+
+def _event(line: bytes, status: int) -> dict:
+    try:
+        event = json.loads(line[5:])
+    except ValueError:
+        raise OpenAIError(502, "the model server sent a malformed event", kind="server_error") from None
+    if "error" in event:
+        raise upstream_error(status, str(event["error"]))
+    return event
 
 
 def _fingerprint(event: dict) -> dict:
@@ -119,6 +135,8 @@ class OpenAIFrontend:
         # llm_router's split as last read (None: no router), its request count kept across reads.
         self._split: tuple[RoutingSettings, set[int]] | None = None
         self._split_read_at = -SPLIT_REFRESH_S
+        # The last read of the split (kept referenced while it runs); None before the first.
+        self._split_reading: asyncio.Future | None = None
         self._splitter: Splitter | None = None
 
     def app(self) -> web.Application:
@@ -153,10 +171,18 @@ class OpenAIFrontend:
             {"id": name, "object": "model", "created": 0, "owned_by": "skill2triton"} for name in MODELS]})
 
     async def _version(self, model: str) -> int | None:
-        """The version of `model` that llm_router's split picks for a new generation; None without a router."""
+        """The version of `model` that llm_router's split picks for a new generation; None without a router.
+        Only the first request waits for the split to be read: later reads run beside the request that starts them
+        (a round trip to Triton that would otherwise add to that request's time to first token), which uses the
+        split read before, at most a read's time older than the refresh period."""
         if time.monotonic() - self._split_read_at >= SPLIT_REFRESH_S:
             self._split_read_at = time.monotonic()
-            self._split = await self._read_split(model)
+            if self._split_reading is None:
+                self._split = await self._read_split(model)
+                self._split_reading = asyncio.get_running_loop().create_future()
+                self._split_reading.set_result(None)
+            elif self._split_reading.done():
+                self._split_reading = asyncio.ensure_future(self._refresh_split(model))
         if self._split is None:
             return None
         routing, loaded = self._split
@@ -164,6 +190,9 @@ class OpenAIFrontend:
             self._splitter = Splitter(routing)
         self._splitter.routing = routing
         return self._splitter.target(None, lambda target: target.version in loaded).version
+
+    async def _refresh_split(self, model: str) -> None:
+        self._split = await self._read_split(model)
 
     async def _read_split(self, model: str) -> tuple[RoutingSettings, set[int]] | None:
         """The router's live split and which of its versions are loaded; None when the server has no router."""
