@@ -62,6 +62,10 @@ class Takers:
         self.port = port
         self.stop = threading.Event()
         self.opened = 0
+        # Their connections the front closed without an answer (a head cut at --head-seconds, or a connection given
+        # to a newcomer), and those it answered 503 at once (every connection taken, none to give).
+        self.cut = 0
+        self.refused = 0
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def open(self, source: str) -> socket.socket | None:
@@ -87,6 +91,14 @@ class Takers:
             every = [sock for socks in held.values() for sock in socks]
             readable = select.select(every, [], [], 0.05)[0] if every else []
             for sock in readable:  # answered (503) or closed: replaced on the next round
+                try:
+                    said = sock.recv(64)
+                except OSError:
+                    said = b""
+                if said.startswith(b"HTTP/1.1 503"):
+                    self.refused += 1
+                elif not said:
+                    self.cut += 1
                 for socks in held.values():
                     if sock in socks:
                         socks.remove(sock)
@@ -124,7 +136,8 @@ def test_addresses_holding_every_connection_with_unfinished_heads_keep_no_one_ou
                         answered[0] += 1
                 except requests.RequestException as err:
                     failures.append(f"infer {err!r}")
-                if time.monotonic() - started > 2:
+                # Far less than a head's deadline: a valid request never waits for a connection to be freed.
+                if time.monotonic() - started > 5:
                     failures.append(f"infer took {time.monotonic() - started:.1f} s")
 
     takers.thread.start()
@@ -150,7 +163,7 @@ def test_addresses_holding_every_connection_with_unfinished_heads_keep_no_one_ou
                     answer += chunk
             took = time.monotonic() - started
             assert answer.startswith(b"HTTP/1.1 200"), answer
-            assert took < 2, took
+            assert took < 5, took
             probes += 1
             time.sleep(0.1)
         stop.set()
@@ -161,8 +174,8 @@ def test_addresses_holding_every_connection_with_unfinished_heads_keep_no_one_ou
         takers.thread.join(10)
     assert not failures, failures[:5]
     assert probes > 10 and answered[0] > 10
-    # The takers kept coming back: their heads were cut and taken again.
-    assert takers.opened > MAX_CONNECTIONS * 2
+    # The takers kept coming back: their connections were cut (not only refused) and taken again.
+    assert takers.cut > MAX_CONNECTIONS, (takers.cut, takers.refused)
     assert server.process.poll() is None and server.process.pid == pid
 
 
@@ -178,7 +191,8 @@ def test_a_head_is_cut_at_head_seconds_and_a_body_may_take_longer(server, reques
                     closed = slow_head.recv(4096) == b""
             except OSError:
                 closed = True
-        assert closed and time.monotonic() - started < HEAD_SECONDS + 2.5
+        # Cut by the once-a-second sweep after HEAD_SECONDS, well before the request's own deadline (60 s).
+        assert closed and time.monotonic() - started < HEAD_SECONDS + 4
     with connect_from("127.0.0.3", port) as slow_body:
         slow_body.sendall(b"POST /v2/models/risk_pipeline/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
                           b"\r\nContent-Length: %d\r\n\r\n" % len(request_body))
