@@ -65,27 +65,57 @@ class StreamSender:
 
 
 class Outbox:
-    """The one thread that talks to Triton for a decoupled model: responses and metric updates are queued as tasks
-    and run in order. Triton 2.51's python backend aborts the server (boost::interprocess::lock_exception) when
-    several threads send decoupled responses at once."""
+    """Talks to Triton for a decoupled model one task at a time: responses and metric updates are queued as tasks
+    and run in order by its thread. Triton 2.51's python backend aborts the server
+    (boost::interprocess::lock_exception) when several threads send decoupled responses at once.
+
+    `run_or_put` runs a task on the caller's thread instead while the outbox has nothing queued or running: a
+    token produced on an engine's thread is then sent without a hand-over to the outbox's thread (a wake-up and a
+    switch per token, on cores the engine itself needs). Whoever runs a task holds `_talking`, so tasks still
+    never run at once, and one queued earlier always runs first."""
 
     def __init__(self, log: Callable[[str], None], name: str):
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
         self._log = log
+        self._talking = threading.Lock()
+        # Tasks put and not yet run to their end; changed under _counting.
+        self._pending = 0
+        self._counting = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def put(self, task: Callable[[], object]) -> None:
+        with self._counting:
+            self._pending += 1
         self._tasks.put(task)
+
+    def run_or_put(self, task: Callable[[], object]) -> None:
+        """`task` run now on this thread when no task is queued or running, else queued behind them."""
+        if not self._talking.acquire(blocking=False):
+            self.put(task)
+            return
+        try:
+            if self._pending:
+                self.put(task)
+                return
+            self._run(task)
+        finally:
+            self._talking.release()
 
     def close(self, timeout: float = 5.0) -> None:
         """Runs what is queued, then stops."""
         self._tasks.put(None)
         self._thread.join(timeout=timeout)
 
+    def _run(self, task: Callable[[], object]) -> None:
+        try:
+            task()
+        except Exception:  # noqa: BLE001 - one failed send must not stop the others
+            self._log(traceback.format_exc())
+
     def _loop(self) -> None:
         while (task := self._tasks.get()) is not None:
-            try:
-                task()
-            except Exception:  # noqa: BLE001 - one failed send must not stop the others
-                self._log(traceback.format_exc())
+            with self._talking:
+                self._run(task)
+                with self._counting:
+                    self._pending -= 1

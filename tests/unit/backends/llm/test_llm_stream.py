@@ -100,6 +100,8 @@ class InlineOutbox:
     def put(self, task):
         task()
 
+    run_or_put = put
+
 
 @pytest.mark.parametrize("gap_s, tokens, asks", [
     # A token every 12 ms: the client is asked on the first token and then once per CLIENT_CHECK_S, not per token.
@@ -150,6 +152,8 @@ class DeferredOutbox:
 
     def put(self, task):
         self.tasks.append(task)
+
+    run_or_put = put
 
     def run(self):
         tasks, self.tasks = self.tasks, []
