@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
 
@@ -52,6 +53,22 @@ def call(url: str, request: service_pb2.ModelInferRequest | bytes, timeout: floa
             return "OK", "", service_pb2.ModelInferResponse.FromString(answer)
         except grpc.RpcError as err:
             return err.code().name, err.details() or "", None
+
+
+def valid_calls(server, records: list[bytes], stop: float, wrong: list) -> Callable[[], int]:
+    """A valid caller to run beside an attack until `stop` (monotonic): it returns how many calls it made, and puts
+    in `wrong` each answer that differs from Triton's own endpoint's to the same request."""
+    expected = call(server.triton_grpc_url, pipeline_request(records[:1], id="v"))[2]
+
+    def valid() -> int:
+        answered = 0
+        while time.monotonic() < stop:
+            got = call(server.grpc_url, pipeline_request(records[:1], id="v"))
+            if got[2] != expected:
+                wrong.append(got[:2])
+            answered += 1
+        return answered
+    return valid
 
 
 def varint(value: int, length: int | None = None) -> bytes:
@@ -151,17 +168,8 @@ def test_a_classification_of_a_bytes_output_is_refused_naming_it_beside_valid_ca
     assert ours[0] == "OK" and ours == triton
     bytes_output = pipeline_request(records[:1])
     bytes_output.outputs.add(name="decision").parameters["classification"].int64_param = 5
-    expected = call(server.triton_grpc_url, pipeline_request(records[:1], id="v"))[2]
     pid, stop, wrong = server.process.pid, time.monotonic() + 4, []
-
-    def valid() -> int:
-        answered = 0
-        while time.monotonic() < stop:
-            got = call(server.grpc_url, pipeline_request(records[:1], id="v"))
-            if got[2] != expected:
-                wrong.append(got[:2])
-            answered += 1
-        return answered
+    valid = valid_calls(server, records, stop, wrong)
 
     def hostile() -> int:
         refused = 0
@@ -226,17 +234,8 @@ def test_custom_request_parameters_reach_the_model_as_through_tritons_endpoint(s
 def test_a_custom_parameter_no_served_model_reads_is_refused_naming_it_on_both_fronts(server, records):
     """One rule for both public fronts: Triton's own parameters and the custom ones a served model reads pass; any
     other custom key is refused naming it (INVALID_ARGUMENT here, 400 from the HTTP front), beside valid callers."""
-    expected = call(server.triton_grpc_url, pipeline_request(records[:1], id="v"))[2]
     pid, stop, wrong = server.process.pid, time.monotonic() + 3, []
-
-    def valid() -> int:
-        answered = 0
-        while time.monotonic() < stop:
-            got = call(server.grpc_url, pipeline_request(records[:1], id="v"))
-            if got[2] != expected:
-                wrong.append(got[:2])
-            answered += 1
-        return answered
+    valid = valid_calls(server, records, stop, wrong)
 
     with futures.ThreadPoolExecutor(1) as pool:
         beside = pool.submit(valid)
