@@ -70,7 +70,7 @@ class CutoverPlan:
         return 3 + 2 * len(SIDES) * self.rounds
 
 
-PLANS = {"cutover": CutoverPlan(), "smoke": CutoverPlan(latency_seconds=1.0, throughput_seconds=2.0, rounds=2)}
+PLANS = {"cutover": CutoverPlan(), "smoke": CutoverPlan(latency_seconds=1.0, throughput_seconds=1.0, rounds=2)}
 
 
 @dataclass
