@@ -295,6 +295,27 @@ void AddErrorJson(evbuffer* out, const std::string& message);
 class Worker;
 struct Relay;
 
+// POST /v2/models/NAME[/versions/N]/generate or /generate_stream (a query string aside).
+bool IsGeneratePath(const char* uri) {
+  if (uri == nullptr) return false;
+  std::string path(uri, strcspn(uri, "?"));
+  auto ends_with = [&path](const char* tail) {
+    size_t n = strlen(tail);
+    return path.size() >= n && path.compare(path.size() - n, n, tail) == 0;
+  };
+  return path.rfind("/v2/models/", 0) == 0 && (ends_with("/generate") || ends_with("/generate_stream"));
+}
+
+// The llm model's refusal when its admission queue holds its maximum (backends/llm/engine.py's QueueFull): the
+// one error of a generation that says "busy", not "bad request".
+bool SaysBusy(evbuffer* body) {
+  static const char kQueueFull[] = "admission queue is full";
+  size_t length = evbuffer_get_length(body);
+  if (length == 0 || length > 4096) return false;
+  const char* text = reinterpret_cast<const char*>(evbuffer_pullup(body, -1));
+  return text != nullptr && memmem(text, length, kQueueFull, sizeof kQueueFull - 1) != nullptr;
+}
+
 // One client connection, from its accept until libevent frees it. libevent 2.1 tells a server of a connection only
 // with its first complete request; this front makes each connection's bufferevent itself (evhttp_set_bevcb), keeps a
 // reference to it, and learns of the connection libevent built on it from the callback argument libevent gives it
@@ -321,6 +342,9 @@ struct Connection {
   // A plain connection to Triton's endpoint from the first request on, for the same wait where nothing was relayed.
   evutil_socket_t presence = -1;
   Relay* relay = nullptr;  // the relayed request in flight
+  // While a relay is in flight libevent reads nothing from the client (it would see its close only when a write to
+  // it fails, a token or two later): this watches the socket itself, so that a client that leaves cancels at once.
+  event* gone_watch = nullptr;
 };
 
 // A request relayed to Triton's own HTTP endpoint.
@@ -331,6 +355,7 @@ struct Relay {
   Connection* client = nullptr;  // owns up_connection; null: up_connection is this relay's own
   evhttp_request* up = nullptr;
   bool streaming = false;  // a chunked answer, passed on chunk by chunk as it comes
+  bool generate = false;  // POST .../generate or .../generate_stream
 };
 
 class Worker {
@@ -369,6 +394,9 @@ class Worker {
   static void OnRelayedChunk(evhttp_request* up, void* relay);
   Connection* ClientOf(evhttp_request* request);
   void CancelRelay(Relay* relay, bool down_detached);
+  static void WatchClient(Connection* state);
+  static void StopWatching(Connection* state);
+  static void OnClientReadable(evutil_socket_t fd, short, void* state);
  public:
   // On this worker's thread: every connection to Triton's endpoint closed, the relays still in flight cut.
   void Release();
@@ -507,6 +535,7 @@ bool Worker::Adopt(Connection* state, bool from_request) {
 }
 
 void Worker::Forget(Connection* state, bool closing) {
+  StopWatching(state);
   if (state->relay != nullptr) CancelRelay(state->relay, closing);
   if (state->upstream != nullptr) evhttp_connection_free(state->upstream);
   if (state->presence >= 0 && g_released.load() && !g_let_go.load())
@@ -735,6 +764,7 @@ void Worker::RelayRequest(evhttp_request* down) {
   }
   Connection* client = ClientOf(down);
   auto* relay = new Relay{this, down, nullptr};
+  relay->generate = IsGeneratePath(evhttp_request_get_uri(down));
   if (client != nullptr && client->relay == nullptr) {
     if (client->upstream == nullptr) client->upstream = TakeUpstream();
     relay->client = client;
@@ -766,7 +796,40 @@ void Worker::RelayRequest(evhttp_request* down) {
     // libevent has freed `up` and will not call back.
     relay->up = nullptr;
     OnRelayed(nullptr, relay);
+    return;
   }
+  if (relay->client != nullptr) WatchClient(relay->client);
+}
+
+// Level-triggered and one-shot: re-armed while the socket has nothing to read. Bytes to read (a pipelined request)
+// end the watch: libevent reads them once this relay is answered, and a close behind them is seen as before.
+void Worker::WatchClient(Connection* state) {
+  if (state->gone_watch == nullptr) {
+    state->gone_watch = event_new(state->worker->base_, bufferevent_getfd(state->bev), EV_READ, OnClientReadable,
+                                  state);
+    if (state->gone_watch == nullptr) return;
+  }
+  event_add(state->gone_watch, nullptr);
+}
+
+void Worker::StopWatching(Connection* state) {
+  if (state->gone_watch == nullptr) return;
+  event_free(state->gone_watch);
+  state->gone_watch = nullptr;
+}
+
+// The client's socket is readable while its request is relayed: its end of the stream (it closed or reset the
+// connection) frees the connection, which cancels the relay (see CancelRelay), as a failed write would later.
+void Worker::OnClientReadable(evutil_socket_t fd, short, void* arg) {
+  auto* state = static_cast<Connection*>(arg);
+  char byte;
+  ssize_t n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+    event_add(state->gone_watch, nullptr);
+    return;
+  }
+  if (n > 0 || state->relay == nullptr || state->connection == nullptr) return;
+  evhttp_connection_free(state->connection);  // calls OnConnectionClosed: the relay cancelled, `state` forgotten
 }
 
 // Triton's head: a chunked answer (a stream of generated tokens) is passed on as it comes, each chunk when it arrives.
@@ -775,6 +838,8 @@ int Worker::OnRelayedHead(evhttp_request* up, void* arg) {
   const char* encoding = evhttp_find_header(evhttp_request_get_input_headers(up), "Transfer-Encoding");
   int code = evhttp_request_get_response_code(up);
   if (encoding == nullptr || strcasecmp(encoding, "chunked") != 0 || code == 0) return 0;
+  // A refusal of a generation is one short event, read whole so that its status can follow its reason (OnRelayed).
+  if (relay->generate && code >= 400) return 0;
   relay->streaming = true;
   evkeyvalq* down_headers = evhttp_request_get_output_headers(relay->down);
   for (evkeyval* header = evhttp_request_get_input_headers(up)->tqh_first; header != nullptr;
@@ -799,7 +864,10 @@ void Worker::OnRelayed(evhttp_request* up, void* arg) {
   auto* relay = static_cast<Relay*>(arg);
   Worker* worker = relay->worker;
   evhttp_request* down = relay->down;
-  if (relay->client != nullptr) relay->client->relay = nullptr;
+  if (relay->client != nullptr) {
+    relay->client->relay = nullptr;
+    StopWatching(relay->client);
+  }
   int code = up != nullptr ? evhttp_request_get_response_code(up) : 0;
   if (relay->streaming) {
     // Cut short (Triton's connection failed mid-answer): the client sees the stream end without its last chunk.
@@ -815,7 +883,14 @@ void Worker::OnRelayed(evhttp_request* up, void* arg) {
          header = header->next.tqe_next)
       if (!HopHeader(header->key)) evhttp_add_header(down_headers, header->key, header->value);
     const char* reason = evhttp_request_get_response_code_line(up);
-    evhttp_send_reply(down, code, reason != nullptr ? reason : "", nullptr);
+    if (relay->generate && code == 400 && SaysBusy(evhttp_request_get_output_buffer(down))) {
+      // Triton's generate endpoint answers every error of a model 400; a full admission queue is no fault of the
+      // request: 429 with when to try again, as any busy HTTP service answers (clients and SDKs retry it).
+      evhttp_add_header(down_headers, "Retry-After", "1");
+      evhttp_send_reply(down, 429, "Too Many Requests", nullptr);
+    } else {
+      evhttp_send_reply(down, code, reason != nullptr ? reason : "", nullptr);
+    }
   }
   if (relay->client == nullptr && relay->up_connection != nullptr) worker->GiveUpstream(relay->up_connection);
   g_calls->Give();
@@ -849,6 +924,7 @@ void Worker::Release() {
       evbuffer_drain(out, evbuffer_get_length(out));
       evhttp_add_header(evhttp_request_get_output_headers(relay->down), "Connection", "close");
       state->relay = nullptr;
+      StopWatching(state);
       RefuseWith(relay->down, 503, "Service Unavailable", "tritonserver is stopping");
       delete relay;
     }
