@@ -179,6 +179,12 @@ class LlmEngine:
             self._queue.add(job, job.prompt_tokens, self._clock() * 1000.0)
             self._condition.notify()
 
+    def wake(self) -> None:
+        """Some request's client has gone: the scheduler takes it out of the queue now rather than at its next
+        check."""
+        with self._condition:
+            self._condition.notify()
+
     def stop(self) -> None:
         """Queued requests get an error at once; running generations stop at their next token."""
         with self._condition:

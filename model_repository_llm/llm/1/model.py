@@ -13,7 +13,7 @@ from s2t.backends.runtime.serving_errors import INVALID, UNAVAILABLE, Unavailabl
 from s2t.backends.llm.engine import LlmEngine, LlmModelSettings, QueueFull
 from s2t.backends.llm.stream_timing import LlmMetrics
 from s2t.backends.llm.generation_request import INPUTS, check_prompt_tokens, parse_generation
-from s2t.backends.llm.token_stream import CANCEL_POLL_S, GenerationStream, LiveStreams
+from s2t.backends.llm.token_stream import CANCEL_POLL_S, RECHECK_AFTER_S, GenerationStream, LiveStreams
 from s2t.backends.llm.version_settings import version_parameters
 from s2t.backends.runtime.triton_glue import Glue, ModelArgs
 
@@ -35,7 +35,7 @@ class TritonPythonModel:
         self._engine = LlmEngine(settings.engine, settings.batching)
         self._metrics = LlmMetrics(glue.metric_family, {"model": model.name, "version": model.version})
         self._outbox = glue.outbox()
-        self._live = LiveStreams()
+        self._live = LiveStreams(on_cancel=self._engine.wake)
         self._stopping = threading.Event()
         threading.Thread(target=self._report_loop, name="llm-metrics", daemon=True).start()
         threading.Thread(target=self._sweep_loop, name="llm-cancel-sweep", daemon=True).start()
@@ -66,8 +66,11 @@ class TritonPythonModel:
             self._outbox.put(self._report)
 
     def _sweep_loop(self):
-        while not self._stopping.wait(CANCEL_POLL_S):
+        while not self._stopping.wait(CANCEL_POLL_S - RECHECK_AFTER_S):
             self._outbox.put(self._live.sweep)
+            if self._stopping.wait(RECHECK_AFTER_S):
+                break
+            self._outbox.put(self._live.recheck)
 
     def _report(self):
         self._metrics.engine(self._engine.queue_depth, self._engine.active)

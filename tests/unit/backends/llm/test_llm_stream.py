@@ -8,7 +8,8 @@ import pytest
 from s2t.backends.runtime.decoupled_sender import StreamSender
 from s2t.backends.llm.stream_timing import LlmMetrics
 from s2t.backends.llm.generation_request import GenerationRequest
-from s2t.backends.llm.token_stream import CLIENT_CHECK_S, PROBE_AFTER_S, GenerationStream, LiveStreams
+from s2t.backends.llm.token_stream import (CLIENT_CHECK_S, FIRST_PROBE_AFTER_S, PROBE_AFTER_S, GenerationStream,
+                                          LiveStreams)
 from tests.unit import python_backend as backend
 from tests.unit.fake_clock import Clock
 
@@ -77,6 +78,40 @@ def test_the_sweep_checks_every_live_stream_and_forgets_finished_ones(clock):
     assert len(live) == 2
     assert [s.cancelled.is_set() for s in streams] == [False, True, True]
     assert np.all([s.job().is_cancelled() for s in streams[1:]])
+
+
+def test_a_waiting_stream_is_first_probed_soon_after_it_comes_then_once_per_interval(clock):
+    # Triton's HTTP endpoint sees a gone client only once the request has had a response: the first probe comes
+    # early, so an abandoned request leaves the queue about when its client does.
+    made, sender = stream_of(clock, [False])
+    clock.now += FIRST_PROBE_AFTER_S / 2
+    assert made.check_client() is False and sender.sent == []
+    clock.now += FIRST_PROBE_AFTER_S / 2
+    assert made.check_client() is True and texts(sender) == [""]
+    clock.now += PROBE_AFTER_S / 2
+    assert made.check_client() is False and texts(sender) == [""]
+    clock.now += PROBE_AFTER_S / 2
+    assert made.check_client() is True and texts(sender) == ["", ""]
+
+
+def test_the_recheck_asks_again_about_the_streams_just_probed_and_wakes_the_engine_once_some_left(clock):
+    wakes = []
+    live = LiveStreams(on_cancel=lambda: wakes.append(clock.now))
+    gone = [False]
+    waiting = stream_of(clock, gone, live=live)[0]
+    streaming = stream_of(clock, [False], live=live)[0]
+    streaming.timing.token(clock.now)
+    live.add(waiting)
+    live.add(streaming)
+    clock.now += FIRST_PROBE_AFTER_S
+    live.sweep()
+    assert wakes == [] and not waiting.cancelled.is_set()
+    gone[0] = True  # Triton saw the client gone when it sent the probe
+    live.recheck()
+    assert waiting.cancelled.is_set() and not streaming.cancelled.is_set() and len(wakes) == 1
+    live.recheck()
+    live.sweep()
+    assert len(wakes) == 1, "a stream already cancelled does not wake the engine again"
 
 
 def test_a_submitted_stream_is_live_until_it_finishes_and_one_the_engine_refuses_is_not_kept(clock):
