@@ -30,8 +30,8 @@ import psutil
 # Over either limit the run is not publishable.
 LOAD_PER_CORE_LIMIT = 0.25
 OTHER_CPU_SHARE_LIMIT = 0.10
-# How often a round looks at the run's process tree.
-TREE_SAMPLE_S = 0.5
+# How often a round looks at the run's process tree (one pass over /proc, a few ms of CPU on the run's cores).
+TREE_SAMPLE_S = 1.0
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,7 @@ def test_a_process_the_run_started_stays_its_own_after_leaving_its_tree_and_a_fo
     the run's tree while it was watched is another process's load."""
     import psutil
 
-    from s2t.bench.harness.machine_load import other_processes
+    from s2t.bench.harness.machine_load import TREE_SAMPLE_S, other_processes
 
     ours = None
     foreign_parent, foreign = _left_behind(0.0)
@@ -145,7 +145,7 @@ def test_a_process_the_run_started_stays_its_own_after_leaving_its_tree_and_a_fo
     watch = LoadWatch(load_average_1m=0.0, cores=2)
     try:
         with watch.round("a server stopped while its stub goes on"):
-            middle, ours = _left_behind(1.2)  # beyond a sample of the tree (TREE_SAMPLE_S)
+            middle, ours = _left_behind(TREE_SAMPLE_S * 2.5)  # seen by a sample of the tree
             middle.wait(timeout=30)
             assert psutil.Process(ours).ppid() != middle.pid  # it left the run's tree
         ours_started = psutil.Process(ours).create_time()
