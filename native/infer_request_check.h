@@ -24,6 +24,7 @@
 // shared_memory_region, shared_memory_offset, shared_memory_byte_size) are taken.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -172,40 +173,39 @@ inline std::string WrongType(const std::string& field, const inference::InferPar
 inline std::string RequestParameterRefusal(const std::string& key, const inference::InferParameter& value,
                                            const Limits& limits) {
   using P = inference::InferParameter;
-  const std::string field = "parameters[" + Quoted(key) + "]";
+  // Built only for a refusal: an accepted parameter (every risk_router request's `route`) costs no string.
+  const auto field = [&key] { return "parameters[" + Quoted(key) + "]"; };
   const auto choice = value.parameter_choice_case();
   if (key.empty() || key.size() > limits.max_key_bytes)
-    return field + ": a key of 1 to " + std::to_string(limits.max_key_bytes) + " bytes is taken";
+    return field() + ": a key of 1 to " + std::to_string(limits.max_key_bytes) + " bytes is taken";
   if (key == "sequence_id")
     return choice == P::kInt64Param || choice == P::kStringParam ? ""
-                                                                 : WrongType(field, value, "int64_param or string_param");
+                                                                 : WrongType(field(), value, "int64_param or string_param");
   if (key == "sequence_start" || key == "sequence_end" || key == "triton_enable_empty_final_response")
-    return choice == P::kBoolParam ? "" : WrongType(field, value, "bool_param");
+    return choice == P::kBoolParam ? "" : WrongType(field(), value, "bool_param");
   if (key == "priority") {
-    if (choice == P::kInt64Param) return value.int64_param() < 0 ? field + ": expected a value >= 0" : "";
-    return choice == P::kUint64Param ? "" : WrongType(field, value, "int64_param or uint64_param");
+    if (choice == P::kInt64Param) return value.int64_param() < 0 ? field() + ": expected a value >= 0" : "";
+    return choice == P::kUint64Param ? "" : WrongType(field(), value, "int64_param or uint64_param");
   }
   if (key == "timeout") {
-    if (choice != P::kInt64Param) return WrongType(field, value, "int64_param");
-    return value.int64_param() < 0 ? field + ": expected microseconds >= 0" : "";
+    if (choice != P::kInt64Param) return WrongType(field(), value, "int64_param");
+    return value.int64_param() < 0 ? field() + ": expected microseconds >= 0" : "";
   }
   if (key.rfind("triton_", 0) == 0)
-    return field + ": keys starting with 'triton_' are Triton's own, and it takes only "
+    return field() + ": keys starting with 'triton_' are Triton's own, and it takes only "
                    "'triton_enable_empty_final_response'";
-  bool read = false;
-  std::string names;
-  for (const std::string& name : limits.custom_parameters) {
-    read = read || name == key;
-    names += (names.empty() ? "" : ", ") + name;
-  }
-  if (!read)
-    return field + ": not a parameter of the protocol nor one the served models read (" +
+  if (std::find(limits.custom_parameters.begin(), limits.custom_parameters.end(), key) ==
+      limits.custom_parameters.end()) {
+    std::string names;
+    for (const std::string& name : limits.custom_parameters) names += (names.empty() ? "" : ", ") + name;
+    return field() + ": not a parameter of the protocol nor one the served models read (" +
            (names.empty() ? std::string("none") : names) + ")";
+  }
   if (choice == P::kStringParam && value.string_param().size() > limits.max_string_parameter_bytes)
-    return field + ": a string of at most " + std::to_string(limits.max_string_parameter_bytes) + " bytes is taken";
+    return field() + ": a string of at most " + std::to_string(limits.max_string_parameter_bytes) + " bytes is taken";
   if (choice == P::kInt64Param || choice == P::kBoolParam || choice == P::kStringParam || choice == P::kDoubleParam)
     return "";
-  return WrongType(field, value, "int64_param, bool_param, string_param or double_param");
+  return WrongType(field(), value, "int64_param, bool_param, string_param or double_param");
 }
 
 inline std::string OutputParameterRefusal(const std::string& field, const std::string& key,
