@@ -62,6 +62,22 @@ def test_each_phase_of_a_changing_load_is_fitted_on_its_own():
     assert grown["holds"] is False and "serving (during)" in grown["detail"]
 
 
+def test_the_first_phase_is_fitted_after_the_servers_own_warm_up_and_growth_past_it_still_fails():
+    # Caches filling over the first minutes of serving, a buffer taken for good six minutes in, then flat.
+    def warming(t):
+        return 614 * MIB + min(t, 300) / 300 * 1.5 * MIB + (0.9 * MIB if t >= 360 else 0) + (t % 20) * 1000
+    phases = {"before": (0.0, 900.0), "during": (900.0, 2700.0), "after": (2700.0, 3600.0)}
+    points = [(float(t), warming(t)) for t in range(0, 3600, 2)]
+    fits = rss_trend.phase_trends({"serving": points}, phases)
+    assert fits["serving (before)"]["from_s"] == 450.0
+    assert rss_trend.verdict(fits)["holds"] is True
+    # With a minute's warm-up, as a later phase gets, the same first phase would read as growth.
+    assert rss_trend.verdict({"before": rss_trend.trend(points[:450], 60.0)})["holds"] is False
+    leaking = [(t, y + (2 * MIB * (t - 450) / 450 if 450 <= t < 900 else 0)) for t, y in points]
+    grown = rss_trend.verdict(rss_trend.phase_trends({"serving": leaking}, phases))
+    assert grown["holds"] is False and "serving (before)" in grown["detail"]
+
+
 @pytest.mark.parametrize("points", [[], [(10.0, 5.0)], [(10.0, 5.0), (20.0, 6.0)], [(10.0, 5.0)] * 3])
 def test_too_few_samples_are_not_measured_never_kept(points):
     fit = rss_trend.trend(points)
