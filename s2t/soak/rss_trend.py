@@ -16,7 +16,8 @@ a new load takes when it starts is that load's working set, not growth; what the
 The first phase of a run is also the servers' first minutes of serving, when they take what they keep for good (a
 buffer or arena sized by the first requests of each kind, a step that comes minutes in): 1-2 MiB of a 650 MiB tree in
 its first six minutes of valid load, then flat (2026-12-06). A minute's warm-up reads that as a leak, so the first
-phase is fitted over its second half only; the later phases, whose processes are warm, after their minute.
+phase (all of a run under one load) is fitted over its second half only; the later phases, whose processes are
+warm, after their minute.
 """
 from __future__ import annotations
 
@@ -74,8 +75,9 @@ def trend(points: Points, warm_up: float = 0.0, hours: float = PROJECTION_HOURS)
 
 
 def trends(series: Mapping[str, Points], run_seconds: float) -> dict[str, dict]:
-    """`trend` of every named series, with the warm-up of a run of `run_seconds`."""
-    warm = warm_up_s(run_seconds)
+    """`trend` of every named series over a run of `run_seconds` under one load: a run's first phase, so fitted
+    after the servers' own warm-up."""
+    warm = max(warm_up_s(run_seconds), FIRST_PHASE_WARM_UP_SHARE * run_seconds)
     return {name: trend(points, warm) for name, points in series.items()}
 
 

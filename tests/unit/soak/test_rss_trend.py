@@ -55,7 +55,7 @@ def test_each_phase_of_a_changing_load_is_fitted_on_its_own():
     assert rss_trend.verdict(fits)["holds"] is True
     assert fits["serving (during)"]["from_s"] == 900.0 + rss_trend.warm_up_s(1800.0)
     assert fits["serving (during)"]["to_s"] <= 2700.0
-    assert rss_trend.verdict(rss_trend.trends({"serving": points}, 3600.0))["holds"] is False
+    assert rss_trend.verdict({"whole run": rss_trend.trend(points, rss_trend.warm_up_s(3600.0))})["holds"] is False
     # Growth that goes on under the floods fails the rule, however flat the other phases are.
     leaking = [(t, y + (8 * MIB * (t - 900) / 3600 if 900 <= t < 2700 else 0)) for t, y in points]
     grown = rss_trend.verdict(rss_trend.phase_trends({"serving": leaking}, phases))
