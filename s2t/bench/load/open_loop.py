@@ -49,6 +49,7 @@ class OpenLoopResult:
     # The generator's own CPU (user + system) over the measured schedule, per scheduled request: it runs on the
     # same cores as the server.
     cpu_ms_per_request: float = math.nan
+    reconnects: int = 0  # connections the server closed, replaced to keep the pool's size
 
     @property
     def kept_up(self) -> bool:
@@ -77,6 +78,7 @@ class _Connection(asyncio.Protocol):
     def __init__(self, pool: "_Pool"):
         self.pool, self.transport, self.buffer = pool, None, b""
         self.scheduled: float | None = None  # of the request in flight
+        self.dead = False
         self.closed = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport) -> None:
@@ -110,6 +112,10 @@ class _Connection(asyncio.Protocol):
                 return
             self.buffer = self.buffer[total:]
             scheduled, self.scheduled = self.scheduled, None
+            if b"\r\nconnection: close" in head:
+                self.pool.answered(self, scheduled, status, reuse=False)
+                self.pool.broken(self, "closed by the server after its answer")
+                return
             self.pool.answered(self, scheduled, status)
 
     def connection_lost(self, exc) -> None:
@@ -119,8 +125,11 @@ class _Connection(asyncio.Protocol):
 
 
 class _Pool:
-    def __init__(self, requests: list[bytes]):
+    def __init__(self, requests: list[bytes], host: str, port: int):
         self.requests, self.next_request = requests, 0
+        self.host, self.port = host, port
+        self.opened: list[_Connection] = []
+        self.reconnects = 0
         self.idle: deque[_Connection] = deque()
         self.waiting: deque[float] = deque()  # scheduled times of requests waiting for a connection
         self.latencies: list[float] = []
@@ -150,7 +159,7 @@ class _Pool:
             self.queued += self.recording
             self.waiting.append(scheduled)
 
-    def answered(self, connection: _Connection, scheduled: float, status: int) -> None:
+    def answered(self, connection: _Connection, scheduled: float, status: int, reuse: bool = True) -> None:
         now = time.monotonic()
         self.outstanding -= 1
         if self.recording:
@@ -160,7 +169,8 @@ class _Pool:
                 self.last_answer = now
             else:
                 self.errors += 1
-        self._free(connection)
+        if reuse:
+            self._free(connection)
 
     def _free(self, connection: _Connection) -> None:
         if self.waiting:
@@ -168,9 +178,27 @@ class _Pool:
         else:
             self.idle.append(connection)
 
+    async def connect(self) -> _Connection:
+        _, connection = await asyncio.get_running_loop().create_connection(lambda: _Connection(self), self.host,
+                                                                          self.port)
+        self.opened.append(connection)
+        self._free(connection)
+        return connection
+
+    async def _replace(self) -> None:
+        try:
+            await self.connect()
+        except OSError as err:
+            if len(self.error_reasons) < 5:
+                self.error_reasons.append(f"reconnecting: {err}")
+
     def broken(self, connection: _Connection, reason: str) -> None:
-        if self.closing:
+        if self.closing or connection.dead:
             return
+        connection.dead = True
+        # A server may close a keep-alive connection (an idle timeout, a limit of requests): the pool keeps its size.
+        self.reconnects += 1
+        asyncio.get_running_loop().create_task(self._replace())
         if connection.scheduled is not None:
             connection.scheduled = None
             self.outstanding -= 1
@@ -200,13 +228,9 @@ async def _schedule(pool: _Pool, rate: float, seconds: float) -> tuple[float, in
 
 async def run_async(host: str, port: int, route: str, bodies: list[bytes], rate: float, seconds: float,
                     connections: int, warmup_s: float = 1.0, grace_s: float = 2.0) -> tuple[OpenLoopResult, list[str]]:
-    loop = asyncio.get_running_loop()
-    pool = _Pool([request_bytes(f"{host}:{port}", route, body) for body in bodies])
-    opened = []
+    pool = _Pool([request_bytes(f"{host}:{port}", route, body) for body in bodies], host, port)
     for _ in range(connections):
-        _, connection = await loop.create_connection(lambda: _Connection(pool), host, port)
-        opened.append(connection)
-        pool.idle.append(connection)
+        await pool.connect()
     if warmup_s > 0:
         await _schedule(pool, rate, warmup_s)
         await _drained(pool, grace_s)
@@ -217,7 +241,7 @@ async def run_async(host: str, port: int, route: str, bodies: list[bytes], rate:
     cpu = time.process_time() - cpu_before
     unanswered = pool.outstanding
     pool.closing = True
-    for connection in opened:
+    for connection in pool.opened:
         if connection.transport is not None:
             connection.transport.close()
     ordered = sorted(pool.latencies)
@@ -230,7 +254,8 @@ async def run_async(host: str, port: int, route: str, bodies: list[bytes], rate:
         p50_ms=_percentile(ms, 50), p90_ms=_percentile(ms, 90), p99_ms=_percentile(ms, 99),
         max_ms=ms[-1] if ms else math.nan, mean_ms=sum(ms) / len(ms) if ms else math.nan, queued=pool.queued,
         send_lag_p50_ms=_percentile(sorted(1000 * v for v in pool.lags), 50),
-        send_lag_p99_ms=_percentile(sorted(1000 * v for v in pool.lags), 99), cpu_ms_per_request=1000 * cpu / count)
+        send_lag_p99_ms=_percentile(sorted(1000 * v for v in pool.lags), 99), cpu_ms_per_request=1000 * cpu / count,
+        reconnects=pool.reconnects)
     return result, pool.error_reasons
 
 

@@ -13,9 +13,10 @@ from s2t.bench.load import open_loop
 SERVER = r"""
 import asyncio, sys, time
 DELAY = float(sys.argv[1])
+CLOSE_EVERY = int(sys.argv[2])  # closes each connection after this many answers, saying so (0: never)
 class Answer(asyncio.Protocol):
     def connection_made(self, transport):
-        self.transport, self.buffer = transport, b""
+        self.transport, self.buffer, self.answers = transport, b"", 0
     def data_received(self, data):
         self.buffer += data
         while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
@@ -26,7 +27,13 @@ class Answer(asyncio.Protocol):
             status = b"400 Bad Request" if b"refuse" in self.buffer[end + 4:end + 4 + length] else b"200 OK"
             self.buffer = self.buffer[end + 4 + length:]
             time.sleep(DELAY)
-            self.transport.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: 2\r\n\r\n{}")
+            self.answers += 1
+            closing = CLOSE_EVERY and self.answers % CLOSE_EVERY == 0
+            self.transport.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: 2\r\n"
+                                 + (b"Connection: close\r\n" if closing else b"") + b"\r\n{}")
+            if closing:
+                self.transport.close()
+                return
 async def main():
     server = await asyncio.get_running_loop().create_server(Answer, "127.0.0.1", 0)
     print(server.sockets[0].getsockname()[1], flush=True)
@@ -39,8 +46,9 @@ asyncio.run(main())
 def server_of(tmp_path):
     started = []
 
-    def start(delay_s: float) -> str:
-        proc = subprocess.Popen([sys.executable, "-c", SERVER, str(delay_s)], stdout=subprocess.PIPE, text=True)
+    def start(delay_s: float, close_every: int = 0) -> str:
+        proc = subprocess.Popen([sys.executable, "-c", SERVER, str(delay_s), str(close_every)], stdout=subprocess.PIPE,
+                                text=True)
         started.append(proc)
         return f"http://127.0.0.1:{int(proc.stdout.readline())}"
 
@@ -81,3 +89,10 @@ def test_error_answers_are_never_counted_as_answers(server_of, tmp_path):
     found, _ = open_loop.run(server_of(0.0), "/score", bodies(tmp_path, '{"a": 1}', '{"refuse": 1}'), rate=100,
                              seconds=0.5, connections=4, warmup_s=0)
     assert found.answered == found.errors == 25 and not found.kept_up
+
+
+def test_a_connection_the_server_closes_is_replaced_and_no_request_is_lost(server_of, tmp_path):
+    found, reasons = open_loop.run(server_of(0.0, close_every=5), "/score", bodies(tmp_path, '{"a": 1}'), rate=200,
+                                   seconds=1.0, connections=4, warmup_s=0)
+    assert found.answered == found.scheduled == 200 and found.errors == found.unanswered == 0, reasons
+    assert found.reconnects >= 200 // 5 - 4 and found.kept_up
