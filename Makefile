@@ -51,6 +51,13 @@ serve: models
 # output printed whole when it ends.
 # The builds run at a lower priority (BUILD_NICE), so that the unit level, the one the developer waits on, keeps
 # its core: they have the rest of its time and the unit level's end to finish.
+# Bytecode written as modules are first imported, even where the environment sets PYTHONDONTWRITEBYTECODE (container
+# images often do): the venv is installed without it (--no-compile, below), so otherwise every process compiles
+# what it imports afresh, and the suite starts a hundred or so that import TensorFlow (each `s2t publish` with its
+# parity gate, the conversions, the legacy service), each compiling it again: about 8 s of CPU apiece. Python
+# models' own bytecode is unaffected (s2t/serve/triton_server.py precompile_models writes it before a server starts).
+test lint unit integration integration-builds test-python: export PYTHONDONTWRITEBYTECODE :=
+
 test:
 	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory -j3 --output-sync=target BUILD_NICE="nice -n 10" unit integration-builds
