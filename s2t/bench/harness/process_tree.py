@@ -118,9 +118,17 @@ class PeakRss:
 
     def _sample(self) -> None:
         while True:
-            self.peak = max(self.peak, sum(rss_bytes(pid) for pid in self.pids))
+            self.peak = max(self.peak, sum(self._rss(pid) for pid in self.pids))
             if self._done.wait(0.2):
                 return
+
+    @staticmethod
+    def _rss(pid: int) -> int:
+        """A root gone mid-round weighs nothing from then on; the others are still sampled."""
+        try:
+            return rss_bytes(pid)
+        except psutil.NoSuchProcess:
+            return 0
 
     def start(self) -> "PeakRss":
         self._thread.start()
