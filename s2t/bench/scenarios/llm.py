@@ -14,6 +14,7 @@ copy), and stopped at the end. Figures go to OUT/results.json and OUT/results.md
 from __future__ import annotations
 
 import os
+import queue
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,7 @@ from s2t.bench.harness.process_tree import cpu_seconds, own_cpu_seconds
 from s2t.bench.harness.repository import copy_repositories, copy_repository, edit_config
 from s2t.bench.harness.rounds import median
 from s2t.on_progress import OnProgress, no_progress
+from s2t.serve import service_process
 from s2t.serve.triton_server import TritonServer, free_port
 
 PROMPTS = ["What is credit risk?", "Name three colours.", "Why do banks ask for collateral?",
@@ -224,14 +226,20 @@ BURST_GAP_S = 0.02
 RATE_FLOOR = 0.95
 TTFT_MARGIN_S = 0.030
 SIDES = ("llama.cpp", "s2t")
+# How long llama.cpp alone may take to load the model and listen, and a child to stop on SIGTERM.
+LLAMA_START_S = 120.0
+CHILD_STOP_S = 15.0
+
+
+ENGINE_PARAMETERS = ("threads", "slots", "context_per_slot", "prompt_cache_mib", "prompt_step_tokens")
 
 
 def _engine_parameters(repository: Path) -> dict[str, int]:
-    """The `llm` engine's threads, slots and context per slot from its config, so that llama.cpp alone runs the
-    same engine."""
+    """The `llm` engine's threads, slots, context per slot, prompt cache and prompt step from its config, so that
+    llama.cpp alone runs the same engine."""
     parameters = triton_config.load(repository / "llm").parameters
     found = {}
-    for key in ("threads", "slots", "context_per_slot", "prompt_cache_mib"):
+    for key in ENGINE_PARAMETERS:
         if key not in parameters:
             raise RuntimeError(f"{repository / 'llm' / 'config.pbtxt'}: no {key} parameter")
         found[key] = int(parameters[key].string_value)
@@ -239,7 +247,7 @@ def _engine_parameters(repository: Path) -> dict[str, int]:
 
 
 def serve_llama_alone(model_path: str, threads: int, slots: int, context_per_slot: int,
-                      prompt_cache_mib: int) -> None:
+                      prompt_cache_mib: int, prompt_step_tokens: int) -> None:
     """llama.cpp's own server (the one `llm` wraps) on its loopback listener, with `llm`'s engine settings; prints
     the address, serves until stdin closes. Run in a process of its own by `LlamaAlone`."""
     import xllamacpp
@@ -251,12 +259,22 @@ def serve_llama_alone(model_path: str, threads: int, slots: int, context_per_slo
     params.cpuparams.n_threads = threads
     params.cpuparams_batch.n_threads = threads
     params.cache_ram_mib = prompt_cache_mib
+    # The prompt tokens of one step of the batch, as `llm` evaluates them: the same steps, the same TTFT.
+    params.n_batch = prompt_step_tokens
     params.verbosity = -1
     # llama-server's own default: a connection thread per slot and two more (xllamacpp leaves it unset).
     params.n_threads_http = slots + 2
     server = xllamacpp.Server(params)
     print(server.listening_address, flush=True)
     sys.stdin.read()
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after CHILD_STOP_S; reaped either way (service_process.stop)."""
+    try:
+        service_process.stop(process, timeout=CHILD_STOP_S)
+    except subprocess.TimeoutExpired:
+        pass  # killed and reaped
 
 
 def _child_environment() -> dict[str, str]:
@@ -272,13 +290,28 @@ class LlamaAlone:
         self.process: subprocess.Popen | None = None
         self.base_url = ""
 
-    def __enter__(self) -> "LlamaAlone":
+    def command(self) -> list[str]:
         code = (f"from s2t.bench.scenarios.llm import serve_llama_alone; serve_llama_alone({str(packaged_model_path())!r}, "
-                f"{self.engine['threads']}, {self.engine['slots']}, {self.engine['context_per_slot']}, "
-                f"{self.engine['prompt_cache_mib']})")
-        self.process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                + ", ".join(str(self.engine[key]) for key in ENGINE_PARAMETERS) + ")")
+        return [sys.executable, "-c", code]
+
+    def __enter__(self) -> "LlamaAlone":
+        self.process = subprocess.Popen(self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         env=_child_environment(), text=True)
-        address = self.process.stdout.readline().strip()
+        first_line: queue.Queue[str] = queue.Queue()
+
+        def read() -> None:
+            # The first line is the address; the rest is read and dropped, so a chatty server never fills the pipe.
+            for number, line in enumerate(self.process.stdout):
+                if number == 0:
+                    first_line.put(line)
+            first_line.put("")
+
+        threading.Thread(target=read, name="llama.cpp stdout", daemon=True).start()
+        try:
+            address = first_line.get(timeout=LLAMA_START_S).strip()
+        except queue.Empty:
+            address = f"nothing within {LLAMA_START_S:.0f} s"
         if not address.startswith("http"):
             self.__exit__()
             raise RuntimeError(f"llama.cpp's server did not start (it printed {address!r})")
@@ -287,12 +320,8 @@ class LlamaAlone:
 
     def __exit__(self, *exc) -> None:
         if self.process is not None:
-            self.process.stdin.close()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+            self.process.stdin.close()  # its serve loop ends when stdin closes
+            _stop(self.process)
 
     def cpu(self) -> dict[str, float]:
         return {"llama.cpp server": cpu_seconds(self.process.pid)}
@@ -329,12 +358,7 @@ class OpenAIApi:
 
     def __exit__(self, *exc) -> None:
         if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+            _stop(self.process)
 
     def cpu(self) -> dict[str, float]:
         triton = self.server.process.pid
@@ -536,7 +560,8 @@ def _comparison_markdown(comparison: dict) -> list[str]:
     verdict = "every acceptance line met" if comparison["accepted"] else "NOT every acceptance line met"
     engine = comparison["engine"]
     lines = [f"`s2t serve --llm`'s OpenAI API against llama.cpp's own OpenAI server (same GGUF, {engine['threads']} "
-             f"thread(s), {engine['slots']} slots, {engine['context_per_slot']} tokens per slot), both through the "
+             f"thread(s), {engine['slots']} slots, {engine['context_per_slot']} tokens per slot, prompt steps of "
+             f"{engine.get('prompt_step_tokens', 'n/a')} tokens), both through the "
              f"openai SDK, streaming, greedy, mixed-length chat requests, max_tokens {comparison['max_tokens']}, "
              f"{comparison['rounds_per_side']} rounds per side taken in turns: **{verdict}**.", "",
              "| point | side | output tokens/s | TTFT p50 / p95 (ms) | CPU us per token (by process) | errors |",

@@ -1,8 +1,12 @@
+import sys
+import time
+
 import pytest
 
 from s2t.clients.llm_client import StreamResult
 from s2t import triton_config
 from s2t.bench.harness import latency
+from s2t.bench.scenarios import llm
 from s2t.bench.scenarios.llm import _engine_parameters, _llm_repository, _percentile, _summary, percentile
 from tests.conftest import LLM_REPOSITORY
 
@@ -41,7 +45,46 @@ def test_llama_alone_gets_the_engine_settings_of_the_config(tmp_path):
     engine = _engine_parameters(LLM_REPOSITORY)
     parameters = triton_config.load(LLM_REPOSITORY / "llm").parameters
     assert engine == {key: int(parameters[key].string_value)
-                      for key in ("threads", "slots", "context_per_slot", "prompt_cache_mib")}
+                      for key in ("threads", "slots", "context_per_slot", "prompt_cache_mib", "prompt_step_tokens")}
+
+
+class _Child(llm.LlamaAlone):
+    """LlamaAlone's handling of its child, with a child that needs no model: `script` in place of llama.cpp."""
+
+    def __init__(self, script: str):
+        super().__init__({})
+        self.script = script
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", self.script]
+
+
+# Its address, then far more than a pipe holds, then a mark that it got past it, then serving until stdin closes.
+CHATTY = ("import sys\nprint('http://127.0.0.1:9', flush=True)\n"
+          "for _ in range(20000):\n    print('x' * 100)\nsys.stdout.flush()\n"
+          "open(sys.argv[1], 'w').close()\nsys.stdin.read()\n")
+
+
+def test_llama_alone_keeps_reading_a_chatty_child_and_stops_it(tmp_path):
+    mark = tmp_path / "past the output"
+    child = _Child(CHATTY)
+    child.command = lambda: [sys.executable, "-c", CHATTY, str(mark)]
+    with child:
+        assert child.base_url == "http://127.0.0.1:9/v1"
+        deadline = time.monotonic() + 20
+        while not mark.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mark.exists() and child.process.poll() is None  # never blocked on a full pipe; serving
+    assert child.process.returncode is not None
+
+
+def test_llama_alone_gives_up_on_a_child_that_says_nothing_within_its_deadline(monkeypatch):
+    monkeypatch.setattr(llm, "LLAMA_START_S", 0.5)
+    child = _Child("import time\ntime.sleep(60)\n")
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match="did not start"):
+        child.__enter__()
+    assert time.monotonic() - began < 30 and child.process.returncode is not None
 
 
 def test_the_summary_counts_tokens_ttft_and_gaps_from_the_event_times():
