@@ -165,8 +165,11 @@ def with_source_root(model_py: str, root: Path) -> str:
     has imported this checkout's `s2t` before any model.py runs, and a package already imported finds its
     submodules in its own folder, whatever the path says). The backend's own glue (s2t/backends/runtime/inprocess.py,
     loaded before any model) stays this checkout's: a request the revision's model refuses is answered INTERNAL,
-    not INVALID_ARG (its error classes are the revision's), so rev sides measure valid records."""
+    not INVALID_ARG (its error classes are the revision's), so rev sides measure valid records. This checkout's
+    finder of s2t.backends and s2t.clients (s2t/__init__.py: the top-level backends/ and clients/) goes too, or it
+    would hand out this checkout's code under the revision's names; a revision of that layout installs its own."""
     return (f"import sys; sys.path.insert(0, {str(root)!r})\n"
+            f"sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, '__name__', '') != '_CheckoutPackages']\n"
             f"for _name in [m for m in sys.modules if m.split('.')[0] in {tuple(PROJECT_PACKAGES)!r}]:\n"
             f"    del sys.modules[_name]\n" + model_py)
 

@@ -115,15 +115,36 @@ def test_another_revisions_code_is_imported_though_this_checkouts_package_alread
         (tmp_path / package / "__init__.py").write_text("")
     (tmp_path / "s2t" / "backends" / "records" / "record_decoder.py").write_text("WHERE = 'revision'\n")
     source = cpu_cost.with_source_root("from s2t.backends.records.record_decoder import WHERE\n", tmp_path)
+    assert _run_model_py(source)["WHERE"] == "revision"
+
+
+def _run_model_py(source: str) -> dict:
     namespace: dict = {}
-    saved_path, saved_modules = list(sys.path), dict(sys.modules)
+    saved_path, saved_modules, saved_finders = list(sys.path), dict(sys.modules), list(sys.meta_path)
     try:
         exec(compile(source, "model.py", "exec"), namespace)
     finally:
         sys.path[:] = saved_path
+        sys.meta_path[:] = saved_finders
         sys.modules.clear()
         sys.modules.update(saved_modules)
-    assert namespace["WHERE"] == "revision"
+    return namespace
+
+
+def test_a_revision_with_top_level_backends_is_imported_through_its_own_finder(tmp_path):
+    """A revision laid out as this checkout is (backends/ beside s2t/, mapped by s2t/__init__.py): its
+    s2t.backends is its own backends/, not this checkout's."""
+    import s2t
+    import s2t.backends.records.record_decoder
+    (tmp_path / "s2t").mkdir()
+    (tmp_path / "s2t" / "__init__.py").write_text(Path(s2t.__file__).read_text())
+    (tmp_path / "setup.py").write_text("")
+    for package in ("backends", "clients", "backends/records"):
+        (tmp_path / package).mkdir(parents=True, exist_ok=True)
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "backends" / "records" / "record_decoder.py").write_text("WHERE = 'revision'\n")
+    source = cpu_cost.with_source_root("from s2t.backends.records.record_decoder import WHERE\n", tmp_path)
+    assert _run_model_py(source)["WHERE"] == "revision"
 
 
 def test_a_revisions_code_carries_the_generated_wire_format_which_git_does_not_hold(tmp_path):
