@@ -19,17 +19,18 @@ from s2t.backends.llm.generation_request import GenerationRequest
 
 class LiveStreams:
     """The streams not answered yet. A request waiting for a slot, or whose prompt is being evaluated, sends
-    nothing, so nothing would notice that its client has gone: `sweep` (run by the outbox, the one thread that
-    talks to Triton, every CANCEL_POLL_S) checks each, and `recheck` (RECHECK_AFTER_S after a sweep) asks again
-    about those it probed, since Triton learns of a gone HTTP client from the probe itself. `on_cancel` (the
-    engine's wake-up) is called when a sweep finds clients gone, so their requests leave the queue at once. Bounded
-    by the engine's queue and slots."""
+    nothing, so nothing would notice that its client has gone: `tick` (run by the outbox, the one thread that talks
+    to Triton, every TICK_S) checks each every CANCEL_POLL_S, and those still waiting for their first token in their
+    first YOUNG_S every tick: a flood of clients that leave at once leaves the queue about when they do, and the
+    queue's places stay free for the clients that stay. `on_cancel` (the engine's wake-up) is called when a check
+    finds clients gone, so their requests leave the queue at once. Bounded by the engine's queue and slots."""
 
-    def __init__(self, on_cancel: Callable[[], None] | None = None):
+    def __init__(self, on_cancel: Callable[[], None] | None = None, clock: Callable[[], float] = time.monotonic):
         self._lock = threading.Lock()
         self._streams: set[GenerationStream] = set()
-        self._probed: list[GenerationStream] = []
         self._on_cancel = on_cancel
+        self._clock = clock
+        self._last_sweep = clock()
 
     def __len__(self) -> int:
         return len(self._streams)
@@ -53,35 +54,38 @@ class LiveStreams:
             raise
 
     def sweep(self) -> None:
+        """Every live stream checked."""
+        self._check(lambda stream: True)
+
+    def tick(self) -> None:
+        now = self._clock()
+        if now - self._last_sweep >= CANCEL_POLL_S:
+            self._last_sweep = now
+            self.sweep()
+        else:
+            self._check(lambda stream: stream.timing.first_token is None and now - stream.timing.started < YOUNG_S)
+
+    def _check(self, which: Callable[["GenerationStream"], bool]) -> None:
         with self._lock:
-            streams = [stream for stream in self._streams if not stream.cancelled.is_set()]
-        self._probed = [stream for stream in streams if stream.check_client()]
-        self._wake_if_cancelled(streams)
-
-    def recheck(self) -> None:
-        """The streams the last sweep probed, asked about again: by now Triton has tried to send the probe."""
-        probed, self._probed = self._probed, []
-        for stream in probed:
-            stream.check_client(probe=False)
-        self._wake_if_cancelled(probed)
-
-    def _wake_if_cancelled(self, checked: list["GenerationStream"]) -> None:
-        if self._on_cancel is not None and any(stream.cancelled.is_set() for stream in checked):
+            streams = [stream for stream in self._streams if not stream.cancelled.is_set() and which(stream)]
+        for stream in streams:
+            stream.check_client()
+        if self._on_cancel is not None and any(stream.cancelled.is_set() for stream in streams):
             self._on_cancel()
 
 
-# Seconds between two sweeps: a request whose client has gone leaves the queue well within 1 s.
+# Seconds between two checks of every live stream.
 CANCEL_POLL_S = 0.25
+# Seconds between two checks of the streams that came less than YOUNG_S ago and have had no token yet.
+TICK_S = 0.05
+YOUNG_S = 1.0
 # A stream without a token this long after it came is probed (an empty text_output): Triton 2.51's HTTP endpoint
-# reads nothing from a generate_stream connection until the request's first response, so only then does it see a
-# client that has gone (the HTTP front closes its connection to Triton the moment its client leaves). A short
-# request has its first token before this and is never probed; one that waits is, soon enough that an abandoned
-# one leaves the queue about when its client does.
+# reads nothing from a generate_stream connection until the request's first response, so only from then on does it
+# see a client that has gone (at once: the HTTP front closes its connection to Triton the moment its client
+# leaves). A short request has its first token before this and is never probed.
 FIRST_PROBE_AFTER_S = 0.1
 # Then again every this long while no token comes (for whatever sits between Triton and the client).
 PROBE_AFTER_S = 0.5
-# After a sweep, the streams it probed are asked about again this much later (Triton has seen the probe by then).
-RECHECK_AFTER_S = 0.03
 # While tokens flow, the client is asked about at most this often: each ask is a round trip to the server process
 # (about 0.1 ms of the outbox's time per token, the one thread that sends every stream's tokens), and a token comes
 # every ~12 ms. A client that leaves is still seen within this, well inside the sweep's own interval.
@@ -110,24 +114,22 @@ class GenerationStream:
         self._unsent: list[tuple[str, float]] = []
         self._unsent_lock = threading.Lock()
 
-    def check_client(self, probe: bool = True) -> bool:
-        """Marks the stream cancelled when its client has gone; True when it sent a probe. Triton 2.51 reports a
+    def check_client(self) -> None:
+        """Marks the stream cancelled when its client has gone. Triton 2.51 reports a
         gRPC client's cancellation at once, but an HTTP (generate_stream) client's disconnection only once the
         request has had a response: a stream still waiting for its first token is sent an empty text_output as a
         probe (clients skip empty text, as they do with Triton's LLM backends)."""
         if self.cancelled.is_set():
-            return False
+            return
         if self.client_cancelled():
             self.cancelled.set()
-            return False
+            return
         now = self.clock()
         due = self.timing.started + FIRST_PROBE_AFTER_S if self.last_probe is None else \
             self.last_probe + PROBE_AFTER_S
-        if probe and self.generation.stream and self.timing.first_token is None and now >= due:
+        if self.generation.stream and self.timing.first_token is None and now >= due:
             self.last_probe = now
             self.sender.send([self._text("")])
-            return True
-        return False
 
     def job(self) -> Job:
         return Job(self.generation, self.prompt_tokens, self._on_token, self._on_finish, self.cancelled.is_set)

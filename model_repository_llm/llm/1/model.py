@@ -13,7 +13,7 @@ from s2t.backends.runtime.serving_errors import INVALID, UNAVAILABLE, Unavailabl
 from s2t.backends.llm.engine import LlmEngine, LlmModelSettings, QueueFull
 from s2t.backends.llm.stream_timing import LlmMetrics
 from s2t.backends.llm.generation_request import INPUTS, check_prompt_tokens, parse_generation
-from s2t.backends.llm.token_stream import CANCEL_POLL_S, RECHECK_AFTER_S, GenerationStream, LiveStreams
+from s2t.backends.llm.token_stream import TICK_S, GenerationStream, LiveStreams
 from s2t.backends.llm.version_settings import version_parameters
 from s2t.backends.runtime.triton_glue import Glue, ModelArgs
 
@@ -66,11 +66,20 @@ class TritonPythonModel:
             self._outbox.put(self._report)
 
     def _sweep_loop(self):
-        while not self._stopping.wait(CANCEL_POLL_S - RECHECK_AFTER_S):
-            self._outbox.put(self._live.sweep)
-            if self._stopping.wait(RECHECK_AFTER_S):
-                break
-            self._outbox.put(self._live.recheck)
+        # One tick queued at a time: an outbox that falls behind is not handed a pile of them.
+        ticked = threading.Event()
+        ticked.set()
+
+        def tick():
+            try:
+                self._live.tick()
+            finally:
+                ticked.set()
+
+        while not self._stopping.wait(TICK_S):
+            if ticked.is_set():
+                ticked.clear()
+                self._outbox.put(tick)
 
     def _report(self):
         self._metrics.engine(self._engine.queue_depth, self._engine.active)

@@ -8,8 +8,8 @@ import pytest
 from s2t.backends.runtime.decoupled_sender import StreamSender
 from s2t.backends.llm.stream_timing import LlmMetrics
 from s2t.backends.llm.generation_request import GenerationRequest
-from s2t.backends.llm.token_stream import (CLIENT_CHECK_S, FIRST_PROBE_AFTER_S, PROBE_AFTER_S, GenerationStream,
-                                          LiveStreams)
+from s2t.backends.llm.token_stream import (CANCEL_POLL_S, CLIENT_CHECK_S, FIRST_PROBE_AFTER_S, PROBE_AFTER_S, TICK_S,
+                                          YOUNG_S, GenerationStream, LiveStreams)
 from tests.unit import python_backend as backend
 from tests.unit.fake_clock import Clock
 
@@ -85,33 +85,51 @@ def test_a_waiting_stream_is_first_probed_soon_after_it_comes_then_once_per_inte
     # early, so an abandoned request leaves the queue about when its client does.
     made, sender = stream_of(clock, [False])
     clock.now += FIRST_PROBE_AFTER_S / 2
-    assert made.check_client() is False and sender.sent == []
+    made.check_client()
+    assert sender.sent == []
     clock.now += FIRST_PROBE_AFTER_S / 2
-    assert made.check_client() is True and texts(sender) == [""]
+    made.check_client()
+    assert texts(sender) == [""]
     clock.now += PROBE_AFTER_S / 2
-    assert made.check_client() is False and texts(sender) == [""]
+    made.check_client()
+    assert texts(sender) == [""]
     clock.now += PROBE_AFTER_S / 2
-    assert made.check_client() is True and texts(sender) == ["", ""]
+    made.check_client()
+    assert texts(sender) == ["", ""]
 
 
-def test_the_recheck_asks_again_about_the_streams_just_probed_and_wakes_the_engine_once_some_left(clock):
-    wakes = []
-    live = LiveStreams(on_cancel=lambda: wakes.append(clock.now))
+def test_each_tick_checks_the_young_waiting_streams_and_a_sweep_all_and_a_gone_client_wakes_the_engine(clock):
+    wakes, asked = [], []
+    live = LiveStreams(on_cancel=lambda: wakes.append(clock.now), clock=clock)
+
+    def watched(name, gone):
+        made = stream_of(clock, gone, live=live)[0]
+        client_cancelled = made.client_cancelled
+        made.client_cancelled = lambda: asked.append(name) or client_cancelled()
+        live.add(made)
+        return made
+
+    old = watched("old", [False])
+    clock.now += YOUNG_S
     gone = [False]
-    waiting = stream_of(clock, gone, live=live)[0]
-    streaming = stream_of(clock, [False], live=live)[0]
+    young = watched("young", gone)
+    streaming = watched("streaming", [False])
     streaming.timing.token(clock.now)
-    live.add(waiting)
-    live.add(streaming)
-    clock.now += FIRST_PROBE_AFTER_S
-    live.sweep()
-    assert wakes == [] and not waiting.cancelled.is_set()
-    gone[0] = True  # Triton saw the client gone when it sent the probe
-    live.recheck()
-    assert waiting.cancelled.is_set() and not streaming.cancelled.is_set() and len(wakes) == 1
-    live.recheck()
-    live.sweep()
-    assert len(wakes) == 1, "a stream already cancelled does not wake the engine again"
+    live.tick()  # a whole sweep is due: the first since the old stream came
+    assert sorted(asked) == ["old", "streaming", "young"]
+    asked.clear()
+    clock.now += TICK_S
+    live.tick()
+    assert asked == ["young"] and wakes == []
+    gone[0] = True
+    clock.now += TICK_S
+    live.tick()
+    assert young.cancelled.is_set() and len(wakes) == 1
+    asked.clear()
+    clock.now += CANCEL_POLL_S
+    live.tick()
+    assert sorted(asked) == ["old", "streaming"] and len(wakes) == 1, "a cancelled stream is not asked about again"
+    assert not old.cancelled.is_set() and not streaming.cancelled.is_set()
 
 
 def test_a_submitted_stream_is_live_until_it_finishes_and_one_the_engine_refuses_is_not_kept(clock):
