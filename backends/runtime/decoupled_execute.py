@@ -1,5 +1,5 @@
 """A decoupled python model's `execute`: a whole call taken in at once (`take_in`) or each request with its own
-StreamSender (`each_stream`), every request answered even when the handler fails, sent from one outbox thread."""
+StreamSender (`each_stream`), every request answered even when the handler fails, sent through the model's outbox one at a time."""
 from __future__ import annotations
 
 import functools
@@ -30,7 +30,7 @@ class DecoupledExecute:
         sender.send(response, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
 
     def outbox(self) -> Outbox:
-        """The one thread that sends a decoupled model's responses (Triton 2.51 aborts the server when several
+        """What sends a decoupled model's responses, one task at a time (Triton 2.51 aborts the server when several
         threads send at once)."""
         return Outbox(self.pb.Logger.log_error, f"{self.name}-outbox")
 
