@@ -1,7 +1,7 @@
 """One generation request answered as Triton's LLM backends answer it: each token as a partial response (or all of
 them at the end when `stream` is false), then a final response with the whole text, the token counts and the finish
-reason, or a final error. The engine calls back from its own thread; every send goes through the outbox, the only
-thread that talks to Triton. `tensor` is pb_utils.Tensor (handed in: nothing here imports Triton)."""
+reason, or a final error. The engine calls back from its own thread; every send goes through the outbox, which lets
+one task at a time talk to Triton. `tensor` is pb_utils.Tensor (handed in: nothing here imports Triton)."""
 from __future__ import annotations
 
 import threading
