@@ -34,7 +34,7 @@ from pathlib import Path
 from s2t.errors import S2TError
 from s2t.serve import restricted_apis, server_hook
 from s2t.serve.http_front import CUSTOM_REQUEST_PARAMETERS
-from s2t.serve.keeper import die_with_parent
+from s2t.serve.parent_death import die_with_parent
 from s2t.serve.serve_options import (GRPC_FRONT_MAX_CALLS, GRPC_FRONT_MESSAGE_SECONDS,
                                      GRPC_FRONT_STREAM_IDLE_SECONDS)
 

@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from s2t.serve import hidden_args, leftovers, restricted_apis
+from s2t.serve.parent_death import die_with_parent
 from s2t.serve.healing import STATE_FILE, HangSettings, SupervisorState, doubling_delay
 from s2t.serve.restricted_apis import restrict
 from s2t.control.version_store import VersionStore
 from s2t.triton_admin import ADMIN_KEY_ENV, TritonAdmin, wait_until_ready
 
-PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PR_GET_CHILD_SUBREAPER = 37
 # How often the orphan reaper looks for zombies among this process's children.
@@ -56,12 +56,6 @@ OPENAI_MODEL = "llm"
 DEFAULT_OPENAI_PORT = 9000
 # Triton's options that place its own endpoints: with the fronts the keeper sets them, whatever the command said.
 ENDPOINT_OPTIONS = ("--http-address=", "--http-port=", "--grpc-address=", "--grpc-port=")
-
-
-def die_with_parent() -> None:
-    """In the child before exec: SIGTERM (a draining stop) when the process that started it dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def server_environment(env: dict[str, str]) -> dict[str, str]:
