@@ -209,14 +209,17 @@ OPENAI_MAX_TOKENS = 48
 QUICK_OPENAI_MAX_TOKENS = 12
 # Mixed-length chat requests: short questions, a paragraph, a loan file. Each request's text starts with its own
 # number, so that no request finds its prompt in a slot's cache (both sides reuse cached prefixes the same way).
-CHAT_PROMPTS = (
-    "What is credit risk?",
-    "Summarise this loan file in one line: " + "The applicant has repaid every previous loan on time. " * 4,
-    "Name three colours.",
-    "Summarise this loan file in one line: " + "The applicant has repaid every previous loan on time. " * 16,
-    "Why do banks ask for collateral?",
-    "Explain an interest rate to a child, in two sentences.",
-)
+def chat_prompts(paragraph: int = 4, loan_file: int = 16) -> tuple[str, ...]:
+    """The mixed-length prompts, the loan files `paragraph` and `loan_file` sentences long."""
+    sentence = "The applicant has repaid every previous loan on time. "
+    return ("What is credit risk?", "Summarise this loan file in one line: " + sentence * paragraph,
+            "Name three colours.", "Summarise this loan file in one line: " + sentence * loan_file,
+            "Why do banks ask for collateral?", "Explain an interest rate to a child, in two sentences.")
+
+
+CHAT_PROMPTS = chat_prompts()
+# The quick plan proves the machinery: on one thread the long prompts' evaluation is most of a burst's time.
+QUICK_CHAT_PROMPTS = chat_prompts(1, 4)
 BURST_SIZE = 16
 # In a burst the long prompts are sent first, the rest just after (the order length-aware admission is built for).
 BURST_LONG = 4
@@ -398,17 +401,18 @@ class _Numbered:
 
 
 def _closed_loop(client, model: str, streams: int, requests_per_stream: int, numbered: _Numbered,
-                 max_tokens: int = OPENAI_MAX_TOKENS) -> list[dict]:
+                 max_tokens: int = OPENAI_MAX_TOKENS, prompts: tuple[str, ...] = CHAT_PROMPTS) -> list[dict]:
     def stream(i: int) -> list[dict]:
-        return [_chat(client, model, numbered(CHAT_PROMPTS[(i + k) % len(CHAT_PROMPTS)]), max_tokens)
+        return [_chat(client, model, numbered(prompts[(i + k) % len(prompts)]), max_tokens)
                 for k in range(requests_per_stream)]
     with ThreadPoolExecutor(streams) as pool:
         return [r for batch in pool.map(stream, range(streams)) for r in batch]
 
 
-def _burst(client, model: str, numbered: _Numbered, max_tokens: int = OPENAI_MAX_TOKENS) -> list[dict]:
-    longest = max(CHAT_PROMPTS, key=len)
-    others = [p for p in CHAT_PROMPTS if p != longest]
+def _burst(client, model: str, numbered: _Numbered, max_tokens: int = OPENAI_MAX_TOKENS,
+           prompts: tuple[str, ...] = CHAT_PROMPTS) -> list[dict]:
+    longest = max(prompts, key=len)
+    others = [p for p in prompts if p != longest]
     with ThreadPoolExecutor(BURST_SIZE) as pool:
         futures = [pool.submit(_chat, client, model, numbered(longest), max_tokens) for _ in range(BURST_LONG)]
         time.sleep(BURST_GAP_S)
@@ -467,11 +471,12 @@ def openai_comparison(server: TritonServer, engine: dict[str, int], quick: bool,
     import openai
 
     rounds = 1 if quick else 3
-    # The quick plan proves the machinery: shorter answers, one request per stream at 4 streams.
+    # The quick plan proves the machinery: shorter prompts and answers, one request per stream at 4 streams.
     tokens = QUICK_OPENAI_MAX_TOKENS if quick else OPENAI_MAX_TOKENS
-    plans = {"c=1": lambda c, m, n: _closed_loop(c, m, 1, 2 if quick else 6, n, tokens),
-             "c=4": lambda c, m, n: _closed_loop(c, m, 4, 1 if quick else 4, n, tokens),
-             "burst of 16": lambda c, m, n: _burst(c, m, n, tokens)}
+    prompts = QUICK_CHAT_PROMPTS if quick else CHAT_PROMPTS
+    plans = {"c=1": lambda c, m, n: _closed_loop(c, m, 1, 2 if quick else 6, n, tokens, prompts),
+             "c=4": lambda c, m, n: _closed_loop(c, m, 4, 1 if quick else 4, n, tokens, prompts),
+             "burst of 16": lambda c, m, n: _burst(c, m, n, tokens, prompts)}
     begin("openai vs llama.cpp: servers starting")
     with LlamaAlone(engine) as alone, OpenAIApi(server) as api:
         sides = {"llama.cpp": (alone, openai.OpenAI(base_url=alone.base_url, api_key="none", max_retries=0), "llm"),
