@@ -208,9 +208,22 @@ class SkillGateway:
         self.windows_in_flight = windows_in_flight
 
     async def score(self, requests, context) -> bytes:
-        admission = self.admission.admit(context.peer())
+        answer = await self._answer(requests, context.peer())
+        if isinstance(answer, bytes):
+            return answer
+        # grpc.aio keeps the AbortError on the call, and the error's traceback keeps every frame it leaves: a frame
+        # still holding the call's context (or its request stream) would make a cycle that only the garbage
+        # collector frees. The abort is made, then raised from a frame that no longer holds them.
+        aborting = _abort(context, answer)
+        del context, requests
+        await aborting
+
+    async def _answer(self, requests, caller: str) -> bytes | CallRefused:
+        """The serialized SkillBatchResult, or why the call is refused (a CallRefused that was not raised, or was
+        raised and no longer carries its traceback)."""
+        admission = self.admission.admit(caller)
         if admission.refused is not None:
-            await _abort(context, _refused(admission.refused))
+            return _refused(admission.refused)
         if admission.reclaimed is not None:
             _end(admission.reclaimed)
         ticket = admission.ticket
@@ -221,13 +234,13 @@ class SkillGateway:
             if ticket.ending is None:  # the caller went away, or the server stops: nothing to answer
                 raise
             asyncio.current_task().uncancel()
-            refused = _refused(ticket.ending)
+            return _refused(ticket.ending)
         except CallRefused as err:
-            refused = err
+            # Its traceback holds this frame, which would hold it: a cycle kept until the garbage collector's turn.
+            return err.with_traceback(None)
         finally:
             # Before the answer leaves: the caller's next call finds the slot free.
             self.admission.release(ticket)
-        await _abort(context, refused)
 
     async def _score(self, requests, ticket: Ticket) -> bytes:
         limits, size, admission = self.limits, self.window_size, self.admission
@@ -292,9 +305,10 @@ def _end(ticket: Ticket) -> None:
         task.cancel()
 
 
-async def _abort(context, refused: CallRefused) -> None:
+def _abort(context, refused: CallRefused) -> Awaitable[None]:
+    """`context.abort(...)` not yet awaited: this frame has ended before the abort raises."""
     metadata = () if refused.retry_after_s is None else (("retry-after-ms", str(int(refused.retry_after_s * 1000))),)
-    await context.abort(refused.code, refused.details, trailing_metadata=metadata)
+    return context.abort(refused.code, refused.details, trailing_metadata=metadata)
 
 
 class GatewayServer:

@@ -78,11 +78,17 @@ class TritonInfer:
         done, _ = await asyncio.wait((call,), timeout=self.timeout_s)
         if not done:
             raise NotAnsweredInTime(f"Triton did not answer within {self.timeout_s:g} s")
+        # Read, not raised here: raised through this frame, the call's error would hold it in its traceback while
+        # the frame holds the call that holds the error, a cycle left to the garbage collector.
+        failure = call.exception()
+        if failure is None:
+            return answers(call.result(), len(payloads))
+        if isinstance(failure, grpc.aio.AioRpcError):
+            raise of_kind(error_kind(failure.code()), failure.details() or str(failure.code()))
         try:
-            reply = call.result()
-        except grpc.aio.AioRpcError as err:
-            raise of_kind(error_kind(err.code()), err.details() or str(err.code())) from None
-        return answers(reply, len(payloads))
+            raise failure
+        finally:
+            del failure, call, done
 
     async def max_batch_size(self) -> int:
         """The served model's `max_batch_size`, from Triton (0: the model does not batch)."""
