@@ -311,8 +311,9 @@ def run(url: str, route: str, bodies: Path, rate: float, seconds: float, connect
 
     host, _, port = url.removeprefix("http://").rpartition(":")
     proc = subprocess.run([sys.executable, "-m", "s2t.bench.load.open_loop", "--host", host or "127.0.0.1",
-                           "--port", port, "--route", route, "--bodies", str(bodies), "--rate", f"{rate:g}",
-                           "--seconds", f"{seconds:g}", "--connections", str(connections), "--warmup", f"{warmup_s:g}"],
+                           "--port", port, "--route", route, "--bodies", str(bodies), "--rate", repr(float(rate)),
+                           "--seconds", repr(float(seconds)), "--connections", str(connections),
+                           "--warmup", repr(float(warmup_s))],
                           capture_output=True, text=True, timeout=seconds + warmup_s + 60)
     if proc.returncode != 0:
         raise RuntimeError(f"the open-loop generator failed ({proc.returncode}): {proc.stderr[-2000:]}")
