@@ -388,7 +388,8 @@ def _chat(client, model: str, prompt: str, max_tokens: int = OPENAI_MAX_TOKENS) 
 
 
 class _Numbered:
-    """Each request's prompt, numbered so that none is found in a slot's cache."""
+    """Each request's prompt, numbered so that none is found in a slot's cache. One per side: with greedy decoding an
+    answer's length follows its prompt, number included, so both sides must be sent the same numbered prompts."""
 
     def __init__(self):
         self._count = 0
@@ -400,11 +401,19 @@ class _Numbered:
             return f"({self._count}) {text}"
 
 
+def _closed_loop_prompts(streams: int, requests_per_stream: int, numbered: _Numbered,
+                         prompts: tuple[str, ...] = CHAT_PROMPTS) -> list[list[str]]:
+    """Each stream's prompts, numbered in one order before any is sent (the streams' threads would number them in
+    whatever order they ran)."""
+    return [[numbered(prompts[(i + k) % len(prompts)]) for k in range(requests_per_stream)] for i in range(streams)]
+
+
 def _closed_loop(client, model: str, streams: int, requests_per_stream: int, numbered: _Numbered,
                  max_tokens: int = OPENAI_MAX_TOKENS, prompts: tuple[str, ...] = CHAT_PROMPTS) -> list[dict]:
+    texts = _closed_loop_prompts(streams, requests_per_stream, numbered, prompts)
+
     def stream(i: int) -> list[dict]:
-        return [_chat(client, model, numbered(prompts[(i + k) % len(prompts)]), max_tokens)
-                for k in range(requests_per_stream)]
+        return [_chat(client, model, text, max_tokens) for text in texts[i]]
     with ThreadPoolExecutor(streams) as pool:
         return [r for batch in pool.map(stream, range(streams)) for r in batch]
 
@@ -481,9 +490,9 @@ def openai_comparison(server: TritonServer, engine: dict[str, int], quick: bool,
     with LlamaAlone(engine) as alone, OpenAIApi(server) as api:
         sides = {"llama.cpp": (alone, openai.OpenAI(base_url=alone.base_url, api_key="none", max_retries=0), "llm"),
                  "s2t": (api, openai.OpenAI(base_url=api.base_url, api_key="none", max_retries=0), "llm")}
-        numbered = _Numbered()
-        for _, client, model in sides.values():
-            _chat(client, model, numbered("Say hello."))  # connections opened, templates loaded, caches warm
+        numbered = {side: _Numbered() for side in SIDES}
+        for side, (_, client, model) in sides.items():
+            _chat(client, model, numbered[side]("Say hello."))  # connections opened, templates loaded, caches warm
         points = {}
         for label, plan in plans.items():
             begin(f"openai vs llama.cpp: {label}")
@@ -493,7 +502,7 @@ def openai_comparison(server: TritonServer, engine: dict[str, int], quick: bool,
                 process, client, model = sides[side]
                 with watch.round(f"openai {label} {side}"):
                     cpu_before, began = process.cpu(), time.monotonic()
-                    results = plan(client, model, numbered)
+                    results = plan(client, model, numbered[side])
                     wall, cpu_after = time.monotonic() - began, process.cpu()
                 taken[side].append((results, wall, {k: cpu_after[k] - cpu_before[k] for k in cpu_after}))
             points[label] = {side: _side_figures(taken[side]) for side in SIDES}

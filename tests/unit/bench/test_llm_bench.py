@@ -95,3 +95,13 @@ def test_the_summary_counts_tokens_ttft_and_gaps_from_the_event_times():
     assert summary["errors"] == 1 and summary["output_tokens"] == 3 and summary["tokens_per_s"] == 3.0
     assert summary["ttft_p50_s"] == 0.5
     assert summary["itl_p95_s"] == pytest.approx(latency.percentile([0.02, 0.04], 95))  # the two gaps between the three tokens
+
+
+def test_both_sides_are_sent_the_same_numbered_prompts_in_every_plan():
+    # Greedy answers follow the prompt, its number included: one counter per side, numbered before any is sent.
+    sides = {side: llm._Numbered() for side in llm.SIDES}
+    sent = {side: [numbered("Say hello.")] + [p for stream in llm._closed_loop_prompts(4, 3, numbered) for p in stream]
+            for side, numbered in sides.items()}
+    first, second = (sent[side] for side in llm.SIDES)
+    assert first == second and len(set(first)) == len(first) == 13
+    assert llm._closed_loop_prompts(2, 2, llm._Numbered(), ("a", "b", "c")) == [["(1) a", "(2) b"], ["(3) b", "(4) c"]]
