@@ -65,6 +65,24 @@ class LiveStreams:
         else:
             self._check(lambda stream: stream.timing.first_token is None and now - stream.timing.started < YOUNG_S)
 
+    def run_ticks(self, put: Callable[[Callable[[], None]], None], stopping: threading.Event,
+                  every_s: float | None = None) -> None:
+        """Hands `tick` to `put` (the outbox's) every `every_s` (TICK_S) until `stopping` is set, one at a time: an
+        outbox that falls behind is not handed a pile of them."""
+        ticked = threading.Event()
+        ticked.set()
+
+        def tick():
+            try:
+                self.tick()
+            finally:
+                ticked.set()
+
+        while not stopping.wait(every_s or TICK_S):
+            if ticked.is_set():
+                ticked.clear()
+                put(tick)
+
     def _check(self, which: Callable[["GenerationStream"], bool]) -> None:
         with self._lock:
             streams = [stream for stream in self._streams if not stream.cancelled.is_set() and which(stream)]

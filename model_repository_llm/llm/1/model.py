@@ -13,7 +13,7 @@ from s2t.backends.runtime.serving_errors import INVALID, UNAVAILABLE, Unavailabl
 from s2t.backends.llm.engine import LlmEngine, LlmModelSettings, QueueFull
 from s2t.backends.llm.stream_timing import LlmMetrics
 from s2t.backends.llm.generation_request import INPUTS, check_prompt_tokens, parse_generation
-from s2t.backends.llm.token_stream import TICK_S, GenerationStream, LiveStreams
+from s2t.backends.llm.token_stream import GenerationStream, LiveStreams
 from s2t.backends.llm.version_settings import version_parameters
 from s2t.backends.runtime.triton_glue import Glue, ModelArgs
 
@@ -38,7 +38,8 @@ class TritonPythonModel:
         self._live = LiveStreams(on_cancel=self._engine.wake)
         self._stopping = threading.Event()
         threading.Thread(target=self._report_loop, name="llm-metrics", daemon=True).start()
-        threading.Thread(target=self._sweep_loop, name="llm-cancel-sweep", daemon=True).start()
+        threading.Thread(target=self._live.run_ticks, args=(self._outbox.put, self._stopping), name="llm-cancel-sweep",
+                         daemon=True).start()
 
     def _refuse(self, sender, err):
         self._outbox.put(lambda: (sender.refuse(err), self._metrics.request(REFUSED.get(err.kind, "failed"))))
@@ -64,22 +65,6 @@ class TritonPythonModel:
     def _report_loop(self):
         while not self._stopping.wait(METRICS_PERIOD_S):
             self._outbox.put(self._report)
-
-    def _sweep_loop(self):
-        # One tick queued at a time: an outbox that falls behind is not handed a pile of them.
-        ticked = threading.Event()
-        ticked.set()
-
-        def tick():
-            try:
-                self._live.tick()
-            finally:
-                ticked.set()
-
-        while not self._stopping.wait(TICK_S):
-            if ticked.is_set():
-                ticked.clear()
-                self._outbox.put(tick)
 
     def _report(self):
         self._metrics.engine(self._engine.queue_depth, self._engine.active)

@@ -2,6 +2,9 @@
 text_output when it has had no token for PROBE_AFTER_S (an HTTP client's departure shows only on a failed send)."""
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -260,3 +263,16 @@ def test_metrics_kept_for_a_stream_reach_triton_in_batches_and_at_its_end(clock)
     assert metrics._tokens.value() == METRICS_BATCH_TOKENS + 3
     assert len(metrics._itl.observed) == METRICS_BATCH_TOKENS + 2
     assert texts(sender) == ["x" * (METRICS_BATCH_TOKENS + 3)]
+
+
+def test_ticks_are_handed_over_one_at_a_time_until_stopped():
+    live, stopping, handed = LiveStreams(), threading.Event(), []
+    runner = threading.Thread(target=live.run_ticks, args=(handed.append, stopping, 0.005))
+    runner.start()
+    time.sleep(0.1)
+    assert len(handed) == 1  # not run yet: no second one is handed over
+    handed[0]()
+    time.sleep(0.1)
+    stopping.set()
+    runner.join(2)
+    assert len(handed) == 2 and not runner.is_alive()
