@@ -1582,8 +1582,10 @@ bool InferInProcess(Worker* worker, evhttp_request* request) {
       if (key == "binary_data_output") {
         call->default_kind = p.value.GetBool() ? OutputKind::kBinary : OutputKind::kJson;
       } else if (key == "priority" || key == "timeout") {
-      } else if (key.compare(0, 7, "triton_") == 0 || key.compare(0, 9, "sequence_") == 0) {
-        // Triton's to apply (sequences), or to refuse in its words.
+      } else if (key.compare(0, 7, "triton_") == 0 || key == "sequence_id" || key == "sequence_start" ||
+                 key == "sequence_end") {
+        // Triton's to apply (sequences), or to refuse in its words. Any other key, `sequence_foo` too, Triton would
+        // pass to the model: the rule below, as on the gRPC front.
         delete call;
         return false;
       } else if (!g_custom_parameters.count(key)) {

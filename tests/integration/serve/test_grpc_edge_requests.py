@@ -240,7 +240,7 @@ def test_a_custom_parameter_no_served_model_reads_is_refused_naming_it_on_both_f
     with futures.ThreadPoolExecutor(1) as pool:
         beside = pool.submit(valid)
         while time.monotonic() < stop:
-            for key, value in (("colour", "blue"), ("binary_data_output", "x"), ("Route", "a")):
+            for key, value in (("colour", "blue"), ("binary_data_output", "x"), ("Route", "a"), ("sequence_foo", "x")):
                 request = pipeline_request(records[:1])
                 request.parameters[key].string_param = value
                 code, details, _ = call(server.grpc_url, request)
@@ -248,12 +248,13 @@ def test_a_custom_parameter_no_served_model_reads_is_refused_naming_it_on_both_f
                     f"parameters['{key}']: not a parameter of the protocol nor one the served models read (route)"), \
                     (code, details)
         assert beside.result() > 5
-    answer = requests.post(f"http://127.0.0.1:{server.http_port}/v2/models/risk_pipeline/infer",
-                           json={"parameters": {"colour": "blue"}, "inputs": [
-                               {"name": "payload", "datatype": "BYTES", "shape": [1, 1],
-                                "data": [records[0].decode()]}]}, timeout=30)
-    assert answer.status_code == 400 and "parameters.colour: not a parameter of the protocol nor one the served " \
-        "models read (route)" in answer.json()["error"], answer.text
+    for key in ("colour", "sequence_foo"):
+        answer = requests.post(f"http://127.0.0.1:{server.http_port}/v2/models/risk_pipeline/infer",
+                               json={"parameters": {key: "blue"}, "inputs": [
+                                   {"name": "payload", "datatype": "BYTES", "shape": [1, 1],
+                                    "data": [records[0].decode()]}]}, timeout=30)
+        assert answer.status_code == 400 and f"parameters.{key}: not a parameter of the protocol nor one the " \
+            "served models read (route)" in answer.json()["error"], answer.text
     request = pipeline_request(records[:1], model="risk_router")
     request.parameters["route"].string_param = "nowhere"
     # Read by risk_router, which refuses a route to no scorer in its own words: the same answer as Triton's own
