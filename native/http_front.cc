@@ -217,10 +217,14 @@ class Connections {
   }
   // What connection `id` does from now; false when it was taken for another (it is being closed).
   bool Enter(uint64_t id, Phase phase) {
+    const double now = Now();  // read before the lock every connection of every worker takes
     std::lock_guard<std::mutex> lock(mutex_);
     auto entry = entries_.find(id);
     if (entry == entries_.end()) return false;
-    if (entry->second.phase != phase) entry->second = Entry{entry->second.worker, entry->second.peer, phase, Now()};
+    if (entry->second.phase != phase) {
+      entry->second.phase = phase;
+      entry->second.since = now;
+    }
     return true;
   }
   void Leave(uint64_t id) {
