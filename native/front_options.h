@@ -64,4 +64,42 @@ void ReadPairs(const std::vector<std::string>& words, Take take) {
   }
 }
 
+// The options both fronts take: the public address and Triton's endpoint behind it, the event threads, how long a
+// stop lets calls in flight finish, the custom request parameters the served models read (separated by commas, "-":
+// none), and whether inference is only relayed (where Triton's own needs a key, for Triton to check it).
+struct Common {
+  std::string listen;
+  std::string upstream;
+  long threads = 1;
+  long drain_seconds = 30;
+  std::string request_parameters = "-";
+  bool relay_only = false;
+};
+
+// Reads `words` into `options` (a Common and more): Common's options here, every other one by `take(name, value)`,
+// which returns false for a name it does not know; both addresses required.
+template <typename Options, typename Take>
+void Read(const std::vector<std::string>& words, Options& options, Take take) {
+  Common& common = options;
+  ReadPairs(words, [&common, &take](const std::string& name, const char* value) {
+    if (name == "--listen")
+      common.listen = value;
+    else if (name == "--upstream")
+      common.upstream = value;
+    else if (name == "--threads")
+      common.threads = Number(name, value, 1, 64);
+    else if (name == "--drain-seconds")
+      common.drain_seconds = Number(name, value, 0, 86400);
+    else if (name == "--request-parameters")
+      common.request_parameters = value;
+    else if (name == "--relay-only")
+      common.relay_only = Number(name, value, 0, 1) == 1;
+    else
+      return take(name, value);
+    return true;
+  });
+  RequireAddress("--listen", common.listen);
+  RequireAddress("--upstream", common.upstream);
+}
+
 }  // namespace front_options

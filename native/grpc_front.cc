@@ -126,20 +126,12 @@ const std::set<std::string>& kProbeMethods = *new std::set<std::string>{
     "/inference.GRPCInferenceService/ModelReady",
 };
 
-struct Options {
-  std::string listen;
-  std::string upstream;
+struct Options : front_options::Common {
   long max_calls = 1024;
   long max_message_bytes = 0;  // 0: required
-  long threads = 1;
-  long drain_seconds = 30;
   long ready_fd = -1;
   long message_seconds = 10;  // a call whose first message has not come by then is ended
   long stream_idle_seconds = 60;  // a stream with no message either way for that long is ended
-  // Custom request parameters the served models read, separated by commas ("-": none).
-  std::string request_parameters = "-";
-  // Inside tritonserver: ModelInfer relayed too (where Triton's gRPC inference needs a key, which Triton checks).
-  bool relay_only = false;
   // TLS on the public port (PEM files; none: plaintext), as Triton's --grpc-use-ssl, --grpc-server-cert,
   // --grpc-server-key and, for --grpc-use-ssl-mutual, --grpc-root-cert: clients must then show a certificate it
   // signed. Triton's own endpoint behind the front is on loopback and stays plaintext.
@@ -1148,29 +1140,17 @@ Options Parse(const std::vector<std::string>& words) {
   using front_options::Number;
   Options options;
   try {
-    front_options::ReadPairs(words, [&options](const std::string& name, const char* value) {
-      if (name == "--listen")
-        options.listen = value;
-      else if (name == "--upstream")
-        options.upstream = value;
-      else if (name == "--max-calls")
+    front_options::Read(words, options, [&options](const std::string& name, const char* value) {
+      if (name == "--max-calls")
         options.max_calls = Number(name, value, 1, 1000000);
       else if (name == "--max-message-bytes")
         options.max_message_bytes = Number(name, value, 1, INT_MAX);
-      else if (name == "--threads")
-        options.threads = Number(name, value, 1, 64);
-      else if (name == "--drain-seconds")
-        options.drain_seconds = Number(name, value, 0, 86400);
       else if (name == "--ready-fd")
         options.ready_fd = Number(name, value, 0, INT_MAX);
       else if (name == "--message-seconds")
         options.message_seconds = Number(name, value, 1, 3600);
       else if (name == "--stream-idle-seconds")
         options.stream_idle_seconds = Number(name, value, 1, 86400);
-      else if (name == "--request-parameters")
-        options.request_parameters = value;
-      else if (name == "--relay-only")
-        options.relay_only = Number(name, value, 0, 1) == 1;
       else if (name == "--tls-cert")
         options.tls_cert = value;
       else if (name == "--tls-key")
@@ -1181,8 +1161,6 @@ Options Parse(const std::vector<std::string>& words) {
         return false;
       return true;
     });
-    front_options::RequireAddress("--listen", options.listen);
-    front_options::RequireAddress("--upstream", options.upstream);
   } catch (const front_options::BadOption& bad) {
     Usage(bad.what());
   }

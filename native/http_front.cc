@@ -81,12 +81,9 @@ namespace http_front {
 
 constexpr const char* kName = "s2t_http_front";
 
-struct Options {
-  std::string listen;
-  std::string upstream;
+struct Options : front_options::Common {
   long max_body_bytes = 0;  // 0: required
   long max_header_bytes = 16 * 1024;
-  long threads = 1;
   long idle_seconds = 60;
   long request_seconds = 60;
   long head_seconds = 10;  // a request's head must have arrived this long after its first byte
@@ -94,11 +91,6 @@ struct Options {
   long max_connections_per_peer = 512;
   long max_calls = 1024;
   long max_body_memory_bytes = 1L << 30;  // request bodies held in flight, raw and inflated, overall
-  long drain_seconds = 30;
-  // Triton's HTTP inference needs a key (--http-restricted-api): infer relayed too, for Triton to check it.
-  bool relay_only = false;
-  // Custom request parameters the served models read, separated by commas ("-": none).
-  std::string request_parameters = "-";
 };
 
 void Log(const char* format, ...) __attribute__((format(printf, 1, 2)));
@@ -1756,17 +1748,11 @@ Options Parse(const std::vector<std::string>& words) {
   using front_options::Number;
   Options options;
   try {
-    front_options::ReadPairs(words, [&options](const std::string& name, const char* value) {
-      if (name == "--listen")
-        options.listen = value;
-      else if (name == "--upstream")
-        options.upstream = value;
-      else if (name == "--max-body-bytes")
+    front_options::Read(words, options, [&options](const std::string& name, const char* value) {
+      if (name == "--max-body-bytes")
         options.max_body_bytes = Number(name, value, 1, LONG_MAX / 2);
       else if (name == "--max-header-bytes")
         options.max_header_bytes = Number(name, value, 1024, 1 << 20);
-      else if (name == "--threads")
-        options.threads = Number(name, value, 1, 64);
       else if (name == "--idle-seconds")
         options.idle_seconds = Number(name, value, 1, 86400);
       else if (name == "--request-seconds")
@@ -1781,18 +1767,10 @@ Options Parse(const std::vector<std::string>& words) {
         options.max_calls = Number(name, value, 1, 1000000);
       else if (name == "--max-body-memory-bytes")
         options.max_body_memory_bytes = Number(name, value, 1, LONG_MAX / 2);
-      else if (name == "--drain-seconds")
-        options.drain_seconds = Number(name, value, 0, 86400);
-      else if (name == "--request-parameters")
-        options.request_parameters = value;
-      else if (name == "--relay-only")
-        options.relay_only = Number(name, value, 0, 1) == 1;
       else
         return false;
       return true;
     });
-    front_options::RequireAddress("--listen", options.listen);
-    front_options::RequireAddress("--upstream", options.upstream);
   } catch (const front_options::BadOption& bad) {
     Usage(bad.what());
   }
