@@ -15,6 +15,8 @@ from s2t.prometheus_text import parse_metrics, samples_named
 from s2t.soak import rss_trend
 
 PHASES = ("before", "during", "after")
+# The loads the phases put on the service: the valid traffic alone before and after the floods is one load.
+LOADS = {"valid load": ("before", "after"), "floods": ("during",)}
 # A valid request is answered (with a result), failed (answered with an error status) or unanswered (the client
 # gave up waiting, or the connection ended without a reply): only the last breaks "every request gets an answer".
 ANSWERED, FAILED, UNANSWERED = "answered", "failed", "unanswered"
@@ -274,13 +276,17 @@ def table(report: Mapping) -> str:
             for p in PHASES))
     fits = report.get("rss_trend", {})
     if fits:
-        lines.append("RSS fitted over each phase after its warm-up, projected to 72 h of that phase's load (the "
-                     "rule), and over the whole run:")
-        for name, fit in report.get("rss_trend_by_phase", {}).items():
-            lines.append(f"  {name:<18} {rss_trend.describe(fit)}")
+        lines.append("RSS of the service (the serving tree and the gateway) fitted over each load after its warm-up, "
+                     "projected to 72 h of that load (the rule):")
+        for name, fit in report.get("rss_trend_by_load", {}).items():
+            lines.append(f"  {name:<24} {rss_trend.describe(fit)}")
+        lines.append("and of each group, by load, by phase and over the whole run:")
+        for name, fit in {**report.get("rss_trend_by_group_and_load", {}),
+                          **report.get("rss_trend_by_phase", {})}.items():
+            lines.append(f"  {name:<24} {rss_trend.describe(fit)}")
         for group, fit in fits.items():
-            lines.append(f"  {group + ' (whole run)':<18} {rss_trend.describe(fit)}")
-        by_process = report.get("rss_trend_by_process_and_phase") or report.get("rss_trend_by_process", {})
+            lines.append(f"  {group + ' (whole run)':<24} {rss_trend.describe(fit)}")
+        by_process = report.get("rss_trend_by_process_and_load") or report.get("rss_trend_by_process", {})
         grown = sorted(((name, fit) for name, fit in by_process.items() if fit.get("slope_bytes_per_hour")),
                        key=lambda item: -item[1]["slope_bytes_per_hour"])[:6]
         for name, fit in grown:  # the end of a name says the stub and the phase

@@ -125,6 +125,7 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
     targets = {**LATENCY_TARGETS_MS, **(options.latency_targets_ms or {})}
     paths_summary = {path.path: soak_report.path_summary(path.samples) for path in measured.paths}
     bogus = flood_results.get("bogus_routes", {})
+    bounds = phase_bounds(watch.clock.phases_s)
     report = {
         "seconds": options.seconds, "rate": options.rate, "floods_size": options.floods,
         "flood_sizes": asdict(FLOOD_SIZES[options.floods]), "skipped_floods": sorted(options.skip_floods),
@@ -137,16 +138,19 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
                              for name, out in measured.warm_up.items() if out},
         "rss": {group: {p: phases[p] for p in soak_report.PHASES if p in phases}
                 for group, phases in watch.rss.items()},
-        # The rule: each phase's own load, 72 hours more of it (rss_trend). The valid load before and after the
-        # floods and the floods themselves each hold their own line; a flood's working set taken when it starts
-        # is a step between phases, and growth that goes on under any one of them fails it.
-        "rss_trend_by_phase": rss_trend.phase_trends(watch.series, phase_bounds(watch.clock.phases_s)),
-        # Information beside the rule: the whole run's line (a step between phases reads as growth there) and each
-        # process's.
+        # The rule: the service's memory (the serving tree and the gateway, as the plain soak judges its tree),
+        # 72 hours more of each load (rss_trend): the valid load before and after the floods one line through both
+        # stretches, the floods their own; what a load takes when it starts is a step between them, and growth
+        # that goes on under either fails it.
+        "rss_trend_by_load": rss_trend.load_trends({"service": rss_trend.summed(watch.series)}, bounds,
+                                                   soak_report.LOADS),
+        # Information beside the rule: each group's and each process's lines, by load and by phase, and the whole
+        # run's (a step between phases reads as growth there).
+        "rss_trend_by_group_and_load": rss_trend.load_trends(watch.series, bounds, soak_report.LOADS),
+        "rss_trend_by_phase": rss_trend.phase_trends(watch.series, bounds),
         "rss_trend": rss_trend.trends(watch.series, options.seconds),
         "rss_trend_by_process": rss_trend.trends(watch.process_series, options.seconds),
-        "rss_trend_by_process_and_phase": rss_trend.phase_trends(watch.process_series,
-                                                                 phase_bounds(watch.clock.phases_s)),
+        "rss_trend_by_process_and_load": rss_trend.load_trends(watch.process_series, bounds, soak_report.LOADS),
         "rss_samples": {group: points for group, points in watch.series.items()},
         "load_average": {"start": [round(v, 2) for v in load_start],
                          "end": [round(v, 2) for v in os.getloadavg()], "cpus": os.cpu_count()},
@@ -171,7 +175,7 @@ def run(options: Options, records: Sequence[Mapping], on_progress: OnProgress = 
             soak_report.supervisor_totals(measured.supervisor_after)),
         "caller_errors_answered_alone": soak_report.caller_errors_answered_alone(
             {name: flood_results.get(name, {}) for name in CALLER_ERROR_FLOODS}, valid_succeeded),
-        "rss_projection": rss_trend.verdict(report["rss_trend_by_phase"]),
+        "rss_projection": rss_trend.verdict(report["rss_trend_by_load"]),
         "metric_labels_from_configuration": soak_report.labels_from_configuration(bogus.get("leaked_labels", 0),
                                                                                   bogus.get("sent", 0)),
         "admin_apis_restricted": soak_report.apis_restricted(flood_results["api_probes"]["probes"]),

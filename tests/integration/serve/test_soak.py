@@ -87,8 +87,16 @@ def test_hostile_soak_reports_every_path_phase_and_guarantee_and_leaves_nothing_
                                                "admin_apis_restricted", "valid_requests_succeeded",
                                                "bytes_classification_answered_alone",
                                                "damaged_streams_answered_alone"} <= set(verdicts)
-    # The memory rule: the serving tree and the gateway fitted over each phase and projected to 72 hours of its
-    # load; the whole run's line and each process's beside it.
+    # The memory rule: the service (the serving tree and the gateway) fitted over each load and projected to 72
+    # hours of it, the valid load's two stretches on one line; each group's, each phase's, the whole run's and each
+    # process's lines beside it.
+    assert set(result["rss_trend_by_load"]) == {"service (valid load)", "service (floods)"}
+    valid = result["rss_trend_by_load"]["service (valid load)"]
+    assert len(valid["stretches_s"]) == 2 and len(valid["steps_bytes"]) == 1 and valid["projected_growth"] is not None
+    floods = result["rss_trend_by_load"]["service (floods)"]
+    assert valid["stretches_s"][0][1] < result["phases_s"]["before"] <= floods["from_s"]
+    assert set(result["rss_trend_by_group_and_load"]) == {f"{group} ({load})" for group in ("serving", "gateway")
+                                                          for load in ("valid load", "floods")}
     assert set(result["rss_trend_by_phase"]) == {f"{group} ({phase})" for group in ("serving", "gateway")
                                                  for phase in phases}
     assert all(fit["samples"] >= 3 and fit["projected_growth"] is not None
@@ -96,7 +104,7 @@ def test_hostile_soak_reports_every_path_phase_and_guarantee_and_leaves_nothing_
     assert set(result["rss_trend"]) == {"serving", "gateway"}
     assert all(fit["samples"] >= 5 and fit["projected_growth"] is not None for fit in result["rss_trend"].values())
     assert "tritonserver" in result["rss_trend_by_process"] and len(result["load_average"]["start"]) == 3
-    assert "tritonserver (during)" in result["rss_trend_by_process_and_phase"]
+    assert "tritonserver (floods)" in result["rss_trend_by_process_and_load"]
     assert all(v["holds"] in (True, False, None) and v["detail"] for v in verdicts.values())
 
     # Asserted: every valid request on the risk paths and the gateway answered, in every phase.

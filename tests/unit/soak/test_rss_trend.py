@@ -1,5 +1,6 @@
 """The one memory rule of every soak: RSS fitted by least squares after the warm-up and projected to 72 hours."""
 import json
+import math
 
 import pytest
 
@@ -76,6 +77,81 @@ def test_the_first_phase_is_fitted_after_the_servers_own_warm_up_and_growth_past
     leaking = [(t, y + (2 * MIB * (t - 450) / 450 if 450 <= t < 900 else 0)) for t, y in points]
     grown = rss_trend.verdict(rss_trend.phase_trends({"serving": leaking}, phases))
     assert grown["holds"] is False and "serving (before)" in grown["detail"]
+
+
+def test_one_slope_through_the_stretches_of_a_load_each_at_its_own_level():
+    before = [(float(t), 100.0 + 2 * t) for t in range(0, 10)]
+    after = [(float(t), 150.0 + 2 * t + (1 if t % 2 else -1)) for t in range(30, 40)]
+    slope, levels = rss_trend.shared_slope([before, after])
+    assert slope == pytest.approx(2.0, abs=0.1) and levels == pytest.approx([100, 150], abs=2)
+    with pytest.raises(ValueError):
+        rss_trend.shared_slope([[(1.0, 5.0)], [(2.0, 6.0)]])
+
+
+LOADS = {"valid load": ("before", "after"), "floods": ("during",)}
+PHASES = {"before": (0.0, 900.0), "during": (900.0, 2700.0), "after": (2700.0, 3600.0)}
+
+
+def _hour(rss_at):
+    return [(float(t), rss_at(t)) for t in range(0, 3600, 2)]
+
+
+def _ripple(t):
+    # A process at rest: a page now and then, given back by a trim every five minutes (glibc's heap top).
+    return (t % 300) // 60 * 4096
+
+
+@pytest.mark.parametrize("name, rss_at, fails", [
+    ("flat, the floods' working set partly kept after them",
+     lambda t: (644 if t < 900 else 900 if t < 2700 else 665) * MIB + _ripple(t), None),
+    ("1 MiB/h under the valid load, before and after the floods",
+     lambda t: (644 if t < 900 else 900 if t < 2700 else 665) * MIB + t * MIB / 3600 * (t < 900 or t >= 2700),
+     "service (valid load)"),
+    ("1 MiB/h under the floods only",
+     lambda t: (644 if t < 900 else 900 if t < 2700 else 665) * MIB + (t - 900) * MIB / 1800 * (900 <= t < 2700),
+     "service (floods)"),
+    ("growth that goes on through the whole run, steps between the loads",
+     lambda t: (644 if t < 900 else 900 if t < 2700 else 665) * MIB + t * MIB / 3600, "service (valid load)"),
+])
+def test_each_load_is_judged_by_its_own_line_and_a_step_between_loads_is_reported_not_projected(name, rss_at, fails):
+    fits = rss_trend.load_trends({"service": _hour(rss_at)}, PHASES, LOADS)
+    assert set(fits) == {"service (valid load)", "service (floods)"}
+    valid = fits["service (valid load)"]
+    # The first phase after the servers' own warm-up (its first half), the later ones after their minute.
+    assert valid["stretches_s"] == [[450.0, 898.0], [2760.0, 3598.0]] and valid["from_s"] == 450.0
+    assert fits["service (floods)"]["stretches_s"] == [[960.0, 2698.0]]
+    assert valid["steps_bytes"][0] == pytest.approx(21 * MIB, abs=2.5 * MIB), name
+    verdict = rss_trend.verdict(fits)
+    if fails is None:
+        assert verdict["holds"] is True, (name, verdict)
+    else:
+        assert verdict["holds"] is False and fails in verdict["detail"], (name, verdict)
+    assert "450-898 + 2760-3598 s" in rss_trend.describe(valid) and "MiB from one stretch to the next" in \
+        rss_trend.describe(valid)
+
+
+def test_the_servers_first_quarter_hour_creeping_by_pages_then_at_rest_holds_and_its_phase_alone_would_not():
+    # As the hour-long run of 2026-12-06 saw: the tree taking 2 MiB by pages over its first quarter hour of serving,
+    # slower and slower, then flat after the floods: the before phase's line alone projects its last pages to 72 h.
+    def creeping(t):
+        return (642 * MIB + 2 * MIB * (1 - math.exp(-t / 240)) if t < 900 else 900 * MIB if t < 2700 else 665 * MIB) \
+            + _ripple(t)
+    points = _hour(creeping)
+    assert rss_trend.phase_trends({"service": points}, PHASES)["service (before)"]["projected_growth"] > 0.05
+    assert rss_trend.verdict(rss_trend.load_trends({"service": points}, PHASES, LOADS))["holds"] is True
+
+
+def test_the_service_is_summed_at_the_times_each_group_was_sampled():
+    serving = [(0.0, 10.0), (2.0, 11.0), (4.0, 12.0)]
+    gateway = [(0.0, 1.0), (4.0, 2.0)]
+    assert rss_trend.summed({"serving": serving, "gateway": gateway}) == [(0.0, 11.0), (4.0, 14.0)]
+    assert rss_trend.summed({"serving": serving, "gateway": []}) == serving
+
+
+def test_a_load_with_too_few_samples_is_not_measured_never_kept():
+    fits = rss_trend.load_trends({"service": [(1000.0, 5.0), (1001.0, 5.0)]}, PHASES, LOADS)
+    assert all(fit["projected_growth"] is None for fit in fits.values())
+    assert rss_trend.verdict(fits)["holds"] is None
 
 
 @pytest.mark.parametrize("points", [[], [(10.0, 5.0)], [(10.0, 5.0), (20.0, 6.0)], [(10.0, 5.0)] * 3])

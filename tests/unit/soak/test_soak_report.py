@@ -169,6 +169,10 @@ def test_table_shows_every_path_phase_rss_flood_and_verdict():
                                                          "start_bytes": 301 * MIB, "end_bytes": 301 * MIB,
                                                          "slope_bytes_per_hour": 0, "projected_growth": 0.0,
                                                          "projected_hours": 72.0}},
+              "rss_trend_by_load": {"service (valid load)": {
+                  "samples": 16, "from_s": 7.0, "to_s": 60.0, "stretches_s": [[7.0, 15.0], [46.0, 60.0]],
+                  "steps_bytes": [3 * MIB], "start_bytes": 330 * MIB, "end_bytes": 333 * MIB,
+                  "slope_bytes_per_hour": 0, "projected_growth": 0.0, "projected_hours": 72.0}},
               "load_average": {"start": [0.5, 0.4, 0.3], "end": [3.25, 1.0, 0.5], "cpus": 2},
               "supervisor_before": ["s2t_server_restarts_total 0"], "supervisor": ["s2t_server_restarts_total 1"],
               "verdicts": {"rss_projection": {"holds": True, "detail": "ok"}, "admin_apis_restricted":
@@ -178,8 +182,10 @@ def test_table_shows_every_path_phase_rss_flood_and_verdict():
     assert "300/290" in text and "bogus_routes" in text and "100 x StatusCode.INVALID_ARGUMENT" in text
     assert "admin_apis_restricted                   FAILS" in text and "not measured" in text
     assert "public gRPC port served by: s2t_grpc_front (pid 42)" in text
-    assert "serving (whole run) 300.0 -> 301.0 MiB fitted over 6-60 s, +66.0 MiB/h, +1584.0% at 72 h" in text
-    assert "serving (after)    301.0 -> 301.0 MiB fitted over 45-60 s, +0.0 MiB/h, +0.0% at 72 h" in text
+    assert ("service (valid load)     330.0 -> 333.0 MiB fitted over 7-15 + 46-60 s, +3.0 MiB from one stretch to "
+            "the next, +0.0 MiB/h, +0.0% at 72 h") in text
+    assert "serving (whole run)      300.0 -> 301.0 MiB fitted over 6-60 s, +66.0 MiB/h, +1584.0% at 72 h" in text
+    assert "serving (after)          301.0 -> 301.0 MiB fitted over 45-60 s, +0.0 MiB/h, +0.0% at 72 h" in text
 
     assert "load average (1, 5, 15 min): at the start 0.50 0.40 0.30, at the end 3.25 1.00 0.50 on 2 CPUs" in text
     assert "supervisor at the start: s2t_server_restarts_total 0" in text
