@@ -16,6 +16,11 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
+def percentile_or_none(values: Sequence[float], q: float) -> float | None:
+    """`percentile`, None when nothing was timed (a report's null, where NaN is no JSON)."""
+    return percentile(values, q) if len(values) else None
+
+
 @dataclass(frozen=True)
 class LatencySummary:
     """Milliseconds per call (percentiles interpolated as numpy does); NaN when no call was timed."""

@@ -29,7 +29,8 @@ from s2t.clients.llm_client import StreamResult, generate_stream
 from s2t.backends.llm.engine import packaged_model_path
 from s2t.bench.load import genai_perf, wrk
 from s2t import triton_config
-from s2t.bench.harness import latency, machine_load, report, workload
+from s2t.bench.harness import machine_load, report, workload
+from s2t.bench.harness.latency import percentile_or_none
 from s2t.bench.harness.machine_load import LoadWatch
 from s2t.bench.harness.process_tree import cpu_seconds, own_cpu_seconds
 from s2t.bench.harness.repository import copy_repositories, copy_repository, edit_config
@@ -52,20 +53,6 @@ OPENAI_POINTS = ("c=1", "c=4", "burst of 16")
 # Per policy its server's start and mixed prompts (length-aware: the concurrency points and genai-perf in both
 # conventions too), then risk_pipeline alone and beside the streams.
 STEPS = 1 + len(OPENAI_POINTS) + 2 + len(CONCURRENCY) + len(genai_perf.BACKENDS) + 2 + 2
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    """The bench's one percentile (harness/latency.py); None when nothing was timed (results.json's null)."""
-    return latency.percentile(values, q) if values else None
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """The nearest-rank percentile the hostile soak's report (s2t/soak/hostile/report.py) still reads from here; the
-    bench's own figures use the harness's (`_percentile`)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
 def _llm_repository(source: Path, dest: Path, policy: str) -> Path:
@@ -92,8 +79,8 @@ def _summary(results: list[StreamResult], wall_s: float) -> dict:
     return {"requests": len(results), "errors": len(failed), "output_tokens": tokens,
             "tokens_per_s": tokens / wall_s if wall_s > 0 else None,
             "stream_tokens_per_s_median": median(per_stream) if per_stream else None,
-            "ttft_p50_s": _percentile(ttfts, 50), "ttft_p95_s": _percentile(ttfts, 95),
-            "itl_p50_s": _percentile(itls, 50), "itl_p95_s": _percentile(itls, 95)}
+            "ttft_p50_s": percentile_or_none(ttfts, 50), "ttft_p95_s": percentile_or_none(ttfts, 95),
+            "itl_p50_s": percentile_or_none(itls, 50), "itl_p95_s": percentile_or_none(itls, 95)}
 
 
 def concurrency_point(url: str, concurrency: int, requests_per_client: int, max_tokens: int) -> dict:
@@ -125,8 +112,9 @@ def mixed_point(url: str, rounds: int, short: int, long: int, max_tokens: int) -
             "errors": sum(r.error is not None for r in shorts + longs),
             "short_prompt_tokens": shorts[0].final.get("input_tokens") if shorts and shorts[0].final else None,
             "long_prompt_tokens": longs[0].final.get("input_tokens") if longs and longs[0].final else None,
-            "short_ttft_p50_s": _percentile(short_ttft, 50), "short_ttft_p95_s": _percentile(short_ttft, 95),
-            "long_ttft_p50_s": _percentile(long_ttft, 50), "long_ttft_p95_s": _percentile(long_ttft, 95)}
+            "short_ttft_p50_s": percentile_or_none(short_ttft, 50),
+            "short_ttft_p95_s": percentile_or_none(short_ttft, 95),
+            "long_ttft_p50_s": percentile_or_none(long_ttft, 50), "long_ttft_p95_s": percentile_or_none(long_ttft, 95)}
 
 
 class _Streams(threading.Thread):
@@ -444,7 +432,7 @@ def _side_figures(rounds: list[tuple[list[dict], float, dict[str, float]]]) -> d
     per_token = {name: round(1e6 * seconds / max(tokens, 1), 1) for name, seconds in cpu.items()}
     return {"requests": len(results), "errors": len(results) - len(done), "output_tokens": tokens,
             "tokens_per_s": tokens / wall if wall > 0 else None,
-            "ttft_p50_s": _percentile(ttfts, 50), "ttft_p95_s": _percentile(ttfts, 95),
+            "ttft_p50_s": percentile_or_none(ttfts, 50), "ttft_p95_s": percentile_or_none(ttfts, 95),
             "cpu_us_per_token": per_token, "cpu_us_per_token_total": round(sum(per_token.values()), 1),
             "first_error": next((r["error"] for r in results if r["error"]), None)}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from s2t.bench.scenarios.llm import percentile
+from s2t.bench.harness.latency import percentile_or_none as percentile
 from s2t.prometheus_text import parse_metrics, samples_named
 from s2t.soak import rss_trend
 

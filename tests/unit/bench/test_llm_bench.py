@@ -7,7 +7,7 @@ from s2t.clients.llm_client import StreamResult
 from s2t import triton_config
 from s2t.bench.harness import latency
 from s2t.bench.scenarios import llm
-from s2t.bench.scenarios.llm import _engine_parameters, _llm_repository, _percentile, _summary, percentile
+from s2t.bench.scenarios.llm import _engine_parameters, _llm_repository, _summary
 from tests.conftest import LLM_REPOSITORY
 
 
@@ -16,17 +16,10 @@ from tests.conftest import LLM_REPOSITORY
     ([1.0, 2.0], 95, 1.95),
 ])
 def test_the_figures_take_the_benchs_one_percentile_and_none_when_nothing_was_timed(values, q, expected):
-    found = _percentile(values, q)
+    found = latency.percentile_or_none(values, q)
     assert found == (None if expected is None else pytest.approx(expected))
     if values:
         assert found == latency.percentile(values, q)
-
-
-@pytest.mark.parametrize("values, q, expected", [
-    ([], 95, None), ([3.0], 95, 3.0), ([1.0, 2.0, 3.0, 4.0, 5.0], 50, 3.0), (list(range(101)), 95, 95),
-])
-def test_the_nearest_rank_percentile_the_soak_report_reads_is_kept(values, q, expected):
-    assert percentile(values, q) == expected
 
 
 def test_the_bench_repository_copy_switches_the_batching_policy_and_nothing_else(tmp_path):

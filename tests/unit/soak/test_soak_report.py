@@ -17,8 +17,8 @@ def test_path_summary_counts_outcomes_and_takes_percentiles_of_answered_requests
                + [Sample("during", FAILED, 5.0, "RESOURCE_EXHAUSTED"), Sample("during", UNANSWERED, None, "timed out"),
                   Sample("during", ANSWERED, 0.002), Sample("during", NOT_SENT)])
     summary = soak_report.path_summary(samples)
-    assert summary["before"][ANSWERED] == 100 and summary["before"]["p50_ms"] == pytest.approx(51)
-    assert summary["before"]["p99_ms"] == pytest.approx(99)
+    assert summary["before"][ANSWERED] == 100 and summary["before"]["p50_ms"] == pytest.approx(50.5)
+    assert summary["before"]["p99_ms"] == pytest.approx(99.01), "interpolated as every figure of the bench is"
     during = summary["during"]
     assert (during[ANSWERED], during[FAILED], during[UNANSWERED], during[NOT_SENT]) == (1, 1, 1, 1)
     assert during["p99_ms"] == pytest.approx(2.0), "a failed request's latency is not a served latency"
