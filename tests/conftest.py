@@ -31,10 +31,28 @@ def has_gpu() -> bool:
 def shared_parity_reference(tmp_path_factory):
     """One cache of the legacy model's parity scores for the whole run, inherited by every `s2t` the tests start:
     each test publishes into a repository of its own, whose control area would otherwise start TensorFlow again.
-    Keyed by content, so a test that changes the SavedModel or the data still gets its own reference."""
+    Keyed by content, so a test that changes the SavedModel or the data still gets its own reference.
+    One directory for every xdist worker (entries are written atomically), seeded with the references `make models`
+    computed when it published into model_repository: the same content has the same key, so a worker's first
+    publish of the built models starts no TensorFlow either."""
+    import shutil
+
+    from s2t.control.version_store import VersionStore
     from s2t.gate.reference_cache import CACHE_ENV
     previous = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("parity-reference"))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        cache = tmp_path_factory.getbasetemp().parent / "parity-reference"
+        cache.mkdir(exist_ok=True)
+    else:
+        cache = tmp_path_factory.mktemp("parity-reference")
+    built = VersionStore(MODEL_REPOSITORY).control / "reference"
+    for reference in built.glob("*.npy") if built.is_dir() else ():
+        if not (cache / reference.name).exists():
+            # Copied under another name, then renamed: the other worker never reads half a file.
+            part = cache / f".{reference.name}.{os.getpid()}"
+            shutil.copyfile(reference, part)
+            part.replace(cache / reference.name)
+    os.environ[CACHE_ENV] = str(cache)
     yield
     if previous is None:
         os.environ.pop(CACHE_ENV, None)
@@ -78,3 +96,24 @@ def feature_spec(built_artifacts):
 
     from s2t.models.convert import read_spec
     return read_spec(onnx.load(str(built_artifacts["onnx"])))
+
+
+# Seconds of each test file (its tests' setup, call and teardown, its module's servers with them), summed as the
+# reports come in: under xdist they reach the controlling process too, which prints the summary.
+_SECONDS_BY_FILE: dict[str, float] = {}
+SLOWEST_FILES = 40
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::", 1)[0]
+    _SECONDS_BY_FILE[path] = _SECONDS_BY_FILE.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """With --durations, the slowest files as well: the integration level hands out whole files, longest first
+    (tests/integration/conftest.py LONGEST_FIRST), and these are the figures that order comes from."""
+    if config.getoption("durations", None) is None or len(_SECONDS_BY_FILE) < 2:
+        return
+    terminalreporter.write_sep("=", f"slowest {SLOWEST_FILES} files")
+    for path, seconds in sorted(_SECONDS_BY_FILE.items(), key=lambda item: -item[1])[:SLOWEST_FILES]:
+        terminalreporter.write_line(f"{seconds:8.2f}s {path}")
