@@ -50,7 +50,8 @@ serve: models
 # genai venv, the system packages; the unit level reads the repositories, so they are written after it), each job's
 # output printed whole when it ends.
 # The builds run at a lower priority (BUILD_NICE), so that the unit level, the one the developer waits on, keeps
-# its core: they have the rest of its time and the unit level's end to finish.
+# its core: they have the rest of its time and the unit level's end to finish. The integration level's own builds
+# (`models`) run two at a time, both publishes' parity gates at once.
 # Bytecode written as modules are first imported, even where the environment sets PYTHONDONTWRITEBYTECODE (container
 # images often do): the venv is installed without it (--no-compile, below), so otherwise every process compiles
 # what it imports afresh, and the suite starts a hundred or so that import TensorFlow (each `s2t publish` with its
@@ -61,7 +62,7 @@ test lint unit integration integration-builds test-python: export PYTHONDONTWRIT
 test:
 	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory -j3 --output-sync=target BUILD_NICE="nice -n 10" unit integration-builds
-	@$(MAKE) --no-print-directory integration
+	@$(MAKE) --no-print-directory -j2 integration
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
@@ -230,9 +231,17 @@ native: $(VENV)/.installed
 	$(BUILD_NICE) native/build_grpc_front.sh
 	$(BUILD_NICE) native/build_http_front.sh
 
-models: $(ADAPTER_SPEC) $(ROUTER_SPEC) $(DRIFT_REFERENCE) $(LITE_ONNX) $(EXPLAINER_REASONS) native
+# One target a publish, so that `make -j` (as `make test` runs the integration level) gates both at once: each gate
+# is mostly TensorFlow on one core, and publish takes the repository's control lock only to place the version.
+.PHONY: publish-risk_scorer publish-risk_scorer_lite
+publish-risk_scorer publish-risk_scorer_lite: $(ADAPTER_SPEC) $(ROUTER_SPEC) $(DRIFT_REFERENCE) $(LITE_ONNX) \
+  $(EXPLAINER_REASONS) native
+publish-risk_scorer:
 	$(call publish_if_new,risk_scorer,$(SCORER_ONNX),$(SAVED_MODEL))
+publish-risk_scorer_lite:
 	$(call publish_if_new,risk_scorer_lite,$(LITE_ONNX),$(LITE_SAVED_MODEL))
+
+models: publish-risk_scorer publish-risk_scorer_lite
 	$(S2T) check-config
 
 # libFuzzer on the gRPC front's request checks (native/infer_request_check.h, its harness in native/fuzz/) under
