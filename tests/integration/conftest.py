@@ -10,9 +10,10 @@ HERE = Path(__file__).resolve().parent
 
 
 # The modules that take longest (half a minute or more of a worker), longest first, from the level's --durations
-# and single-file runs: each worker takes one file at a time in this order (the Makefile switches off xdist's own
-# order, most tests first), so that no long file is left for one worker at the end while the other idles. The other
-# modules follow, most tests first (those of one or two tests are short): a module missing here only costs time.
+# (its "slowest files", summed by tests/conftest.py) and single-file runs: each worker takes one file at a time in
+# this order (the Makefile switches off xdist's own order, most tests first), so that no long file is left for one
+# worker at the end while the other idles. The other modules follow, most tests first (those of one or two tests are
+# short): a module missing here only costs time.
 LONGEST_FIRST = tuple(f"{HERE}/{name}.py" for name in (
     "control/test_crash_consistency", "serve/test_lifecycle", "llm/test_llm_rollout",
     "models/test_conversion_corpus", "bench/test_bench_llm", "bench/test_bench", "serve/test_soak",
@@ -20,7 +21,8 @@ LONGEST_FIRST = tuple(f"{HERE}/{name}.py" for name in (
     "bench/test_bench_cutover", "control/test_canary_analysis", "gateway/test_legacy_service",
     "gateway/test_dual_run", "pipeline/test_risk_explainer", "serve/test_clean_stop", "test_packaging",
     "llm/test_llm_abandoned", "bench/test_bench_cpu_cost",
-    "models/test_example_signature", "control/test_cli_gates", "pipeline/test_drift", "edge/test_fuzz_native",
+    "models/test_example_signature", "control/test_cli_gates", "gateway/test_gateway_admission", "pipeline/test_drift",
+    "edge/test_fuzz_native",
     "serve/test_http_front_relay", "serve/test_caller_errors_heal_nothing", "bench/test_bench_crossover",
     "edge/test_fuzz_grpc", "edge/test_fuzz_http", "llm/test_llm_admission", "gateway/test_legacy_and_convert"))
 
