@@ -50,8 +50,7 @@ serve: models
 # genai venv, the system packages; the unit level reads the repositories, so they are written after it), each job's
 # output printed whole when it ends.
 # The builds run at a lower priority (BUILD_NICE), so that the unit level, the one the developer waits on, keeps
-# its core: they have the rest of its time and the unit level's end to finish. The integration level's own builds
-# (`models`) run two at a time, both publishes' parity gates at once.
+# its core: they have the rest of its time and the unit level's end to finish.
 # Bytecode written as modules are first imported, even where the environment sets PYTHONDONTWRITEBYTECODE (container
 # images often do): the venv is installed without it (--no-compile, below), so otherwise every process compiles
 # what it imports afresh, and the suite starts a hundred or so that import TensorFlow (each `s2t publish` with its
@@ -62,7 +61,7 @@ test lint unit integration integration-builds test-python: export PYTHONDONTWRIT
 test:
 	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory -j3 --output-sync=target BUILD_NICE="nice -n 10" unit integration-builds
-	@$(MAKE) --no-print-directory -j2 integration
+	@$(MAKE) --no-print-directory integration
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
@@ -210,7 +209,7 @@ $(LITE_ONNX): $(LITE_SAVED_MODEL)/saved_model.pb s2t/models/convert.py
 # $(call publish_if_new,MODEL,ONNX,SAVED_MODEL): publish (validation + parity gate against SAVED_MODEL + atomic
 # move) whenever the newest version is not the current conversion.
 define publish_if_new
-	@latest=$$(ls -d model_repository/$(1)/[0-9]* 2>/dev/null | sort -t/ -k3 -n | tail -n 1); \
+	latest=$$(ls -d model_repository/$(1)/[0-9]* 2>/dev/null | sort -t/ -k3 -n | tail -n 1); \
 	if [ -z "$$latest" ] || ! cmp -s "$$latest/model.onnx" $(2); then \
 	  $(S2T) publish $(1) $(2) --saved-model $(3); \
 	fi
@@ -231,17 +230,12 @@ native: $(VENV)/.installed
 	$(BUILD_NICE) native/build_grpc_front.sh
 	$(BUILD_NICE) native/build_http_front.sh
 
-# One target a publish, so that `make -j` (as `make test` runs the integration level) gates both at once: each gate
-# is mostly TensorFlow on one core, and publish takes the repository's control lock only to place the version.
-.PHONY: publish-risk_scorer publish-risk_scorer_lite
-publish-risk_scorer publish-risk_scorer_lite: $(ADAPTER_SPEC) $(ROUTER_SPEC) $(DRIFT_REFERENCE) $(LITE_ONNX) \
-  $(EXPLAINER_REASONS) native
-publish-risk_scorer:
-	$(call publish_if_new,risk_scorer,$(SCORER_ONNX),$(SAVED_MODEL))
-publish-risk_scorer_lite:
-	$(call publish_if_new,risk_scorer_lite,$(LITE_ONNX),$(LITE_SAVED_MODEL))
-
-models: publish-risk_scorer publish-risk_scorer_lite
+# Both publishes at once: each gate is mostly TensorFlow on one core, and publish takes the repository's control
+# lock only to place the version. Each one's output comes whole once it ends; the first failure fails the target.
+models: $(ADAPTER_SPEC) $(ROUTER_SPEC) $(DRIFT_REFERENCE) $(LITE_ONNX) $(EXPLAINER_REASONS) native
+	@log=$$(mktemp); { $(call publish_if_new,risk_scorer,$(SCORER_ONNX),$(SAVED_MODEL)); } >$$log 2>&1 & scorer=$$!; \
+	{ $(call publish_if_new,risk_scorer_lite,$(LITE_ONNX),$(LITE_SAVED_MODEL)); }; lite=$$?; \
+	wait $$scorer; status=$$?; cat $$log; rm -f $$log; [ $$status = 0 ] && [ $$lite = 0 ]
 	$(S2T) check-config
 
 # libFuzzer on the gRPC front's request checks (native/infer_request_check.h, its harness in native/fuzz/) under
