@@ -68,8 +68,10 @@ lint: $(VENV)/.installed-dev
 
 # No built artifacts: tests/unit/conftest.py writes a tiny scorer, its spec and data in their places. Each level
 # prints its slowest tests, so that one that grows shows at once.
+# Two workers: a unit test's time is more waiting (its subprocesses, timers) than CPU, so one worker left a core
+# idle, and beside the builds (niced) this level is the one `make test` waits on.
 unit: $(VENV)/.installed-dev proto
-	$(call pytest,unit,tests/unit --durations=10)
+	$(call pytest,unit,tests/unit -n 2 --durations=10)
 
 # Everything else: the real tritonserver, the built models, the deployment files, the GPU tests (skipped without one).
 # Two workers, a file's tests on one of them (its module's server with them): most tests wait on a server, so two
