@@ -32,12 +32,8 @@ def shared_parity_reference(tmp_path_factory):
     """One cache of the legacy model's parity scores for the whole run, inherited by every `s2t` the tests start:
     each test publishes into a repository of its own, whose control area would otherwise start TensorFlow again.
     Keyed by content, so a test that changes the SavedModel or the data still gets its own reference.
-    One directory for every xdist worker (entries are written atomically), seeded with the references `make models`
-    computed when it published into model_repository: the same content has the same key, so a worker's first
-    publish of the built models starts no TensorFlow either."""
-    import shutil
-
-    from s2t.control.version_store import VersionStore
+    One directory for every xdist worker (the cache writes its entries atomically): one worker's reference serves the
+    other's publishes too."""
     from s2t.gate.reference_cache import CACHE_ENV
     previous = os.environ.get(CACHE_ENV)
     if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -45,15 +41,8 @@ def shared_parity_reference(tmp_path_factory):
         cache.mkdir(exist_ok=True)
     else:
         cache = tmp_path_factory.mktemp("parity-reference")
-    built = VersionStore(MODEL_REPOSITORY).control / "reference"
-    for reference in built.glob("*.npy") if built.is_dir() else ():
-        if not (cache / reference.name).exists():
-            # Copied under another name, then renamed: the other worker never reads half a file.
-            part = cache / f".{reference.name}.{os.getpid()}"
-            shutil.copyfile(reference, part)
-            part.replace(cache / reference.name)
     os.environ[CACHE_ENV] = str(cache)
-    yield
+    yield cache
     if previous is None:
         os.environ.pop(CACHE_ENV, None)
     else:

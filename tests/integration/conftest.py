@@ -39,6 +39,24 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: (rank.get(path := str(Path(item.path).resolve()), len(rank)), -tests_in[path]))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def built_parity_references(shared_parity_reference):
+    """The session's parity-reference cache seeded with the references `make models` computed when it published into
+    model_repository: the same SavedModel and data have the same key, so a worker's first publish of the built
+    models starts no TensorFlow either."""
+    import os
+    import shutil
+
+    from s2t.control.version_store import VersionStore
+    built = VersionStore(MODEL_REPOSITORY).control / "reference"
+    for reference in built.glob("*.npy") if built.is_dir() else ():
+        if not (shared_parity_reference / reference.name).exists():
+            # Copied under another name, then renamed: the other worker never reads half a file.
+            part = shared_parity_reference / f".{reference.name}.{os.getpid()}"
+            shutil.copyfile(reference, part)
+            part.replace(shared_parity_reference / reference.name)
+
+
 @pytest.fixture(scope="session")
 def triton(built_artifacts, tmp_path_factory):
     """The real embedded tritonserver on the repository as `make` built it, on free ports."""
