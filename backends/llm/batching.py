@@ -15,6 +15,21 @@ prompt is admitted at once; a long one waits a little for shorter prompts that m
 otherwise wait out its whole evaluation. Ordering by length applies only among the requests actually waiting. A group that has
 waited ten delays goes first, so long prompts are delayed, never starved.
 
+Which requests get the free slots is decided apart from the order their prompts are evaluated in. llama.cpp starts
+evaluating a prompt as soon as it is handed the request, so a slot cannot be taken without its evaluation; but a
+slot can be kept for a request whose evaluation comes after a shorter group's. When more requests wait than slots
+are free, some must wait for a running generation to end (seconds of tokens), then pay their own evaluation: the
+tail of the time to first token is least when those left waiting are the cheapest to evaluate. So the free slots go
+to the longest length classes first (oldest first within a class; `slot_choice`), and those requests' prompts are
+evaluated shortest group first; the others, the shortest prompts, wait for the next slot freed. The price is the
+median first token: fewer requests get theirs at once (`slot_choice` shortest_first gives the slots to the shortest
+prompts instead). A request that has waited ten delays comes before every other, oldest first, so short prompts too
+are delayed, never starved. With slots for all, no request is chosen out: only the order of evaluation applies.
+
+A group no longer than the length class of the prompts being evaluated joins them at once, within
+`max_prefill_tokens` in all: llama.cpp evaluates them in the same steps, so a short request given a slot freed by a
+running generation does not wait out another short prompt's first token.
+
 `fifo` admission, the baseline, takes the oldest requests whatever their lengths.
 """
 from __future__ import annotations
@@ -27,6 +42,10 @@ from s2t.backends.runtime.model_parameters import parameter
 LENGTH_AWARE = "length_aware"
 FIFO = "fifo"
 POLICIES = (LENGTH_AWARE, FIFO)
+# Length-aware admission with more requests waiting than slots free: which length classes get the free slots.
+LONGEST_FIRST = "longest_first"
+SHORTEST_FIRST = "shortest_first"
+SLOT_CHOICES = (LONGEST_FIRST, SHORTEST_FIRST)
 # A group waiting this many queue delays goes before shorter ones: long prompts are delayed, never starved.
 STARVATION_DELAYS = 10
 
@@ -53,10 +72,18 @@ class BatchingSettings:
     # A waiting request's hold as a share of its prompt's expected evaluation: a long prompt pays at most this
     # share of its own evaluation for the chance that a shorter one arrives just after it and goes first.
     hold_fraction: float = parameter("hold_fraction", 0.1)
+    # Which waiting requests get the free slots when not all of them fit (length-aware admission): the longest
+    # length classes, so that those left waiting for a running generation to end are the cheapest to evaluate
+    # (the slowest first tokens are lower), or the shortest, so that more requests get their first token at once
+    # (the median first token is lower). Either way the prompts admitted are evaluated shortest group first.
+    slot_choice: str = parameter("slot_choice", LONGEST_FIRST)
 
     def __post_init__(self):
         if self.policy not in POLICIES:
             raise BatchingSettingsError(f"batching_policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.slot_choice not in SLOT_CHOICES:
+            raise BatchingSettingsError(f"slot_choice must be one of {', '.join(SLOT_CHOICES)}, "
+                                        f"got {self.slot_choice!r}")
         if not self.max_length_ratio >= 1.0:
             raise BatchingSettingsError(f"max_length_ratio must be at least 1, got {self.max_length_ratio}")
         if self.max_group_size < 1:
@@ -172,8 +199,12 @@ class LengthAwareQueue:
         if self.settings.policy == FIFO:
             size = self.settings.max_group_size
             return [self._waiting[i:i + size] for i in range(0, len(self._waiting), size)]
+        return self._grouped(self._waiting)
+
+    def _grouped(self, requests: list[Queued]) -> list[list[Queued]]:
+        """`requests` split into length-aware groups, the shortest prompts first."""
         groups: list[list[Queued]] = []
-        for q in sorted(self._waiting, key=lambda q: (q.prompt_tokens, q.arrived_ms)):
+        for q in sorted(requests, key=lambda q: (q.prompt_tokens, q.arrived_ms)):
             group = groups[-1] if groups else None
             if (group is None or len(group) >= self.settings.max_group_size
                     or q.prompt_tokens > group[0].prompt_tokens * self.settings.max_length_ratio):
@@ -182,28 +213,34 @@ class LengthAwareQueue:
                 group.append(q)
         return groups
 
-    def take(self, free_slots: int, prefilling: int, now_ms: float) -> list[Queued]:
+    def take(self, free_slots: int, prefilling: int, now_ms: float, evaluating: tuple[int, ...] = ()) -> list[Queued]:
         """The requests to admit now (oldest first within their group), at most `free_slots` of them.
 
         `prefilling`: admitted requests whose prompt is still being evaluated. Length-aware admission lets one
-        group's prompts be evaluated at a time: while none is and some group is due (full, or holding a request
-        past its hold), the group with the shortest prompts goes, unless a group has waited `STARVATION_DELAYS` times
-        `max_queue_delay_ms`: the oldest such group goes first. FIFO admits the oldest requests whenever a slot is
+        group's prompts be evaluated at a time, among the requests the free slots are kept for (`slot_holders`):
+        while none is evaluated and some group is due (full, or holding a request past its hold), the group with the
+        shortest prompts goes, unless a group has waited `STARVATION_DELAYS` times `max_queue_delay_ms`: the oldest
+        such group goes first. FIFO admits the oldest requests whenever a slot is
         free. Either way the requests taken hold at most `max_prefill_tokens` prompt tokens together (at least one
         request).
+
+        `evaluating`: the prompt tokens of those requests, when known. A group no longer than the length class of
+        the prompts being evaluated may join them (within `max_prefill_tokens` in all): llama.cpp evaluates them in
+        the same steps, so it delays them little, and a request given a slot freed by a running generation does not
+        wait out another short prompt's first token.
         """
         if free_slots <= 0 or not self._waiting:
             return []
         if self.settings.policy == FIFO:
             chosen = self._waiting[:free_slots]
         else:
-            if prefilling:
+            if prefilling and not evaluating:
                 return []
 
             def oldest(group):
                 return min(q.arrived_ms for q in group)
-            groups = self.groups()
-            starving = [g for g in groups if now_ms - oldest(g) >= self.settings.max_queue_delay_ms * STARVATION_DELAYS]
+            groups = self._grouped(self.slot_holders(free_slots, now_ms))
+            starving = [g for g in groups if self._starving(oldest(g), now_ms)]
             if starving:
                 group = min(starving, key=oldest)
             elif any(len(g) >= self.settings.max_group_size or q.due_ms <= now_ms for g in groups for q in g):
@@ -212,17 +249,40 @@ class LengthAwareQueue:
             else:
                 return []
             chosen = sorted(group, key=lambda q: q.arrived_ms)[:free_slots]
+            if prefilling:
+                if max(q.prompt_tokens for q in chosen) > min(evaluating) * self.settings.max_length_ratio:
+                    return []
+                chosen = self._within_prefill_budget(chosen, sum(evaluating))
         chosen = self._within_prefill_budget(chosen)
         taken = {id(q) for q in chosen}
         self._waiting = [q for q in self._waiting if id(q) not in taken]
         return chosen
 
-    def _within_prefill_budget(self, chosen: list[Queued]) -> list[Queued]:
-        """The first of `chosen` whose prompts together stay within max_prefill_tokens (the first one always)."""
-        total, kept = 0, []
+    def slot_holders(self, free_slots: int, now_ms: float) -> list[Queued]:
+        """The waiting requests that the `free_slots` slots are kept for (length-aware admission): every one when
+        they fit; otherwise those that have waited `STARVATION_DELAYS` delays (oldest first), then the longest length
+        classes (`slot_choice` longest_first: the requests left waiting for a slot freed later are the cheapest to
+        evaluate once they get it) or the shortest ones, oldest first within a class. Their prompts are evaluated
+        shortest group first either way."""
+        if len(self._waiting) <= free_slots:
+            return list(self._waiting)
+        starving = sorted((q for q in self._waiting if self._starving(q.arrived_ms, now_ms)), key=lambda q: q.arrived_ms)
+        classes = self._grouped([q for q in self._waiting if not self._starving(q.arrived_ms, now_ms)])
+        if self.settings.slot_choice == LONGEST_FIRST:
+            classes.reverse()
+        ordered = [q for group in classes for q in sorted(group, key=lambda q: q.arrived_ms)]
+        return (starving + ordered)[:max(free_slots, 0)]
+
+    def _starving(self, arrived_ms: float, now_ms: float) -> bool:
+        return now_ms - arrived_ms >= self.settings.max_queue_delay_ms * STARVATION_DELAYS
+
+    def _within_prefill_budget(self, chosen: list[Queued], evaluating_tokens: int = 0) -> list[Queued]:
+        """The first of `chosen` whose prompts, with `evaluating_tokens` already being evaluated, stay within
+        max_prefill_tokens (the first one always when nothing is being evaluated)."""
+        total, kept = evaluating_tokens, []
         for q in chosen:
             total += q.prompt_tokens
-            if kept and total > self.settings.max_prefill_tokens:
+            if (kept or evaluating_tokens) and total > self.settings.max_prefill_tokens:
                 break
             kept.append(q)
         return kept

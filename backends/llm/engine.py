@@ -125,7 +125,8 @@ class LlmEngine:
         self._queue = LengthAwareQueue(batching)
         self._condition = threading.Condition()
         self._active: set[int] = set()
-        self._prefilling = 0
+        # The prompt tokens of each admitted request whose prompt is still being evaluated (by id of its job).
+        self._evaluating: dict[int, int] = {}
         self._stopping = False
         self._workers = ThreadPoolExecutor(max_workers=settings.slots, thread_name_prefix="llm-slot")
         self._scheduler = threading.Thread(target=self._schedule_loop, name="llm-scheduler", daemon=True)
@@ -208,11 +209,12 @@ class LlmEngine:
                 # A request whose client has gone leaves the queue before it costs a prompt evaluation.
                 gone = [q.key for q in self._queue.remove(lambda job: job.is_cancelled())]
                 now_ms = self._clock() * 1000.0
-                taken = self._queue.take(self.settings.slots - len(self._active), self._prefilling, now_ms)
+                taken = self._queue.take(self.settings.slots - len(self._active), len(self._evaluating), now_ms,
+                                         tuple(self._evaluating.values()))
                 group = GroupTimings(len(taken))
                 for queued in taken:
                     self._active.add(id(queued.key))
-                    self._prefilling += 1
+                    self._evaluating[id(queued.key)] = queued.prompt_tokens
                     queued.key.group = group
                 if not taken and not gone:
                     # Woken by a submit, a prompt evaluated or a slot freed; while requests wait, also often
@@ -237,7 +239,7 @@ class LlmEngine:
         with self._condition:
             if job.prefilling:
                 job.prefilling = False
-                self._prefilling -= 1
+                self._evaluating.pop(id(job), None)
                 self._condition.notify()
 
     def _generate(self, job: Job) -> None:

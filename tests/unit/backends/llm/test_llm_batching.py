@@ -3,8 +3,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from s2t.backends.runtime.model_parameters import ParameterError, read_parameters
-from s2t.backends.llm.batching import (FIFO, MIN_MEASURED_PROMPT_TOKENS, STARVATION_DELAYS, BatchingSettings,
-                                      GroupTimings, LengthAwareQueue, PromptEvaluationRate)
+from s2t.backends.llm.batching import (FIFO, MIN_MEASURED_PROMPT_TOKENS, SHORTEST_FIRST, STARVATION_DELAYS,
+                                      BatchingSettings, GroupTimings, LengthAwareQueue, PromptEvaluationRate)
 from tests.unit.fake_clock import Clock
 
 AWARE = BatchingSettings()
@@ -119,14 +119,16 @@ def test_admission_is_work_conserving_and_orders_only_the_requests_waiting(arriv
     deadline = queue.next_deadline_ms()
     assert deadline == pytest.approx(min(at + min(tokens * hold_per_token, delay) for tokens, at in arrivals))
     now = max(last, deadline)
-    shortest = queue.groups()[0]
+    holders = queue.slot_holders(8, now)
     taken = queue.take(free_slots=8, prefilling=prefilling, now_ms=now)
     if prefilling:
         assert taken == []
         return
     assert taken
+    assert {q.key for q in taken} <= {q.key for q in holders}
     starving = any(now - q.arrived_ms >= delay * STARVATION_DELAYS for q in taken)
-    assert starving or {q.key for q in taken} <= {q.key for q in shortest}
+    # The shortest group of the requests the slots are kept for: within the length ratio of the shortest of them.
+    assert starving or max(q.prompt_tokens for q in taken) <= min(q.prompt_tokens for q in holders) * 3.0
 
 
 def test_nothing_is_admitted_while_a_prompt_is_evaluated_even_past_every_hold():
@@ -188,6 +190,7 @@ def test_drain_returns_everyone_oldest_first():
     ({"max_prefill_tokens": {"string_value": "0"}}, "max_prefill_tokens must be at least 1"),
     ({"hold_fraction": {"string_value": "1.5"}}, "hold_fraction must be between 0 and 1"),
     ({"hold_fraction": {"string_value": "-0.1"}}, "hold_fraction must be between 0 and 1"),
+    ({"slot_choice": {"string_value": "random"}}, "slot_choice must be one of longest_first, shortest_first"),
 ])
 def test_bad_batching_parameters_refuse_to_load(parameters, message):
     with pytest.raises(ParameterError, match=message):
@@ -195,7 +198,8 @@ def test_bad_batching_parameters_refuse_to_load(parameters, message):
 
 
 def test_batching_parameters_default_to_the_design():
-    assert read_parameters(BatchingSettings, {}) == BatchingSettings("length_aware", 3.0, 32, 200.0, 0.15, 64, 1024, 0.1)
+    assert read_parameters(BatchingSettings, {}) == BatchingSettings("length_aware", 3.0, 32, 200.0, 0.15, 64, 1024, 0.1,
+                                                                     "longest_first")
 
 
 def test_the_queue_is_full_at_its_configured_size():
@@ -311,3 +315,151 @@ def test_a_hold_is_never_negative_nor_past_the_cap_whatever_was_measured(samples
     assert 10.0 <= queue.next_deadline_ms() <= 10.0 + delay
     # Work-conserving: once its hold has ended, an idle engine takes it.
     assert keys(queue.take(free_slots=1, prefilling=0, now_ms=queue.next_deadline_ms())) == ["r"]
+
+
+# The bench's burst: four loan files sent first, then twelve short questions and paragraphs (their token counts).
+BURST_LONG = [200] * 4
+BURST_OTHERS = [20, 65, 20, 22, 28] * 2 + [20, 65]
+
+
+def burst_queue(settings_=AWARE):
+    queue = LengthAwareQueue(settings_)
+    for i, n in enumerate(BURST_LONG):
+        queue.add(f"long-{i}", n, 0.0)
+    for i, n in enumerate(BURST_OTHERS):
+        queue.add(f"other-{i}", n, 20.0 + i)
+    return queue
+
+
+def test_in_a_burst_beyond_the_slots_the_long_prompts_get_slots_and_the_shortest_wait_evaluated_after():
+    """16 requests, 8 slots: 8 must wait for a generation to end, then pay their own evaluation; those left waiting
+    are the cheapest to evaluate, while the prompts admitted are still evaluated shortest group first."""
+    queue = burst_queue()
+    rounds, now = [], 100.0
+    while sum(len(r) for r in rounds) < 8:
+        admitted = sum(len(r) for r in rounds)
+        taken = queue.take(free_slots=8 - admitted, prefilling=0, now_ms=now)
+        assert taken, f"nothing admitted with {8 - admitted} slots free"
+        # One group's prompts are evaluated at a time: nothing more goes while they are.
+        assert queue.take(free_slots=8 - admitted - len(taken), prefilling=len(taken), now_ms=now) == []
+        rounds.append(taken)
+        now += 300.0
+    # The long prompts are among those given the slots, evaluated last (shortest group first) ...
+    assert sorted(keys(rounds[-1])) == [f"long-{i}" for i in range(4)]
+    tokens = [[q.prompt_tokens for q in r] for r in rounds]
+    assert all(max(a) < min(b) for a, b in zip(tokens, tokens[1:])), tokens
+    # ... and the eight left waiting for a generation to end are the cheapest to evaluate: the short questions (the
+    # oldest of their length class got the one slot left for it).
+    left = queue.drain()
+    assert len(left) == 8 and max(q.prompt_tokens for q in left) <= 28
+    assert sorted(keys(rounds[0])) == ["other-0"] and sorted(keys(rounds[1])) == ["other-1", "other-11", "other-6"]
+    assert queue.take(free_slots=0, prefilling=0, now_ms=now) == []
+
+
+def test_in_a_burst_the_requests_left_waiting_are_the_cheapest_whatever_their_order():
+    for order in (1, -1):
+        queue = LengthAwareQueue(AWARE)
+        lengths = (BURST_LONG + BURST_OTHERS)[::order]
+        for i, n in enumerate(lengths):
+            queue.add(f"r{i}", n, float(i))
+        holders = queue.slot_holders(8, now_ms=20.0)
+        held = sorted(q.prompt_tokens for q in holders)
+        assert held[1:] == [65] * 3 + [200] * 4 and held[0] <= 28
+        # Within the short questions' length class, the oldest gets the slot.
+        assert min(holders, key=lambda q: q.prompt_tokens).arrived_ms == min(
+            i for i, n in enumerate(lengths) if n <= 28)
+
+
+@given(st.lists(st.tuples(st.integers(1, 3000), st.floats(0, 100)), min_size=1, max_size=40), st.integers(0, 12),
+       st.floats(1.0, 6.0))
+@settings(max_examples=300, deadline=None)
+def test_no_request_left_waiting_is_longer_than_the_class_of_those_given_the_slots(arrivals, free_slots, ratio):
+    queue = LengthAwareQueue(BatchingSettings(max_length_ratio=ratio))
+    for i, (tokens, at) in enumerate(arrivals):
+        queue.add(f"r{i}", tokens, at)
+    holders = queue.slot_holders(free_slots, now_ms=100.0)
+    held = {q.key for q in holders}
+    left = [q for q in queue.drain() if q.key not in held]
+    assert len(holders) == min(free_slots, len(arrivals))
+    for waiting in left:
+        assert all(waiting.prompt_tokens <= q.prompt_tokens * ratio for q in holders)
+
+
+def test_with_slots_for_all_every_request_goes_shortest_group_first():
+    queue = burst_queue()
+    assert len(queue.slot_holders(16, now_ms=21.0)) == 16
+    first = queue.take(free_slots=16, prefilling=0, now_ms=1000.0)
+    assert all(q.prompt_tokens <= 65 for q in first)
+
+
+def test_a_short_request_that_waited_ten_delays_gets_the_next_slot_before_longer_ones():
+    queue = LengthAwareQueue(AWARE)
+    queue.add("short", 20, 0.0)
+    for i in range(3):
+        queue.add(f"long-{i}", 600, 1500.0 + i)
+    now = AWARE.max_queue_delay_ms * STARVATION_DELAYS
+    assert keys(queue.take(free_slots=1, prefilling=0, now_ms=now - 1)) == ["long-0"]
+    assert keys(queue.take(free_slots=1, prefilling=0, now_ms=now)) == ["short"]
+
+
+def test_under_a_stream_of_long_prompts_a_short_one_waits_at_most_the_starvation_bound():
+    """One slot frees every 100 ms and a longer prompt arrives with it: the short request still gets a slot once it
+    has waited ten delays."""
+    queue = LengthAwareQueue(AWARE)
+    queue.add("short", 20, 0.0)
+    bound = AWARE.max_queue_delay_ms * STARVATION_DELAYS
+    admitted_at = None
+    for step in range(1, 60):
+        now = step * 100.0
+        queue.add(f"long-{step}", 500, now)
+        queue.add(f"long-{step}b", 500, now)
+        if "short" in keys(queue.take(free_slots=1, prefilling=0, now_ms=now)):
+            admitted_at = now
+            break
+    assert admitted_at is not None and admitted_at <= bound
+
+
+def test_shortest_first_slot_choice_gives_the_burst_s_slots_to_the_short_prompts():
+    queue = burst_queue(BatchingSettings(slot_choice=SHORTEST_FIRST))
+    holders = queue.slot_holders(8, now_ms=21.0)
+    assert len(holders) == 8 and all(q.prompt_tokens <= 28 for q in holders)
+    assert all(q.prompt_tokens <= 28 for q in queue.take(free_slots=8, prefilling=0, now_ms=21.0))
+
+
+@pytest.mark.parametrize("evaluating, lengths, admitted", [
+    # A short prompt given a slot while another short one is evaluated joins it: the same steps of llama.cpp.
+    ((20,), [22], ["r0"]),
+    ((60,), [20, 25], ["r0", "r1"]),
+    # Not beside a prompt of a shorter class: it would wait out the longer one's evaluation.
+    ((20,), [200], []),
+    # Not past max_prefill_tokens with the prompts being evaluated.
+    ((500, 500), [400], []),
+    ((300, 300), [250, 250], ["r0"]),
+])
+def test_a_group_no_longer_than_the_prompts_being_evaluated_joins_them_within_the_budget(evaluating, lengths, admitted):
+    queue = queue_of(lengths)
+    taken = queue.take(free_slots=4, prefilling=len(evaluating), now_ms=1000.0, evaluating=evaluating)
+    assert keys(taken) == admitted
+
+
+def test_without_the_lengths_being_evaluated_nothing_joins_them():
+    assert queue_of([10]).take(free_slots=4, prefilling=1, now_ms=1000.0) == []
+
+
+def test_a_starving_long_group_stops_short_prompts_joining_so_it_goes_next():
+    queue = LengthAwareQueue(AWARE)
+    queue.add("long", 600, 0.0)
+    queue.add("short", 20, 1990.0)
+    now = AWARE.max_queue_delay_ms * STARVATION_DELAYS
+    assert queue.take(free_slots=4, prefilling=1, now_ms=now, evaluating=(20,)) == []
+    assert keys(queue.take(free_slots=4, prefilling=0, now_ms=now)) == ["long"]
+
+
+@given(st.lists(st.integers(1, 2000), min_size=1, max_size=30), st.lists(st.integers(1, 1000), min_size=1, max_size=8))
+@settings(max_examples=300, deadline=None)
+def test_what_joins_an_evaluation_is_never_longer_than_its_class_nor_past_the_budget(lengths, evaluating):
+    queue = queue_of(lengths)
+    taken = queue.take(free_slots=8, prefilling=len(evaluating), now_ms=100_000.0, evaluating=tuple(evaluating))
+    if taken:
+        assert max(q.prompt_tokens for q in taken) <= min(evaluating) * AWARE.max_length_ratio
+        assert sum(evaluating) + sum(q.prompt_tokens for q in taken) <= AWARE.max_prefill_tokens
