@@ -178,6 +178,9 @@ def llm_disconnects(http_url: str, count: int, deadline: float, concurrency: int
     return _result(count, outcomes)
 
 
+LOAD_REFUSAL = "StatusCode.UNAVAILABLE (the caller's share of the gRPC front's calls: try again)"
+
+
 def bogus_routes(grpc_url: str, records: Sequence[Mapping], count: int, deadline: float,
                  concurrency: int = 8) -> tuple[dict, list[str]]:
     """`count` risk_router requests, each forcing `route` to a different version that does not exist. Returns the
@@ -201,6 +204,10 @@ def bogus_routes(grpc_url: str, records: Sequence[Mapping], count: int, deadline
             local.client.infer("risk_router", [tensor], parameters={"route": routes[k]},
                                client_timeout=REQUEST_TIMEOUT_S)
         except InferenceServerException as err:
+            # The gRPC front refusing a call for its caller's share of the calls in flight says so (retryable):
+            # told apart from any other UNAVAILABLE, which would be the server's.
+            if err.status() == "StatusCode.UNAVAILABLE" and "try again" in (err.message() or ""):
+                return LOAD_REFUSAL
             return str(err.status())
         return "scored"
 

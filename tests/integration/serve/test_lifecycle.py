@@ -100,7 +100,15 @@ def serve(built_artifacts, tmp_path):
 def server_pid(serve_pid: int) -> int | None:
     """The tritonserver `s2t serve` runs now (None between two); its other child is the gRPC front."""
     return next((pid for task in Path(f"/proc/{serve_pid}/task").glob("*")
-                 for pid in map(int, (task / "children").read_text().split()) if comm(pid) == "tritonserver"), None)
+                 for pid in map(int, children_of(task).split()) if comm(pid) == "tritonserver"), None)
+
+
+def children_of(task: Path) -> str:
+    """The task's children listing; empty for a thread that ended since the tasks were listed."""
+    try:
+        return (task / "children").read_text()
+    except OSError:
+        return ""
 
 
 def comm(pid: int) -> str | None:

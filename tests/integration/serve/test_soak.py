@@ -2,6 +2,7 @@
 import json
 import subprocess
 
+from s2t.soak.hostile.floods import LOAD_REFUSAL
 from tests.conftest import ROOT, S2T
 from s2t.errors import GATE_REFUSED
 
@@ -118,7 +119,8 @@ def test_hostile_soak_reports_every_path_phase_and_guarantee_and_leaves_nothing_
     # Asserted: bogus routes are the callers' mistake, each answered on its own.
     routes = result["floods"]["bogus_routes"]["outcomes"]
     assert routes.get("StatusCode.INVALID_ARGUMENT", 0) > 0, routes
-    assert set(routes) <= {"StatusCode.INVALID_ARGUMENT", "not sent (flood time over)"}, routes
+    # On a busy machine the gRPC front may refuse one for its caller's share of the calls in flight (retryable).
+    assert set(routes) <= {"StatusCode.INVALID_ARGUMENT", "not sent (flood time over)", LOAD_REFUSAL}, routes
     # Asserted: every admin-API probe got an answer (refused or not, that is the admin_apis_restricted verdict).
     assert result["floods"]["api_probes"]["unanswered"] == 0
     # Asserted: every invalid record, of each kind over both protocols, refused naming its field, and every malformed
