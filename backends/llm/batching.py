@@ -231,6 +231,7 @@ class LengthAwareQueue:
         """
         if free_slots <= 0 or not self._waiting:
             return []
+        joining = 0  # prompt tokens already being evaluated that a length-aware group joins
         if self.settings.policy == FIFO:
             chosen = self._waiting[:free_slots]
         else:
@@ -252,8 +253,8 @@ class LengthAwareQueue:
             if prefilling:
                 if max(q.prompt_tokens for q in chosen) > min(evaluating) * self.settings.max_length_ratio:
                     return []
-                chosen = self._within_prefill_budget(chosen, sum(evaluating))
-        chosen = self._within_prefill_budget(chosen)
+                joining = sum(evaluating)
+        chosen = self._within_prefill_budget(chosen, joining)
         taken = {id(q) for q in chosen}
         self._waiting = [q for q in self._waiting if id(q) not in taken]
         return chosen

@@ -50,36 +50,15 @@ def warm_up_s(run_seconds: float) -> float:
 
 def least_squares(points: Points) -> tuple[float, float]:
     """(slope per second, value at t = 0) of the least-squares line through `points` (at least two distinct t)."""
-    n = len(points)
-    mean_t = sum(t for t, _ in points) / n
-    mean_y = sum(y for _, y in points) / n
-    spread = sum((t - mean_t) ** 2 for t, _ in points)
-    if spread == 0:
-        raise ValueError("a line needs samples at two different times at least")
-    slope = sum((t - mean_t) * (y - mean_y) for t, y in points) / spread
-    return slope, mean_y - slope * mean_t
+    slope, [at_zero] = shared_slope([points])
+    return slope, at_zero
 
 
 def trend(points: Points, warm_up: float = 0.0, hours: float = PROJECTION_HOURS) -> dict:
-    """The fit of the samples at or after `warm_up` s: sizes fitted at the first and last of them, the slope in
-    bytes an hour, and the growth projected to `hours` past the first, as a fraction of the size fitted there
-    (None with fewer than MIN_SAMPLES samples)."""
-    fitted = sorted((t, y) for t, y in points if t >= warm_up)
-    out = {"samples": len(fitted), "from_s": fitted[0][0] if fitted else None,
-           "to_s": fitted[-1][0] if fitted else None, "start_bytes": None, "end_bytes": None,
-           "slope_bytes_per_hour": None, "projected_growth": None, "projected_hours": hours,
-           "limit_over_the_fit_bytes": None}
-    if len(fitted) < MIN_SAMPLES or fitted[0][0] == fitted[-1][0]:
-        return out
-    slope, at_zero = least_squares(fitted)
-    start, end = at_zero + slope * fitted[0][0], at_zero + slope * fitted[-1][0]
-    span = fitted[-1][0] - fitted[0][0]
-    # How fine the run can see: the growth over the fitted span that projects to the limit. A short run must be
-    # flat to within it (a few hundred KiB in 90 s of a 400 MiB tree), a long one less so.
-    out.update(start_bytes=round(start), end_bytes=round(end), slope_bytes_per_hour=round(slope * 3600),
-               projected_growth=slope * hours * 3600 / start if start > 0 else None,
-               limit_over_the_fit_bytes=round(MAX_PROJECTED_GROWTH * start * span / (hours * 3600)))
-    return out
+    """The fit of the samples at or after `warm_up` s (`load_trend` of one stretch): sizes fitted at the first and
+    last of them, the slope in bytes an hour, and the growth projected to `hours` past the first, as a fraction of
+    the size fitted there (None with fewer than MIN_SAMPLES samples)."""
+    return load_trend([[(t, y) for t, y in points if t >= warm_up]], hours)
 
 
 def trends(series: Mapping[str, Points], run_seconds: float) -> dict[str, dict]:
@@ -145,6 +124,8 @@ def load_trend(stretches: Sequence[Points], hours: float = PROJECTION_HOURS) -> 
     span = sum(points[-1][0] - points[0][0] for points in kept)
     if samples < MIN_SAMPLES or span == 0:
         return out
+    # How fine the run can see: the growth over the fitted span that projects to the limit. A short run must be
+    # flat to within it (a few hundred KiB in 90 s of a 400 MiB tree), a long one less so.
     slope, levels = shared_slope(kept)
     start = levels[0] + slope * kept[0][0][0]
     out.update(start_bytes=round(start), end_bytes=round(levels[-1] + slope * kept[-1][-1][0]),
