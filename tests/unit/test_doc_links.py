@@ -52,3 +52,9 @@ def test_the_readme_is_what_a_newcomer_reads_in_one_sitting():
     """The two commands, scoring a record, migrating a model, a short tour, one table of figures, the layout and the
     docs index: the rest belongs in docs/."""
     assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+
+
+def test_the_benchmarks_page_is_a_reference_not_a_history():
+    """Current figures, how to reproduce them, what each mode measures, the fairness rules and the targets; earlier
+    runs belong in docs/evidence.md."""
+    assert len((ROOT / "docs" / "benchmarks.md").read_text().splitlines()) < 250
