@@ -157,16 +157,18 @@ def test_a_long_prompt_whose_client_leaves_while_queued_goes_before_it_is_admitt
         time.sleep(0.25)
     before = cancelled()
     with ThreadPoolExecutor(9) as pool:
-        # Every slot busy with a long answer, so that the abandoned request waits in the queue.
+        # Every slot busy with a long answer, so that the abandoned request waits in the queue: 8 answers of 96
+        # tokens keep them busy several seconds on a quiet machine (longer on a busy one), the test needs about two.
         busy = [pool.submit(generate_stream, server.http_url,
-                            {"text_input": f"Write a long story {n}.", "max_tokens": 256,
-                             "sampling_parameters": json.dumps({"min_tokens": 256})}, "llm", 300) for n in range(8)]
+                            {"text_input": f"Write a long story {n}.", "max_tokens": 96,
+                             "sampling_parameters": json.dumps({"min_tokens": 96})}, "llm", 300) for n in range(8)]
         time.sleep(1.0)
         left_at = time.monotonic() + CLIENT_PATIENCE_S
         abandon(server.http_port, 1000)
         while cancelled() == before:
             assert time.monotonic() - left_at < ABANDONED_WAIT_BOUND_S, "the abandoned request is still waiting"
             time.sleep(0.05)
+        assert not any(f.done() for f in busy), "every slot was still busy when the abandoned request was answered"
         assert all(f.result().error is None for f in busy)
 
 
