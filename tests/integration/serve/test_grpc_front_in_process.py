@@ -6,6 +6,7 @@ answered right, each bad request alone refused, the same server throughout."""
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from pathlib import Path
@@ -246,6 +247,36 @@ def test_a_stop_ends_the_front_with_tritonserver_which_exits_0(built_artifacts, 
     assert code == 0, text[-3000:]
     assert "s2t_grpc_front: stopping: 0 call(s) to tritonserver in flight" in text
     assert "s2t_grpc_front: stopped\n" in text
+
+
+def test_the_front_leaves_no_connection_for_tritons_grpc_server_to_wait_on_when_it_has_stopped(built_artifacts,
+                                                                                              tmp_path):
+    """After Triton's own stop the front ends, and with it its relay's connection to Triton's gRPC endpoint: Triton's
+    gRPC server, stopped next, waits for every connection it has (a connection nobody reads any more held each
+    stop 3 s)."""
+    log = tmp_path / "tritonserver.log"
+    server = triton_server([MODEL_REPOSITORY, ENSEMBLES], log, stop_gracefully=True, exit_timeout_seconds=3)
+    with serving(server):
+        process = psutil.Process(server.process.pid)
+        endpoint = server.triton_grpc_port
+        server.process.send_signal(signal.SIGTERM)
+        stopped_at, held_after = None, []
+        while server.process.poll() is None:
+            try:
+                relayed = [c for c in process.net_connections(kind="tcp")
+                           if c.status == psutil.CONN_ESTABLISHED and c.raddr and c.raddr.port == endpoint]
+            except psutil.NoSuchProcess:
+                break
+            if stopped_at is None and "s2t_grpc_front: stopped\n" in log.read_text():
+                stopped_at = time.monotonic()
+            if stopped_at is not None and relayed:
+                held_after.append(round(time.monotonic() - stopped_at, 2))
+            time.sleep(0.02)
+        code = server.process.wait()
+    assert code == 0, log.read_text()[-3000:]
+    assert stopped_at is not None, log.read_text()[-3000:]
+    # Closing a connection takes gRPC's event engine a moment; held for seconds, it was never closed.
+    assert not [after for after in held_after if after > 0.5], held_after
 
 
 def test_a_stream_left_open_holds_tritons_stop_as_without_the_front_and_nothing_more(built_artifacts, tmp_path,
