@@ -164,7 +164,9 @@ def test_clients_that_leave_free_the_queue_and_a_short_prompt_beside_them_is_ser
     assert valid.error is None and valid.final["output_tokens"] == 4, valid.error
     first_token = valid.token_times()[0] - first_try
     assert first_token < TTFT_BOUND_S, f"first token {first_token:.1f} s after the first try"
-    assert all(status in (None, 429) for status in statuses), statuses
+    # Each flood client left (None) or was refused (429); one admitted at once can also see its stream begin (200):
+    # the model probes a stream with no token yet FIRST_PROBE_AFTER_S (0.1 s, the clients' patience) after it came.
+    assert not [status for status in statuses if status not in (None, 429, 200)], statuses
 
     # Every flood request is answered: refused at once (the queue holds QUEUE_SIZE) or cancelled; none is left
     # waiting, and the queue depth gauge is back to 0.
