@@ -34,6 +34,11 @@ def live(request, built_artifacts, tmp_path):
         yield server, repo
 
 
+# A caller's pause between two requests (about 500 a second each): constant traffic through every change, without
+# taking the cores the commands under test (and the other tests beside this one) run on.
+PACE_S = 0.002
+
+
 class Load:
     """Constant traffic on risk_pipeline (records) and risk_scorer (packed tensors), counting every failure."""
 
@@ -65,6 +70,7 @@ class Load:
             except Exception as err:  # noqa: BLE001 - every failure counts
                 self.failures.append(str(err))
             i += 1
+            self.stop.wait(PACE_S)
         client.close()
 
     def _pipeline(self):

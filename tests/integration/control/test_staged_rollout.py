@@ -72,6 +72,11 @@ def infer(client, model, records):
     return out
 
 
+# A caller's pause between two requests (about 500 a second each): constant traffic through every change, without
+# taking the cores the commands under test (and the other tests beside this one) run on.
+PACE_S = 0.002
+
+
 class Load:
     """One record at a time on risk_router and on risk_pipeline, without pause, counting every failure."""
 
@@ -101,6 +106,7 @@ class Load:
             except Exception as err:  # noqa: BLE001 - every failure counts
                 self.failures.append(f"{model}: {err}")
             i += 1
+            self.stop.wait(PACE_S)
         client.close()
 
 
