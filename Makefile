@@ -39,17 +39,16 @@ EXPLAINER_REASONS := model_repository_llm/risk_explainer/1/reason_model.onnx
 DRIFT_REFERENCE := model_repository/risk_router/1/drift_reference.json
 PROTO_PY := s2t/wire/skill_pb2.py s2t/wire/skill_pb2_grpc.py s2t/wire/tf_example_pb2.py
 
-.PHONY: serve test lint unit integration integration-builds system venv models native fronts clean gpu-venv gpu-models test-gpu test-python genai-venv
+.PHONY: serve test lint unit integration integration-builds system venv models native clean gpu-venv gpu-models test-gpu test-python genai-venv
 
 serve: models
 	$(S2T) serve
 
-# The levels cheapest first, each stopping the run: a lint failure is reported before TensorFlow trains anything, a
-# unit failure before any server starts (docs/testing.md). The venv's install waits on pip (about one core for a
-# minute and a half): beside it go what needs neither the venv nor a model (the genai venv, the native fronts, the
-# fuzz target, the system packages). While the unit level runs, the rest the integration level needs outside the
-# model repositories is built beside it (the trained and converted models, the in-process backend; the unit level
-# reads the repositories, so they are written after it), each job's output printed whole when it ends.
+# The levels cheapest first, each stopping the run: a lint failure is reported before anything is built, a unit
+# failure before any server starts (docs/testing.md). While the unit level runs, what the integration level needs
+# outside the model repositories is built beside it (the trained and converted models, the native binaries, the
+# genai venv, the system packages; the unit level reads the repositories, so they are written after it), each job's
+# output printed whole when it ends.
 # The builds run at a lower priority (BUILD_NICE), so that the unit level, the one the developer waits on, keeps
 # its core: they have the rest of its time and the unit level's end to finish.
 # Bytecode written as modules are first imported, even where the environment sets PYTHONDONTWRITEBYTECODE (container
@@ -60,8 +59,6 @@ serve: models
 test lint unit integration integration-builds test-python: export PYTHONDONTWRITEBYTECODE :=
 
 test:
-	@$(MAKE) --no-print-directory -j3 --output-sync=target BUILD_NICE="nice -n 10" $(VENV)/.installed-dev \
-	  $(GENAI_VENV)/.installed fronts fuzz-build system
 	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory -j3 --output-sync=target BUILD_NICE="nice -n 10" unit integration-builds
 	@$(MAKE) --no-print-directory integration
@@ -99,10 +96,8 @@ endef
 # genai-perf (s2t bench --mode llm profiles `llm` with it) in its own environment: its transformers, pandas and
 # plotting stack stay out of .venv. tritonclient brings the perf_analyzer binary it runs.
 genai-venv: $(GENAI_VENV)/.installed
-# Made from the interpreter .venv is made from, not from .venv: so it needs nothing of .venv's install.
-$(GENAI_VENV)/.installed: constraints.txt
-	@[ -n "$(PYTHON)" ] || { echo "skill2triton needs Python 3.11 or 3.12: make venv says how to get one" >&2; exit 1; }
-	$(call make_venv,$(PYTHON),$(GENAI_VENV))
+$(GENAI_VENV)/.installed: constraints.txt | $(VENV)/.installed
+	$(call make_venv,$(BIN)/python,$(GENAI_VENV))
 	$(BUILD_NICE) $(GENAI_VENV)/bin/pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt genai-perf gguf \
 	  "tritonclient[all]" nvidia-cuda-runtime-cu12
 	touch $@
@@ -232,11 +227,8 @@ $(EXPLAINER_REASONS): $(LITE_ONNX)
 # And the HTTP front on the public HTTP port, also run inside tritonserver (native/http_front.cc, against Debian's
 # libevent and RapidJSON).
 # Always run: each script rebuilds only when a source is newer.
-native: fronts $(VENV)/.installed
+native: $(VENV)/.installed
 	$(BUILD_NICE) native/build.sh $(BIN)/python
-
-# The fronts need no venv: Debian's compilers and libraries only.
-fronts:
 	$(BUILD_NICE) native/build_grpc_front.sh
 	$(BUILD_NICE) native/build_http_front.sh
 
