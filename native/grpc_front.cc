@@ -1342,8 +1342,8 @@ extern "C" __attribute__((visibility("default"))) void s2t_grpc_front_end() {
   for (auto& worker : g_endpoint->workers) worker->cq()->Shutdown();
   deadline = Now() + 2;
   while (g_endpoint->running.load() > 0 && Now() < deadline) usleep(10 * 1000);
-  // The relay's connection to Triton's own endpoint closed now: Triton's gRPC server, stopped next, waits for every
-  // connection's GOAWAY to be answered, and no thread of this front reads this one any more (3 s lost at every stop).
+  // The relay's connection to Triton's own endpoint closed now: Triton's gRPC server, stopped next, waits for its
+  // connections to end, and no thread of this front reads this one any more (left open, it held each stop 3 s).
   if (g_endpoint->running.load() == 0) g_endpoint->stub.reset();
   LogStopped();
 }

@@ -78,7 +78,7 @@ PACE_S = 0.002
 
 
 class Load:
-    """One record at a time on risk_router and on risk_pipeline, without pause, counting every failure."""
+    """One record at a time on risk_router and on risk_pipeline, PACE_S apart, counting every failure."""
 
     def __init__(self, url, records):
         self.url, self.records = url, records
