@@ -12,6 +12,7 @@ import tritonclient.grpc as grpc
 from tests.conftest import S2T
 from tests.integration.servers import repository_copies, triton_server
 from tests.samples import SHIFT, shifted_model
+from tests.integration.traffic import PACE_S
 from s2t.control.live_control import ADMIN_KEY_ENV
 from s2t.control.version_store import VersionStore
 from s2t.errors import GATE_REFUSED
@@ -46,7 +47,7 @@ class RouterTraffic:
 
     def _loop(self):
         client, i = grpc.InferenceServerClient(self.url), 0
-        while not self.stop.is_set():
+        while not self.stop.wait(PACE_S):
             batch = np.array([[json.dumps({"request_id": f"auto-{i + k}", "features": self.rows[(i + k) % len(self.rows)]})
                                .encode()] for k in range(4)], dtype=object)
             tensor = grpc.InferInput("payload", list(batch.shape), "BYTES")

@@ -16,6 +16,7 @@ from s2t.control.live_control import ADMIN_KEY_ENV
 from s2t.control.publish import ParityGate
 from s2t.control.version_store import VersionStore
 from tests.integration.servers import repository_copies, triton_server
+from tests.integration.traffic import PACE_S
 
 KEY = "rollout-key"
 
@@ -32,11 +33,6 @@ def live(request, built_artifacts, tmp_path):
                            log_path=tmp_path / "triton.log")
     with server:
         yield server, repo
-
-
-# A caller's pause between two requests (about 500 a second each): constant traffic through every change, without
-# taking the cores the commands under test (and the other tests beside this one) run on.
-PACE_S = 0.002
 
 
 class Load:
@@ -63,14 +59,13 @@ class Load:
     def _loop(self, send):
         client = grpc.InferenceServerClient(self.url)
         i = 0
-        while not self.stop.is_set():
+        while not self.stop.wait(PACE_S):
             try:
                 send(client, i % len(self.records))
                 self.answers += 1
             except Exception as err:  # noqa: BLE001 - every failure counts
                 self.failures.append(str(err))
             i += 1
-            self.stop.wait(PACE_S)
         client.close()
 
     def _pipeline(self):

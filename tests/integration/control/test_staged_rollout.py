@@ -14,6 +14,7 @@ import tritonclient.grpc as grpc
 from tests.conftest import S2T
 from tests.integration.servers import repository_copies, triton_server
 from tests.samples import SHIFT, shifted_model
+from tests.integration.traffic import PACE_S
 from s2t.serve.supervisor import stubs_of
 from s2t.control.live_control import ADMIN_KEY_ENV
 from s2t.control.version_store import VersionStore
@@ -72,11 +73,6 @@ def infer(client, model, records):
     return out
 
 
-# A caller's pause between two requests (about 500 a second each): constant traffic through every change, without
-# taking the cores the commands under test (and the other tests beside this one) run on.
-PACE_S = 0.002
-
-
 class Load:
     """One record at a time on risk_router and on risk_pipeline, PACE_S apart, counting every failure."""
 
@@ -99,14 +95,13 @@ class Load:
     def _loop(self, model):
         client = grpc.InferenceServerClient(self.url)
         i = 0
-        while not self.stop.is_set():
+        while not self.stop.wait(PACE_S):
             try:
                 infer(client, model, [self.records[i % len(self.records)]])
                 self.answers += 1
             except Exception as err:  # noqa: BLE001 - every failure counts
                 self.failures.append(f"{model}: {err}")
             i += 1
-            self.stop.wait(PACE_S)
         client.close()
 
 

@@ -11,6 +11,7 @@ import tritonclient.grpc as grpc
 from tests.conftest import MODEL_REPOSITORY
 from s2t.serve.triton_server import ServerError
 from tests.integration.servers import triton_server
+from tests.integration.traffic import PACE_S
 
 PIPELINE_MODELS = ("risk_pipeline", "risk_scorer")
 
@@ -69,7 +70,7 @@ def test_rewriting_scorer_version_switches_the_scorer_live_without_a_failed_requ
 
         def load():
             own = grpc.InferenceServerClient(server.grpc_url)
-            while not stop.is_set():
+            while not stop.wait(PACE_S):
                 try:
                     answers.append(score(own, payloads[:1])[0])
                 except Exception as err:  # noqa: BLE001 - every failure counts

@@ -19,6 +19,7 @@ from tritonclient.grpc import service_pb2
 
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
 from tests.integration.servers import serving, triton_server
+from tests.integration.traffic import PACE_S
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
@@ -140,7 +141,7 @@ def test_callers_asking_for_it_beside_valid_traffic_cost_no_valid_answer(server,
 
     def valid_caller() -> None:
         with requests.Session() as session:
-            while not stop.is_set():
+            while not stop.wait(PACE_S):
                 answer = session.post(f"http://{server.http_url}/v2/models/risk_pipeline/infer",
                                       json=http_body(record), timeout=30)
                 if answer.status_code != 200 or answer.json() != quiet_http:

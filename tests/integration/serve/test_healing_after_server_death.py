@@ -30,6 +30,7 @@ from s2t.serve.supervisor import stubs_of
 from tests.conftest import ENSEMBLES, ROOT, S2T, free_port
 from tests.integration.serve.test_lifecycle import comm, copy_repository, ready, stream_load, wait_until
 from tests.integration.serve.test_server_crash_and_hang import record, score
+from tests.integration.traffic import PACE_S
 
 # From the death to the new tritonserver started: the dead server's group reaped and its leftovers cleaned.
 HEAL_BOUND_S = 5.0
@@ -130,7 +131,7 @@ def http_load(url: str, payload: bytes, stop: threading.Event) -> list[bool]:
     outcomes: list[bool] = []
 
     def run():
-        while not stop.is_set():
+        while not stop.wait(PACE_S):
             try:
                 score(url, payload, timeout=5)
                 outcomes.append(True)

@@ -17,6 +17,7 @@ import requests
 from s2t.serve import http_front
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
 from tests.integration.servers import serving, triton_server
+from tests.integration.traffic import PACE_S
 
 PLAIN = {"Accept-Encoding": "identity"}
 MAX_CONNECTIONS = 64
@@ -125,7 +126,7 @@ def test_addresses_holding_every_connection_with_unfinished_heads_keep_no_one_ou
 
     def infer() -> None:
         with requests.Session() as session:
-            while not stop.is_set():
+            while not stop.wait(PACE_S):
                 started = time.monotonic()
                 try:
                     answer = session.post(f"http://127.0.0.1:{port}/v2/models/risk_pipeline/infer",

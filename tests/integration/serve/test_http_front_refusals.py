@@ -19,6 +19,7 @@ import requests
 from s2t.serve import http_front
 from tests.conftest import ENSEMBLES, MODEL_REPOSITORY
 from tests.integration.servers import serving, triton_server
+from tests.integration.traffic import PACE_S
 
 PLAIN = {"Accept-Encoding": "identity"}
 PIPELINE = "/v2/models/risk_pipeline/infer"
@@ -123,7 +124,7 @@ def test_bodies_that_are_not_json_and_wrong_types_are_refused_400_naming_why_bes
     def valid(seed: int) -> None:
         with requests.Session() as session:
             i = seed
-            while not stop.is_set():
+            while not stop.wait(PACE_S):
                 i = (i + 1) % 8
                 answer = session.post(f"http://127.0.0.1:{server.http_port}{PIPELINE}", headers=PLAIN, timeout=60,
                                       data=json.dumps(payload([records[i]], id=str(i))))

@@ -21,6 +21,7 @@ import requests
 from tests.conftest import ENSEMBLES, ROOT, free_port
 from tests.integration.serve.test_lifecycle import copy_repository, proc_text, ready, server_pid, wait_until
 from tests.integration.serve.triton_crash_requests import GRPC_CRASHES, HTTP_CRASHES, send_http
+from tests.integration.traffic import PACE_S
 
 # Still reachable on Triton 2.60's own ports (`in_25_08`). Left out: the gzip body past 2 GiB, which takes 15 s of
 # CPU to build and meets the same inflate limit as the 300 MB body that is sent.
@@ -96,7 +97,7 @@ def valid_traffic(port: int, records: list[str], stop: threading.Event, answers:
     def run():
         with requests.Session() as session:
             k = 0
-            while not stop.is_set():
+            while not stop.wait(PACE_S):
                 body = {"inputs": [{"name": "payload", "datatype": "BYTES", "shape": [1, 1],
                                     "data": [records[k % len(records)]]}]}
                 answers.append(session.post(f"http://127.0.0.1:{port}/v2/models/risk_pipeline/infer",

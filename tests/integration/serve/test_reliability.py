@@ -19,6 +19,7 @@ from s2t.control.publish import PublishError, publish
 from s2t.serve.supervisor import RELOAD_GRACE_SECONDS, stubs_of
 from s2t.control.version_store import VersionStore
 from tests.integration.servers import triton_server
+from tests.integration.traffic import PACE_S
 
 KEY = "reliability-key"
 
@@ -55,7 +56,7 @@ def test_a_killed_stub_is_loaded_again_and_serves_within_the_reload_grace(superv
 
     def load():
         client = http.InferenceServerClient(supervised.http_url)
-        while not stop.is_set():
+        while not stop.wait(PACE_S):
             sent = time.monotonic()
             try:
                 client.infer(caller, [payload_input(records[:1])])
