@@ -11,11 +11,10 @@ PYTHON ?= $(shell for p in python3.11 python3.12 python3; do \
 VENV := .venv
 GENAI_VENV := .venv-genai
 BIN := $(VENV)/bin
-# Every environment is installed by uv (pinned in constraints.txt, installed into .venv by its pip): the same pins
-# resolved as pip resolves them, in a ninth of the time (a fresh clone's three environments, 2.5 min of pip, most of
-# it unpacking TensorFlow and the test tools one file at a time). Nothing is byte-compiled ahead: of the thousands
-# of modules TensorFlow and the test tools install, a run imports a few, each compiled on its first import. uv reads
-# its own settings, not pip's: a private index is UV_DEFAULT_INDEX (docs/testing.md).
+# The environments are installed by uv (pinned in constraints.txt, put into .venv by its pip), the same pins as pip
+# installed: .venv took pip 78 s on a fresh clone, uv 9 s (docs/testing.md). Nothing is byte-compiled ahead: of the
+# thousands of modules TensorFlow and the test tools install, a run imports a few, each compiled on its first
+# import. uv reads its own settings, not pip's: a private package index is UV_DEFAULT_INDEX.
 UV_INSTALL := $(BIN)/uv pip install --quiet --python
 S2T := $(BIN)/s2t
 # `make test` only: libb64-0d: perf_analyzer from the tritonclient wheel; docker-compose: validating docker-compose.yml offline;
@@ -76,10 +75,11 @@ lint: $(VENV)/.installed-dev
 
 # No built artifacts: tests/unit/conftest.py writes a tiny scorer, its spec and data in their places. Each level
 # prints its slowest tests, so that one that grows shows at once.
-# Two workers: a unit test's time is more waiting (its subprocesses, timers) than CPU, so one worker left a core
-# idle, and beside the builds (niced) this level is the one `make test` waits on.
+# Three workers on two cores: a unit test's time is more waiting (its subprocesses, timers) than CPU, so on two the
+# level used about one core (alone on the 2-core VM: 58 s on two workers, 45 s on three, 46 s on four), and beside
+# the builds (niced) it is the step `make test` waits on.
 unit: $(VENV)/.installed-dev proto
-	$(call pytest,unit,tests/unit -n 2 --durations=10)
+	$(call pytest,unit,tests/unit -n 3 --durations=10)
 
 # Everything else: the real tritonserver, the built models, the deployment files, the GPU tests (skipped without one).
 # Two workers, a file's tests on one of them (its module's server with them): most tests wait on a server, so two
@@ -280,6 +280,8 @@ clean:
 # its pins is one change there, and that change rebuilds .venv-gpu from scratch (a TensorRT of another CUDA build
 # left beside the new one would shadow it). On PyPI, tensorrt-cu13 (and tensorrt-cu13-libs) is only a source stub
 # whose build fetches the libraries from NVIDIA's index, hence TRT_INDEX: a host that builds engines must reach it.
+# pip installs them, reading NVIDIA's index beside PyPI (uv, by default, takes each package from the first index
+# that has it).
 TRT_INDEX := https://pypi.nvidia.com
 GPU_VENV := .venv-gpu
 GPU_WHEELS := s2t/models/serving_image.py
