@@ -4,14 +4,12 @@ benchmark stack stay uninstalled. The wheel is built from the tracked files alon
 format's code itself and carry the Python-based onnxruntime backend."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 import tomllib
@@ -73,110 +71,14 @@ def fill_wheelhouse(venv: Path, source: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-# The native parts the wheel build compiles (setup.py runs native/*.sh into the build folder's s2t/serve/native),
-# kept between runs under a key of everything they are built from: the tracked native sources and build scripts,
-# setup.py, the system's packages (compilers, gRPC, protobuf, libevent) and the Python they link. The compile was most
-# of this module's minute and a half; a run whose inputs match a kept build hands the build scripts its products,
-# which they find newer than every source and leave as they are, so the wheel still carries (and the serving test
-# still runs) exactly what setup.py builds from the tracked files. Without a kept build, the checkout's own (`make
-# native`, from the same inputs) is handed over the same way; any other input compiles from scratch, and is kept.
-NATIVE_CACHE = WHEELHOUSE.parent / "wheel-native"
-
-
-def native_inputs_key(source: Path) -> str:
-    digest = hashlib.sha256()
-    files = sorted(p for p in (source / "native").rglob("*")
-                   if p.is_file() and "fuzz" not in p.relative_to(source).parts)
-    for path in [source / "setup.py", *files]:
-        digest.update(f"{path.relative_to(source)}\0".encode() + path.read_bytes() + b"\0")
-    for command in (["g++", "--version"], ["gcc", "--version"], ["dpkg-query", "-W"]):
-        done = subprocess.run(command, capture_output=True, timeout=60)
-        digest.update(done.stdout + b"\0")
-    digest.update(repr((sysconfig.get_platform(), sys.implementation.cache_tag, sysconfig.get_config_var("LIBDIR"),
-                        sysconfig.get_config_var("INSTSONAME"))).encode())
-    return digest.hexdigest()[:24]
-
-
-def native_build_folder(source: Path) -> Path:
-    """Where setup.py's build_py writes the native parts: setuptools' platform-specific build_lib."""
-    build_lib = f"lib.{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
-    return source / "build" / build_lib / "s2t" / "serve" / "native"
-
-
-NATIVE_BUILDS_KEPT = 4  # the builds of the last few native sources (about 17 MB each)
-
-
-# What `make native` built in this checkout, in the layout the wheel build writes.
-CHECKOUT_NATIVE = ROOT / "s2t" / "serve" / "native"
-NATIVE_PRODUCTS = ("libs2t_grpc_front.so", "libs2t_grpc_front_hook.so", "libs2t_http_front.so", "s2t_grpc_front",
-                   f"python{sysconfig.get_config_var('VERSION')}/libtriton_s2t_inprocess.so")
-
-
-def checkout_build_of(key: str) -> Path | None:
-    """This checkout's own native build when it is the one setup.py would compile from the tracked files: the same
-    inputs (the key: sources, build scripts, compilers, system packages, Python) and every product newer than every
-    native source, the build scripts' own rule for a build that is up to date. `make integration` runs `make native`
-    first, so on a fresh clone the wheel build does not compile the same sources a second time."""
-    products = [CHECKOUT_NATIVE / name for name in NATIVE_PRODUCTS]
-    if native_inputs_key(ROOT) != key or not all(p.is_file() for p in products):
-        return None
-    sources = [p for p in (ROOT / "native").rglob("*") if p.is_file() and "fuzz" not in p.relative_to(ROOT).parts]
-    newest_source = max(p.stat().st_mtime for p in sources)
-    return CHECKOUT_NATIVE if all(p.stat().st_mtime > newest_source for p in products) else None
-
-
-def restore_native(source: Path, key: str) -> None:
-    kept = NATIVE_CACHE / key
-    if not kept.is_dir() and (built := checkout_build_of(key)) is not None:
-        folder = native_build_folder(source)
-        for name in NATIVE_PRODUCTS:
-            (folder / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(built / name, folder / name)  # a fresh mtime: newer than every source, as a build just made
-        return
-    if kept.is_dir():
-        try:
-            # Copied with a fresh mtime: newer than every source, as a build just made them.
-            shutil.copytree(kept, native_build_folder(source), copy_function=shutil.copy, dirs_exist_ok=True)
-            os.utime(kept)  # the builds in use stay, the others are pruned
-        except OSError:  # pruned by another run meanwhile: the build compiles them
-            shutil.rmtree(native_build_folder(source), ignore_errors=True)
-
-
-def keep_native(source: Path, key: str) -> None:
-    built = native_build_folder(source)
-    if (NATIVE_CACHE / key).is_dir() or not built.is_dir():
-        return
-    NATIVE_CACHE.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".keeping-", dir=NATIVE_CACHE))
-    try:
-        shutil.copytree(built, staging / "native")
-        os.rename(staging / "native", NATIVE_CACHE / key)  # whole or not at all, beside another run doing the same
-    except OSError:
-        if not (NATIVE_CACHE / key).is_dir():
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    def used_at(build: Path) -> float:
-        try:
-            return build.stat().st_mtime
-        except OSError:  # pruned by another run
-            return 0.0
-    builds = sorted((p for p in NATIVE_CACHE.iterdir() if not p.name.startswith(".")), key=used_at)
-    for old in builds[:-NATIVE_BUILDS_KEPT]:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def install_offline(venv: Path, source: Path, dist: Path) -> subprocess.CompletedProcess:
     """What `pip install SOURCE` does (build the wheel in an isolated environment, resolve the core dependencies,
     install), with the wheelhouse as the only index; no byte-compiling of the dependencies beforehand."""
     offline = ("--no-index", "--find-links", str(WHEELHOUSE))
     shutil.rmtree(dist, ignore_errors=True)
-    key = native_inputs_key(source)
-    restore_native(source, key)
     built = pip(venv, "wheel", "--no-deps", "-w", str(dist), *offline, str(source))
     if built.returncode != 0:
         return built
-    keep_native(source, key)
     return pip(venv, "install", "--no-compile", *offline, "-c", str(source / "constraints.txt"),
                *map(str, dist.glob("skill2triton-*.whl")))
 

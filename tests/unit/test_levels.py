@@ -74,12 +74,14 @@ def test_make_test_runs_lint_then_unit_then_the_rest_and_the_fast_levels_build_n
     makefile = (ROOT / "Makefile").read_text()
     _, recipe = _rule(makefile, "test")
     # lint alone; the unit level beside the integration level's builds; then the integration level.
-    assert [line.split()[-1] for line in recipe] == ["proto", "integration-builds", "integration"]
-    assert recipe[0].split()[-2] == "lint" and recipe[1].split()[-2] == "unit"
-    # What the unit level needs is made before it, so that it takes a job slot at once instead of waiting behind
-    # the builds for one.
-    made_first = set(recipe[0].split()[-2:]) | set(_rule(makefile, "lint")[0])
+    assert [line.split()[-1] for line in recipe] == ["$(DATA)", "integration-builds", "integration"]
+    assert recipe[0].split()[-3] == "lint" and recipe[1].split()[-2] == "unit"
+    # What the unit level and the legacy models' training need is made before them, so that they take a job slot at
+    # once instead of queueing behind the other builds for one.
+    made_first = set(recipe[0].split()[-3:]) | set(_rule(makefile, "lint")[0])
     assert set(_rule(makefile, "unit")[0]) <= made_first
+    training = re.search(r"^\S+:([^|\n]*)[^\n]*\n\t[^\n]*legacy build --out", makefile, re.M).group(1).split()
+    assert set(training) - {"s2t/models/legacy_model.py"} <= made_first, training
     for level in ("lint", "unit"):
         prerequisites, _ = _rule(makefile, level)
         assert "models" not in prerequisites and not any(p.startswith("$(VENV)/.installed-test") for p in prerequisites)
