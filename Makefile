@@ -14,8 +14,10 @@ BIN := $(VENV)/bin
 # The environments are installed by uv (pinned in constraints.txt, put into .venv by its pip), the same pins as pip
 # installed: .venv took pip 78 s on a fresh clone, uv 9 s (docs/testing.md). Nothing is byte-compiled ahead: of the
 # thousands of modules TensorFlow and the test tools install, a run imports a few, each compiled on its first
-# import. uv reads its own settings, not pip's: a private package index is UV_DEFAULT_INDEX.
-UV_INSTALL := $(BIN)/uv pip install --quiet --python
+# import. uv reads its own settings, not pip's: a private package index is UV_DEFAULT_INDEX. It trusts the
+# machine's certificate store, as pip does (its own bundle refused PyPI behind a proxy whose authority only the
+# machine's store holds, as inspecting proxies' are).
+UV_INSTALL := $(BIN)/uv pip install --quiet --system-certs --python
 S2T := $(BIN)/s2t
 # `make test` only: libb64-0d: perf_analyzer from the tritonclient wheel; docker-compose: validating docker-compose.yml offline;
 # curl: the README example the tests run; wrk: `s2t bench`'s one HTTP load generator for Triton and the FastAPI baseline;

@@ -106,3 +106,18 @@ def test_the_integration_modules_started_first_exist_each_named_once():
 
     assert [path for path in LONGEST_FIRST if not Path(path).is_file()] == []
     assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
+
+
+def test_every_environment_is_installed_by_uv_trusting_the_machines_certificates():
+    """uv's own certificate bundle refuses a package index behind a proxy whose authority only the machine's store
+    holds (pip, and every tool the machine configures, trust that store): each install goes through UV_INSTALL, which
+    loads it. The GPU venv alone is pip's (NVIDIA's index beside PyPI)."""
+    makefile = (ROOT / "Makefile").read_text()
+    uv_install = re.search(r"^UV_INSTALL := (.+)$", makefile, re.M).group(1).split()
+    assert uv_install[:3] == ["$(BIN)/uv", "pip", "install"] and "--system-certs" in uv_install
+    recipes = [line.strip() for line in makefile.splitlines() if line.startswith("\t")]
+    installs = [line for line in recipes if "pip install" in line or "$(UV_INSTALL)" in line]
+    assert sum("$(UV_INSTALL)" in line for line in installs) >= 5, installs
+    others = [line for line in installs if "$(UV_INSTALL)" not in line]
+    assert all(re.search(r"\$\(BIN\)/pip install .* uv$", line) or "$(GPU_VENV)/bin/pip" in line
+               for line in others), others
