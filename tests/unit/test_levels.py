@@ -74,12 +74,17 @@ def test_make_test_runs_lint_then_unit_then_the_rest_and_the_fast_levels_build_n
     makefile = (ROOT / "Makefile").read_text()
     _, recipe = _rule(makefile, "test")
     # lint alone; the unit level beside the integration level's builds; then the integration level.
-    assert [line.split()[-1] for line in recipe] == ["$(DATA)", "integration-builds", "integration"]
-    assert recipe[0].split()[-3] == "lint" and recipe[1].split()[-2] == "unit"
+    first_goals = [word for word in recipe[0].split()[1:] if not word.startswith("-")]
+    assert first_goals[0] == "lint"
+    assert [line.split()[-1] for line in recipe[1:]] == ["integration-builds", "integration"]
+    assert recipe[1].split()[-2] == "unit"
     # What the unit level and the legacy models' training need is made before them, so that they take a job slot at
     # once instead of queueing behind the other builds for one.
-    made_first = set(recipe[0].split()[-3:]) | set(_rule(makefile, "lint")[0])
+    made_first = set(first_goals) | set(_rule(makefile, "lint")[0])
     assert set(_rule(makefile, "unit")[0]) <= made_first
+    # The stub the unit level runs links libpython, and xllamacpp loads libgomp: on a minimal Debian neither is there
+    # until the native builds bring them, which the unit level runs beside.
+    assert "runtime-libraries" in _rule(makefile, "unit")[0] and "runtime-libraries" in _rule(makefile, "serve")[0]
     training = re.search(r"^\S+:([^|\n]*)[^\n]*\n\t[^\n]*legacy build --out", makefile, re.M).group(1).split()
     assert set(training) - {"s2t/models/legacy_model.py"} <= made_first, training
     for level in ("lint", "unit"):
