@@ -12,9 +12,9 @@ VENV := .venv
 GENAI_VENV := .venv-genai
 BIN := $(VENV)/bin
 # The environments are installed by uv (pinned in constraints.txt, put into .venv by its pip), the same pins as pip
-# installed: .venv took pip 78 s on a fresh clone, uv 9 s (docs/testing.md). Nothing is byte-compiled ahead: of the
-# thousands of modules TensorFlow and the test tools install, a run imports a few, each compiled on its first
-# import. uv reads its own settings, not pip's: a private package index is UV_DEFAULT_INDEX. It trusts the
+# installed: on a fresh clone .venv took 93 s with pip, 13 s with uv (docs/testing.md). Nothing is byte-compiled
+# ahead: of the thousands of modules TensorFlow and the test tools install, a run imports a few, each compiled on its
+# first import. uv reads its own settings, not pip's: a private package index is UV_DEFAULT_INDEX. It trusts the
 # machine's certificate store, as pip does (its own bundle refused PyPI behind a proxy whose authority only the
 # machine's store holds, as inspecting proxies' are).
 UV_INSTALL := $(BIN)/uv pip install --quiet --system-certs --python
@@ -80,7 +80,7 @@ lint: $(VENV)/.installed-dev
 # No built artifacts: tests/unit/conftest.py writes a tiny scorer, its spec and data in their places. Each level
 # prints its slowest tests, so that one that grows shows at once.
 # Three workers on two cores: a unit test's time is more waiting (its subprocesses, timers) than CPU, so on two the
-# level used about one core (alone on the 2-core VM: 58 s on two workers, 45 s on three, 46 s on four), and beside
+# level used about one core (docs/testing.md: 58 s on two workers, 45 s on three, 46 s on four), and beside
 # the builds (niced) it is the step `make test` waits on.
 unit: $(VENV)/.installed-dev proto runtime-libraries
 	$(call pytest,unit,tests/unit -n 3 --durations=10)
